@@ -1,0 +1,13 @@
+//! Conductor's numeric core and pure logic.
+//!
+//! Nothing in this crate spawns threads, awaits, or reads a clock: the drivers (inline, actors,
+//! simulator) own those. See `docs/architecture.md` for the map.
+
+pub mod gguf;
+pub mod model;
+pub mod neuron;
+pub mod plan;
+pub mod quant;
+pub mod sample;
+pub mod schedule;
+pub mod tokenizer;

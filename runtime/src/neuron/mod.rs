@@ -1,0 +1,1 @@
+//! Neuron identities and neuron clusters: the unit of compute and I/O.

@@ -1,0 +1,1 @@
+//! The execution plan: the contract between the planner, the scheduler and the drivers.

@@ -1,0 +1,1 @@
+//! The scheduler: a pure state machine that turns events into neuron-cluster commands.
