@@ -1,0 +1,28 @@
+//! Conductor: LLM inference for devices whose memory is smaller than the model, after the
+//! PowerInfer-2 paper.
+//!
+//! Embedding it takes a few lines:
+//! ```no_run
+//! use conductor::{Engine, GenerateOptions};
+//! use conductor::runtime::sample::SamplingParams;
+//!
+//! let mut engine = Engine::builder().threads(2).build()?; // default model, fetched once
+//! let mut session = engine.session(None);
+//! let prompt = engine.tokenize("The capital of France is");
+//! let options = GenerateOptions { max_tokens: 16, sampling: SamplingParams::greedy(), ignore_eos: false };
+//! engine.generate(&mut session, &prompt, &options, &mut |text| {
+//!     print!("{text}");
+//!     std::ops::ControlFlow::Continue(())
+//! })?;
+//! # Ok::<(), conductor::Error>(())
+//! ```
+//!
+//! The numeric core, the scheduler and the file formats live in [`runtime`]; the worker threads
+//! in [`actors`].
+
+mod engine;
+pub mod fetch;
+
+pub use conductor_actors as actors;
+pub use conductor_runtime as runtime;
+pub use engine::{Engine, EngineBuilder, Error, GenerateOptions, GenerationStats, StopReason};

@@ -3,6 +3,7 @@
 //! Nothing in this crate spawns threads, awaits, or reads a clock: the drivers (inline, actors,
 //! simulator) own those. See `docs/architecture.md` for the map.
 
+pub mod exec;
 pub mod gguf;
 pub mod model;
 pub mod neuron;
@@ -10,4 +11,5 @@ pub mod plan;
 pub mod quant;
 pub mod sample;
 pub mod schedule;
+pub mod synthetic;
 pub mod tokenizer;

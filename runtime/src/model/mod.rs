@@ -1,1 +1,41 @@
 //! Llama-family model: configuration from GGUF metadata, weights, and the forward-pass pieces.
+
+pub mod attention;
+mod config;
+mod kv_cache;
+pub mod ops;
+mod weights;
+
+pub use config::{Architecture, FfnActivation, ModelConfig, RopeConfig, RopeStyle};
+pub use kv_cache::KvCache;
+pub use weights::{LayerWeights, Model, TensorRef};
+
+use crate::gguf::GgufError;
+use crate::quant::{GgmlType, QuantError};
+
+/// A model file Conductor cannot run, and why.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error(transparent)]
+    Quant(#[from] QuantError),
+    #[error("unsupported architecture `{0}` (Conductor runs llama, mistral and qwen2 models)")]
+    UnsupportedArchitecture(String),
+    #[error("the model has no metadata key `{0}`")]
+    MissingKey(String),
+    #[error("metadata `{key}`: {why}")]
+    BadValue { key: String, why: String },
+    #[error("the model has no tensor `{0}`")]
+    MissingTensor(String),
+    #[error("tensor `{name}` has shape {found:?}, expected {expected:?}")]
+    TensorShape {
+        name: String,
+        expected: Vec<u64>,
+        found: Vec<u64>,
+    },
+    #[error("tensor `{name}` has type {ty}, which Conductor cannot compute with (supported: F32, F16, Q4_0, Q4_1, Q8_0, Q4_K, Q6_K)")]
+    UnsupportedType { name: String, ty: GgmlType },
+    #[error("token id {token} is outside the vocabulary of {n_vocab} tokens")]
+    TokenOutOfRange { token: u32, n_vocab: u32 },
+}

@@ -1,0 +1,493 @@
+//! The executor: computes the clusters of a phase and finishes phases, on real data.
+//!
+//! Buffer layouts are chosen so that every cluster's output is one contiguous block:
+//! - `qkv`  `[head][token][head_dim]` — query heads, then key heads, then value heads;
+//! - `attn` `[query head][token][head_dim]`;
+//! - `blocks` for row phases: cluster `c` owning rows `a..b` writes `[token][b - a]` at offset
+//!   `n_tokens * a`; for FFN neuron clusters, partial down projections `[token][n_embd]` at
+//!   offset `c * n_tokens * n_embd`.
+//!
+//! Finishing a phase gathers or reduces those blocks in cluster order, then normalises and
+//! quantizes the next phase's input once for all clusters.
+
+use super::ClusterRunner;
+use crate::model::attention::{attend_tiled, attend_vec, AttnScratch, TILED_MIN_QUERIES};
+use crate::model::ops::{gated_activation, rms_norm, RopeTable};
+use crate::model::{KvCache, Model, ModelError, TensorRef};
+use crate::neuron::Phase;
+use crate::quant::{activation_type, GgmlType, Kernels, MatRef};
+use crate::schedule::{ClusterWork, Program, StepRequest};
+use std::ops::Range;
+use std::sync::Mutex;
+
+/// Temporary vectors of one worker, reused across clusters so the hot path does not allocate.
+#[derive(Default)]
+struct WorkerScratch {
+    attn: AttnScratch,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    h_act: Vec<u8>,
+}
+
+/// A phase's input rows, quantized once into each activation format its weights need.
+#[derive(Default)]
+struct Activations {
+    n_cols: usize,
+    used: usize,
+    sets: Vec<(GgmlType, Vec<u8>)>,
+}
+
+impl Activations {
+    fn prepare(&mut self, kernels: &Kernels, src: &[f32], n_cols: usize, weights: &[GgmlType]) {
+        let n_rows = src.len() / n_cols;
+        self.n_cols = n_cols;
+        self.used = 0;
+        for &w in weights {
+            let at = activation_type(w);
+            if self.sets[..self.used].iter().any(|(t, _)| *t == at) {
+                continue;
+            }
+            if self.used == self.sets.len() {
+                self.sets.push((at, Vec::new()));
+            }
+            let (t, buf) = &mut self.sets[self.used];
+            *t = at;
+            let row_bytes = at.bytes_for(n_cols as u64).expect("row of whole blocks") as usize;
+            buf.resize(n_rows * row_bytes, 0);
+            for (src_row, dst_row) in src.chunks_exact(n_cols).zip(buf.chunks_exact_mut(row_bytes)) {
+                kernels.quantize_activations(w, src_row, dst_row);
+            }
+            self.used += 1;
+        }
+    }
+
+    /// The input quantized for weights of type `w`.
+    fn get(&self, w: GgmlType) -> &[u8] {
+        let at = activation_type(w);
+        let (_, buf) = self.sets[..self.used]
+            .iter()
+            .find(|(t, _)| *t == at)
+            .expect("activations prepared for every weight type of the phase");
+        buf
+    }
+}
+
+/// Computes `out[t * stride + r] = w_r · act_t` for the rows of `w` and `n` activation rows.
+fn project(kernels: &Kernels, w: MatRef<'_>, act: &[u8], n: usize, out: &mut [f32], stride: usize) {
+    if n == 1 {
+        let rows = w.rows;
+        kernels.matvec(w, 0..w.cols, act, &mut out[..rows]);
+    } else {
+        kernels.matmul(w, act, n, out, stride);
+    }
+}
+
+/// Splits `buf` into consecutive blocks of the given lengths.
+fn split_blocks<'a>(mut buf: &'a mut [f32], lens: impl Iterator<Item = usize>) -> Vec<&'a mut [f32]> {
+    let mut out = Vec::new();
+    for len in lens {
+        let (head, tail) = std::mem::take(&mut buf).split_at_mut(len);
+        out.push(head);
+        buf = tail;
+    }
+    out
+}
+
+fn units(r: &Range<u32>) -> Range<usize> {
+    r.start as usize..r.end as usize
+}
+
+/// Computes steps of one model. Holds only buffers; the model, KV cache and cluster layout
+/// are passed in, so one executor serves any session.
+pub struct Executor {
+    kernels: Kernels,
+    request: StepRequest,
+    /// Residual stream `[token][n_embd]`.
+    x: Vec<f32>,
+    normed: Vec<f32>,
+    acts: Activations,
+    rope: RopeTable,
+    qkv: Vec<f32>,
+    attn: Vec<f32>,
+    gathered: Vec<f32>,
+    blocks: Vec<f32>,
+    delta: Vec<f32>,
+    logits: Vec<f32>,
+    scratch: Vec<Mutex<WorkerScratch>>,
+}
+
+impl Executor {
+    pub fn new(kernels: Kernels) -> Executor {
+        Executor {
+            kernels,
+            request: StepRequest {
+                step: 0,
+                n_tokens: 0,
+                n_past: 0,
+                logits_from: 0,
+            },
+            x: Vec::new(),
+            normed: Vec::new(),
+            acts: Activations::default(),
+            rope: RopeTable::default(),
+            qkv: Vec::new(),
+            attn: Vec::new(),
+            gathered: Vec::new(),
+            blocks: Vec::new(),
+            delta: Vec::new(),
+            logits: Vec::new(),
+            scratch: Vec::new(),
+        }
+    }
+
+    pub fn kernels(&self) -> &Kernels {
+        &self.kernels
+    }
+
+    /// Logits of the step's tokens from `logits_from` on, `[token][n_vocab]`.
+    pub fn logits(&self) -> &[f32] {
+        &self.logits
+    }
+
+    /// Embeds the step's tokens and prepares the first phase's input.
+    pub fn begin_step(
+        &mut self,
+        model: &Model,
+        request: &StepRequest,
+        tokens: &[u32],
+    ) -> Result<(), ModelError> {
+        let c = &model.config;
+        let embd = c.n_embd as usize;
+        debug_assert_eq!(tokens.len(), request.n_tokens as usize);
+        self.request = request.clone();
+        self.x.resize(tokens.len() * embd, 0.0);
+        for (t, &token) in tokens.iter().enumerate() {
+            model.embed(token, &mut self.x[t * embd..(t + 1) * embd])?;
+        }
+        self.rope.fill(
+            &c.rope,
+            model.rope_freq_factors.as_deref(),
+            request.n_past,
+            tokens.len(),
+        );
+        self.logits.clear();
+        self.prepare_attention(model, 0);
+        Ok(())
+    }
+
+    /// Computes the clusters of one `Compute` command.
+    pub fn compute(
+        &mut self,
+        model: &Model,
+        kv: &KvCache,
+        program: &Program,
+        work: &ClusterWork,
+        runner: &dyn ClusterRunner,
+    ) {
+        while self.scratch.len() < runner.workers() {
+            self.scratch.push(Mutex::default());
+        }
+        let clusters = &program.clusters(work.phase)[units(&work.clusters)];
+        let c = &model.config;
+        let n = self.request.n_tokens as usize;
+        let hd = c.head_dim as usize;
+        let embd = c.n_embd as usize;
+        let n_past = self.request.n_past as usize;
+        let layer = model.layers.get(work.layer as usize);
+        let Executor {
+            kernels,
+            acts,
+            rope,
+            qkv,
+            attn,
+            blocks,
+            scratch,
+            ..
+        } = self;
+        let kernels = &*kernels;
+        let (acts, rope, scratch) = (&*acts, &*rope, &*scratch);
+        // Row phases write `[token][rows]` blocks at offset `n * first_row`.
+        let row_blocks = |blocks: &'_ mut Vec<f32>, total_rows: usize| {
+            blocks.resize(n * total_rows, 0.0);
+            let first = clusters.first().map_or(0, |r| r.start as usize);
+            let len: usize = clusters.iter().map(|r| r.len()).sum();
+            split_blocks(
+                &mut blocks[n * first..n * (first + len)],
+                clusters.iter().map(|r| n * r.len()),
+            )
+        };
+        match work.phase {
+            Phase::QkvHeads => {
+                let l = layer.expect("attention phases belong to a layer");
+                let (n_head, n_kv) = (c.n_head as usize, c.n_head_kv as usize);
+                qkv.resize((n_head + 2 * n_kv) * n * hd, 0.0);
+                let first = clusters.first().map_or(0, |r| r.start as usize);
+                let len: usize = clusters.iter().map(|r| r.len()).sum();
+                let mut outs = split_blocks(
+                    &mut qkv[first * n * hd..(first + len) * n * hd],
+                    clusters.iter().map(|r| r.len() * n * hd),
+                );
+                runner.run(&mut outs, &|_, i, out| {
+                    for (k, head) in units(&clusters[i]).enumerate() {
+                        let dst = &mut out[k * n * hd..(k + 1) * n * hd];
+                        let (w, bias, row0, rotate) = if head < n_head {
+                            (&l.wq, &l.bq, head * hd, true)
+                        } else if head < n_head + n_kv {
+                            (&l.wk, &l.bk, (head - n_head) * hd, true)
+                        } else {
+                            (&l.wv, &l.bv, (head - n_head - n_kv) * hd, false)
+                        };
+                        let mat = model.rows(w, row0..row0 + hd);
+                        project(kernels, mat, acts.get(w.ty), n, dst, hd);
+                        for t in 0..n {
+                            let v = &mut dst[t * hd..(t + 1) * hd];
+                            if let Some(b) = bias {
+                                v.iter_mut().zip(&b[row0..row0 + hd]).for_each(|(x, b)| *x += b);
+                            }
+                            if rotate {
+                                rope.apply(c.rope.style, t, v);
+                            }
+                        }
+                    }
+                });
+            }
+            Phase::AttnHeads => {
+                let group = (c.n_head / c.n_head_kv) as usize;
+                let scale = 1.0 / (hd as f32).sqrt();
+                let layer_index = work.layer as usize;
+                attn.resize(c.n_head as usize * n * hd, 0.0);
+                let first = clusters.first().map_or(0, |r| r.start as usize);
+                let len: usize = clusters.iter().map(|r| r.len()).sum();
+                let mut outs = split_blocks(
+                    &mut attn[first * n * hd..(first + len) * n * hd],
+                    clusters.iter().map(|r| r.len() * n * hd),
+                );
+                let qkv = &*qkv;
+                runner.run(&mut outs, &|worker, i, out| {
+                    let mut s = scratch[worker].lock().expect("worker scratch");
+                    for (k, head) in units(&clusters[i]).enumerate() {
+                        let keys = kv.keys(layer_index, head / group);
+                        let values = kv.values(layer_index, head / group);
+                        for t in 0..n {
+                            let q = &qkv[(head * n + t) * hd..(head * n + t + 1) * hd];
+                            let o = &mut out[(k * n + t) * hd..(k * n + t + 1) * hd];
+                            let n_kv = n_past + t + 1;
+                            if n >= TILED_MIN_QUERIES {
+                                attend_tiled(q, keys, values, n_kv, scale, &mut s.attn, o);
+                            } else {
+                                attend_vec(q, keys, values, n_kv, scale, &mut s.attn, o);
+                            }
+                        }
+                    }
+                });
+            }
+            Phase::AttnOutRows | Phase::FfnDownRows | Phase::OutputRows => {
+                let w: &TensorRef = match work.phase {
+                    Phase::AttnOutRows => &layer.expect("layer").wo,
+                    Phase::FfnDownRows => &layer.expect("layer").down,
+                    _ => &model.output,
+                };
+                let n_rows_in = if work.phase == Phase::OutputRows {
+                    n - self.request.logits_from as usize
+                } else {
+                    n
+                };
+                let n = n_rows_in;
+                blocks.resize(n * w.rows, 0.0);
+                let first = clusters.first().map_or(0, |r| r.start as usize);
+                let len: usize = clusters.iter().map(|r| r.len()).sum();
+                let mut outs = split_blocks(
+                    &mut blocks[n * first..n * (first + len)],
+                    clusters.iter().map(|r| n * r.len()),
+                );
+                let act = acts.get(w.ty);
+                runner.run(&mut outs, &|_, i, out| {
+                    let rows = units(&clusters[i]);
+                    let m = rows.len();
+                    project(kernels, model.rows(w, rows), act, n, out, m);
+                });
+            }
+            Phase::FfnGateUpRows => {
+                let l = layer.expect("layer");
+                let mut outs = row_blocks(blocks, c.n_ff as usize);
+                runner.run(&mut outs, &|worker, i, out| {
+                    let mut s = scratch[worker].lock().expect("worker scratch");
+                    let rows = units(&clusters[i]);
+                    let m = rows.len();
+                    s.up.resize(n * m, 0.0);
+                    project(kernels, model.rows(&l.gate, rows.clone()), acts.get(l.gate.ty), n, out, m);
+                    project(kernels, model.rows(&l.up, rows), acts.get(l.up.ty), n, &mut s.up, m);
+                    gated_activation(c.activation, out, &s.up);
+                });
+            }
+            Phase::FfnNeurons => {
+                let l = layer.expect("layer");
+                let n_clusters = program.clusters(Phase::FfnNeurons).len();
+                blocks.resize(n_clusters * n * embd, 0.0);
+                let first = work.clusters.start as usize;
+                let mut outs = split_blocks(
+                    &mut blocks[first * n * embd..(first + clusters.len()) * n * embd],
+                    clusters.iter().map(|_| n * embd),
+                );
+                let down_act = activation_type(l.down.ty);
+                runner.run(&mut outs, &|worker, i, out| {
+                    let mut guard = scratch[worker].lock().expect("worker scratch");
+                    let s = &mut *guard;
+                    let neurons = units(&clusters[i]);
+                    let m = neurons.len();
+                    s.gate.resize(n * m, 0.0);
+                    s.up.resize(n * m, 0.0);
+                    project(kernels, model.rows(&l.gate, neurons.clone()), acts.get(l.gate.ty), n, &mut s.gate, m);
+                    project(kernels, model.rows(&l.up, neurons.clone()), acts.get(l.up.ty), n, &mut s.up, m);
+                    gated_activation(c.activation, &mut s.gate, &s.up);
+                    let h_bytes = down_act.bytes_for(m as u64).expect("cluster of whole blocks") as usize;
+                    s.h_act.resize(h_bytes, 0);
+                    for t in 0..n {
+                        kernels.quantize_activations(l.down.ty, &s.gate[t * m..(t + 1) * m], &mut s.h_act);
+                        kernels.matvec(model.mat(&l.down), neurons.clone(), &s.h_act, &mut out[t * embd..(t + 1) * embd]);
+                    }
+                });
+            }
+        }
+    }
+
+    /// Combines the outputs of a finished phase and prepares the next phase's input.
+    pub fn finish_phase(
+        &mut self,
+        model: &Model,
+        kv: &mut KvCache,
+        program: &Program,
+        layer: u32,
+        phase: Phase,
+    ) {
+        let c = &model.config;
+        let n = self.request.n_tokens as usize;
+        let hd = c.head_dim as usize;
+        let embd = c.n_embd as usize;
+        let l = layer as usize;
+        let clusters = program.clusters(phase);
+        match phase {
+            Phase::QkvHeads => {
+                let (n_head, n_kv) = (c.n_head as usize, c.n_head_kv as usize);
+                let n_past = self.request.n_past as usize;
+                for j in 0..n_kv {
+                    let k = n_head + j;
+                    let v = n_head + n_kv + j;
+                    kv.store(l, j, false, n_past, &self.qkv[k * n * hd..(k + 1) * n * hd]);
+                    kv.store(l, j, true, n_past, &self.qkv[v * n * hd..(v + 1) * n * hd]);
+                }
+            }
+            Phase::AttnHeads => {
+                let q_dim = c.q_dim() as usize;
+                self.gathered.resize(n * q_dim, 0.0);
+                for h in 0..c.n_head as usize {
+                    for t in 0..n {
+                        self.gathered[t * q_dim + h * hd..t * q_dim + (h + 1) * hd]
+                            .copy_from_slice(&self.attn[(h * n + t) * hd..(h * n + t + 1) * hd]);
+                    }
+                }
+                let wo = model.layers[l].wo.ty;
+                self.acts.prepare(&self.kernels, &self.gathered, q_dim, &[wo]);
+            }
+            Phase::AttnOutRows => {
+                self.add_row_blocks(clusters, embd);
+                self.prepare_ffn(model, l);
+            }
+            Phase::FfnNeurons => {
+                self.delta.clear();
+                self.delta.resize(n * embd, 0.0);
+                for partial in self.blocks[..clusters.len() * n * embd].chunks_exact(n * embd) {
+                    for (d, p) in self.delta.iter_mut().zip(partial) {
+                        *d += p;
+                    }
+                }
+                for (x, d) in self.x.iter_mut().zip(&self.delta) {
+                    *x += d;
+                }
+                self.prepare_next_layer(model, l);
+            }
+            Phase::FfnGateUpRows => {
+                let ff = c.n_ff as usize;
+                self.gathered.resize(n * ff, 0.0);
+                gather_row_blocks(&self.blocks, clusters, n, ff, &mut self.gathered);
+                let down = model.layers[l].down.ty;
+                self.acts.prepare(&self.kernels, &self.gathered, ff, &[down]);
+            }
+            Phase::FfnDownRows => {
+                self.add_row_blocks(clusters, embd);
+                self.prepare_next_layer(model, l);
+            }
+            Phase::OutputRows => {
+                let vocab = c.n_vocab as usize;
+                let n_out = n - self.request.logits_from as usize;
+                self.logits.resize(n_out * vocab, 0.0);
+                gather_row_blocks(&self.blocks, clusters, n_out, vocab, &mut self.logits);
+            }
+        }
+    }
+
+    /// `x[t][r] += block value` for row blocks `[cluster][token][rows]`.
+    fn add_row_blocks(&mut self, clusters: &[Range<u32>], width: usize) {
+        let n = self.request.n_tokens as usize;
+        self.delta.resize(n * width, 0.0);
+        gather_row_blocks(&self.blocks, clusters, n, width, &mut self.delta);
+        for (x, d) in self.x.iter_mut().zip(&self.delta) {
+            *x += d;
+        }
+    }
+
+    fn norm_rows(&mut self, weight: &[f32], eps: f32, rows: Range<usize>, width: usize) {
+        self.normed.resize(rows.len() * width, 0.0);
+        for (i, t) in rows.enumerate() {
+            rms_norm(
+                &self.x[t * width..(t + 1) * width],
+                weight,
+                eps,
+                &mut self.normed[i * width..(i + 1) * width],
+            );
+        }
+    }
+
+    fn prepare_attention(&mut self, model: &Model, l: usize) {
+        let c = &model.config;
+        let layer = &model.layers[l];
+        let n = self.request.n_tokens as usize;
+        self.norm_rows(&layer.attn_norm, c.rms_eps, 0..n, c.n_embd as usize);
+        let types = [layer.wq.ty, layer.wk.ty, layer.wv.ty];
+        self.acts.prepare(&self.kernels, &self.normed, c.n_embd as usize, &types);
+    }
+
+    fn prepare_ffn(&mut self, model: &Model, l: usize) {
+        let c = &model.config;
+        let layer = &model.layers[l];
+        let n = self.request.n_tokens as usize;
+        self.norm_rows(&layer.ffn_norm, c.rms_eps, 0..n, c.n_embd as usize);
+        let types = [layer.gate.ty, layer.up.ty];
+        self.acts.prepare(&self.kernels, &self.normed, c.n_embd as usize, &types);
+    }
+
+    fn prepare_next_layer(&mut self, model: &Model, l: usize) {
+        if l + 1 < model.layers.len() {
+            self.prepare_attention(model, l + 1);
+        } else if self.request.wants_logits() {
+            let c = &model.config;
+            let n = self.request.n_tokens as usize;
+            let from = self.request.logits_from as usize;
+            self.norm_rows(&model.output_norm, c.rms_eps, from..n, c.n_embd as usize);
+            self.acts
+                .prepare(&self.kernels, &self.normed, c.n_embd as usize, &[model.output.ty]);
+        }
+    }
+}
+
+/// Gathers row blocks `[cluster][token][rows]` into `[token][width]`.
+fn gather_row_blocks(blocks: &[f32], clusters: &[Range<u32>], n: usize, width: usize, out: &mut [f32]) {
+    for r in clusters {
+        let rows = units(r);
+        let m = rows.len();
+        let block = &blocks[n * rows.start..n * rows.end];
+        for t in 0..n {
+            out[t * width + rows.start..t * width + rows.end].copy_from_slice(&block[t * m..(t + 1) * m]);
+        }
+    }
+}

@@ -1,0 +1,84 @@
+//! One conversation's state: its KV cache and how far it has got.
+
+use crate::model::{KvCache, Model, ModelError};
+use crate::schedule::ScheduleError;
+
+/// A sequence being evaluated: the tokens so far and their keys and values.
+pub struct Session {
+    pub(crate) kv: KvCache,
+    tokens: Vec<u32>,
+}
+
+/// Why a step could not run. The session is left as it was before the call.
+#[derive(Debug, thiserror::Error)]
+pub enum StepError {
+    #[error("the context holds {n_ctx} tokens: {have} are in use and {adding} more do not fit")]
+    ContextFull {
+        n_ctx: usize,
+        have: usize,
+        adding: usize,
+    },
+    #[error("nothing to evaluate: no tokens given")]
+    NoTokens,
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error("scheduler: {0}")]
+    Schedule(#[from] ScheduleError),
+}
+
+impl Session {
+    /// A session able to hold `n_ctx` tokens of `model`. Memory for positions not yet used is
+    /// reserved, not touched.
+    pub fn new(model: &Model, n_ctx: usize) -> Session {
+        let c = &model.config;
+        Session {
+            kv: KvCache::new(
+                c.n_layer as usize,
+                c.n_head_kv as usize,
+                c.head_dim as usize,
+                n_ctx,
+            ),
+            tokens: Vec::new(),
+        }
+    }
+
+    /// Tokens evaluated so far (their keys and values are cached).
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Positions in use.
+    pub fn n_past(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// The most tokens this session holds.
+    pub fn n_ctx(&self) -> usize {
+        self.kv.capacity()
+    }
+
+    /// Forgets everything: the next token is at position 0.
+    pub fn clear(&mut self) {
+        self.tokens.clear();
+    }
+
+    /// Forgets tokens from position `n` on (to rewind or to reuse a common prefix).
+    pub fn truncate(&mut self, n: usize) {
+        self.tokens.truncate(n);
+    }
+
+    pub(crate) fn check_room(&self, adding: usize) -> Result<(), StepError> {
+        if self.n_past() + adding > self.n_ctx() {
+            return Err(StepError::ContextFull {
+                n_ctx: self.n_ctx(),
+                have: self.n_past(),
+                adding,
+            });
+        }
+        Ok(())
+    }
+
+    pub(crate) fn push(&mut self, tokens: &[u32]) {
+        self.tokens.extend_from_slice(tokens);
+    }
+}

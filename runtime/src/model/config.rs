@@ -1,0 +1,245 @@
+//! Model hyper-parameters read from GGUF metadata.
+
+use super::ModelError;
+use crate::gguf::GgufFile;
+use crate::plan::ModelShape;
+
+/// The llama-family variants Conductor runs. They share one forward pass and differ in RoPE
+/// layout, biases and defaults.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Architecture {
+    /// Llama 1/2/3, Mistral, SmolLM, TinyLlama, ReluLLaMA … (`general.architecture = llama`).
+    Llama,
+    /// Qwen2: NeoX RoPE and biases on q, k, v.
+    Qwen2,
+}
+
+/// How RoPE pairs up the dimensions of a head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Adjacent pairs (2i, 2i+1): the original llama layout.
+    Normal,
+    /// Pairs (i, i + n/2): GPT-NeoX layout.
+    Neox,
+}
+
+/// The nonlinearity of the FFN's gate (`act(gate) * up`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FfnActivation {
+    /// SwiGLU: most llama-family models.
+    Silu,
+    /// ReLU: ReluLLaMA, ProSparse, TurboSparse — naturally sparse.
+    Relu,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct RopeConfig {
+    pub style: RopeStyle,
+    /// Leading dimensions of each head that are rotated.
+    pub n_dims: u32,
+    pub freq_base: f32,
+    /// 1 / linear scaling factor.
+    pub freq_scale: f32,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelConfig {
+    pub arch: Architecture,
+    /// `general.architecture` as written in the file.
+    pub arch_name: String,
+    pub name: Option<String>,
+    pub n_layer: u32,
+    pub n_embd: u32,
+    pub n_ff: u32,
+    pub n_head: u32,
+    pub n_head_kv: u32,
+    pub head_dim: u32,
+    pub n_vocab: u32,
+    /// The context length the model was trained with.
+    pub n_ctx_train: u32,
+    pub rms_eps: f32,
+    pub rope: RopeConfig,
+    pub activation: FfnActivation,
+}
+
+/// Upper bounds that keep arithmetic on dimensions far from overflow: far above any real model,
+/// far below what would make `rows * cols` overflow.
+const MAX_DIM: u32 = 1 << 20;
+const MAX_LAYERS: u32 = 4096;
+
+impl ModelConfig {
+    /// Reads the configuration of a llama-family model.
+    pub fn from_gguf(file: &GgufFile) -> Result<ModelConfig, ModelError> {
+        let arch_name = file
+            .get_str("general.architecture")?
+            .ok_or(ModelError::MissingKey("general.architecture".into()))?
+            .to_string();
+        let arch = match arch_name.as_str() {
+            "llama" | "mistral" => Architecture::Llama,
+            "qwen2" => Architecture::Qwen2,
+            other => return Err(ModelError::UnsupportedArchitecture(other.to_string())),
+        };
+        let key = |k: &str| format!("{arch_name}.{k}");
+        let required = |k: &str| -> Result<u32, ModelError> {
+            let name = key(k);
+            file.get_u32(&name)?.ok_or(ModelError::MissingKey(name))
+        };
+        let n_layer = required("block_count")?;
+        let n_embd = required("embedding_length")?;
+        let n_ff = required("feed_forward_length")?;
+        let n_head = required("attention.head_count")?;
+        let n_head_kv = file.get_u32(&key("attention.head_count_kv"))?.unwrap_or(n_head);
+        let n_ctx_train = file.get_u32(&key("context_length"))?.unwrap_or(4096);
+        let head_dim = match file.get_u32(&key("attention.key_length"))? {
+            Some(d) => d,
+            None if n_head > 0 => n_embd / n_head,
+            None => 0,
+        };
+        let n_vocab = match file.get_u32(&key("vocab_size"))? {
+            Some(v) => v,
+            None => file
+                .get_array("tokenizer.ggml.tokens")?
+                .map(|a| a.len() as u32)
+                .ok_or(ModelError::MissingKey(key("vocab_size")))?,
+        };
+        let rms_eps = file
+            .get_f32(&key("attention.layer_norm_rms_epsilon"))?
+            .unwrap_or(1e-5);
+        let freq_base = file.get_f32(&key("rope.freq_base"))?.unwrap_or(10_000.0);
+        let n_rot = file.get_u32(&key("rope.dimension_count"))?.unwrap_or(head_dim);
+        let freq_scale = match file.get_str(&key("rope.scaling.type"))? {
+            None | Some("none") => 1.0,
+            Some("linear") => {
+                let factor = file.get_f32(&key("rope.scaling.factor"))?.unwrap_or(1.0);
+                if !(factor.is_finite() && factor > 0.0) {
+                    return Err(ModelError::BadValue {
+                        key: key("rope.scaling.factor"),
+                        why: format!("{factor} is not a positive scaling factor"),
+                    });
+                }
+                1.0 / factor
+            }
+            Some(other) => {
+                return Err(ModelError::BadValue {
+                    key: key("rope.scaling.type"),
+                    why: format!("RoPE scaling `{other}` is not supported (none, linear are)"),
+                })
+            }
+        };
+        let activation = match file.get_str(&key("activation_function"))? {
+            None | Some("silu") | Some("swiglu") => FfnActivation::Silu,
+            Some("relu") => FfnActivation::Relu,
+            Some(other) => {
+                return Err(ModelError::BadValue {
+                    key: key("activation_function"),
+                    why: format!("FFN activation `{other}` is not supported (silu, relu are)"),
+                })
+            }
+        };
+        let config = ModelConfig {
+            arch,
+            name: file.get_str("general.name")?.map(str::to_string),
+            rope: RopeConfig {
+                style: match arch {
+                    Architecture::Llama => RopeStyle::Normal,
+                    Architecture::Qwen2 => RopeStyle::Neox,
+                },
+                n_dims: n_rot,
+                freq_base,
+                freq_scale,
+            },
+            arch_name,
+            n_layer,
+            n_embd,
+            n_ff,
+            n_head,
+            n_head_kv,
+            head_dim,
+            n_vocab,
+            n_ctx_train,
+            rms_eps,
+            activation,
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), ModelError> {
+        let bad = |key: &str, why: String| {
+            Err(ModelError::BadValue {
+                key: format!("{}.{key}", self.arch_name),
+                why,
+            })
+        };
+        for (k, v) in [
+            ("embedding_length", self.n_embd),
+            ("feed_forward_length", self.n_ff),
+            ("attention.head_count", self.n_head),
+            ("attention.head_count_kv", self.n_head_kv),
+            ("attention.key_length", self.head_dim),
+            ("vocab_size", self.n_vocab),
+        ] {
+            if v == 0 || v > MAX_DIM {
+                return bad(k, format!("{v} is outside 1..={MAX_DIM}"));
+            }
+        }
+        if self.n_layer == 0 || self.n_layer > MAX_LAYERS {
+            return bad("block_count", format!("{} is outside 1..={MAX_LAYERS}", self.n_layer));
+        }
+        if self.n_head % self.n_head_kv != 0 {
+            return bad(
+                "attention.head_count_kv",
+                format!("{} does not divide the {} query heads", self.n_head_kv, self.n_head),
+            );
+        }
+        if self.head_dim % 2 != 0
+            || self.rope.n_dims > self.head_dim
+            || self.rope.n_dims % 2 != 0
+        {
+            return bad(
+                "rope.dimension_count",
+                format!(
+                    "{} rotated dimensions do not fit heads of {} dimensions",
+                    self.rope.n_dims, self.head_dim
+                ),
+            );
+        }
+        if !(self.rms_eps.is_finite() && self.rms_eps > 0.0) {
+            return bad(
+                "attention.layer_norm_rms_epsilon",
+                format!("{} is not a positive epsilon", self.rms_eps),
+            );
+        }
+        if !(self.rope.freq_base.is_finite() && self.rope.freq_base > 0.0) {
+            return bad(
+                "rope.freq_base",
+                format!("{} is not a positive base", self.rope.freq_base),
+            );
+        }
+        Ok(())
+    }
+
+    /// Width of the query projection (all heads).
+    pub fn q_dim(&self) -> u32 {
+        self.n_head * self.head_dim
+    }
+
+    /// Width of the key and of the value projection.
+    pub fn kv_dim(&self) -> u32 {
+        self.n_head_kv * self.head_dim
+    }
+
+    /// The shape the scheduler needs; `ffn_granule` comes from the down projection's type.
+    pub fn shape(&self, ffn_granule: u32) -> ModelShape {
+        ModelShape {
+            n_layer: self.n_layer,
+            n_embd: self.n_embd,
+            n_ff: self.n_ff,
+            n_head: self.n_head,
+            n_head_kv: self.n_head_kv,
+            head_dim: self.head_dim,
+            n_vocab: self.n_vocab,
+            ffn_granule,
+        }
+    }
+}

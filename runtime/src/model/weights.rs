@@ -1,0 +1,224 @@
+//! The model's tensors, located in the (memory-mapped) GGUF file and checked against the config.
+
+use super::config::{Architecture, ModelConfig};
+use super::ModelError;
+use crate::gguf::GgufFile;
+use crate::quant::{dequantize_row, GgmlType, MatRef};
+use std::ops::Range;
+use std::path::Path;
+
+/// A 2-D weight matrix inside the model file: `rows` rows of `cols` elements.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorRef {
+    pub name: String,
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    /// Byte range in the file.
+    pub bytes: Range<usize>,
+}
+
+impl TensorRef {
+    /// Bytes per row.
+    pub fn row_bytes(&self) -> usize {
+        self.ty.bytes_for(self.cols as u64).unwrap_or(0) as usize
+    }
+}
+
+pub struct LayerWeights {
+    pub attn_norm: Vec<f32>,
+    pub wq: TensorRef,
+    pub wk: TensorRef,
+    pub wv: TensorRef,
+    pub wo: TensorRef,
+    pub bq: Option<Vec<f32>>,
+    pub bk: Option<Vec<f32>>,
+    pub bv: Option<Vec<f32>>,
+    pub ffn_norm: Vec<f32>,
+    pub gate: TensorRef,
+    pub up: TensorRef,
+    pub down: TensorRef,
+}
+
+/// A loaded model: the file, its configuration, and where each weight lives.
+pub struct Model {
+    file: GgufFile,
+    pub config: ModelConfig,
+    pub tok_embd: TensorRef,
+    pub output_norm: Vec<f32>,
+    /// The output projection; the embedding matrix itself when the model ties them.
+    pub output: TensorRef,
+    pub layers: Vec<LayerWeights>,
+    /// Per-frequency divisors of RoPE (Llama 3.1 style), if the model has them.
+    pub rope_freq_factors: Option<Vec<f32>>,
+}
+
+impl Model {
+    /// Opens and checks a GGUF model file.
+    pub fn load(path: &Path) -> Result<Model, ModelError> {
+        Model::from_gguf(GgufFile::open(path)?)
+    }
+
+    pub fn from_gguf(file: GgufFile) -> Result<Model, ModelError> {
+        let config = ModelConfig::from_gguf(&file)?;
+        let c = &config;
+        let (embd, ff, q, kv, vocab) = (
+            c.n_embd as usize,
+            c.n_ff as usize,
+            c.q_dim() as usize,
+            c.kv_dim() as usize,
+            c.n_vocab as usize,
+        );
+        let loader = Loader { file: &file };
+        let tok_embd = loader.matrix("token_embd.weight", vocab, embd)?;
+        let output = match loader.file.tensor("output.weight") {
+            Some(_) => loader.matrix("output.weight", vocab, embd)?,
+            None => tok_embd.clone(),
+        };
+        let output_norm = loader.vector("output_norm.weight", embd)?;
+        let rope_freq_factors = match loader.file.tensor("rope_freqs.weight") {
+            Some(_) => Some(loader.vector("rope_freqs.weight", c.rope.n_dims as usize / 2)?),
+            None => None,
+        };
+        let has_bias = c.arch == Architecture::Qwen2;
+        let mut layers = Vec::with_capacity(c.n_layer as usize);
+        for i in 0..c.n_layer {
+            let name = |t: &str| format!("blk.{i}.{t}");
+            let bias = |t: &str, n: usize| -> Result<Option<Vec<f32>>, ModelError> {
+                let n_ = name(t);
+                match (has_bias, loader.file.tensor(&n_)) {
+                    (_, Some(_)) => Ok(Some(loader.vector(&n_, n)?)),
+                    (true, None) => Err(ModelError::MissingTensor(n_)),
+                    (false, None) => Ok(None),
+                }
+            };
+            layers.push(LayerWeights {
+                attn_norm: loader.vector(&name("attn_norm.weight"), embd)?,
+                wq: loader.matrix(&name("attn_q.weight"), q, embd)?,
+                wk: loader.matrix(&name("attn_k.weight"), kv, embd)?,
+                wv: loader.matrix(&name("attn_v.weight"), kv, embd)?,
+                wo: loader.matrix(&name("attn_output.weight"), embd, q)?,
+                bq: bias("attn_q.bias", q)?,
+                bk: bias("attn_k.bias", kv)?,
+                bv: bias("attn_v.bias", kv)?,
+                ffn_norm: loader.vector(&name("ffn_norm.weight"), embd)?,
+                gate: loader.matrix(&name("ffn_gate.weight"), ff, embd)?,
+                up: loader.matrix(&name("ffn_up.weight"), ff, embd)?,
+                down: loader.matrix(&name("ffn_down.weight"), embd, ff)?,
+            });
+        }
+        Ok(Model {
+            file,
+            config,
+            tok_embd,
+            output_norm,
+            output,
+            layers,
+            rope_freq_factors,
+        })
+    }
+
+    pub fn file(&self) -> &GgufFile {
+        &self.file
+    }
+
+    /// The whole matrix.
+    pub fn mat(&self, t: &TensorRef) -> MatRef<'_> {
+        self.rows(t, 0..t.rows)
+    }
+
+    /// Rows `rows` of a matrix (`rows` must lie within it).
+    pub fn rows(&self, t: &TensorRef, rows: Range<usize>) -> MatRef<'_> {
+        let rb = t.row_bytes();
+        let start = t.bytes.start + rows.start * rb;
+        let end = t.bytes.start + rows.end * rb;
+        MatRef {
+            ty: t.ty,
+            data: &self.file.file_bytes()[start..end],
+            rows: rows.len(),
+            cols: t.cols,
+        }
+    }
+
+    /// Writes the embedding of `token` into `out` (`n_embd` values).
+    pub fn embed(&self, token: u32, out: &mut [f32]) -> Result<(), ModelError> {
+        if token >= self.config.n_vocab {
+            return Err(ModelError::TokenOutOfRange {
+                token,
+                n_vocab: self.config.n_vocab,
+            });
+        }
+        let row = self.rows(&self.tok_embd, token as usize..token as usize + 1);
+        dequantize_row(row.ty, row.data, out)?;
+        Ok(())
+    }
+
+    /// The block size of the FFN down projection's type: FFN neuron clusters own whole blocks
+    /// of its columns.
+    pub fn ffn_granule(&self) -> u32 {
+        self.layers
+            .iter()
+            .map(|l| l.down.ty.block_size() as u32)
+            .max()
+            .unwrap_or(1)
+    }
+}
+
+struct Loader<'a> {
+    file: &'a GgufFile,
+}
+
+impl Loader<'_> {
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<TensorRef, ModelError> {
+        let t = self
+            .file
+            .tensor(name)
+            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+        let expected = vec![cols as u64, rows as u64];
+        if t.dims != expected {
+            return Err(ModelError::TensorShape {
+                name: name.to_string(),
+                expected,
+                found: t.dims.clone(),
+            });
+        }
+        if !t.ty.is_supported() {
+            return Err(ModelError::UnsupportedType {
+                name: name.to_string(),
+                ty: t.ty,
+            });
+        }
+        let start = (self.file.data_offset() + t.offset) as usize;
+        Ok(TensorRef {
+            name: name.to_string(),
+            ty: t.ty,
+            rows,
+            cols,
+            bytes: start..start + t.n_bytes as usize,
+        })
+    }
+
+    /// A 1-D tensor (norm weights, biases), converted to f32.
+    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
+        let t = self
+            .file
+            .tensor(name)
+            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+        if t.dims != [len as u64] {
+            return Err(ModelError::TensorShape {
+                name: name.to_string(),
+                expected: vec![len as u64],
+                found: t.dims.clone(),
+            });
+        }
+        if !matches!(t.ty, GgmlType::F32 | GgmlType::F16) {
+            return Err(ModelError::UnsupportedType {
+                name: name.to_string(),
+                ty: t.ty,
+            });
+        }
+        let mut out = vec![0.0; len];
+        dequantize_row(t.ty, self.file.tensor_data(t), &mut out)?;
+        Ok(out)
+    }
+}

@@ -1,0 +1,207 @@
+//! `conductor bench`: prompt processing (ppN) and generation (tgN) speed, the llama-bench way.
+//!
+//! ppN evaluates N random tokens in one go from an empty context; tgN evaluates N single tokens
+//! one after another from an empty context. Each test runs once to warm up, then `-r` times;
+//! we report the median and the spread (min–max) of tokens per second.
+
+use super::{parse_list, ModelArgs};
+use anyhow::{bail, Result};
+use clap::Args;
+use conductor::Engine;
+use serde_json::json;
+use std::time::Instant;
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// GGUF model file (default: SmolLM2-135M-Instruct Q4_1, fetched on first use).
+    #[arg(short = 'm', long = "model")]
+    model: Option<std::path::PathBuf>,
+    /// Thread counts to test, comma-separated (default: all cores).
+    #[arg(short = 't', long = "threads", value_parser = parse_list)]
+    threads: Option<Vec<usize>>,
+    /// Prompt lengths to test, comma-separated (0 skips prompt tests).
+    #[arg(short = 'p', long = "n-prompt", default_value = "512", value_parser = parse_list)]
+    n_prompt: Vec<usize>,
+    /// Generation lengths to test, comma-separated (0 skips generation tests).
+    #[arg(short = 'n', long = "n-gen", default_value = "128", value_parser = parse_list)]
+    n_gen: Vec<usize>,
+    /// Repetitions of each test.
+    #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
+    repetitions: usize,
+    /// One JSON object per line instead of a table.
+    #[arg(long = "json")]
+    json: bool,
+}
+
+struct Measured {
+    test: String,
+    threads: usize,
+    n_prompt: usize,
+    n_gen: usize,
+    samples: Vec<f64>,
+}
+
+/// Deterministic pseudo-random token ids (the content does not change the work done).
+fn random_tokens(n: usize, n_vocab: u32, seed: u64) -> Vec<u32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s % n_vocab as u64) as u32
+        })
+        .collect()
+}
+
+fn prompt_speed(engine: &mut Engine, n: usize, seed: u64) -> Result<f64> {
+    let tokens = random_tokens(n, engine.model().config.n_vocab, seed);
+    let mut session = engine.session(Some(n));
+    let t0 = Instant::now();
+    engine.eval_last(&mut session, &tokens)?;
+    Ok(n as f64 / t0.elapsed().as_secs_f64())
+}
+
+fn generation_speed(engine: &mut Engine, n: usize, seed: u64) -> Result<f64> {
+    let tokens = random_tokens(n, engine.model().config.n_vocab, seed);
+    let mut session = engine.session(Some(n));
+    let t0 = Instant::now();
+    for &t in &tokens {
+        engine.eval_last(&mut session, &[t])?;
+    }
+    Ok(n as f64 / t0.elapsed().as_secs_f64())
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let m = s.len() / 2;
+    if s.len() % 2 == 0 {
+        (s[m - 1] + s[m]) / 2.0
+    } else {
+        s[m]
+    }
+}
+
+/// Peak resident set size of this process so far (Linux `VmHWM`).
+fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+pub fn run(args: BenchArgs) -> Result<()> {
+    if args.repetitions == 0 {
+        bail!("-r must be at least 1");
+    }
+    let threads = args.threads.clone().unwrap_or_else(|| {
+        vec![std::thread::available_parallelism().map_or(1, |n| n.get())]
+    });
+    if threads.contains(&0) {
+        bail!("thread counts must be at least 1");
+    }
+    let tests: Vec<(usize, usize)> = args
+        .n_prompt
+        .iter()
+        .filter(|&&p| p > 0)
+        .map(|&p| (p, 0))
+        .chain(args.n_gen.iter().filter(|&&g| g > 0).map(|&g| (0, g)))
+        .collect();
+    if tests.is_empty() {
+        bail!("nothing to measure: give a prompt length (-p) or a generation length (-n) above 0");
+    }
+    let mut printed_header = false;
+    for &t in &threads {
+        let model = ModelArgs {
+            model: args.model.clone(),
+            threads: Some(t),
+        };
+        let mut engine = model.load(t)?;
+        let n_ctx = engine.model().config.n_ctx_train as usize;
+        if let Some(&(p, g)) = tests.iter().find(|&&(p, g)| p.max(g) > n_ctx) {
+            bail!(
+                "a test of {} tokens does not fit the model's context of {n_ctx}",
+                p.max(g)
+            );
+        }
+        for &(p, g) in &tests {
+            let measure = |engine: &mut Engine, rep: u64| {
+                if p > 0 {
+                    prompt_speed(engine, p, rep)
+                } else {
+                    generation_speed(engine, g, rep)
+                }
+            };
+            measure(&mut engine, 0)?; // warm-up
+            let mut samples = Vec::with_capacity(args.repetitions);
+            for rep in 0..args.repetitions {
+                samples.push(measure(&mut engine, rep as u64 + 1)?);
+            }
+            let m = Measured {
+                test: if p > 0 { format!("pp{p}") } else { format!("tg{g}") },
+                threads: t,
+                n_prompt: p,
+                n_gen: g,
+                samples,
+            };
+            report(&args, &engine, &m, &mut printed_header);
+        }
+    }
+    Ok(())
+}
+
+fn report(args: &BenchArgs, engine: &Engine, m: &Measured, printed_header: &mut bool) {
+    let med = median(&m.samples);
+    let min = m.samples.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = m.samples.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let model = engine.model();
+    let (bytes, params) = model.file().tensors().iter().fold((0u64, 0u64), |(b, p), t| {
+        (b + t.n_bytes, p + t.n_elements)
+    });
+    let name = model
+        .config
+        .name
+        .clone()
+        .unwrap_or_else(|| model.config.arch_name.clone());
+    let isa = engine_isa();
+    if args.json {
+        let line = json!({
+            "test": m.test,
+            "threads": m.threads,
+            "n_prompt": m.n_prompt,
+            "n_gen": m.n_gen,
+            "tok_s": { "median": med, "min": min, "max": max },
+            "samples": m.samples,
+            "peak_rss_bytes": peak_rss_bytes(),
+            "model": name,
+            "model_path": engine.model_path(),
+            "model_bytes": bytes,
+            "params": params,
+            "isa": isa,
+        });
+        println!("{line}");
+        return;
+    }
+    if !*printed_header {
+        println!("| model | size | params | isa | threads | test | t/s (median, min–max) |");
+        println!("| --- | ---: | ---: | --- | ---: | ---: | ---: |");
+        *printed_header = true;
+    }
+    println!(
+        "| {} | {:.2} MiB | {:.2} M | {} | {} | {} | {:.2} ({:.2}–{:.2}) |",
+        name,
+        bytes as f64 / (1024.0 * 1024.0),
+        params as f64 / 1e6,
+        isa,
+        m.threads,
+        m.test,
+        med,
+        min,
+        max
+    );
+}
+
+fn engine_isa() -> &'static str {
+    conductor::runtime::quant::Kernels::best().isa().name()
+}

@@ -1,0 +1,103 @@
+//! Command-line interface, modelled on llama.cpp's tools so their users feel at home.
+
+mod bench;
+mod check_refs;
+mod perplexity;
+mod run;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use conductor::fetch;
+use conductor::Engine;
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(name = "conductor", version, about = "LLM inference for devices whose memory is smaller than the model")]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text from a prompt, streaming it as it comes.
+    Run(run::RunArgs),
+    /// Download the default model into the cache (done automatically when no -m is given).
+    Fetch(FetchArgs),
+    /// Compare with llama.cpp's reference outputs (greedy tokens, first-token logits).
+    CheckRefs(check_refs::CheckRefsArgs),
+    /// Perplexity of a text file, the llama-perplexity way.
+    Perplexity(perplexity::PerplexityArgs),
+    /// Prompt-processing and generation speed, the llama-bench way.
+    Bench(bench::BenchArgs),
+}
+
+#[derive(Args)]
+struct FetchArgs {
+    /// Print only the model's path (for scripts).
+    #[arg(long)]
+    print_path: bool,
+}
+
+/// Options shared by every command that loads a model.
+#[derive(Args, Clone)]
+pub struct ModelArgs {
+    /// GGUF model file (default: SmolLM2-135M-Instruct Q4_1, fetched on first use).
+    #[arg(short = 'm', long = "model")]
+    pub model: Option<PathBuf>,
+    /// Compute threads.
+    #[arg(short = 't', long = "threads")]
+    pub threads: Option<usize>,
+}
+
+impl ModelArgs {
+    pub fn threads(&self) -> usize {
+        self.threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    }
+
+    pub fn load(&self, threads: usize) -> Result<Engine> {
+        if threads == 0 {
+            bail!("-t must be at least 1");
+        }
+        if let Some(path) = &self.model {
+            // Say which file is missing before the GGUF reader says it in its own words.
+            std::fs::metadata(path)
+                .with_context(|| format!("cannot read model file {}", path.display()))?;
+        }
+        let mut builder = Engine::builder().threads(threads);
+        if let Some(path) = &self.model {
+            builder = builder.model(path);
+        }
+        Ok(builder.build()?)
+    }
+}
+
+pub fn dispatch(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Run(args) => run::run(args),
+        Command::Fetch(args) => {
+            let path = fetch::ensure_default_model(&mut |line| {
+                if !args.print_path {
+                    eprintln!("{line}");
+                }
+            })?;
+            println!("{}", path.display());
+            Ok(())
+        }
+        Command::CheckRefs(args) => check_refs::run(args),
+        Command::Perplexity(args) => perplexity::run(args),
+        Command::Bench(args) => bench::run(args),
+    }
+}
+
+/// Parses a comma-separated list of numbers (`-p 128,512`).
+pub fn parse_list(s: &str) -> Result<Vec<usize>, String> {
+    s.split(',')
+        .map(|x| {
+            x.trim()
+                .parse::<usize>()
+                .map_err(|_| format!("`{x}` is not a whole number"))
+        })
+        .collect()
+}
