@@ -10,9 +10,11 @@ mod error;
 mod reader;
 mod tensor;
 mod value;
+mod writer;
 
 pub use error::GgufError;
 pub use reader::{GgufFile, MAGIC};
 pub use tensor::{TensorInfo, DEFAULT_ALIGNMENT, MAX_ALIGNMENT, MAX_DIMS};
 pub use value::{Array, Value, MAX_ARRAY_DEPTH};
+pub use writer::{GgufWriter, TensorDataWriter};
 
