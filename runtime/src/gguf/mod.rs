@@ -18,3 +18,7 @@ pub use tensor::{TensorInfo, DEFAULT_ALIGNMENT, MAX_ALIGNMENT, MAX_DIMS};
 pub use value::{Array, Value, MAX_ARRAY_DEPTH};
 pub use writer::{GgufWriter, TensorDataWriter};
 
+#[cfg(test)]
+mod proptests;
+#[cfg(test)]
+mod tests;
