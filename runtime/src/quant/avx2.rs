@@ -106,16 +106,6 @@ unsafe fn f16_1(b: [u8; 2]) -> f32 {
     _mm_cvtss_f32(f16_bcast(b))
 }
 
-/// Up to 4 f16 values to the lanes of an `__m128` (unused lanes 0).
-#[inline(always)]
-unsafe fn f16_lanes<const R: usize>(v: [[u8; 2]; R]) -> __m128 {
-    let mut bits = 0u64;
-    for (k, b) in v.iter().enumerate() {
-        bits |= (u16::from_le_bytes(*b) as u64) << (16 * k);
-    }
-    _mm_cvtph_ps(_mm_cvtsi64_si128(bits as i64))
-}
-
 /// Reduces R (1 or 4) vectors of i32 lanes to one exact sum each, in lanes 0..R.
 #[inline(always)]
 unsafe fn reduce<const R: usize>(p: [__m256i; R]) -> __m128i {
@@ -159,13 +149,18 @@ pub(crate) trait WeightBlock: Block {
     unsafe fn prep<V: IDot>(y: __m256i) -> __m256i;
     /// The exact integer dot of one weight block with activation quants `y`, as i32 lanes.
     unsafe fn idot<V: IDot>(&self, y: __m256i, prep: __m256i) -> __m256i;
-    fn wd(&self) -> [u8; 2];
+    /// Q4_1: the block has a min `m`, dotted with the activation's `s` in a second chain.
+    const HAS_MIN: bool;
+    /// Scale bytes then min bytes (zeros without a min): one 4-byte read per row.
+    fn wdm(&self) -> [u8; 4];
     fn act_qs(a: &Self::Act) -> &[u8; 32];
-    fn act_d(a: &Self::Act) -> [u8; 2];
+    /// Activation d then s (zeros without s).
+    fn act_ds(a: &Self::Act) -> [u8; 4];
 }
 
 impl WeightBlock for BlockQ4_0 {
     type Act = BlockQ8_0;
+    const HAS_MIN: bool = false;
     #[inline(always)]
     unsafe fn prep<V: IDot>(y: __m256i) -> __m256i {
         // -8 * sum(y) per lane, so that dp(prep, q, y) = sum((q - 8) * y).
@@ -177,21 +172,22 @@ impl WeightBlock for BlockQ4_0 {
         V::dp(prep, unpack_nibbles(&self.qs), y)
     }
     #[inline(always)]
-    fn wd(&self) -> [u8; 2] {
-        self.d
+    fn wdm(&self) -> [u8; 4] {
+        [self.d[0], self.d[1], 0, 0]
     }
     #[inline(always)]
     fn act_qs(a: &BlockQ8_0) -> &[u8; 32] {
         &a.qs
     }
     #[inline(always)]
-    fn act_d(a: &BlockQ8_0) -> [u8; 2] {
-        a.d
+    fn act_ds(a: &BlockQ8_0) -> [u8; 4] {
+        [a.d[0], a.d[1], 0, 0]
     }
 }
 
 impl WeightBlock for BlockQ4_1 {
     type Act = BlockQ8_1;
+    const HAS_MIN: bool = true;
     #[inline(always)]
     unsafe fn prep<V: IDot>(_y: __m256i) -> __m256i {
         _mm256_setzero_si256()
@@ -201,21 +197,22 @@ impl WeightBlock for BlockQ4_1 {
         V::dp(_mm256_setzero_si256(), unpack_nibbles(&self.qs), y)
     }
     #[inline(always)]
-    fn wd(&self) -> [u8; 2] {
-        self.d
+    fn wdm(&self) -> [u8; 4] {
+        [self.d[0], self.d[1], self.m[0], self.m[1]]
     }
     #[inline(always)]
     fn act_qs(a: &BlockQ8_1) -> &[u8; 32] {
         &a.qs
     }
     #[inline(always)]
-    fn act_d(a: &BlockQ8_1) -> [u8; 2] {
-        a.d
+    fn act_ds(a: &BlockQ8_1) -> [u8; 4] {
+        [a.d[0], a.d[1], a.s[0], a.s[1]]
     }
 }
 
 impl WeightBlock for BlockQ8_0 {
     type Act = BlockQ8_0;
+    const HAS_MIN: bool = false;
     #[inline(always)]
     unsafe fn prep<V: IDot>(y: __m256i) -> __m256i {
         V::ss_prep(y)
@@ -225,16 +222,16 @@ impl WeightBlock for BlockQ8_0 {
         V::ss(load256(&self.qs), y, prep)
     }
     #[inline(always)]
-    fn wd(&self) -> [u8; 2] {
-        self.d
+    fn wdm(&self) -> [u8; 4] {
+        [self.d[0], self.d[1], 0, 0]
     }
     #[inline(always)]
     fn act_qs(a: &BlockQ8_0) -> &[u8; 32] {
         &a.qs
     }
     #[inline(always)]
-    fn act_d(a: &BlockQ8_0) -> [u8; 2] {
-        a.d
+    fn act_ds(a: &BlockQ8_0) -> [u8; 4] {
+        [a.d[0], a.d[1], 0, 0]
     }
 }
 
@@ -254,12 +251,13 @@ unsafe fn tile<W: WeightBlock, V: IDot, const R: usize, const T: usize>(
         assert!(t.len() >= nb);
     }
     let mut acc = [_mm_setzero_ps(); T];
+    let mut accm = [_mm_setzero_ps(); T];
     for b in 0..nb {
-        let mut dwb = [[0u8; 2]; R];
+        let mut dm = [[0u8; 4]; R];
         for k in 0..R {
-            dwb[k] = w[k][b].wd();
+            dm[k] = w[k][b].wdm();
         }
-        let dw = f16_lanes::<R>(dwb);
+        let (dw, mw) = dm_lanes::<R>(dm);
         for t in 0..T {
             let ab = &a[t][b];
             let y = load256(W::act_qs(ab));
@@ -269,81 +267,34 @@ unsafe fn tile<W: WeightBlock, V: IDot, const R: usize, const T: usize>(
                 p[k] = w[k][b].idot::<V>(y, prep);
             }
             let isum = _mm_cvtepi32_ps(reduce::<R>(p));
-            let d = _mm_mul_ps(dw, f16_bcast(W::act_d(ab)));
-            acc[t] = _mm_fmadd_ps(d, isum, acc[t]);
+            let ds = _mm_cvtph_ps(_mm_set1_epi32(i32::from_le_bytes(W::act_ds(ab))));
+            let da = _mm_permute_ps(ds, 0b00_00_00_00);
+            acc[t] = _mm_fmadd_ps(_mm_mul_ps(dw, da), isum, acc[t]);
+            if W::HAS_MIN {
+                let sa = _mm_permute_ps(ds, 0b01_01_01_01);
+                accm[t] = _mm_fmadd_ps(mw, sa, accm[t]);
+            }
+        }
+    }
+    if W::HAS_MIN {
+        for t in 0..T {
+            acc[t] = _mm_add_ps(acc[t], accm[t]);
         }
     }
     acc
 }
 
-/// The Q4_1 min chain for a tile: accm = fma(m, s, accm) block by block, as in the scalar twin.
+/// Scales and mins of R rows (each 4 bytes: f16 d, f16 m) as lanes of two `__m128`.
 #[inline(always)]
-unsafe fn q4_1_min_tile<const R: usize, const T: usize>(
-    w: [&[BlockQ4_1]; R],
-    a: [&[BlockQ8_1]; T],
-    nb: usize,
-) -> [__m128; T] {
-    let mut accm = [_mm_setzero_ps(); T];
-    for b in 0..nb {
-        let mut mb = [[0u8; 2]; R];
-        for k in 0..R {
-            mb[k] = w[k][b].m;
-        }
-        let m = f16_lanes::<R>(mb);
-        for t in 0..T {
-            let s = f16_bcast(a[t][b].s);
-            accm[t] = _mm_fmadd_ps(m, s, accm[t]);
-        }
+unsafe fn dm_lanes<const R: usize>(dm: [[u8; 4]; R]) -> (__m128, __m128) {
+    let mut q = [0u64; 2];
+    for (k, v) in dm.iter().enumerate() {
+        q[k / 2] |= (u32::from_le_bytes(*v) as u64) << (32 * (k % 2));
     }
-    accm
-}
-
-/// Dispatches the per-format finishing step (Q4_1 adds its min chain).
-pub(crate) trait TileFinish: WeightBlock {
-    unsafe fn tile_full<V: IDot, const R: usize, const T: usize>(
-        w: [&[Self]; R],
-        a: [&[Self::Act]; T],
-        nb: usize,
-    ) -> [__m128; T];
-}
-
-impl TileFinish for BlockQ4_0 {
-    #[inline(always)]
-    unsafe fn tile_full<V: IDot, const R: usize, const T: usize>(
-        w: [&[Self]; R],
-        a: [&[BlockQ8_0]; T],
-        nb: usize,
-    ) -> [__m128; T] {
-        tile::<Self, V, R, T>(w, a, nb)
-    }
-}
-
-impl TileFinish for BlockQ8_0 {
-    #[inline(always)]
-    unsafe fn tile_full<V: IDot, const R: usize, const T: usize>(
-        w: [&[Self]; R],
-        a: [&[BlockQ8_0]; T],
-        nb: usize,
-    ) -> [__m128; T] {
-        tile::<Self, V, R, T>(w, a, nb)
-    }
-}
-
-impl TileFinish for BlockQ4_1 {
-    #[inline(always)]
-    unsafe fn tile_full<V: IDot, const R: usize, const T: usize>(
-        w: [&[Self]; R],
-        a: [&[BlockQ8_1]; T],
-        nb: usize,
-    ) -> [__m128; T] {
-        let acc = tile::<Self, V, R, T>(w, a, nb);
-        let accm = q4_1_min_tile::<R, T>(w, a, nb);
-        let mut out = [_mm_setzero_ps(); T];
-        for t in 0..T {
-            out[t] = _mm_add_ps(acc[t], accm[t]);
-        }
-        out
-    }
+    let f = _mm256_cvtph_ps(_mm_set_epi64x(q[1] as i64, q[0] as i64));
+    // [d0 m0 d1 m1 d2 m2 d3 m3] -> [d0 d1 d2 d3 | m0 m1 m2 m3]
+    let f = _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
+    (_mm256_castps256_ps128(f), _mm256_extractf128_ps(f, 1))
 }
 
 /// Matrix geometry already validated by the caller (`mod.rs`): `data` holds `rows` rows of
@@ -371,13 +322,13 @@ impl<'a> Rows<'a> {
 /// than 4 rows repeats its last row in the unused lanes (lanes are independent, so the stored
 /// results are the same as in a full group).
 #[inline(always)]
-unsafe fn matvec_impl<W: TileFinish, V: IDot>(m: Rows<'_>, act: &[W::Act], out: &mut [f32]) {
+unsafe fn matvec_impl<W: WeightBlock, V: IDot>(m: Rows<'_>, act: &[W::Act], out: &mut [f32]) {
     assert!(out.len() >= m.rows && act.len() >= m.nb);
     let mut r = 0;
     while r < m.rows {
         let n = (m.rows - r).min(4);
         let rows: [&[W]; 4] = std::array::from_fn(|k| m.row::<W>(r + k.min(n - 1)));
-        let [v] = W::tile_full::<V, 4, 1>(rows, [act], m.nb);
+        let [v] = tile::<W, V, 4, 1>(rows, [act], m.nb);
         let mut tmp = [0f32; 4];
         store_lanes::<4>(v, &mut tmp);
         out[r..r + n].copy_from_slice(&tmp[..n]);
@@ -388,7 +339,7 @@ unsafe fn matvec_impl<W: TileFinish, V: IDot>(m: Rows<'_>, act: &[W::Act], out: 
 /// Prefill shape: 4 rows x 4 tokens tiles, weight blocks unpacked once per 4 tokens.
 /// `acts` holds `n_tokens` rows of `nb` activation blocks.
 #[inline(always)]
-unsafe fn matmul_impl<W: TileFinish, V: IDot>(
+unsafe fn matmul_impl<W: WeightBlock, V: IDot>(
     m: Rows<'_>,
     acts: &[W::Act],
     n_tokens: usize,
@@ -403,8 +354,7 @@ unsafe fn matmul_impl<W: TileFinish, V: IDot>(
         let rows: [&[W]; 4] = std::array::from_fn(|k| m.row::<W>(r + k.min(n - 1)));
         let mut t = 0;
         while t + 4 <= n_tokens {
-            let res =
-                W::tile_full::<V, 4, 4>(rows, [tok(t), tok(t + 1), tok(t + 2), tok(t + 3)], m.nb);
+            let res = tile::<W, V, 4, 4>(rows, [tok(t), tok(t + 1), tok(t + 2), tok(t + 3)], m.nb);
             for (j, v) in res.iter().enumerate() {
                 let o = (t + j) * out_stride + r;
                 let mut tmp = [0f32; 4];
@@ -414,7 +364,7 @@ unsafe fn matmul_impl<W: TileFinish, V: IDot>(
             t += 4;
         }
         while t < n_tokens {
-            let [v] = W::tile_full::<V, 4, 1>(rows, [tok(t)], m.nb);
+            let [v] = tile::<W, V, 4, 1>(rows, [tok(t)], m.nb);
             let o = t * out_stride + r;
             let mut tmp = [0f32; 4];
             store_lanes::<4>(v, &mut tmp);
@@ -426,9 +376,9 @@ unsafe fn matmul_impl<W: TileFinish, V: IDot>(
 }
 
 #[inline(always)]
-unsafe fn vec_dot_impl<W: TileFinish, V: IDot>(w: &[W], a: &[W::Act]) -> f32 {
+unsafe fn vec_dot_impl<W: WeightBlock, V: IDot>(w: &[W], a: &[W::Act]) -> f32 {
     let nb = w.len().min(a.len());
-    let [v] = W::tile_full::<V, 1, 1>([w], [a], nb);
+    let [v] = tile::<W, V, 1, 1>([w], [a], nb);
     _mm_cvtss_f32(v)
 }
 
@@ -737,12 +687,12 @@ unsafe fn quantize_q8_k(x: &[f32], y: &mut [BlockQ8K]) {
 macro_rules! entry_idot {
     ($features:literal, $V:ty) => {
         #[target_feature(enable = $features)]
-        pub(crate) unsafe fn matvec<W: TileFinish>(m: Rows<'_>, act: &[W::Act], out: &mut [f32]) {
+        pub(crate) unsafe fn matvec<W: WeightBlock>(m: Rows<'_>, act: &[W::Act], out: &mut [f32]) {
             matvec_impl::<W, $V>(m, act, out)
         }
 
         #[target_feature(enable = $features)]
-        pub(crate) unsafe fn matmul<W: TileFinish>(
+        pub(crate) unsafe fn matmul<W: WeightBlock>(
             m: Rows<'_>,
             acts: &[W::Act],
             n_tokens: usize,
@@ -753,7 +703,7 @@ macro_rules! entry_idot {
         }
 
         #[target_feature(enable = $features)]
-        pub(crate) unsafe fn vec_dot<W: TileFinish>(w: &[W], a: &[W::Act]) -> f32 {
+        pub(crate) unsafe fn vec_dot<W: WeightBlock>(w: &[W], a: &[W::Act]) -> f32 {
             vec_dot_impl::<W, $V>(w, a)
         }
     };
