@@ -413,10 +413,9 @@ unsafe fn dot_q4_k(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
             isum = _mm256_add_epi32(isum, _mm256_add_epi32(plo, phi));
         }
         let sumi = _mm_cvtsi128_si32(reduce::<1>([isum]));
-        let mut summ = 0i32;
-        for j in 0..8 {
-            summ += mn[j] as i32 * (ba.bsum(2 * j) + ba.bsum(2 * j + 1));
-        }
+        let summ: i32 = (mn.iter().enumerate())
+            .map(|(j, &m)| m as i32 * (ba.bsum(2 * j) + ba.bsum(2 * j + 1)))
+            .sum();
         let da = ba.d();
         acc = (f16_1(bw.d) * da).mul_add(sumi as f32, acc);
         accm = (f16_1(bw.dmin) * da).mul_add(summ as f32, accm);

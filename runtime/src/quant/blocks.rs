@@ -44,7 +44,7 @@ macro_rules! block_impl {
 #[inline]
 pub(crate) fn view<B: Block>(bytes: &[u8]) -> Option<&[B]> {
     let size = std::mem::size_of::<B>();
-    if bytes.len() % size != 0 {
+    if !bytes.len().is_multiple_of(size) {
         return None;
     }
     // SAFETY: `B: Block` guarantees alignment 1 and that every bit pattern is valid; the length is
@@ -57,7 +57,7 @@ pub(crate) fn view<B: Block>(bytes: &[u8]) -> Option<&[B]> {
 #[inline]
 pub(crate) fn view_mut<B: Block>(bytes: &mut [u8]) -> Option<&mut [B]> {
     let size = std::mem::size_of::<B>();
-    if bytes.len() % size != 0 {
+    if !bytes.len().is_multiple_of(size) {
         return None;
     }
     // SAFETY: as in `view`; the unique borrow of `bytes` is moved into the returned slice, and any

@@ -452,7 +452,7 @@ impl Kernels {
             w.cols
         );
         assert!(
-            cols.start % bs == 0 && cols.end % bs == 0,
+            cols.start.is_multiple_of(bs) && cols.end.is_multiple_of(bs),
             "column range {cols:?} not aligned to {} blocks of {bs}",
             w.ty
         );

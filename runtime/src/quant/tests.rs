@@ -215,7 +215,7 @@ fn known_answer_q8_0_q8_1() {
 #[test]
 fn known_answer_q8_k() {
     let mut b = 0.125f32.to_le_bytes().to_vec();
-    b.extend((0..256).map(|j| ((j % 255) as i32 - 127) as i8 as u8));
+    b.extend((0..256).map(|j| ((j % 255) - 127) as i8 as u8));
     b.extend([0u8; 32]); // bsums are not used by dequantize
     let y = deq(GgmlType::Q8_K, &b, 256);
     assert_eq!(y[0], -127.0 * 0.125);
