@@ -76,14 +76,14 @@ impl IDot for Vnni {
 // ---------------------------------------------------------------- small helpers
 
 #[inline(always)]
-unsafe fn load256(p: &[u8; 32]) -> __m256i {
+pub(crate) unsafe fn load256(p: &[u8; 32]) -> __m256i {
     // SAFETY (for callers): reads exactly the 32 bytes of the referenced array.
     _mm256_loadu_si256(p.as_ptr().cast())
 }
 
 /// 16 bytes of nibbles to 32 bytes 0..=15 in element order (low nibbles then high nibbles).
 #[inline(always)]
-unsafe fn unpack_nibbles(qs: &[u8; 16]) -> __m256i {
+pub(crate) unsafe fn unpack_nibbles(qs: &[u8; 16]) -> __m256i {
     let x = _mm256_broadcastsi128_si256(_mm_loadu_si128(qs.as_ptr().cast()));
     // Shift only the upper 128-bit half by 4: a variable 64-bit shift avoids a port-5 insert.
     let x = _mm256_srlv_epi64(x, _mm256_set_epi64x(4, 4, 0, 0));
@@ -108,7 +108,7 @@ unsafe fn f16_1(b: [u8; 2]) -> f32 {
 
 /// Reduces R (1 or 4) vectors of i32 lanes to one exact sum each, in lanes 0..R.
 #[inline(always)]
-unsafe fn reduce<const R: usize>(p: [__m256i; R]) -> __m128i {
+pub(crate) unsafe fn reduce<const R: usize>(p: [__m256i; R]) -> __m128i {
     if R == 4 {
         let h01 = _mm256_hadd_epi32(p[0], p[1]);
         let h23 = _mm256_hadd_epi32(p[2], p[3]);
@@ -156,11 +156,20 @@ pub(crate) trait WeightBlock: Block {
     fn act_qs(a: &Self::Act) -> &[u8; 32];
     /// Activation d then s (zeros without s).
     fn act_ds(a: &Self::Act) -> [u8; 4];
+    /// For the row-interleaved GEMM (`gemm.rs`): the block as 32 unsigned bytes u, in element
+    /// order, such that sum(w * y) = sum(u * y) + CORR * sum(y).
+    unsafe fn unsigned_quants(&self) -> __m256i;
+    const CORR: i32;
 }
 
 impl WeightBlock for BlockQ4_0 {
     type Act = BlockQ8_0;
     const HAS_MIN: bool = false;
+    const CORR: i32 = -8;
+    #[inline(always)]
+    unsafe fn unsigned_quants(&self) -> __m256i {
+        unpack_nibbles(&self.qs)
+    }
     #[inline(always)]
     unsafe fn prep<V: IDot>(y: __m256i) -> __m256i {
         // -8 * sum(y) per lane, so that dp(prep, q, y) = sum((q - 8) * y).
@@ -188,6 +197,11 @@ impl WeightBlock for BlockQ4_0 {
 impl WeightBlock for BlockQ4_1 {
     type Act = BlockQ8_1;
     const HAS_MIN: bool = true;
+    const CORR: i32 = 0;
+    #[inline(always)]
+    unsafe fn unsigned_quants(&self) -> __m256i {
+        unpack_nibbles(&self.qs)
+    }
     #[inline(always)]
     unsafe fn prep<V: IDot>(_y: __m256i) -> __m256i {
         _mm256_setzero_si256()
@@ -213,6 +227,12 @@ impl WeightBlock for BlockQ4_1 {
 impl WeightBlock for BlockQ8_0 {
     type Act = BlockQ8_0;
     const HAS_MIN: bool = false;
+    const CORR: i32 = -128;
+    #[inline(always)]
+    unsafe fn unsigned_quants(&self) -> __m256i {
+        // w xor 0x80 read as u8 is w + 128.
+        _mm256_xor_si256(load256(&self.qs), _mm256_set1_epi8(-128))
+    }
     #[inline(always)]
     unsafe fn prep<V: IDot>(y: __m256i) -> __m256i {
         V::ss_prep(y)

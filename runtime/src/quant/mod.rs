@@ -27,6 +27,12 @@ mod scalar;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod gemm;
+
+/// From this many tokens on, `matmul` repacks weight rows (see `gemm.rs`); below it the repack
+/// is not amortized and the 4x4 tile kernel is used. Both give identical bits.
+const PACKED_MIN_TOKENS: usize = 8;
 
 #[cfg(test)]
 mod tests;
@@ -556,10 +562,56 @@ impl Kernels {
         {
             use avx2::{plain, vnni};
             let m = g.rows();
+            let packed = n_tokens >= PACKED_MIN_TOKENS;
             // SAFETY (all arms): ISA detected at construction; geometry validated above, `acts`
             // has n_tokens * nb blocks and `out` covers every (t, r) written.
             match (self.isa, w.ty) {
                 (Isa::Scalar, _) => {}
+                (Isa::AvxVnni, GgmlType::Q4_0) if packed => unsafe {
+                    return gemm::matmul_vnni::<BlockQ4_0>(
+                        m,
+                        blocks_of(acts),
+                        n_tokens,
+                        out,
+                        out_stride,
+                    );
+                },
+                (Isa::AvxVnni, GgmlType::Q4_1) if packed => unsafe {
+                    return gemm::matmul_vnni::<BlockQ4_1>(
+                        m,
+                        blocks_of(acts),
+                        n_tokens,
+                        out,
+                        out_stride,
+                    );
+                },
+                (Isa::AvxVnni, GgmlType::Q8_0) if packed => unsafe {
+                    return gemm::matmul_vnni::<BlockQ8_0>(
+                        m,
+                        blocks_of(acts),
+                        n_tokens,
+                        out,
+                        out_stride,
+                    );
+                },
+                (Isa::Avx2, GgmlType::Q4_0) if packed => unsafe {
+                    return gemm::matmul_avx2::<BlockQ4_0>(
+                        m,
+                        blocks_of(acts),
+                        n_tokens,
+                        out,
+                        out_stride,
+                    );
+                },
+                (Isa::Avx2, GgmlType::Q4_1) if packed => unsafe {
+                    return gemm::matmul_avx2::<BlockQ4_1>(
+                        m,
+                        blocks_of(acts),
+                        n_tokens,
+                        out,
+                        out_stride,
+                    );
+                },
                 (Isa::AvxVnni, GgmlType::Q4_0) => unsafe {
                     return vnni::matmul::<BlockQ4_0>(
                         m,

@@ -607,9 +607,9 @@ proptest! {
 
     #[test]
     fn matmul_matches_vec_dot(
-        rows in 1usize..10,
+        rows in 1usize..20,
         nb in 1usize..4,
-        n_tokens in 1usize..10,
+        n_tokens in 1usize..20,
         pad in 0usize..3,
         seed in any::<u64>(),
     ) {
