@@ -55,8 +55,8 @@ impl PackedDot for MaddPacked {
     #[inline(always)]
     unsafe fn block4(w: &[[u8; 32]; 8], y: [&[u8; 32]; 4], corr: [i32; 4]) -> [__m256i; 4] {
         let mut s = [_mm256_setzero_si256(); 4];
-        for g in 0..8 {
-            let wg = loadw(&w[g]);
+        for (g, wg) in w.iter().enumerate() {
+            let wg = loadw(wg);
             for j in 0..4 {
                 s[j] = _mm256_add_epi16(s[j], _mm256_maddubs_epi16(wg, bcast4(y[j], g)));
             }
@@ -75,8 +75,8 @@ impl PackedDot for VnniPacked {
     #[inline(always)]
     unsafe fn block4(w: &[[u8; 32]; 8], y: [&[u8; 32]; 4], corr: [i32; 4]) -> [__m256i; 4] {
         let mut s: [__m256i; 4] = std::array::from_fn(|j| _mm256_set1_epi32(corr[j]));
-        for g in 0..8 {
-            let wg = loadw(&w[g]);
+        for (g, wg) in w.iter().enumerate() {
+            let wg = loadw(wg);
             for j in 0..4 {
                 s[j] = _mm256_dpbusd_avx_epi32(s[j], wg, bcast4(y[j], g));
             }
@@ -128,11 +128,11 @@ unsafe fn pack<W: WeightBlock>(rows: [&[W]; 8], nb: usize, dst: &mut [Packed]) {
     for (b, p) in dst.iter_mut().enumerate().take(nb) {
         let u: [__m256i; 8] = std::array::from_fn(|r| rows[r][b].unsigned_quants());
         let t = transpose8(u);
-        for g in 0..8 {
-            _mm256_storeu_si256(p.w[g].as_mut_ptr().cast(), t[g]);
+        for (dst, v) in p.w.iter_mut().zip(t) {
+            _mm256_storeu_si256(dst.as_mut_ptr().cast(), v);
         }
-        for r in 0..8 {
-            let dm = rows[r][b].wdm();
+        for (r, row) in rows.iter().enumerate() {
+            let dm = row[b].wdm();
             p.d[r] = f16f([dm[0], dm[1]]);
             p.m[r] = f16f([dm[2], dm[3]]);
         }
