@@ -342,7 +342,11 @@ impl<'a> Rows<'a> {
 /// than 4 rows repeats its last row in the unused lanes (lanes are independent, so the stored
 /// results are the same as in a full group).
 #[inline(always)]
-unsafe fn matvec_impl<W: WeightBlock, V: IDot>(m: Rows<'_>, act: &[W::Act], out: &mut [f32]) {
+pub(crate) unsafe fn matvec_impl<W: WeightBlock, V: IDot>(
+    m: Rows<'_>,
+    act: &[W::Act],
+    out: &mut [f32],
+) {
     assert!(out.len() >= m.rows && act.len() >= m.nb);
     let mut r = 0;
     while r < m.rows {
@@ -359,7 +363,7 @@ unsafe fn matvec_impl<W: WeightBlock, V: IDot>(m: Rows<'_>, act: &[W::Act], out:
 /// Prefill shape: 4 rows x 4 tokens tiles, weight blocks unpacked once per 4 tokens.
 /// `acts` holds `n_tokens` rows of `nb` activation blocks.
 #[inline(always)]
-unsafe fn matmul_impl<W: WeightBlock, V: IDot>(
+pub(crate) unsafe fn matmul_impl<W: WeightBlock, V: IDot>(
     m: Rows<'_>,
     acts: &[W::Act],
     n_tokens: usize,
@@ -396,7 +400,7 @@ unsafe fn matmul_impl<W: WeightBlock, V: IDot>(
 }
 
 #[inline(always)]
-unsafe fn vec_dot_impl<W: WeightBlock, V: IDot>(w: &[W], a: &[W::Act]) -> f32 {
+pub(crate) unsafe fn vec_dot_impl<W: WeightBlock, V: IDot>(w: &[W], a: &[W::Act]) -> f32 {
     let nb = w.len().min(a.len());
     let [v] = tile::<W, V, 1, 1>([w], [a], nb);
     _mm_cvtss_f32(v)
@@ -727,6 +731,8 @@ macro_rules! entry_idot {
         }
     };
 }
+
+pub(crate) use entry_idot;
 
 /// Entry points needing AVX2 + FMA + F16C.
 pub(crate) mod plain {

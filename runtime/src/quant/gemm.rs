@@ -87,7 +87,7 @@ impl PackedDot for VnniPacked {
 
 /// Transposes 8 rows of 8 u32 (one register each) into 8 registers of 8 rows.
 #[inline(always)]
-unsafe fn transpose8(r: [__m256i; 8]) -> [__m256i; 8] {
+pub(crate) unsafe fn transpose8(r: [__m256i; 8]) -> [__m256i; 8] {
     let t0 = _mm256_unpacklo_epi32(r[0], r[1]);
     let t1 = _mm256_unpackhi_epi32(r[0], r[1]);
     let t2 = _mm256_unpacklo_epi32(r[2], r[3]);
@@ -118,7 +118,7 @@ unsafe fn transpose8(r: [__m256i; 8]) -> [__m256i; 8] {
 }
 
 #[inline(always)]
-fn f16f(b: [u8; 2]) -> f32 {
+pub(crate) fn f16f(b: [u8; 2]) -> f32 {
     f16_le(b)
 }
 
@@ -147,6 +147,27 @@ unsafe fn qsum(y: &[u8; 32]) -> i32 {
     _mm_cvtsi128_si32(reduce::<1>([p32]))
 }
 
+/// Per (token, block) tables shared by every row group: f32 d, f32 s (Q4_1) and the Σy
+/// correction `W::CORR * sum(y)`.
+#[inline(always)]
+pub(crate) unsafe fn tables<W: WeightBlock>(acts: &[W::Act]) -> (Vec<f32>, Vec<f32>, Vec<i32>) {
+    let n = acts.len();
+    let mut da = vec![0f32; n];
+    let mut sa = vec![0f32; if W::HAS_MIN { n } else { 0 }];
+    let mut corr = vec![0i32; n];
+    for (i, a) in acts.iter().enumerate() {
+        let ds = W::act_ds(a);
+        da[i] = f16f([ds[0], ds[1]]);
+        if W::HAS_MIN {
+            sa[i] = f16f([ds[2], ds[3]]);
+        }
+        if W::CORR != 0 {
+            corr[i] = W::CORR * qsum(W::act_qs(a));
+        }
+    }
+    (da, sa, corr)
+}
+
 /// `out[t * out_stride + r]` for all rows and tokens. Bit-identical to the scalar vec_dot.
 #[inline(always)]
 pub(crate) unsafe fn matmul_packed<W: WeightBlock, P: PackedDot>(
@@ -158,20 +179,7 @@ pub(crate) unsafe fn matmul_packed<W: WeightBlock, P: PackedDot>(
 ) {
     let nb = m.nb;
     assert!(acts.len() >= n_tokens * nb && n_tokens > 0);
-    // Per (token, block) tables shared by every row group: f32 scales and the Σy correction.
-    let mut da = vec![0f32; n_tokens * nb];
-    let mut sa = vec![0f32; if W::HAS_MIN { n_tokens * nb } else { 0 }];
-    let mut corr = vec![0i32; n_tokens * nb];
-    for (i, a) in acts[..n_tokens * nb].iter().enumerate() {
-        let ds = W::act_ds(a);
-        da[i] = f16f([ds[0], ds[1]]);
-        if W::HAS_MIN {
-            sa[i] = f16f([ds[2], ds[3]]);
-        }
-        if W::CORR != 0 {
-            corr[i] = W::CORR * qsum(W::act_qs(a));
-        }
-    }
+    let (da, sa, corr) = tables::<W>(&acts[..n_tokens * nb]);
     let empty = Packed {
         w: [[0; 32]; 8],
         d: [0.0; 8],

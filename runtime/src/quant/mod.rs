@@ -28,7 +28,23 @@ mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
+mod avx512;
+#[cfg(target_arch = "x86_64")]
 mod gemm;
+
+/// `return $module::$func::<Block>(args)` for the 32-element weight formats (Q4_0, Q4_1, Q8_0),
+/// the types whose kernels are generic over the block; falls through for any other type.
+#[cfg(target_arch = "x86_64")]
+macro_rules! call32 {
+    ($ty:expr, $m:ident :: $f:ident ( $($arg:expr),* )) => {
+        match $ty {
+            GgmlType::Q4_0 => return $m::$f::<BlockQ4_0>($($arg),*),
+            GgmlType::Q4_1 => return $m::$f::<BlockQ4_1>($($arg),*),
+            GgmlType::Q8_0 => return $m::$f::<BlockQ8_0>($($arg),*),
+            _ => {}
+        }
+    };
+}
 
 /// From this many tokens on, `matmul` repacks weight rows (see `gemm.rs`); below it the repack
 /// is not amortized and the 4x4 tile kernel is used. Both give identical bits.
@@ -241,6 +257,8 @@ pub enum Isa {
     Avx2,
     /// AVX2 + FMA + F16C + AVX-VNNI (`vpdpbusd` on 256-bit vectors).
     AvxVnni,
+    /// AVX2 + FMA + F16C + AVX512 F/BW/VL/VNNI: 512-bit prefill GEMM, EVEX `vpdpbusd` elsewhere.
+    Avx512Vnni,
 }
 
 impl Isa {
@@ -249,6 +267,7 @@ impl Isa {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
             Isa::AvxVnni => "avx-vnni",
+            Isa::Avx512Vnni => "avx512-vnni",
         }
     }
 
@@ -264,6 +283,14 @@ impl Isa {
             }
             #[cfg(target_arch = "x86_64")]
             Isa::AvxVnni => Isa::Avx2.is_available() && is_x86_feature_detected!("avxvnni"),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni => {
+                Isa::Avx2.is_available()
+                    && is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
+                    && is_x86_feature_detected!("avx512vnni")
+            }
             #[allow(unreachable_patterns)]
             _ => false,
         }
@@ -319,7 +346,7 @@ impl Kernels {
     pub fn best() -> Kernels {
         static BEST: std::sync::OnceLock<Kernels> = std::sync::OnceLock::new();
         *BEST.get_or_init(|| {
-            [Isa::AvxVnni, Isa::Avx2]
+            [Isa::Avx512Vnni, Isa::AvxVnni, Isa::Avx2]
                 .into_iter()
                 .find_map(Kernels::with_isa)
                 .unwrap_or_else(Kernels::scalar)
@@ -338,7 +365,7 @@ impl Kernels {
 
     /// Every ISA this CPU supports (for tests and benchmarks).
     pub fn available() -> Vec<Kernels> {
-        [Isa::Scalar, Isa::Avx2, Isa::AvxVnni]
+        [Isa::Scalar, Isa::Avx2, Isa::AvxVnni, Isa::Avx512Vnni]
             .into_iter()
             .filter_map(Kernels::with_isa)
             .collect()
@@ -359,18 +386,18 @@ impl Kernels {
         assert_eq!(dst.len(), bytes, "activation buffer size for {weight}");
         match (self.isa, at) {
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx2 | Isa::AvxVnni, GgmlType::Q8_0) => {
-                // SAFETY: an Avx2/AvxVnni `Kernels` is only built after detecting AVX2+FMA+F16C;
+            (Isa::Avx2 | Isa::AvxVnni | Isa::Avx512Vnni, GgmlType::Q8_0) => {
+                // SAFETY: a SIMD `Kernels` is only built after detecting AVX2+FMA+F16C;
                 // the block view has exactly src.len()/32 blocks.
                 unsafe { avx2::plain::quantize_q8_0(src, blocks_of_mut(dst)) }
             }
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx2 | Isa::AvxVnni, GgmlType::Q8_1) => {
+            (Isa::Avx2 | Isa::AvxVnni | Isa::Avx512Vnni, GgmlType::Q8_1) => {
                 // SAFETY: as above.
                 unsafe { avx2::plain::quantize_q8_1(src, blocks_of_mut(dst)) }
             }
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx2 | Isa::AvxVnni, GgmlType::Q8_K) => {
+            (Isa::Avx2 | Isa::AvxVnni | Isa::Avx512Vnni, GgmlType::Q8_K) => {
                 // SAFETY: as above.
                 unsafe { avx2::plain::quantize_q8_k(src, blocks_of_mut(dst)) }
             }
@@ -398,43 +425,27 @@ impl Kernels {
     /// The dispatch behind `vec_dot`, with lengths already checked.
     fn dot_dispatch(&self, weight: GgmlType, n: usize, w: &[u8], act: &[u8]) -> f32 {
         #[cfg(target_arch = "x86_64")]
-        {
+        if self.isa != Isa::Scalar {
             use avx2::{plain, vnni};
-            // SAFETY (all arms): the ISA was detected when this `Kernels` was built; the block
-            // views cover exactly the checked byte lengths.
-            match (self.isa, weight) {
-                (Isa::Scalar, _) => {}
-                (Isa::AvxVnni, GgmlType::Q4_0) => unsafe {
-                    return vnni::vec_dot::<BlockQ4_0>(blocks_of(w), blocks_of(act));
-                },
-                (Isa::AvxVnni, GgmlType::Q4_1) => unsafe {
-                    return vnni::vec_dot::<BlockQ4_1>(blocks_of(w), blocks_of(act));
-                },
-                (Isa::AvxVnni, GgmlType::Q8_0) => unsafe {
-                    return vnni::vec_dot::<BlockQ8_0>(blocks_of(w), blocks_of(act));
-                },
-                (_, GgmlType::Q4_0) => unsafe {
-                    return plain::vec_dot::<BlockQ4_0>(blocks_of(w), blocks_of(act));
-                },
-                (_, GgmlType::Q4_1) => unsafe {
-                    return plain::vec_dot::<BlockQ4_1>(blocks_of(w), blocks_of(act));
-                },
-                (_, GgmlType::Q8_0) => unsafe {
-                    return plain::vec_dot::<BlockQ8_0>(blocks_of(w), blocks_of(act));
-                },
-                (_, GgmlType::Q4_K) => unsafe {
-                    return plain::dot_q4_k(blocks_of(w), blocks_of(act));
-                },
-                (_, GgmlType::Q6_K) => unsafe {
-                    return plain::dot_q6_k(blocks_of(w), blocks_of(act));
-                },
-                (_, GgmlType::F32) => unsafe {
-                    return plain::dot_f32(n, w, act);
-                },
-                (_, GgmlType::F16) => unsafe {
-                    return plain::dot_f16(n, w, act);
-                },
-                _ => {}
+            use avx512::narrow;
+            // SAFETY: the ISA was detected when this `Kernels` was built (every SIMD ISA implies
+            // AVX2+FMA+F16C); the block views cover exactly the lengths checked by the caller.
+            unsafe {
+                let (w, a) = (w, act);
+                match self.isa {
+                    Isa::AvxVnni => call32!(weight, vnni::vec_dot(blocks_of(w), blocks_of(a))),
+                    Isa::Avx512Vnni => {
+                        call32!(weight, narrow::vec_dot(blocks_of(w), blocks_of(a)))
+                    }
+                    _ => call32!(weight, plain::vec_dot(blocks_of(w), blocks_of(a))),
+                }
+                match weight {
+                    GgmlType::Q4_K => return plain::dot_q4_k(blocks_of(w), blocks_of(a)),
+                    GgmlType::Q6_K => return plain::dot_q6_k(blocks_of(w), blocks_of(a)),
+                    GgmlType::F32 => return plain::dot_f32(n, w, a),
+                    GgmlType::F16 => return plain::dot_f16(n, w, a),
+                    _ => {}
+                }
             }
         }
         match weight {
@@ -488,31 +499,18 @@ impl Kernels {
         #[cfg(target_arch = "x86_64")]
         {
             use avx2::{plain, vnni};
+            use avx512::narrow;
             let m = g.rows();
-            // SAFETY (all arms): ISA detected at construction; `m` was validated by `geometry`
-            // (every row slice it hands out is bounds-checked slicing), `act` has exactly `nb`
-            // activation blocks, and `out` has `rows` elements.
-            match (self.isa, w.ty) {
-                (Isa::Scalar, _) => {}
-                (Isa::AvxVnni, GgmlType::Q4_0) => unsafe {
-                    return vnni::matvec::<BlockQ4_0>(m, blocks_of(act), out);
-                },
-                (Isa::AvxVnni, GgmlType::Q4_1) => unsafe {
-                    return vnni::matvec::<BlockQ4_1>(m, blocks_of(act), out);
-                },
-                (Isa::AvxVnni, GgmlType::Q8_0) => unsafe {
-                    return vnni::matvec::<BlockQ8_0>(m, blocks_of(act), out);
-                },
-                (_, GgmlType::Q4_0) => unsafe {
-                    return plain::matvec::<BlockQ4_0>(m, blocks_of(act), out);
-                },
-                (_, GgmlType::Q4_1) => unsafe {
-                    return plain::matvec::<BlockQ4_1>(m, blocks_of(act), out);
-                },
-                (_, GgmlType::Q8_0) => unsafe {
-                    return plain::matvec::<BlockQ8_0>(m, blocks_of(act), out);
-                },
-                _ => {}
+            // SAFETY: ISA detected at construction; `m` was validated by `geometry` (every row
+            // slice it hands out is bounds-checked slicing), `act` has exactly `nb` activation
+            // blocks, and `out` has `rows` elements.
+            unsafe {
+                match self.isa {
+                    Isa::Scalar => {}
+                    Isa::Avx2 => call32!(w.ty, plain::matvec(m, blocks_of(act), out)),
+                    Isa::AvxVnni => call32!(w.ty, vnni::matvec(m, blocks_of(act), out)),
+                    Isa::Avx512Vnni => call32!(w.ty, narrow::matvec(m, blocks_of(act), out)),
+                }
             }
         }
         for (r, o) in out.iter_mut().enumerate() {
@@ -561,112 +559,48 @@ impl Kernels {
         #[cfg(target_arch = "x86_64")]
         {
             use avx2::{plain, vnni};
+            use avx512::narrow;
             let m = g.rows();
             let packed = n_tokens >= PACKED_MIN_TOKENS;
-            // SAFETY (all arms): ISA detected at construction; geometry validated above, `acts`
-            // has n_tokens * nb blocks and `out` covers every (t, r) written.
-            match (self.isa, w.ty) {
-                (Isa::Scalar, _) => {}
-                (Isa::AvxVnni, GgmlType::Q4_0) if packed => unsafe {
-                    return gemm::matmul_vnni::<BlockQ4_0>(
-                        m,
-                        blocks_of(acts),
-                        n_tokens,
-                        out,
-                        out_stride,
-                    );
-                },
-                (Isa::AvxVnni, GgmlType::Q4_1) if packed => unsafe {
-                    return gemm::matmul_vnni::<BlockQ4_1>(
-                        m,
-                        blocks_of(acts),
-                        n_tokens,
-                        out,
-                        out_stride,
-                    );
-                },
-                (Isa::AvxVnni, GgmlType::Q8_0) if packed => unsafe {
-                    return gemm::matmul_vnni::<BlockQ8_0>(
-                        m,
-                        blocks_of(acts),
-                        n_tokens,
-                        out,
-                        out_stride,
-                    );
-                },
-                (Isa::Avx2, GgmlType::Q4_0) if packed => unsafe {
-                    return gemm::matmul_avx2::<BlockQ4_0>(
-                        m,
-                        blocks_of(acts),
-                        n_tokens,
-                        out,
-                        out_stride,
-                    );
-                },
-                (Isa::Avx2, GgmlType::Q4_1) if packed => unsafe {
-                    return gemm::matmul_avx2::<BlockQ4_1>(
-                        m,
-                        blocks_of(acts),
-                        n_tokens,
-                        out,
-                        out_stride,
-                    );
-                },
-                (Isa::AvxVnni, GgmlType::Q4_0) => unsafe {
-                    return vnni::matmul::<BlockQ4_0>(
-                        m,
-                        blocks_of(acts),
-                        n_tokens,
-                        out,
-                        out_stride,
-                    );
-                },
-                (Isa::AvxVnni, GgmlType::Q4_1) => unsafe {
-                    return vnni::matmul::<BlockQ4_1>(
-                        m,
-                        blocks_of(acts),
-                        n_tokens,
-                        out,
-                        out_stride,
-                    );
-                },
-                (Isa::AvxVnni, GgmlType::Q8_0) => unsafe {
-                    return vnni::matmul::<BlockQ8_0>(
-                        m,
-                        blocks_of(acts),
-                        n_tokens,
-                        out,
-                        out_stride,
-                    );
-                },
-                (_, GgmlType::Q4_0) => unsafe {
-                    return plain::matmul::<BlockQ4_0>(
-                        m,
-                        blocks_of(acts),
-                        n_tokens,
-                        out,
-                        out_stride,
-                    );
-                },
-                (_, GgmlType::Q4_1) => unsafe {
-                    return plain::matmul::<BlockQ4_1>(
-                        m,
-                        blocks_of(acts),
-                        n_tokens,
-                        out,
-                        out_stride,
-                    );
-                },
-                (_, GgmlType::Q8_0) => unsafe {
-                    return plain::matmul::<BlockQ8_0>(
-                        m,
-                        blocks_of(acts),
-                        n_tokens,
-                        out,
-                        out_stride,
-                    );
-                },
-                _ => {}
+            // SAFETY: ISA detected at construction; geometry validated above, `acts` has
+            // n_tokens * nb blocks and `out` covers every (t, r) written (checked above).
+            unsafe {
+                match self.isa {
+                    Isa::Scalar => {}
+                    Isa::Avx512Vnni if packed => {
+                        call32!(
+                            w.ty,
+                            avx512::matmul_packed16(m, blocks_of(acts), n_tokens, out, out_stride)
+                        )
+                    }
+                    Isa::AvxVnni if packed => {
+                        call32!(
+                            w.ty,
+                            gemm::matmul_vnni(m, blocks_of(acts), n_tokens, out, out_stride)
+                        )
+                    }
+                    // Without VNNI the packed scheme needs 4-bit weights (i16 accumulation).
+                    Isa::Avx2 if packed && w.ty != GgmlType::Q8_0 => {
+                        call32!(
+                            w.ty,
+                            gemm::matmul_avx2(m, blocks_of(acts), n_tokens, out, out_stride)
+                        )
+                    }
+                    Isa::Avx2 => call32!(
+                        w.ty,
+                        plain::matmul(m, blocks_of(acts), n_tokens, out, out_stride)
+                    ),
+                    Isa::AvxVnni => call32!(
+                        w.ty,
+                        vnni::matmul(m, blocks_of(acts), n_tokens, out, out_stride)
+                    ),
+                    Isa::Avx512Vnni => {
+                        call32!(
+                            w.ty,
+                            narrow::matmul(m, blocks_of(acts), n_tokens, out, out_stride)
+                        )
+                    }
+                }
             }
         }
         for t in 0..n_tokens {
