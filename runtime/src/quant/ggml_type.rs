@@ -89,7 +89,10 @@ const TABLE: &[(GgmlType, u32, &str, usize, usize)] = &[
 impl GgmlType {
     fn row(self) -> &'static (GgmlType, u32, &'static str, usize, usize) {
         // The table lists every variant once; the lookup cannot miss (checked by a test).
-        TABLE.iter().find(|r| r.0 == self).expect("every GgmlType is in TABLE")
+        TABLE
+            .iter()
+            .find(|r| r.0 == self)
+            .expect("every GgmlType is in TABLE")
     }
 
     /// The type for a file's type id, or `None` for an id ggml does not define.

@@ -1,5 +1,669 @@
 //! Block formats and the kernels that compute with them.
+//!
+//! Weight types: F32, F16, Q4_0, Q4_1, Q8_0, Q4_K, Q6_K. Each quantized weight type is dotted with
+//! activations quantized to [`activation_type`] (Q8_0, Q8_1 or Q8_K, as in ggml); F16/F32 weights
+//! dot with f32 activations (passed as little-endian bytes).
+//!
+//! # Numerics
+//! * Activation quantization reproduces ggml's (x86/ARM SIMD) `quantize_row_q8_0/q8_1` and
+//!   `quantize_row_q8_K_ref` bit for bit: Q8_0/Q8_1 d = amax/127, q = round-half-even(x * 127/amax),
+//!   Q8_1 s = d * sum(q) with the f32 d; Q8_K d = 1/iscale with iscale = -127/max (max the signed
+//!   value of largest magnitude), bsums per 16.
+//! * Every dot product is defined by its `scalar.rs` function: per block an exact integer sum,
+//!   then `acc = fma(dw * da, isum, acc)` block by block (Q4_1 and Q4_K keep their min term in a
+//!   second chain). All ISA paths, `vec_dot`, `matvec` and `matmul` reproduce those float steps,
+//!   so results are bit-identical across ISAs, across row groupings and token counts.
+//! * F32/F16 dots use 32 fma lanes with a fixed reduction tree (`scalar::dot_f32_lanes`).
+//!
+//! # Contracts
+//! Format functions ([`quantize_row`], [`dequantize_row`]) return [`QuantError`] on unsupported
+//! types or wrong lengths. The [`Kernels`] methods are on the hot path and *panic* on a contract
+//! violation (wrong lengths, unaligned column range, unsupported type); the checks are O(1) per
+//! call. No length is ever trusted without a check, so a violation cannot read out of bounds.
 
+mod blocks;
 mod ggml_type;
+mod scalar;
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod gemm;
+
+/// `return $module::$func::<Block>(args)` for the 32-element weight formats (Q4_0, Q4_1, Q8_0),
+/// the types whose kernels are generic over the block; falls through for any other type.
+#[cfg(target_arch = "x86_64")]
+macro_rules! call32 {
+    ($ty:expr, $m:ident :: $f:ident ( $($arg:expr),* )) => {
+        match $ty {
+            GgmlType::Q4_0 => return $m::$f::<BlockQ4_0>($($arg),*),
+            GgmlType::Q4_1 => return $m::$f::<BlockQ4_1>($($arg),*),
+            GgmlType::Q8_0 => return $m::$f::<BlockQ8_0>($($arg),*),
+            _ => {}
+        }
+    };
+}
+
+/// From this many tokens on, `matmul` repacks weight rows (see `gemm.rs`); below it the repack
+/// is not amortized and the 4x4 tile kernel is used. Both give identical bits.
+const PACKED_MIN_TOKENS: usize = 8;
+
+#[cfg(test)]
+mod tests;
+
+pub use blocks::{BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1};
 pub use ggml_type::GgmlType;
+
+use blocks::{view, view_mut, Block};
+use half::f16;
+use std::ops::Range;
+
+/// Errors of the format functions.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QuantError {
+    #[error("type {ty} is not supported by {op}")]
+    Unsupported { ty: GgmlType, op: &'static str },
+    #[error("{n} elements is not a whole number of {ty} blocks ({block} each)")]
+    NotBlockMultiple {
+        ty: GgmlType,
+        n: usize,
+        block: usize,
+    },
+    #[error("{what}: expected {expected} bytes/elements, got {got}")]
+    Length {
+        what: &'static str,
+        expected: usize,
+        got: usize,
+    },
+}
+
+/// The activation format a weight type is dotted with (ggml's `vec_dot_type`).
+///
+/// # Panics
+/// For a type the kernels do not support (see [`GgmlType::is_supported`]); use
+/// [`try_activation_type`] to get an error instead.
+pub fn activation_type(weight: GgmlType) -> GgmlType {
+    try_activation_type(weight).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`activation_type`], as a `Result`.
+pub fn try_activation_type(weight: GgmlType) -> Result<GgmlType, QuantError> {
+    Ok(match weight {
+        GgmlType::Q4_0 | GgmlType::Q8_0 => GgmlType::Q8_0,
+        GgmlType::Q4_1 => GgmlType::Q8_1,
+        GgmlType::Q4_K | GgmlType::Q6_K => GgmlType::Q8_K,
+        GgmlType::F16 | GgmlType::F32 => GgmlType::F32,
+        ty => {
+            return Err(QuantError::Unsupported {
+                ty,
+                op: "activation_type",
+            })
+        }
+    })
+}
+
+/// Bytes of `n` elements of `ty`, checking that `n` is a whole number of blocks.
+fn row_bytes(ty: GgmlType, n: usize) -> Result<usize, QuantError> {
+    ty.bytes_for(n as u64)
+        .and_then(|b| usize::try_from(b).ok())
+        .ok_or(QuantError::NotBlockMultiple {
+            ty,
+            n,
+            block: ty.block_size(),
+        })
+}
+
+fn check_len(what: &'static str, expected: usize, got: usize) -> Result<(), QuantError> {
+    if expected == got {
+        Ok(())
+    } else {
+        Err(QuantError::Length {
+            what,
+            expected,
+            got,
+        })
+    }
+}
+
+fn blocks_of<B: Block>(bytes: &[u8]) -> &[B] {
+    view::<B>(bytes).expect("length checked by the caller")
+}
+
+fn blocks_of_mut<B: Block>(bytes: &mut [u8]) -> &mut [B] {
+    view_mut::<B>(bytes).expect("length checked by the caller")
+}
+
+/// Quantizes `src` into `dst` (the file layout of `ty`). Supported: F32, F16, Q4_0, Q4_1, Q8_0,
+/// Q8_1, Q4_K, Q6_K, Q8_K. Q4_K/Q6_K use a simple (not ggml's search-based) quantizer; all other
+/// types give exactly ggml's bytes (Q8_0 with the numerics described in the module docs).
+pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
+    let n = src.len();
+    check_len("quantize_row dst", row_bytes(ty, n)?, dst.len())?;
+    match ty {
+        GgmlType::F32 => {
+            for (d, s) in dst.chunks_exact_mut(4).zip(src) {
+                d.copy_from_slice(&s.to_le_bytes());
+            }
+        }
+        GgmlType::F16 => {
+            for (d, s) in dst.chunks_exact_mut(2).zip(src) {
+                d.copy_from_slice(&blocks::f16_bytes(*s));
+            }
+        }
+        GgmlType::Q4_0 => scalar::quantize_q4_0(src, blocks_of_mut(dst)),
+        GgmlType::Q4_1 => scalar::quantize_q4_1(src, blocks_of_mut(dst)),
+        GgmlType::Q8_0 => scalar::quantize_q8_0(src, blocks_of_mut(dst)),
+        GgmlType::Q8_1 => scalar::quantize_q8_1(src, blocks_of_mut(dst)),
+        GgmlType::Q4_K => scalar::quantize_q4_k(src, blocks_of_mut(dst)),
+        GgmlType::Q6_K => scalar::quantize_q6_k(src, blocks_of_mut(dst)),
+        GgmlType::Q8_K => scalar::quantize_q8_k(src, blocks_of_mut(dst)),
+        ty => {
+            return Err(QuantError::Unsupported {
+                ty,
+                op: "quantize_row",
+            })
+        }
+    }
+    Ok(())
+}
+
+/// Dequantizes `src` (the file layout of `ty`) into `dst`; `dst.len()` elements are read.
+/// Supports the same types as [`quantize_row`].
+pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), QuantError> {
+    let n = dst.len();
+    check_len("dequantize_row src", row_bytes(ty, n)?, src.len())?;
+    match ty {
+        GgmlType::F32 => {
+            for (i, d) in dst.iter_mut().enumerate() {
+                *d = scalar::f32_at(src, i);
+            }
+        }
+        GgmlType::F16 => {
+            for (i, d) in dst.iter_mut().enumerate() {
+                *d = scalar::f16_at(src, i);
+            }
+        }
+        GgmlType::Q4_0 => scalar::dequantize_q4_0(blocks_of(src), dst),
+        GgmlType::Q4_1 => scalar::dequantize_q4_1(blocks_of(src), dst),
+        GgmlType::Q8_0 => scalar::dequantize_q8_0(blocks_of(src), dst),
+        GgmlType::Q8_1 => scalar::dequantize_q8_1(blocks_of(src), dst),
+        GgmlType::Q4_K => scalar::dequantize_q4_k(blocks_of(src), dst),
+        GgmlType::Q6_K => scalar::dequantize_q6_k(blocks_of(src), dst),
+        GgmlType::Q8_K => scalar::dequantize_q8_k(blocks_of(src), dst),
+        ty => {
+            return Err(QuantError::Unsupported {
+                ty,
+                op: "dequantize_row",
+            })
+        }
+    }
+    Ok(())
+}
+
+/// A row-major weight matrix in its file layout: `rows` rows of `cols` elements, row stride
+/// `ty.bytes_for(cols)` bytes, no alignment requirement.
+#[derive(Clone, Copy, Debug)]
+pub struct MatRef<'a> {
+    pub ty: GgmlType,
+    pub data: &'a [u8],
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl<'a> MatRef<'a> {
+    /// Checks the geometry (supported type, whole blocks, `data.len() == rows * stride`).
+    pub fn new(ty: GgmlType, data: &'a [u8], rows: usize, cols: usize) -> Result<Self, QuantError> {
+        let m = MatRef {
+            ty,
+            data,
+            rows,
+            cols,
+        };
+        m.validate()?;
+        Ok(m)
+    }
+
+    /// Bytes per row.
+    pub fn stride(&self) -> usize {
+        row_bytes(self.ty, self.cols).unwrap_or(0)
+    }
+
+    fn validate(&self) -> Result<usize, QuantError> {
+        if !self.ty.is_supported() {
+            return Err(QuantError::Unsupported {
+                ty: self.ty,
+                op: "MatRef",
+            });
+        }
+        let stride = row_bytes(self.ty, self.cols)?;
+        let total = stride.checked_mul(self.rows).ok_or(QuantError::Length {
+            what: "MatRef data",
+            expected: usize::MAX,
+            got: self.data.len(),
+        })?;
+        check_len("MatRef data", total, self.data.len())?;
+        Ok(stride)
+    }
+}
+
+/// The instruction set a [`Kernels`] value dispatches to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Isa {
+    /// Portable Rust; what every non-x86 target uses.
+    Scalar,
+    /// x86-64 AVX2 + FMA + F16C.
+    Avx2,
+    /// AVX2 + FMA + F16C + AVX-VNNI (`vpdpbusd` on 256-bit vectors).
+    AvxVnni,
+    /// AVX2 + FMA + F16C + AVX512 F/BW/VL/VNNI: 512-bit prefill GEMM, EVEX `vpdpbusd` elsewhere.
+    Avx512Vnni,
+}
+
+impl Isa {
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::AvxVnni => "avx-vnni",
+            Isa::Avx512Vnni => "avx512-vnni",
+        }
+    }
+
+    /// Whether this CPU can run the ISA.
+    pub fn is_available(self) -> bool {
+        match self {
+            Isa::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => {
+                is_x86_feature_detected!("avx2")
+                    && is_x86_feature_detected!("fma")
+                    && is_x86_feature_detected!("f16c")
+            }
+            #[cfg(target_arch = "x86_64")]
+            Isa::AvxVnni => Isa::Avx2.is_available() && is_x86_feature_detected!("avxvnni"),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni => {
+                Isa::Avx2.is_available()
+                    && is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
+                    && is_x86_feature_detected!("avx512vnni")
+            }
+            #[allow(unreachable_patterns)]
+            _ => false,
+        }
+    }
+}
+
+impl std::fmt::Display for Isa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The compute kernels, bound to one ISA. Copy it freely; construction is the only place the CPU
+/// is checked, so a `Kernels` with a SIMD ISA exists only on a CPU that has it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Kernels {
+    isa: Isa,
+}
+
+/// Validated matvec/matmul geometry, shared by all ISAs.
+#[derive(Clone, Copy)]
+struct Geometry<'a> {
+    ty: GgmlType,
+    data: &'a [u8],
+    stride: usize,
+    off: usize,
+    nb: usize,
+    ncols: usize,
+    rows: usize,
+}
+
+impl<'a> Geometry<'a> {
+    fn row(&self, r: usize) -> &'a [u8] {
+        let start = r * self.stride + self.off;
+        let len = self.ty.type_size() * self.nb;
+        &self.data[start..start + len]
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn rows(&self) -> avx2::Rows<'a> {
+        avx2::Rows {
+            data: self.data,
+            stride: self.stride,
+            off: self.off,
+            nb: self.nb,
+            rows: self.rows,
+        }
+    }
+}
+
+impl Kernels {
+    /// The fastest ISA this CPU supports (detected once).
+    pub fn best() -> Kernels {
+        static BEST: std::sync::OnceLock<Kernels> = std::sync::OnceLock::new();
+        *BEST.get_or_init(|| {
+            [Isa::Avx512Vnni, Isa::AvxVnni, Isa::Avx2]
+                .into_iter()
+                .find_map(Kernels::with_isa)
+                .unwrap_or_else(Kernels::scalar)
+        })
+    }
+
+    /// The portable reference kernels.
+    pub fn scalar() -> Kernels {
+        Kernels { isa: Isa::Scalar }
+    }
+
+    /// Kernels for `isa`, if this CPU supports it.
+    pub fn with_isa(isa: Isa) -> Option<Kernels> {
+        isa.is_available().then_some(Kernels { isa })
+    }
+
+    /// Every ISA this CPU supports (for tests and benchmarks).
+    pub fn available() -> Vec<Kernels> {
+        [Isa::Scalar, Isa::Avx2, Isa::AvxVnni, Isa::Avx512Vnni]
+            .into_iter()
+            .filter_map(Kernels::with_isa)
+            .collect()
+    }
+
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    /// Quantizes an activation vector into `activation_type(weight)` (f32 bytes for F16/F32).
+    ///
+    /// # Panics
+    /// If `weight` is unsupported, `src.len()` is not a whole number of activation blocks, or
+    /// `dst.len()` is not exactly the activation row size.
+    pub fn quantize_activations(&self, weight: GgmlType, src: &[f32], dst: &mut [u8]) {
+        let at = activation_type(weight);
+        let bytes = row_bytes(at, src.len()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(dst.len(), bytes, "activation buffer size for {weight}");
+        match (self.isa, at) {
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2 | Isa::AvxVnni | Isa::Avx512Vnni, GgmlType::Q8_0) => {
+                // SAFETY: a SIMD `Kernels` is only built after detecting AVX2+FMA+F16C;
+                // the block view has exactly src.len()/32 blocks.
+                unsafe { avx2::plain::quantize_q8_0(src, blocks_of_mut(dst)) }
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2 | Isa::AvxVnni | Isa::Avx512Vnni, GgmlType::Q8_1) => {
+                // SAFETY: as above.
+                unsafe { avx2::plain::quantize_q8_1(src, blocks_of_mut(dst)) }
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2 | Isa::AvxVnni | Isa::Avx512Vnni, GgmlType::Q8_K) => {
+                // SAFETY: as above.
+                unsafe { avx2::plain::quantize_q8_k(src, blocks_of_mut(dst)) }
+            }
+            _ => quantize_row(at, src, dst).unwrap_or_else(|e| panic!("{e}")),
+        }
+    }
+
+    /// Dot product of `n` weights (`w`, layout `weight`) with `n` activations (`act`, layout
+    /// `activation_type(weight)`, as made by [`Kernels::quantize_activations`]).
+    ///
+    /// Activation quants must lie in -127..=127 (the quantizers guarantee it); with -128 the AVX2
+    /// Q8_0 path may differ from the scalar one (never out of bounds).
+    ///
+    /// # Panics
+    /// If `weight` is unsupported, `n` is not a whole number of blocks, or a length is wrong.
+    pub fn vec_dot(&self, weight: GgmlType, n: usize, w: &[u8], act: &[u8]) -> f32 {
+        let at = activation_type(weight);
+        let wb = row_bytes(weight, n).unwrap_or_else(|e| panic!("{e}"));
+        let ab = row_bytes(at, n).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(w.len(), wb, "vec_dot weight bytes for {weight} x {n}");
+        assert_eq!(act.len(), ab, "vec_dot activation bytes for {at} x {n}");
+        self.dot_dispatch(weight, n, w, act)
+    }
+
+    /// The dispatch behind `vec_dot`, with lengths already checked.
+    fn dot_dispatch(&self, weight: GgmlType, n: usize, w: &[u8], act: &[u8]) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if self.isa != Isa::Scalar {
+            use avx2::{plain, vnni};
+            use avx512::narrow;
+            // SAFETY: the ISA was detected when this `Kernels` was built (every SIMD ISA implies
+            // AVX2+FMA+F16C); the block views cover exactly the lengths checked by the caller.
+            unsafe {
+                let (w, a) = (w, act);
+                match self.isa {
+                    Isa::AvxVnni => call32!(weight, vnni::vec_dot(blocks_of(w), blocks_of(a))),
+                    Isa::Avx512Vnni => {
+                        call32!(weight, narrow::vec_dot(blocks_of(w), blocks_of(a)))
+                    }
+                    _ => call32!(weight, plain::vec_dot(blocks_of(w), blocks_of(a))),
+                }
+                match weight {
+                    GgmlType::Q4_K => return plain::dot_q4_k(blocks_of(w), blocks_of(a)),
+                    GgmlType::Q6_K => return plain::dot_q6_k(blocks_of(w), blocks_of(a)),
+                    GgmlType::F32 => return plain::dot_f32(n, w, a),
+                    GgmlType::F16 => return plain::dot_f16(n, w, a),
+                    _ => {}
+                }
+            }
+        }
+        match weight {
+            GgmlType::Q4_0 => scalar::dot_q4_0_q8_0(blocks_of(w), blocks_of(act)),
+            GgmlType::Q4_1 => scalar::dot_q4_1_q8_1(blocks_of(w), blocks_of(act)),
+            GgmlType::Q8_0 => scalar::dot_q8_0_q8_0(blocks_of(w), blocks_of(act)),
+            GgmlType::Q4_K => scalar::dot_q4_k_q8_k(blocks_of(w), blocks_of(act)),
+            GgmlType::Q6_K => scalar::dot_q6_k_q8_k(blocks_of(w), blocks_of(act)),
+            GgmlType::F32 => scalar::dot_f32(n, w, act),
+            GgmlType::F16 => scalar::dot_f16(n, w, act),
+            ty => panic!("vec_dot: {ty} is not supported"),
+        }
+    }
+
+    fn geometry<'a>(w: &MatRef<'a>, cols: Range<usize>) -> Geometry<'a> {
+        let stride = w.validate().unwrap_or_else(|e| panic!("{e}"));
+        let bs = w.ty.block_size();
+        assert!(
+            cols.start <= cols.end && cols.end <= w.cols,
+            "column range {cols:?} outside 0..{}",
+            w.cols
+        );
+        assert!(
+            cols.start.is_multiple_of(bs) && cols.end.is_multiple_of(bs),
+            "column range {cols:?} not aligned to {} blocks of {bs}",
+            w.ty
+        );
+        Geometry {
+            ty: w.ty,
+            data: w.data,
+            stride,
+            off: cols.start / bs * w.ty.type_size(),
+            nb: (cols.end - cols.start) / bs,
+            ncols: cols.end - cols.start,
+            rows: w.rows,
+        }
+    }
+
+    /// Decode: `out[r]` = dot(row r of `w` restricted to `cols`, `act`), where `act` holds the
+    /// activation blocks of those columns only. `cols` must be block aligned.
+    ///
+    /// # Panics
+    /// On a malformed `w`, an unaligned or out-of-range `cols`, `act.len()` not the activation
+    /// size of `cols.len()` elements, or `out.len() != w.rows`.
+    pub fn matvec(&self, w: MatRef<'_>, cols: Range<usize>, act: &[u8], out: &mut [f32]) {
+        let g = Self::geometry(&w, cols);
+        let at = activation_type(w.ty);
+        let ab = row_bytes(at, g.ncols).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(act.len(), ab, "matvec activation bytes");
+        assert_eq!(out.len(), w.rows, "matvec output length");
+        #[cfg(target_arch = "x86_64")]
+        {
+            use avx2::{plain, vnni};
+            use avx512::narrow;
+            let m = g.rows();
+            // SAFETY: ISA detected at construction; `m` was validated by `geometry` (every row
+            // slice it hands out is bounds-checked slicing), `act` has exactly `nb` activation
+            // blocks, and `out` has `rows` elements.
+            unsafe {
+                match self.isa {
+                    Isa::Scalar => {}
+                    Isa::Avx2 => call32!(w.ty, plain::matvec(m, blocks_of(act), out)),
+                    Isa::AvxVnni => call32!(w.ty, vnni::matvec(m, blocks_of(act), out)),
+                    Isa::Avx512Vnni => call32!(w.ty, narrow::matvec(m, blocks_of(act), out)),
+                }
+            }
+        }
+        for (r, o) in out.iter_mut().enumerate() {
+            *o = self.dot_dispatch(w.ty, g.ncols, g.row(r), act);
+        }
+    }
+
+    /// Prefill: `out[t * out_stride + r]` = dot(row r of `w`, token t of `acts`), where `acts`
+    /// holds `n_tokens` activation rows of `w.cols` elements back to back.
+    ///
+    /// # Panics
+    /// On a malformed `w`, `acts.len()` not `n_tokens` activation rows, `out_stride < w.rows`, or
+    /// `out` too short for the last token's rows.
+    pub fn matmul(
+        &self,
+        w: MatRef<'_>,
+        acts: &[u8],
+        n_tokens: usize,
+        out: &mut [f32],
+        out_stride: usize,
+    ) {
+        let g = Self::geometry(&w, 0..w.cols);
+        let at = activation_type(w.ty);
+        let arow = row_bytes(at, w.cols).unwrap_or_else(|e| panic!("{e}"));
+        let total = arow
+            .checked_mul(n_tokens)
+            .expect("activation size overflows");
+        assert_eq!(acts.len(), total, "matmul activation bytes");
+        assert!(
+            out_stride >= w.rows,
+            "out_stride {out_stride} < rows {}",
+            w.rows
+        );
+        if n_tokens == 0 {
+            return;
+        }
+        let need = (n_tokens - 1)
+            .checked_mul(out_stride)
+            .and_then(|v| v.checked_add(w.rows))
+            .expect("output size overflows");
+        assert!(
+            out.len() >= need,
+            "matmul output holds {} < {need}",
+            out.len()
+        );
+        #[cfg(target_arch = "x86_64")]
+        {
+            use avx2::{plain, vnni};
+            use avx512::narrow;
+            let m = g.rows();
+            let packed = n_tokens >= PACKED_MIN_TOKENS;
+            // SAFETY: ISA detected at construction; geometry validated above, `acts` has
+            // n_tokens * nb blocks and `out` covers every (t, r) written (checked above).
+            unsafe {
+                match self.isa {
+                    Isa::Scalar => {}
+                    Isa::Avx512Vnni if packed => {
+                        call32!(
+                            w.ty,
+                            avx512::matmul_packed16(m, blocks_of(acts), n_tokens, out, out_stride)
+                        )
+                    }
+                    Isa::AvxVnni if packed => {
+                        call32!(
+                            w.ty,
+                            gemm::matmul_vnni(m, blocks_of(acts), n_tokens, out, out_stride)
+                        )
+                    }
+                    // Without VNNI the packed scheme needs 4-bit weights (i16 accumulation).
+                    Isa::Avx2 if packed && w.ty != GgmlType::Q8_0 => {
+                        call32!(
+                            w.ty,
+                            gemm::matmul_avx2(m, blocks_of(acts), n_tokens, out, out_stride)
+                        )
+                    }
+                    Isa::Avx2 => call32!(
+                        w.ty,
+                        plain::matmul(m, blocks_of(acts), n_tokens, out, out_stride)
+                    ),
+                    Isa::AvxVnni => call32!(
+                        w.ty,
+                        vnni::matmul(m, blocks_of(acts), n_tokens, out, out_stride)
+                    ),
+                    Isa::Avx512Vnni => {
+                        call32!(
+                            w.ty,
+                            narrow::matmul(m, blocks_of(acts), n_tokens, out, out_stride)
+                        )
+                    }
+                }
+            }
+        }
+        for t in 0..n_tokens {
+            let a = &acts[t * arow..(t + 1) * arow];
+            for r in 0..w.rows {
+                out[t * out_stride + r] = self.dot_dispatch(w.ty, w.cols, g.row(r), a);
+            }
+        }
+    }
+
+    /// f32 to f16, round to nearest even (NaN payloads may differ between ISAs).
+    ///
+    /// # Panics
+    /// If the lengths differ.
+    pub fn f32_to_f16(&self, src: &[f32], dst: &mut [f16]) {
+        assert_eq!(src.len(), dst.len(), "f32_to_f16 lengths");
+        #[cfg(target_arch = "x86_64")]
+        if self.isa != Isa::Scalar {
+            // SAFETY: F16C/AVX detected at construction; lengths equal.
+            return unsafe { avx2::plain::f32_to_f16_row(src, dst) };
+        }
+        scalar::f32_to_f16_row(src, dst)
+    }
+
+    /// f16 to f32 (exact).
+    ///
+    /// # Panics
+    /// If the lengths differ.
+    pub fn f16_to_f32(&self, src: &[f16], dst: &mut [f32]) {
+        assert_eq!(src.len(), dst.len(), "f16_to_f32 lengths");
+        #[cfg(target_arch = "x86_64")]
+        if self.isa != Isa::Scalar {
+            // SAFETY: F16C/AVX detected at construction; lengths equal.
+            return unsafe { avx2::plain::f16_to_f32_row(src, dst) };
+        }
+        scalar::f16_to_f32_row(src, dst)
+    }
+
+    /// Dot of an f32 vector with an f16 row (attention scores over an f16 K cache).
+    ///
+    /// # Panics
+    /// If the lengths differ.
+    pub fn dot_f32_f16(&self, x: &[f32], y: &[f16]) -> f32 {
+        assert_eq!(x.len(), y.len(), "dot_f32_f16 lengths");
+        #[cfg(target_arch = "x86_64")]
+        if self.isa != Isa::Scalar {
+            // SAFETY: AVX2/FMA/F16C detected at construction; lengths equal.
+            return unsafe { avx2::plain::dot_f32_f16(x, y) };
+        }
+        scalar::dot_f32_f16(x, y)
+    }
+
+    /// `y[i] += a * x[i]` (one fma each) for an f16 row `x` (attention over an f16 V cache).
+    ///
+    /// # Panics
+    /// If the lengths differ.
+    pub fn axpy_f16(&self, a: f32, x: &[f16], y: &mut [f32]) {
+        assert_eq!(x.len(), y.len(), "axpy_f16 lengths");
+        #[cfg(target_arch = "x86_64")]
+        if self.isa != Isa::Scalar {
+            // SAFETY: AVX2/FMA/F16C detected at construction; lengths equal.
+            return unsafe { avx2::plain::axpy_f16(a, x, y) };
+        }
+        scalar::axpy_f16(a, x, y)
+    }
+}

@@ -1,0 +1,230 @@
+//! Quant kernel throughput, single thread: `cargo bench -p conductor-runtime --bench quant`.
+//!
+//! A std::time harness (no criterion, to keep build time down): each number is the median over
+//! repetitions of a timed batch. Optional args filter by substring (e.g. `-- matmul`).
+//!
+//! * `hot`: the same matrix again and again (it stays in L1/L2 when small).
+//! * `stream`: rotates through copies totalling ~96 MB, the weight bytes one decode token reads
+//!   for SmolLM2-135M, so weights come from L3/DRAM as in real decoding.
+
+use conductor_runtime::quant::{activation_type, GgmlType, Kernels, MatRef};
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+fn data(seed: u64, n: usize) -> Vec<f32> {
+    let mut s = seed | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn quantized(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+    let x = data(seed, rows * cols);
+    let rb = ty.bytes_for(cols as u64).unwrap() as usize;
+    let mut out = vec![0u8; rows * rb];
+    for (src, dst) in x.chunks(cols).zip(out.chunks_mut(rb)) {
+        conductor_runtime::quant::quantize_row(ty, src, dst).unwrap();
+    }
+    out
+}
+
+/// (median, min) seconds per call of `f`, over `reps` batches sized to take ~`target` each.
+/// The machine is shared: the median is the headline, the min shows the quiet-machine speed.
+fn median_secs(mut f: impl FnMut(), target: Duration, reps: usize) -> (f64, f64) {
+    f();
+    let t = Instant::now();
+    f();
+    let one = t.elapsed().as_secs_f64().max(1e-9);
+    let iters = ((target.as_secs_f64() / one) as usize).clamp(1, 1_000_000);
+    let mut v: Vec<f64> = (0..reps)
+        .map(|_| {
+            let t = Instant::now();
+            for _ in 0..iters {
+                f();
+            }
+            t.elapsed().as_secs_f64() / iters as f64
+        })
+        .collect();
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    (v[v.len() / 2], v[0])
+}
+
+fn main() {
+    let filters: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let want = |name: &str| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str()));
+    let kernels = Kernels::available();
+    println!(
+        "isas: {:?}; best: {}",
+        kernels.iter().map(|k| k.isa().name()).collect::<Vec<_>>(),
+        Kernels::best().isa()
+    );
+    let reps = 7;
+    let target = Duration::from_millis(60);
+
+    println!(
+        "\n{:<34} {:>9} {:>10} {:>9} {:>9} {:>11}",
+        "matvec (rows x cols)", "isa", "us/call", "GB/s", "GMAC/s", "GMAC/s@min"
+    );
+    let shapes = [
+        (1536, 576),
+        (576, 1536),
+        (576, 576),
+        (192, 576),
+        (49152, 576),
+    ];
+    for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
+        for (rows, cols) in shapes {
+            let w = quantized(ty, rows, cols, 1);
+            let x = data(2, cols);
+            // Enough copies to make ~96 MB per rotation.
+            let copies = (96 << 20) / w.len() + 1;
+            let stream: Vec<Vec<u8>> = (0..copies.min(64)).map(|_| w.clone()).collect();
+            for mode in ["hot", "stream"] {
+                let name = format!("matvec {ty} {rows}x{cols} {mode}");
+                if !want(&name) {
+                    continue;
+                }
+                for k in &kernels {
+                    let at = activation_type(ty);
+                    let mut a = vec![0u8; at.bytes_for(cols as u64).unwrap() as usize];
+                    k.quantize_activations(ty, &x, &mut a);
+                    let mut out = vec![0f32; rows];
+                    let mut i = 0;
+                    let (secs, min) = median_secs(
+                        || {
+                            let data = if mode == "hot" {
+                                &w
+                            } else {
+                                i = (i + 1) % stream.len();
+                                &stream[i]
+                            };
+                            let m = MatRef::new(ty, data, rows, cols).unwrap();
+                            k.matvec(m, 0..cols, black_box(&a), &mut out);
+                            black_box(&out);
+                        },
+                        target,
+                        reps,
+                    );
+                    println!(
+                        "{:<34} {:>9} {:>10.2} {:>9.2} {:>9.2} {:>11.2}",
+                        name,
+                        k.isa().name(),
+                        secs * 1e6,
+                        w.len() as f64 / secs / 1e9,
+                        (rows * cols) as f64 / secs / 1e9,
+                        (rows * cols) as f64 / min / 1e9
+                    );
+                }
+            }
+        }
+    }
+
+    println!(
+        "\n{:<34} {:>9} {:>10} {:>9} {:>11}",
+        "matmul (rows x cols x tokens)", "isa", "ms/call", "GMAC/s", "GMAC/s@min"
+    );
+    for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_0] {
+        let (rows, cols, n) = (1536, 576, 512);
+        let name = format!("matmul {ty} {rows}x{cols}x{n}");
+        if !want(&name) {
+            continue;
+        }
+        let w = quantized(ty, rows, cols, 3);
+        let x = data(4, cols * n);
+        for k in &kernels {
+            let at = activation_type(ty);
+            let arow = at.bytes_for(cols as u64).unwrap() as usize;
+            let mut acts = vec![0u8; arow * n];
+            for (src, dst) in x.chunks(cols).zip(acts.chunks_mut(arow)) {
+                k.quantize_activations(ty, src, dst);
+            }
+            let mut out = vec![0f32; rows * n];
+            let (secs, min) = median_secs(
+                || {
+                    let m = MatRef::new(ty, &w, rows, cols).unwrap();
+                    k.matmul(m, black_box(&acts), n, &mut out, rows);
+                    black_box(&out);
+                },
+                Duration::from_millis(300),
+                5,
+            );
+            println!(
+                "{:<34} {:>9} {:>10.2} {:>9.2} {:>11.2}",
+                name,
+                k.isa().name(),
+                secs * 1e3,
+                (rows * cols * n) as f64 / secs / 1e9,
+                (rows * cols * n) as f64 / min / 1e9
+            );
+        }
+    }
+
+    println!(
+        "\n{:<34} {:>9} {:>10} {:>9}",
+        "other", "isa", "us/call", "GB/s in"
+    );
+    for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_K] {
+        let n = 1536;
+        let name = format!("quantize_activations {ty} n={n}");
+        if !want(&name) {
+            continue;
+        }
+        let x = data(5, n);
+        for k in &kernels {
+            let at = activation_type(ty);
+            let mut a = vec![0u8; at.bytes_for(n as u64).unwrap() as usize];
+            let (secs, _) = median_secs(
+                || k.quantize_activations(ty, black_box(&x), &mut a),
+                target,
+                reps,
+            );
+            println!(
+                "{:<34} {:>9} {:>10.3} {:>9.2}",
+                name,
+                k.isa().name(),
+                secs * 1e6,
+                (4 * n) as f64 / secs / 1e9
+            );
+        }
+    }
+    for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::F16] {
+        let (rows, cols) = (576, 1536);
+        let name = format!("matvec {ty} {rows}x{cols} hot");
+        if !want(&name) {
+            continue;
+        }
+        let w = quantized(ty, rows, cols, 6);
+        let x = data(7, cols);
+        for k in &kernels {
+            let at = activation_type(ty);
+            let mut a = vec![0u8; at.bytes_for(cols as u64).unwrap() as usize];
+            k.quantize_activations(ty, &x, &mut a);
+            let mut out = vec![0f32; rows];
+            let (secs, min) = median_secs(
+                || {
+                    let m = MatRef::new(ty, &w, rows, cols).unwrap();
+                    k.matvec(m, 0..cols, black_box(&a), &mut out);
+                },
+                target,
+                reps,
+            );
+            println!(
+                "{:<34} {:>9} {:>10.2} {:>9.2} {:>9.2} {:>11.2}",
+                name,
+                k.isa().name(),
+                secs * 1e6,
+                w.len() as f64 / secs / 1e9,
+                (rows * cols) as f64 / secs / 1e9,
+                (rows * cols) as f64 / min / 1e9
+            );
+        }
+    }
+}

@@ -1,0 +1,804 @@
+//! AVX2 + FMA + F16C kernels, and (through the [`IDot`] parameter) their AVX-VNNI variants.
+//!
+//! Each kernel reproduces the float steps of its `scalar.rs` twin exactly; integer block sums are
+//! exact whatever the instruction order, so results are bit-identical to the scalar path.
+//!
+//! Structure: the row/token loops are written once as `#[inline(always)]` generic functions; the
+//! `entry!` macro stamps out `#[target_feature]` entry points per ISA so the generics (and the
+//! intrinsics inside them) are compiled with those features. Everything here is `unsafe fn`
+//! because it must only run on a CPU with the features enabled; `Kernels` only selects an ISA
+//! after `is_x86_feature_detected!` confirmed it.
+
+use super::blocks::*;
+use super::scalar;
+use half::f16;
+use std::arch::x86_64::*;
+
+// ---------------------------------------------------------------- integer dot flavours
+
+/// The integer multiply-accumulate step, per ISA.
+pub(crate) trait IDot {
+    /// `acc` plus, per i32 lane, the sum of the 4 products u8(a) * i8(b) of that lane's bytes.
+    /// Exact when each adjacent byte pair's sum fits i16 (true for 4-bit or 6-bit `a`).
+    unsafe fn dp(acc: __m256i, a: __m256i, b: __m256i) -> __m256i;
+    /// Per-activation-block precomputation for [`IDot::ss`].
+    unsafe fn ss_prep(y: __m256i) -> __m256i;
+    /// Per i32 lane, the sum of 4 products i8(w) * i8(y); `prep` is `ss_prep(y)`.
+    /// Exact for y in -127..=127 (all quantizers here produce that range).
+    unsafe fn ss(w: __m256i, y: __m256i, prep: __m256i) -> __m256i;
+}
+
+/// AVX2: `vpmaddubsw` (u8*i8 pairs to i16) then `vpmaddwd` with ones (pairs to i32).
+pub(crate) struct Madd;
+
+impl IDot for Madd {
+    #[inline(always)]
+    unsafe fn dp(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        let p16 = _mm256_maddubs_epi16(a, b);
+        _mm256_add_epi32(acc, _mm256_madd_epi16(p16, _mm256_set1_epi16(1)))
+    }
+    #[inline(always)]
+    unsafe fn ss_prep(_y: __m256i) -> __m256i {
+        _mm256_setzero_si256()
+    }
+    #[inline(always)]
+    unsafe fn ss(w: __m256i, y: __m256i, _prep: __m256i) -> __m256i {
+        // |w| as unsigned times y with w's sign moved onto it: |w| <= 128, |y| <= 127, so each
+        // pair sum is at most 32512 and `vpmaddubsw` does not saturate.
+        let aw = _mm256_sign_epi8(w, w);
+        let sy = _mm256_sign_epi8(y, w);
+        Self::dp(_mm256_setzero_si256(), aw, sy)
+    }
+}
+
+/// AVX-VNNI: `vpdpbusd` (u8*i8 quads straight into i32, no i16 saturation).
+pub(crate) struct Vnni;
+
+impl IDot for Vnni {
+    #[inline(always)]
+    unsafe fn dp(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        _mm256_dpbusd_avx_epi32(acc, a, b)
+    }
+    #[inline(always)]
+    unsafe fn ss_prep(y: __m256i) -> __m256i {
+        // -128 * (sum of each 4 y): the correction for using w + 128 as the unsigned operand.
+        let c = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(-128), y);
+        _mm256_sub_epi32(_mm256_setzero_si256(), c)
+    }
+    #[inline(always)]
+    unsafe fn ss(w: __m256i, y: __m256i, prep: __m256i) -> __m256i {
+        // (w xor 0x80) read as u8 is w + 128; sum((w + 128) * y) - 128 * sum(y) = sum(w * y).
+        let wu = _mm256_xor_si256(w, _mm256_set1_epi8(-128));
+        _mm256_dpbusd_avx_epi32(prep, wu, y)
+    }
+}
+
+// ---------------------------------------------------------------- small helpers
+
+#[inline(always)]
+pub(crate) unsafe fn load256(p: &[u8; 32]) -> __m256i {
+    // SAFETY (for callers): reads exactly the 32 bytes of the referenced array.
+    _mm256_loadu_si256(p.as_ptr().cast())
+}
+
+/// 16 bytes of nibbles to 32 bytes 0..=15 in element order (low nibbles then high nibbles).
+#[inline(always)]
+pub(crate) unsafe fn unpack_nibbles(qs: &[u8; 16]) -> __m256i {
+    let x = _mm256_broadcastsi128_si256(_mm_loadu_si128(qs.as_ptr().cast()));
+    // Shift only the upper 128-bit half by 4: a variable 64-bit shift avoids a port-5 insert.
+    let x = _mm256_srlv_epi64(x, _mm256_set_epi64x(4, 4, 0, 0));
+    _mm256_and_si256(x, _mm256_set1_epi8(0x0F))
+}
+
+/// One f16 to f32, broadcast to 4 lanes, through F16C.
+///
+/// Built from a broadcast rather than `_mm_cvtsi32_si128`: for the latter LLVM emits a `vpinsrw`
+/// that merges into whatever register is free (in the tile loop: the accumulator), a false
+/// loop-carried dependency that made matvec ~3x slower.
+#[inline(always)]
+unsafe fn f16_bcast(b: [u8; 2]) -> __m128 {
+    _mm_cvtph_ps(_mm_set1_epi16(u16::from_le_bytes(b) as i16))
+}
+
+/// One f16 to f32 through F16C.
+#[inline(always)]
+unsafe fn f16_1(b: [u8; 2]) -> f32 {
+    _mm_cvtss_f32(f16_bcast(b))
+}
+
+/// Reduces R (1 or 4) vectors of i32 lanes to one exact sum each, in lanes 0..R.
+#[inline(always)]
+pub(crate) unsafe fn reduce<const R: usize>(p: [__m256i; R]) -> __m128i {
+    if R == 4 {
+        let h01 = _mm256_hadd_epi32(p[0], p[1]);
+        let h23 = _mm256_hadd_epi32(p[2], p[3]);
+        let h = _mm256_hadd_epi32(h01, h23);
+        _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1))
+    } else {
+        let s = _mm_add_epi32(
+            _mm256_castsi256_si128(p[0]),
+            _mm256_extracti128_si256(p[0], 1),
+        );
+        let s = _mm_hadd_epi32(s, s);
+        _mm_hadd_epi32(s, s)
+    }
+}
+
+/// Horizontal sum of 8 floats in the order of `scalar::hsum8`.
+#[inline(always)]
+unsafe fn hsum8(v: __m256) -> f32 {
+    let a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let b = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    let c = _mm_add_ss(b, _mm_movehdup_ps(b));
+    _mm_cvtss_f32(c)
+}
+
+#[inline(always)]
+unsafe fn store_lanes<const R: usize>(v: __m128, out: &mut [f32]) {
+    let mut tmp = [0f32; 4];
+    _mm_storeu_ps(tmp.as_mut_ptr(), v);
+    out[..R].copy_from_slice(&tmp[..R]);
+}
+
+// ---------------------------------------------------------------- 32-element block formats
+
+/// What differs between Q4_0, Q4_1 and Q8_0 weights in the shared tile loop.
+pub(crate) trait WeightBlock: Block {
+    type Act: Block;
+    /// Per-activation-block precomputation (shared by all rows of a tile).
+    unsafe fn prep<V: IDot>(y: __m256i) -> __m256i;
+    /// The exact integer dot of one weight block with activation quants `y`, as i32 lanes.
+    unsafe fn idot<V: IDot>(&self, y: __m256i, prep: __m256i) -> __m256i;
+    /// Q4_1: the block has a min `m`, dotted with the activation's `s` in a second chain.
+    const HAS_MIN: bool;
+    /// Scale bytes then min bytes (zeros without a min): one 4-byte read per row.
+    fn wdm(&self) -> [u8; 4];
+    fn act_qs(a: &Self::Act) -> &[u8; 32];
+    /// Activation d then s (zeros without s).
+    fn act_ds(a: &Self::Act) -> [u8; 4];
+    /// For the row-interleaved GEMM (`gemm.rs`): the block as 32 unsigned bytes u, in element
+    /// order, such that sum(w * y) = sum(u * y) + CORR * sum(y).
+    unsafe fn unsigned_quants(&self) -> __m256i;
+    const CORR: i32;
+}
+
+impl WeightBlock for BlockQ4_0 {
+    type Act = BlockQ8_0;
+    const HAS_MIN: bool = false;
+    const CORR: i32 = -8;
+    #[inline(always)]
+    unsafe fn unsigned_quants(&self) -> __m256i {
+        unpack_nibbles(&self.qs)
+    }
+    #[inline(always)]
+    unsafe fn prep<V: IDot>(y: __m256i) -> __m256i {
+        // -8 * sum(y) per lane, so that dp(prep, q, y) = sum((q - 8) * y).
+        let c = V::dp(_mm256_setzero_si256(), _mm256_set1_epi8(8), y);
+        _mm256_sub_epi32(_mm256_setzero_si256(), c)
+    }
+    #[inline(always)]
+    unsafe fn idot<V: IDot>(&self, y: __m256i, prep: __m256i) -> __m256i {
+        V::dp(prep, unpack_nibbles(&self.qs), y)
+    }
+    #[inline(always)]
+    fn wdm(&self) -> [u8; 4] {
+        [self.d[0], self.d[1], 0, 0]
+    }
+    #[inline(always)]
+    fn act_qs(a: &BlockQ8_0) -> &[u8; 32] {
+        &a.qs
+    }
+    #[inline(always)]
+    fn act_ds(a: &BlockQ8_0) -> [u8; 4] {
+        [a.d[0], a.d[1], 0, 0]
+    }
+}
+
+impl WeightBlock for BlockQ4_1 {
+    type Act = BlockQ8_1;
+    const HAS_MIN: bool = true;
+    const CORR: i32 = 0;
+    #[inline(always)]
+    unsafe fn unsigned_quants(&self) -> __m256i {
+        unpack_nibbles(&self.qs)
+    }
+    #[inline(always)]
+    unsafe fn prep<V: IDot>(_y: __m256i) -> __m256i {
+        _mm256_setzero_si256()
+    }
+    #[inline(always)]
+    unsafe fn idot<V: IDot>(&self, y: __m256i, _prep: __m256i) -> __m256i {
+        V::dp(_mm256_setzero_si256(), unpack_nibbles(&self.qs), y)
+    }
+    #[inline(always)]
+    fn wdm(&self) -> [u8; 4] {
+        [self.d[0], self.d[1], self.m[0], self.m[1]]
+    }
+    #[inline(always)]
+    fn act_qs(a: &BlockQ8_1) -> &[u8; 32] {
+        &a.qs
+    }
+    #[inline(always)]
+    fn act_ds(a: &BlockQ8_1) -> [u8; 4] {
+        [a.d[0], a.d[1], a.s[0], a.s[1]]
+    }
+}
+
+impl WeightBlock for BlockQ8_0 {
+    type Act = BlockQ8_0;
+    const HAS_MIN: bool = false;
+    const CORR: i32 = -128;
+    #[inline(always)]
+    unsafe fn unsigned_quants(&self) -> __m256i {
+        // w xor 0x80 read as u8 is w + 128.
+        _mm256_xor_si256(load256(&self.qs), _mm256_set1_epi8(-128))
+    }
+    #[inline(always)]
+    unsafe fn prep<V: IDot>(y: __m256i) -> __m256i {
+        V::ss_prep(y)
+    }
+    #[inline(always)]
+    unsafe fn idot<V: IDot>(&self, y: __m256i, prep: __m256i) -> __m256i {
+        V::ss(load256(&self.qs), y, prep)
+    }
+    #[inline(always)]
+    fn wdm(&self) -> [u8; 4] {
+        [self.d[0], self.d[1], 0, 0]
+    }
+    #[inline(always)]
+    fn act_qs(a: &BlockQ8_0) -> &[u8; 32] {
+        &a.qs
+    }
+    #[inline(always)]
+    fn act_ds(a: &BlockQ8_0) -> [u8; 4] {
+        [a.d[0], a.d[1], 0, 0]
+    }
+}
+
+/// R weight rows (1 or 4) times T activation rows over `nb` blocks: returns, per token, the R
+/// results in lanes 0..R. Per (row, token) lane this performs exactly the scalar twin's steps:
+/// acc = fma(dw * da, isum, acc) block by block (plus, for Q4_1, the separate m * s chain).
+#[inline(always)]
+unsafe fn tile<W: WeightBlock, V: IDot, const R: usize, const T: usize>(
+    w: [&[W]; R],
+    a: [&[W::Act]; T],
+    nb: usize,
+) -> [__m128; T] {
+    for r in &w {
+        assert!(r.len() >= nb);
+    }
+    for t in &a {
+        assert!(t.len() >= nb);
+    }
+    let mut acc = [_mm_setzero_ps(); T];
+    let mut accm = [_mm_setzero_ps(); T];
+    for b in 0..nb {
+        let mut dm = [[0u8; 4]; R];
+        for k in 0..R {
+            dm[k] = w[k][b].wdm();
+        }
+        let (dw, mw) = dm_lanes::<R>(dm);
+        for t in 0..T {
+            let ab = &a[t][b];
+            let y = load256(W::act_qs(ab));
+            let prep = W::prep::<V>(y);
+            let mut p = [_mm256_setzero_si256(); R];
+            for k in 0..R {
+                p[k] = w[k][b].idot::<V>(y, prep);
+            }
+            let isum = _mm_cvtepi32_ps(reduce::<R>(p));
+            let ds = _mm_cvtph_ps(_mm_set1_epi32(i32::from_le_bytes(W::act_ds(ab))));
+            let da = _mm_permute_ps(ds, 0b00_00_00_00);
+            acc[t] = _mm_fmadd_ps(_mm_mul_ps(dw, da), isum, acc[t]);
+            if W::HAS_MIN {
+                let sa = _mm_permute_ps(ds, 0b01_01_01_01);
+                accm[t] = _mm_fmadd_ps(mw, sa, accm[t]);
+            }
+        }
+    }
+    if W::HAS_MIN {
+        for t in 0..T {
+            acc[t] = _mm_add_ps(acc[t], accm[t]);
+        }
+    }
+    acc
+}
+
+/// Scales and mins of R rows (each 4 bytes: f16 d, f16 m) as lanes of two `__m128`.
+#[inline(always)]
+unsafe fn dm_lanes<const R: usize>(dm: [[u8; 4]; R]) -> (__m128, __m128) {
+    let mut q = [0u64; 2];
+    for (k, v) in dm.iter().enumerate() {
+        q[k / 2] |= (u32::from_le_bytes(*v) as u64) << (32 * (k % 2));
+    }
+    let f = _mm256_cvtph_ps(_mm_set_epi64x(q[1] as i64, q[0] as i64));
+    // [d0 m0 d1 m1 d2 m2 d3 m3] -> [d0 d1 d2 d3 | m0 m1 m2 m3]
+    let f = _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
+    (_mm256_castps256_ps128(f), _mm256_extractf128_ps(f, 1))
+}
+
+/// Matrix geometry already validated by the caller (`mod.rs`): `data` holds `rows` rows of
+/// `stride` bytes; the column range starts `off` bytes into each row and spans `nb` blocks.
+#[derive(Clone, Copy)]
+pub(crate) struct Rows<'a> {
+    pub data: &'a [u8],
+    pub stride: usize,
+    pub off: usize,
+    pub nb: usize,
+    pub rows: usize,
+}
+
+impl<'a> Rows<'a> {
+    /// Row `r`'s blocks of the column range (safe slicing: panics rather than reading outside).
+    #[inline(always)]
+    pub(crate) fn row<B: Block>(&self, r: usize) -> &'a [B] {
+        let start = r * self.stride + self.off;
+        let bytes = &self.data[start..start + self.nb * std::mem::size_of::<B>()];
+        view::<B>(bytes).expect("whole blocks")
+    }
+}
+
+/// Decode shape: all rows times one activation vector, 4 rows per pass. A trailing group of fewer
+/// than 4 rows repeats its last row in the unused lanes (lanes are independent, so the stored
+/// results are the same as in a full group).
+#[inline(always)]
+pub(crate) unsafe fn matvec_impl<W: WeightBlock, V: IDot>(
+    m: Rows<'_>,
+    act: &[W::Act],
+    out: &mut [f32],
+) {
+    assert!(out.len() >= m.rows && act.len() >= m.nb);
+    let mut r = 0;
+    while r < m.rows {
+        let n = (m.rows - r).min(4);
+        let rows: [&[W]; 4] = std::array::from_fn(|k| m.row::<W>(r + k.min(n - 1)));
+        let [v] = tile::<W, V, 4, 1>(rows, [act], m.nb);
+        let mut tmp = [0f32; 4];
+        store_lanes::<4>(v, &mut tmp);
+        out[r..r + n].copy_from_slice(&tmp[..n]);
+        r += n;
+    }
+}
+
+/// Prefill shape: 4 rows x 4 tokens tiles, weight blocks unpacked once per 4 tokens.
+/// `acts` holds `n_tokens` rows of `nb` activation blocks.
+#[inline(always)]
+pub(crate) unsafe fn matmul_impl<W: WeightBlock, V: IDot>(
+    m: Rows<'_>,
+    acts: &[W::Act],
+    n_tokens: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    assert!(acts.len() >= n_tokens * m.nb);
+    let tok = |t: usize| &acts[t * m.nb..(t + 1) * m.nb];
+    let mut r = 0;
+    while r < m.rows {
+        let n = (m.rows - r).min(4);
+        let rows: [&[W]; 4] = std::array::from_fn(|k| m.row::<W>(r + k.min(n - 1)));
+        let mut t = 0;
+        while t + 4 <= n_tokens {
+            let res = tile::<W, V, 4, 4>(rows, [tok(t), tok(t + 1), tok(t + 2), tok(t + 3)], m.nb);
+            for (j, v) in res.iter().enumerate() {
+                let o = (t + j) * out_stride + r;
+                let mut tmp = [0f32; 4];
+                store_lanes::<4>(*v, &mut tmp);
+                out[o..o + n].copy_from_slice(&tmp[..n]);
+            }
+            t += 4;
+        }
+        while t < n_tokens {
+            let [v] = tile::<W, V, 4, 1>(rows, [tok(t)], m.nb);
+            let o = t * out_stride + r;
+            let mut tmp = [0f32; 4];
+            store_lanes::<4>(v, &mut tmp);
+            out[o..o + n].copy_from_slice(&tmp[..n]);
+            t += 1;
+        }
+        r += 4;
+    }
+}
+
+#[inline(always)]
+pub(crate) unsafe fn vec_dot_impl<W: WeightBlock, V: IDot>(w: &[W], a: &[W::Act]) -> f32 {
+    let nb = w.len().min(a.len());
+    let [v] = tile::<W, V, 1, 1>([w], [a], nb);
+    _mm_cvtss_f32(v)
+}
+
+// ---------------------------------------------------------------- K-quants
+
+/// Q4_K · Q8_K, integer parts per super-block with `vpmaddubsw` + `vpmaddwd` by the 6-bit scale.
+#[inline(always)]
+unsafe fn dot_q4_k(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
+    let mut acc = 0.0f32;
+    let mut accm = 0.0f32;
+    for (bw, ba) in w.iter().zip(a) {
+        let mut sc = [0u8; 8];
+        let mut mn = [0u8; 8];
+        for j in 0..8 {
+            (sc[j], mn[j]) = scalar::q4k_scale_min(j, &bw.scales);
+        }
+        let mut isum = _mm256_setzero_si256();
+        for c in 0..4 {
+            let q = _mm256_loadu_si256(bw.qs[32 * c..].as_ptr().cast());
+            let lo = _mm256_and_si256(q, _mm256_set1_epi8(0x0F));
+            let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), _mm256_set1_epi8(0x0F));
+            let ylo = _mm256_loadu_si256(ba.qs[64 * c..].as_ptr().cast());
+            let yhi = _mm256_loadu_si256(ba.qs[64 * c + 32..].as_ptr().cast());
+            let plo = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(lo, ylo),
+                _mm256_set1_epi16(sc[2 * c] as i16),
+            );
+            let phi = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(hi, yhi),
+                _mm256_set1_epi16(sc[2 * c + 1] as i16),
+            );
+            isum = _mm256_add_epi32(isum, _mm256_add_epi32(plo, phi));
+        }
+        let sumi = _mm_cvtsi128_si32(reduce::<1>([isum]));
+        let summ: i32 = (mn.iter().enumerate())
+            .map(|(j, &m)| m as i32 * (ba.bsum(2 * j) + ba.bsum(2 * j + 1)))
+            .sum();
+        let da = ba.d();
+        acc = (f16_1(bw.d) * da).mul_add(sumi as f32, acc);
+        accm = (f16_1(bw.dmin) * da).mul_add(summ as f32, accm);
+    }
+    acc - accm
+}
+
+/// Q6_K · Q8_K: quants rebuilt from ql/qh 32 at a time; the -32 offset applied once per
+/// super-block through the Q8_K bsums (sum_j sc_j * 32 * bsum_j), exact in i32.
+#[inline(always)]
+unsafe fn dot_q6_k(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
+    let mut acc = 0.0f32;
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m2 = _mm256_set1_epi8(0x03);
+    for (bw, ba) in w.iter().zip(a) {
+        let mut isum = _mm256_setzero_si256();
+        for n in 0..2 {
+            let ql0 = _mm256_loadu_si256(bw.ql[64 * n..].as_ptr().cast());
+            let ql1 = _mm256_loadu_si256(bw.ql[64 * n + 32..].as_ptr().cast());
+            let qh = _mm256_loadu_si256(bw.qh[32 * n..].as_ptr().cast());
+            let lows = [
+                _mm256_and_si256(ql0, m4),
+                _mm256_and_si256(ql1, m4),
+                _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+            ];
+            let highs = [
+                _mm256_and_si256(qh, m2),
+                _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2),
+                _mm256_and_si256(_mm256_srli_epi16(qh, 4), m2),
+                _mm256_and_si256(_mm256_srli_epi16(qh, 6), m2),
+            ];
+            for k in 0..4 {
+                let q = _mm256_or_si256(lows[k], _mm256_slli_epi16(highs[k], 4));
+                let e = 128 * n + 32 * k;
+                let y = _mm256_loadu_si256(ba.qs[e..].as_ptr().cast());
+                let s = e / 16;
+                let scv = _mm256_setr_m128i(
+                    _mm_set1_epi16(bw.scales[s] as i8 as i16),
+                    _mm_set1_epi16(bw.scales[s + 1] as i8 as i16),
+                );
+                // q <= 63 and |y| <= 128: pair sums <= 16128, no i16 saturation.
+                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, y), scv);
+                isum = _mm256_add_epi32(isum, p);
+            }
+        }
+        let mut corr = 0i32;
+        for j in 0..16 {
+            corr += bw.scales[j] as i8 as i32 * ba.bsum(j);
+        }
+        let sumi = _mm_cvtsi128_si32(reduce::<1>([isum])) - 32 * corr;
+        acc = (f16_1(bw.d) * ba.d()).mul_add(sumi as f32, acc);
+    }
+    acc
+}
+
+// ---------------------------------------------------------------- float dots and f16 helpers
+
+/// The 32-lane float dot of `scalar::dot_f32_lanes`, with `load(i)` giving 8 f32 at element i.
+#[inline(always)]
+unsafe fn dot_lanes(
+    n: usize,
+    load_w: impl Fn(usize) -> __m256,
+    load_x: impl Fn(usize) -> __m256,
+    tail: impl Fn(usize) -> (f32, f32),
+) -> f32 {
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let full = n / 32 * 32;
+    let mut i = 0;
+    while i < full {
+        for (k, a) in acc.iter_mut().enumerate() {
+            *a = _mm256_fmadd_ps(load_w(i + 8 * k), load_x(i + 8 * k), *a);
+        }
+        i += 32;
+    }
+    let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    let mut r = hsum8(s);
+    for j in full..n {
+        let (w, x) = tail(j);
+        r = w.mul_add(x, r);
+    }
+    r
+}
+
+/// F32 weights · f32 activations, both as little-endian bytes of at least 4n.
+#[inline(always)]
+unsafe fn dot_f32(n: usize, w: &[u8], x: &[u8]) -> f32 {
+    assert!(w.len() >= 4 * n && x.len() >= 4 * n);
+    // SAFETY (loads): i + 8 <= 32 * (n / 32) <= n, so 32 bytes at byte 4i are inside both slices.
+    dot_lanes(
+        n,
+        |i| _mm256_loadu_ps(w.as_ptr().add(4 * i).cast()),
+        |i| _mm256_loadu_ps(x.as_ptr().add(4 * i).cast()),
+        |j| (scalar::f32_at(w, j), scalar::f32_at(x, j)),
+    )
+}
+
+/// F16 weights · f32 activations.
+#[inline(always)]
+unsafe fn dot_f16(n: usize, w: &[u8], x: &[u8]) -> f32 {
+    assert!(w.len() >= 2 * n && x.len() >= 4 * n);
+    // SAFETY (loads): as in `dot_f32`; 16 bytes at byte 2i of `w` are inside it.
+    dot_lanes(
+        n,
+        |i| _mm256_cvtph_ps(_mm_loadu_si128(w.as_ptr().add(2 * i).cast())),
+        |i| _mm256_loadu_ps(x.as_ptr().add(4 * i).cast()),
+        |j| (scalar::f16_at(w, j), scalar::f32_at(x, j)),
+    )
+}
+
+#[inline(always)]
+unsafe fn dot_f32_f16(x: &[f32], y: &[f16]) -> f32 {
+    let n = x.len();
+    assert!(y.len() >= n);
+    // SAFETY (loads): 8 elements at i < 32 * (n / 32) are inside both slices.
+    dot_lanes(
+        n,
+        |i| _mm256_cvtph_ps(_mm_loadu_si128(y.as_ptr().add(i).cast())),
+        |i| _mm256_loadu_ps(x.as_ptr().add(i)),
+        |j| (y[j].to_f32(), x[j]),
+    )
+}
+
+#[inline(always)]
+unsafe fn f32_to_f16_row(src: &[f32], dst: &mut [f16]) {
+    let n = src.len().min(dst.len());
+    let full = n / 8 * 8;
+    let mut i = 0;
+    while i < full {
+        // SAFETY: i + 8 <= n <= both lengths.
+        let v = _mm256_loadu_ps(src.as_ptr().add(i));
+        let h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
+        _mm_storeu_si128(dst.as_mut_ptr().add(i).cast(), h);
+        i += 8;
+    }
+    scalar::f32_to_f16_row(&src[full..n], &mut dst[full..n]);
+}
+
+#[inline(always)]
+unsafe fn f16_to_f32_row(src: &[f16], dst: &mut [f32]) {
+    let n = src.len().min(dst.len());
+    let full = n / 8 * 8;
+    let mut i = 0;
+    while i < full {
+        // SAFETY: i + 8 <= n <= both lengths.
+        let h = _mm_loadu_si128(src.as_ptr().add(i).cast());
+        _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+        i += 8;
+    }
+    scalar::f16_to_f32_row(&src[full..n], &mut dst[full..n]);
+}
+
+#[inline(always)]
+unsafe fn axpy_f16(a: f32, x: &[f16], y: &mut [f32]) {
+    let n = x.len().min(y.len());
+    let full = n / 8 * 8;
+    let av = _mm256_set1_ps(a);
+    let mut i = 0;
+    while i < full {
+        // SAFETY: i + 8 <= n <= both lengths.
+        let xv = _mm256_cvtph_ps(_mm_loadu_si128(x.as_ptr().add(i).cast()));
+        let yp = y.as_mut_ptr().add(i);
+        _mm256_storeu_ps(yp, _mm256_fmadd_ps(av, xv, _mm256_loadu_ps(yp)));
+        i += 8;
+    }
+    scalar::axpy_f16(a, &x[full..n], &mut y[full..n]);
+}
+
+// ---------------------------------------------------------------- activation quantization
+
+/// Max |x| of 32 floats, reduced like ggml's AVX code (max is exact, so order is irrelevant).
+#[inline(always)]
+unsafe fn absmax32(v: [__m256; 4]) -> f32 {
+    let sign = _mm256_set1_ps(-0.0);
+    let mut m = _mm256_andnot_ps(sign, v[0]);
+    for x in &v[1..] {
+        m = _mm256_max_ps(m, _mm256_andnot_ps(sign, *x));
+    }
+    let m4 = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
+    let m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    let m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    _mm_cvtss_f32(m4)
+}
+
+/// Rounds (ties to even) and packs 32 floats to 32 i8 with saturation, in element order.
+#[inline(always)]
+unsafe fn round_pack(v: [__m256; 4]) -> (__m256i, [__m256i; 4]) {
+    let i: [__m256i; 4] = std::array::from_fn(|k| {
+        _mm256_cvtps_epi32(_mm256_round_ps(
+            v[k],
+            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
+        ))
+    });
+    let a = _mm256_packs_epi32(i[0], i[1]);
+    let b = _mm256_packs_epi32(i[2], i[3]);
+    let p = _mm256_packs_epi16(a, b);
+    // The packs work per 128-bit half; this permutation restores element order.
+    (
+        _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)),
+        i,
+    )
+}
+
+#[inline(always)]
+unsafe fn load32(x: &[f32]) -> [__m256; 4] {
+    assert!(x.len() >= 32);
+    // SAFETY: 32 floats are in bounds (asserted).
+    std::array::from_fn(|k| _mm256_loadu_ps(x.as_ptr().add(8 * k)))
+}
+
+#[inline(always)]
+unsafe fn quantize_q8_0(x: &[f32], y: &mut [BlockQ8_0]) {
+    for (xb, yb) in x.chunks_exact(32).zip(y.iter_mut()) {
+        let v = load32(xb);
+        let amax = absmax32(v);
+        let d = amax / 127.0;
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        let m = _mm256_set1_ps(id);
+        let (q, _) = round_pack(v.map(|x| _mm256_mul_ps(x, m)));
+        _mm256_storeu_si256(yb.qs.as_mut_ptr().cast(), q);
+        yb.d = f16_bytes(d);
+    }
+}
+
+#[inline(always)]
+unsafe fn quantize_q8_1(x: &[f32], y: &mut [BlockQ8_1]) {
+    for (xb, yb) in x.chunks_exact(32).zip(y.iter_mut()) {
+        let v = load32(xb);
+        let amax = absmax32(v);
+        let d = amax / 127.0;
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        let m = _mm256_set1_ps(id);
+        let (q, i) = round_pack(v.map(|x| _mm256_mul_ps(x, m)));
+        _mm256_storeu_si256(yb.qs.as_mut_ptr().cast(), q);
+        let s = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
+        let sum = _mm_cvtsi128_si32(reduce::<1>([s]));
+        yb.d = f16_bytes(d);
+        yb.s = f16_bytes(d * sum as f32);
+    }
+}
+
+#[inline(always)]
+unsafe fn quantize_q8_k(x: &[f32], y: &mut [BlockQ8K]) {
+    for (xb, yb) in x.chunks_exact(QK_K).zip(y.iter_mut()) {
+        let mut amax = 0.0f32;
+        for c in xb.chunks_exact(32) {
+            amax = amax.max(absmax32(load32(c)));
+        }
+        if amax == 0.0 {
+            scalar::quantize_q8_k(xb, std::slice::from_mut(yb));
+            continue;
+        }
+        // The sign of the scale comes from the first element of largest magnitude.
+        let max = *xb.iter().find(|v| v.abs() == amax).unwrap_or(&amax);
+        let iscale = -127.0 / max;
+        let m = _mm256_set1_ps(iscale);
+        for (c, xc) in xb.chunks_exact(32).enumerate() {
+            let (q, _) = round_pack(load32(xc).map(|x| _mm256_mul_ps(m, x)));
+            _mm256_storeu_si256(yb.qs[32 * c..].as_mut_ptr().cast(), q);
+        }
+        scalar::q8k_finish(yb, iscale);
+    }
+}
+
+// ---------------------------------------------------------------- entry points
+
+/// Stamps out the `#[target_feature]` entry points of the kernels generic over [`IDot`].
+macro_rules! entry_idot {
+    ($features:literal, $V:ty) => {
+        #[target_feature(enable = $features)]
+        pub(crate) unsafe fn matvec<W: WeightBlock>(m: Rows<'_>, act: &[W::Act], out: &mut [f32]) {
+            matvec_impl::<W, $V>(m, act, out)
+        }
+
+        #[target_feature(enable = $features)]
+        pub(crate) unsafe fn matmul<W: WeightBlock>(
+            m: Rows<'_>,
+            acts: &[W::Act],
+            n_tokens: usize,
+            out: &mut [f32],
+            out_stride: usize,
+        ) {
+            matmul_impl::<W, $V>(m, acts, n_tokens, out, out_stride)
+        }
+
+        #[target_feature(enable = $features)]
+        pub(crate) unsafe fn vec_dot<W: WeightBlock>(w: &[W], a: &[W::Act]) -> f32 {
+            vec_dot_impl::<W, $V>(w, a)
+        }
+    };
+}
+
+pub(crate) use entry_idot;
+
+/// Entry points needing AVX2 + FMA + F16C.
+pub(crate) mod plain {
+    use super::*;
+
+    entry_idot!("avx2,fma,f16c", Madd);
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn dot_q4_k(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
+        super::dot_q4_k(w, a)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn dot_q6_k(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
+        super::dot_q6_k(w, a)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn dot_f32(n: usize, w: &[u8], x: &[u8]) -> f32 {
+        super::dot_f32(n, w, x)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn dot_f16(n: usize, w: &[u8], x: &[u8]) -> f32 {
+        super::dot_f16(n, w, x)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn dot_f32_f16(x: &[f32], y: &[f16]) -> f32 {
+        super::dot_f32_f16(x, y)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn f32_to_f16_row(src: &[f32], dst: &mut [f16]) {
+        super::f32_to_f16_row(src, dst)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn f16_to_f32_row(src: &[f16], dst: &mut [f32]) {
+        super::f16_to_f32_row(src, dst)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn axpy_f16(a: f32, x: &[f16], y: &mut [f32]) {
+        super::axpy_f16(a, x, y)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn quantize_q8_0(x: &[f32], y: &mut [BlockQ8_0]) {
+        super::quantize_q8_0(x, y)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn quantize_q8_1(x: &[f32], y: &mut [BlockQ8_1]) {
+        super::quantize_q8_1(x, y)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn quantize_q8_k(x: &[f32], y: &mut [BlockQ8K]) {
+        super::quantize_q8_k(x, y)
+    }
+}
+
+/// Entry points needing AVX2 + FMA + F16C + AVX-VNNI (only the 32-element formats change).
+pub(crate) mod vnni {
+    use super::*;
+
+    entry_idot!("avx2,fma,f16c,avxvnni", Vnni);
+}

@@ -1,0 +1,159 @@
+//! The on-disk block layouts (ggml-common.h), as alignment-1 Rust structs.
+//!
+//! Every field is a byte array: f16/f32/i16 values are stored as little-endian `[u8; N]` and read
+//! with `from_le_bytes`. That makes each struct alignment 1 with no padding and every bit pattern
+//! valid, so any byte slice of the right length can be viewed as a slice of blocks. This matters
+//! because tensor rows inside a GGUF file (and inside an mmap) carry no alignment guarantee beyond
+//! what the writer chose, and ggml's own structs (2-byte aligned `ggml_half`) would make such a view
+//! unsound for odd offsets.
+
+use half::f16;
+
+/// f16 bits (little-endian bytes) to f32. Exact.
+#[inline(always)]
+pub(crate) fn f16_le(b: [u8; 2]) -> f32 {
+    f16::from_bits(u16::from_le_bytes(b)).to_f32()
+}
+
+/// f32 to f16 bytes, round to nearest even (what F16C's `vcvtps2ph` with mode 0 and ggml's
+/// `GGML_FP32_TO_FP16` do for finite values).
+#[inline(always)]
+pub(crate) fn f16_bytes(x: f32) -> [u8; 2] {
+    f16::from_f32(x).to_bits().to_le_bytes()
+}
+
+/// A block struct that may be viewed from raw bytes.
+///
+/// # Safety
+/// Implementors must be `#[repr(C)]`, have alignment 1, no padding, and consist only of `u8`/`i8`
+/// arrays, so that every byte pattern of `size_of::<Self>()` bytes is a valid value. The
+/// `blocks!` macro below checks size and alignment at compile time.
+pub(crate) unsafe trait Block: Copy + 'static {}
+
+macro_rules! block_impl {
+    ($t:ty, $size:expr) => {
+        const _: () = assert!(std::mem::size_of::<$t>() == $size);
+        const _: () = assert!(std::mem::align_of::<$t>() == 1);
+        // SAFETY: the struct is repr(C), made only of byte arrays (so alignment 1, no padding,
+        // every bit pattern valid); size and alignment are asserted just above.
+        unsafe impl Block for $t {}
+    };
+}
+
+/// Views `bytes` as blocks. `None` unless the length is a whole number of blocks.
+#[inline]
+pub(crate) fn view<B: Block>(bytes: &[u8]) -> Option<&[B]> {
+    let size = std::mem::size_of::<B>();
+    if !bytes.len().is_multiple_of(size) {
+        return None;
+    }
+    // SAFETY: `B: Block` guarantees alignment 1 and that every bit pattern is valid; the length is
+    // a whole number of blocks, so the new slice covers exactly the same initialized bytes, and it
+    // borrows `bytes` for the same lifetime.
+    Some(unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<B>(), bytes.len() / size) })
+}
+
+/// Mutable twin of [`view`].
+#[inline]
+pub(crate) fn view_mut<B: Block>(bytes: &mut [u8]) -> Option<&mut [B]> {
+    let size = std::mem::size_of::<B>();
+    if !bytes.len().is_multiple_of(size) {
+        return None;
+    }
+    // SAFETY: as in `view`; the unique borrow of `bytes` is moved into the returned slice, and any
+    // value written through it is a valid byte pattern again.
+    Some(unsafe {
+        std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<B>(), bytes.len() / size)
+    })
+}
+
+pub(crate) const QK4_0: usize = 32;
+pub(crate) const QK4_1: usize = 32;
+pub(crate) const QK8_0: usize = 32;
+pub(crate) const QK8_1: usize = 32;
+pub(crate) const QK_K: usize = 256;
+
+/// Q4_0: x = d * (q - 8); element j < 16 in the low nibble of qs[j], j >= 16 in the high nibble
+/// of qs[j - 16].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockQ4_0 {
+    pub d: [u8; 2],
+    pub qs: [u8; QK4_0 / 2],
+}
+block_impl!(BlockQ4_0, 18);
+
+/// Q4_1: x = d * q + m; nibble order as Q4_0.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockQ4_1 {
+    pub d: [u8; 2],
+    pub m: [u8; 2],
+    pub qs: [u8; QK4_1 / 2],
+}
+block_impl!(BlockQ4_1, 20);
+
+/// Q8_0: x = d * q, q signed bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockQ8_0 {
+    pub d: [u8; 2],
+    pub qs: [u8; QK8_0],
+}
+block_impl!(BlockQ8_0, 34);
+
+/// Q8_1 (activations of Q4_1): x = d * q, and s = d * sum(q) for the Q4_1 min term.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockQ8_1 {
+    pub d: [u8; 2],
+    pub s: [u8; 2],
+    pub qs: [u8; QK8_1],
+}
+block_impl!(BlockQ8_1, 36);
+
+/// Q4_K: 8 sub-blocks of 32; x = d * sc[j] * q - dmin * m[j], with 6-bit sc/m packed in
+/// `scales` (see `scalar::q4k_scale_min`). qs byte 32c + l holds element 64c + l (low nibble)
+/// and 64c + 32 + l (high nibble).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockQ4K {
+    pub d: [u8; 2],
+    pub dmin: [u8; 2],
+    pub scales: [u8; 12],
+    pub qs: [u8; QK_K / 2],
+}
+block_impl!(BlockQ4K, 144);
+
+/// Q6_K: 16 sub-blocks of 16; x = d * scales[e / 16] * (q - 32), q 6 bits split in ql (low 4)
+/// and qh (high 2); see `scalar::q6k_quant` for the element order.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockQ6K {
+    pub ql: [u8; QK_K / 2],
+    pub qh: [u8; QK_K / 4],
+    pub scales: [u8; QK_K / 16],
+    pub d: [u8; 2],
+}
+block_impl!(BlockQ6K, 210);
+
+/// Q8_K (activations of the K-quants): x = d * q with an f32 d, and the sum of each 16 quants.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockQ8K {
+    pub d: [u8; 4],
+    pub qs: [u8; QK_K],
+    pub bsums: [[u8; 2]; QK_K / 16],
+}
+block_impl!(BlockQ8K, 292);
+
+impl BlockQ8K {
+    #[inline(always)]
+    pub(crate) fn d(&self) -> f32 {
+        f32::from_le_bytes(self.d)
+    }
+    #[inline(always)]
+    pub(crate) fn bsum(&self, j: usize) -> i32 {
+        i16::from_le_bytes(self.bsums[j]) as i32
+    }
+}
