@@ -1,1 +1,954 @@
 //! Tokenizers built from GGUF metadata (gpt2-style BPE, SentencePiece) and chat templates.
+//!
+//! The behaviour is llama.cpp's (`llama_tokenize`, `llama_token_to_piece`, `llama_detokenize`),
+//! including its quirks, so that prompts turn into exactly the ids llama.cpp feeds its models:
+//!
+//! * special-token texts (`<|im_start|>`, ...) are cut out of the text first, longest first,
+//!   when `parse_special` is set (user-defined tokens always);
+//! * BPE (`tokenizer.ggml.model = "gpt2"`): each fragment is split into words by the regex set of
+//!   `tokenizer.ggml.pre` ([`pretok`]), byte-encoded and merged by rank ([`bpe`]);
+//! * SentencePiece (`"llama"`): spaces become `▁`, a space is prepended to each fragment that
+//!   starts the text or follows a special token (`add_space_prefix`), pairs are merged by score
+//!   and leftovers fall back to `<0xXX>` byte tokens ([`spm`]).
+//!
+//! Build one from a [`TokenizerSpec`] (the `tokenizer.*` metadata, independent of the GGUF
+//! reader) with [`Tokenizer::new`], or from a metadata lookup with
+//! [`TokenizerSpec::from_metadata`].
+
+mod bpe;
+mod chat;
+mod pretok;
+mod spm;
+mod stream;
+mod unicode;
+mod unicode_data;
+
+use std::collections::HashMap;
+
+pub use chat::{ChatMessage, ChatTemplate};
+pub use stream::StreamDecoder;
+
+use bpe::Bpe;
+use pretok::PreConfig;
+
+/// Errors from building a tokenizer, looking up tokens and rendering chat templates.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenizerError {
+    #[error(
+        "unsupported tokenizer model '{0}' (tokenizer.ggml.model): supported are \"gpt2\" (BPE) \
+         and \"llama\" (SentencePiece)"
+    )]
+    UnsupportedModel(String),
+    #[error("unsupported pre-tokenizer '{0}' (tokenizer.ggml.pre)")]
+    UnsupportedPreTokenizer(String),
+    #[error("pre-tokenizer '{pre}': bad split expression: {message}")]
+    BadRegex { pre: String, message: String },
+    #[error("BPE tokenizer without merges (tokenizer.ggml.merges is missing)")]
+    MissingMerges,
+    #[error("the vocabulary is empty (tokenizer.ggml.tokens)")]
+    EmptyVocab,
+    #[error("{what} has {got} entries for {n_tokens} tokens")]
+    LengthMismatch {
+        what: &'static str,
+        got: usize,
+        n_tokens: usize,
+    },
+    #[error("token id {id} out of range (vocabulary of {n_vocab})")]
+    TokenOutOfRange { id: u32, n_vocab: usize },
+    #[error("metadata {key}: {message}")]
+    BadMetadata { key: String, message: String },
+    #[error("the model has no chat template (tokenizer.chat_template)")]
+    NoChatTemplate,
+    #[error("chat template: {0}")]
+    Template(String),
+}
+
+/// The `tokenizer.*` metadata of a GGUF file.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TokenizerSpec {
+    /// `tokenizer.ggml.model`: `"gpt2"` or `"llama"`.
+    pub model: String,
+    /// `tokenizer.ggml.pre` (`"smollm"`, `"llama-bpe"`, `"qwen2"`, `"gpt-2"`, `"default"`, ...).
+    pub pre: Option<String>,
+    pub tokens: Vec<String>,
+    /// 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte.
+    pub token_types: Option<Vec<i32>>,
+    pub scores: Option<Vec<f32>>,
+    pub merges: Option<Vec<String>>,
+    pub bos: Option<u32>,
+    pub eos: Option<u32>,
+    pub eot: Option<u32>,
+    pub eom: Option<u32>,
+    pub unk: Option<u32>,
+    pub pad: Option<u32>,
+    pub sep: Option<u32>,
+    pub add_bos: Option<bool>,
+    pub add_eos: Option<bool>,
+    pub add_space_prefix: Option<bool>,
+    pub chat_template: Option<String>,
+    /// `general.name`: llama.cpp adjusts token attributes for some models by name (Phi-3's
+    /// special tokens swallow the whitespace after them).
+    pub model_name: Option<String>,
+}
+
+/// A metadata value, as [`TokenizerSpec::from_metadata`] reads it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MetaValue {
+    String(String),
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Array(Vec<MetaValue>),
+}
+
+impl TokenizerSpec {
+    /// Reads the `tokenizer.*` keys through `get` (absent keys: `None`).
+    pub fn from_metadata(get: impl Fn(&str) -> Option<MetaValue>) -> Result<Self, TokenizerError> {
+        fn bad(key: &str, message: &str) -> TokenizerError {
+            TokenizerError::BadMetadata {
+                key: key.to_string(),
+                message: message.to_string(),
+            }
+        }
+        let string = |key: &str| -> Result<Option<String>, TokenizerError> {
+            match get(key) {
+                None => Ok(None),
+                Some(MetaValue::String(s)) => Ok(Some(s)),
+                Some(_) => Err(bad(key, "expected a string")),
+            }
+        };
+        let array = |key: &str| -> Result<Option<Vec<MetaValue>>, TokenizerError> {
+            match get(key) {
+                None => Ok(None),
+                Some(MetaValue::Array(a)) => Ok(Some(a)),
+                Some(_) => Err(bad(key, "expected an array")),
+            }
+        };
+        let strings = |key: &str| -> Result<Option<Vec<String>>, TokenizerError> {
+            array(key)?
+                .map(|a| {
+                    a.into_iter()
+                        .map(|v| match v {
+                            MetaValue::String(s) => Ok(s),
+                            _ => Err(bad(key, "expected an array of strings")),
+                        })
+                        .collect()
+                })
+                .transpose()
+        };
+        let id = |key: &str| -> Result<Option<u32>, TokenizerError> {
+            match get(key) {
+                None => Ok(None),
+                Some(MetaValue::Int(i)) => u32::try_from(i)
+                    .map(Some)
+                    .map_err(|_| bad(key, "expected a token id")),
+                Some(_) => Err(bad(key, "expected an integer")),
+            }
+        };
+        let flag = |key: &str| -> Result<Option<bool>, TokenizerError> {
+            match get(key) {
+                None => Ok(None),
+                Some(MetaValue::Bool(b)) => Ok(Some(b)),
+                Some(_) => Err(bad(key, "expected a bool")),
+            }
+        };
+        let model = string("tokenizer.ggml.model")?
+            .ok_or_else(|| bad("tokenizer.ggml.model", "missing"))?;
+        let tokens = strings("tokenizer.ggml.tokens")?
+            .ok_or_else(|| bad("tokenizer.ggml.tokens", "missing"))?;
+        let token_types = array("tokenizer.ggml.token_type")?
+            .map(|a| {
+                a.into_iter()
+                    .map(|v| match v {
+                        MetaValue::Int(i) => Ok(i as i32),
+                        _ => Err(bad("tokenizer.ggml.token_type", "expected integers")),
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .transpose()?;
+        let scores = array("tokenizer.ggml.scores")?
+            .map(|a| {
+                a.into_iter()
+                    .map(|v| match v {
+                        MetaValue::Float(f) => Ok(f as f32),
+                        MetaValue::Int(i) => Ok(i as f32),
+                        _ => Err(bad("tokenizer.ggml.scores", "expected numbers")),
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .transpose()?;
+        Ok(TokenizerSpec {
+            model,
+            pre: string("tokenizer.ggml.pre")?,
+            tokens,
+            token_types,
+            scores,
+            merges: strings("tokenizer.ggml.merges")?,
+            bos: id("tokenizer.ggml.bos_token_id")?,
+            eos: id("tokenizer.ggml.eos_token_id")?,
+            eot: id("tokenizer.ggml.eot_token_id")?,
+            eom: id("tokenizer.ggml.eom_token_id")?,
+            unk: id("tokenizer.ggml.unknown_token_id")?,
+            pad: id("tokenizer.ggml.padding_token_id")?,
+            // The GGUF key is spelled this way.
+            sep: id("tokenizer.ggml.seperator_token_id")?,
+            add_bos: flag("tokenizer.ggml.add_bos_token")?,
+            add_eos: flag("tokenizer.ggml.add_eos_token")?,
+            add_space_prefix: flag("tokenizer.ggml.add_space_prefix")?,
+            chat_template: string("tokenizer.chat_template")?,
+            model_name: string("general.name")?,
+        })
+    }
+}
+
+// Token attributes (llama.cpp's `llama_token_attr` bits that matter here).
+const ATTR_UNKNOWN: u8 = 1 << 0;
+const ATTR_UNUSED: u8 = 1 << 1;
+const ATTR_NORMAL: u8 = 1 << 2;
+const ATTR_CONTROL: u8 = 1 << 3;
+const ATTR_USER_DEFINED: u8 = 1 << 4;
+const ATTR_BYTE: u8 = 1 << 5;
+/// Whitespace before the token's text goes with it (when special tokens are cut out).
+const ATTR_LSTRIP: u8 = 1 << 6;
+/// Whitespace after the token's text goes with it.
+const ATTR_RSTRIP: u8 = 1 << 7;
+
+fn attr_of_type(t: i32) -> u8 {
+    match t {
+        1 => ATTR_NORMAL,
+        2 => ATTR_UNKNOWN,
+        3 => ATTR_CONTROL,
+        4 => ATTR_USER_DEFINED,
+        5 => ATTR_UNUSED,
+        6 => ATTR_BYTE,
+        _ => 0,
+    }
+}
+
+/// Texts that mark an end-of-turn token when the metadata names none.
+const EOT_TEXTS: &[&str] = &[
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "<｜end▁of▁sentence｜>",
+    "<end_of_utterance>",
+];
+/// Texts of tokens that end generation (llama.cpp decides by text as GGUF has no such list).
+const EOG_TEXTS: &[&str] = &[
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "</s>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<｜end▁of▁sentence｜>",
+    "[e~[",
+];
+/// Fill-in-the-middle markers: control tokens, and the last three end generation.
+const FIM_PRE_TEXTS: &[&str] = &[
+    "<|fim_prefix|>",
+    "<fim-prefix>",
+    "<fim_prefix>",
+    "<｜fim▁begin｜>",
+    "<PRE>",
+    "▁<PRE>",
+    "<|code_prefix|>",
+    "<|prefix|>",
+];
+const FIM_SUF_TEXTS: &[&str] = &[
+    "<|fim_suffix|>",
+    "<fim-suffix>",
+    "<fim_suffix>",
+    "<｜fim▁hole｜>",
+    "<SUF>",
+    "▁<SUF>",
+    "<|code_suffix|>",
+    "<|suffix|>",
+];
+const FIM_MID_TEXTS: &[&str] = &[
+    "<|fim_middle|>",
+    "<fim-middle>",
+    "<fim_middle>",
+    "<｜fim▁end｜>",
+    "<MID>",
+    "▁<MID>",
+    "<|code_middle|>",
+    "<|middle|>",
+];
+const FIM_PAD_TEXTS: &[&str] = &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"];
+const FIM_REP_TEXTS: &[&str] = &[
+    "<|fim_repo|>",
+    "<|repo_name|>",
+    "<fim-repo>",
+    "<REPO>",
+    "<reponame>",
+];
+const FIM_SEP_TEXTS: &[&str] = &["<|file_sep|>"];
+
+#[derive(Debug)]
+enum Model {
+    Bpe(Box<Bpe>),
+    Spm {
+        /// Token of each byte (`<0xXX>`, else the one-byte string), `u32::MAX` if none.
+        byte_token: Box<[u32; 256]>,
+    },
+}
+
+/// A text fragment after cutting out special tokens.
+enum Fragment {
+    Text(usize, usize),
+    Token(u32),
+}
+
+/// A tokenizer built from GGUF metadata. Immutable and `Sync`: share it freely.
+#[derive(Debug)]
+pub struct Tokenizer {
+    model: Model,
+    tokens: Vec<String>,
+    attrs: Vec<u8>,
+    scores: Vec<f32>,
+    token_to_id: HashMap<String, u32>,
+    /// Tokens cut out of the text before tokenizing: longest text first.
+    special_order: Vec<u32>,
+    /// `token_to_piece(id, special = true)` of every token.
+    pieces: Vec<Vec<u8>>,
+    eog: Vec<bool>,
+    bos: Option<u32>,
+    eos: Option<u32>,
+    eot: Option<u32>,
+    eom: Option<u32>,
+    unk: Option<u32>,
+    pad: Option<u32>,
+    sep: Option<u32>,
+    add_bos: bool,
+    add_eos: bool,
+    add_space_prefix: bool,
+    clean_spaces: bool,
+    chat_template: Option<String>,
+}
+
+impl Tokenizer {
+    /// Builds a tokenizer; bad or unsupported metadata is an error, never a panic.
+    ///
+    /// As in llama.cpp: special-token ids outside the vocabulary are ignored (the family's
+    /// default applies), `scores`/`token_types` may be longer than `tokens` but not shorter,
+    /// and an empty token text becomes `[EMPTY_<id>]`.
+    pub fn new(spec: TokenizerSpec) -> Result<Self, TokenizerError> {
+        let TokenizerSpec {
+            model,
+            pre,
+            mut tokens,
+            token_types,
+            scores,
+            merges,
+            ..
+        } = spec.clone();
+        let n = tokens.len();
+        if n == 0 {
+            return Err(TokenizerError::EmptyVocab);
+        }
+        if n > u32::MAX as usize / 2 {
+            return Err(TokenizerError::LengthMismatch {
+                what: "tokenizer.ggml.tokens",
+                got: n,
+                n_tokens: n,
+            });
+        }
+        let is_spm = match model.as_str() {
+            "llama" => true,
+            "gpt2" => false,
+            other => return Err(TokenizerError::UnsupportedModel(other.to_string())),
+        };
+        if let Some(s) = &scores {
+            if s.len() < n {
+                return Err(TokenizerError::LengthMismatch {
+                    what: "tokenizer.ggml.scores",
+                    got: s.len(),
+                    n_tokens: n,
+                });
+            }
+        }
+        if let Some(t) = &token_types {
+            if t.len() < n {
+                return Err(TokenizerError::LengthMismatch {
+                    what: "tokenizer.ggml.token_type",
+                    got: t.len(),
+                    n_tokens: n,
+                });
+            }
+        }
+        for (i, t) in tokens.iter_mut().enumerate() {
+            if t.is_empty() {
+                *t = format!("[EMPTY_{i}]");
+            }
+        }
+        let mut token_to_id = HashMap::with_capacity(n);
+        for (i, t) in tokens.iter().enumerate() {
+            // A repeated text maps to its last id.
+            token_to_id.insert(t.clone(), i as u32);
+        }
+        let scores: Vec<f32> = match scores {
+            // -0.0 and 0.0 must tie when scores are compared.
+            Some(s) => s[..n]
+                .iter()
+                .map(|&x| if x == 0.0 { 0.0 } else { x })
+                .collect(),
+            None => vec![0.0; n],
+        };
+        let mut attrs: Vec<u8> = match &token_types {
+            Some(t) => t[..n].iter().map(|&t| attr_of_type(t)).collect(),
+            None => vec![ATTR_NORMAL; n],
+        };
+
+        let in_range = |id: Option<u32>| id.filter(|&i| (i as usize) < n);
+        // Defaults of the family, then the metadata where it names a valid token.
+        let (
+            mut bos,
+            mut eos,
+            mut unk,
+            add_bos_default,
+            add_space_default,
+            clean_spaces,
+            model_impl,
+        );
+        if is_spm {
+            (bos, eos, unk) = (Some(1), Some(2), Some(0));
+            add_bos_default = true;
+            add_space_default = true;
+            clean_spaces = false;
+            let mut byte_token = Box::new([u32::MAX; 256]);
+            for (b, slot) in byte_token.iter_mut().enumerate() {
+                let hex = format!("<0x{b:02X}>");
+                let raw = (b < 128).then(|| (b as u8 as char).to_string());
+                if let Some(&id) = token_to_id
+                    .get(&hex)
+                    .or_else(|| raw.and_then(|r| token_to_id.get(&r)))
+                {
+                    *slot = id;
+                }
+            }
+            model_impl = Model::Spm { byte_token };
+        } else {
+            let cfg = PreConfig::for_name(pre.as_deref())?;
+            let merges = merges.ok_or(TokenizerError::MissingMerges)?;
+            bos = if cfg.no_default_bos { None } else { Some(11) };
+            eos = Some(11);
+            unk = None;
+            add_bos_default = cfg.add_bos_default;
+            add_space_default = false;
+            clean_spaces = cfg.clean_spaces;
+            model_impl = Model::Bpe(Box::new(Bpe::new(cfg, n, &token_to_id, &merges)));
+        }
+        bos = in_range(spec.bos).or(in_range(bos));
+        eos = in_range(spec.eos).or(in_range(eos));
+        unk = in_range(spec.unk).or(in_range(unk));
+        let mut eot = in_range(spec.eot);
+        let mut eom = in_range(spec.eom);
+        let pad = in_range(spec.pad);
+        let sep = in_range(spec.sep);
+
+        // Tokens known by their text (GGUF has no attribute for these).
+        let by_text = |texts: &[&str], attrs: &mut [u8]| -> Option<u32> {
+            let id = tokens.iter().position(|t| texts.contains(&t.as_str()))? as u32;
+            attrs[id as usize] |= ATTR_CONTROL;
+            Some(id)
+        };
+        if eot.is_none() {
+            eot = by_text(EOT_TEXTS, &mut attrs);
+        }
+        if eom.is_none() {
+            eom = by_text(&["<|eom_id|>"], &mut attrs);
+        }
+        by_text(FIM_PRE_TEXTS, &mut attrs);
+        by_text(FIM_SUF_TEXTS, &mut attrs);
+        by_text(FIM_MID_TEXTS, &mut attrs);
+        let fim_eog = [
+            by_text(FIM_PAD_TEXTS, &mut attrs),
+            by_text(FIM_REP_TEXTS, &mut attrs),
+            by_text(FIM_SEP_TEXTS, &mut attrs),
+        ];
+        for (t, a) in tokens.iter().zip(attrs.iter_mut()) {
+            if *a & ATTR_CONTROL != 0 && t.contains("unused") {
+                *a |= ATTR_UNUSED;
+            }
+        }
+        let mut eog = vec![false; n];
+        for id in fim_eog.into_iter().flatten() {
+            eog[id as usize] = true;
+        }
+        for (i, t) in tokens.iter().enumerate() {
+            if EOG_TEXTS.contains(&t.as_str()) {
+                eog[i] = true;
+                attrs[i] |= ATTR_CONTROL;
+            }
+            // gpt-oss: these structure tokens always render.
+            if matches!(
+                t.as_str(),
+                "<|channel|>" | "<|message|>" | "<|start|>" | "<|constrain|>"
+            ) {
+                attrs[i] = ATTR_USER_DEFINED;
+            }
+        }
+        for id in [eos, eot, eom].into_iter().flatten() {
+            eog[id as usize] = true;
+        }
+        let eog_with = |eog: &[bool], text: &str| (0..n).find(|&i| eog[i] && tokens[i] == text);
+        let has = |eog: &[bool], text: &str| eog_with(eog, text).is_some();
+        // Harmony-style vocabularies: "<|end|>" ends a message, not the generation.
+        if let Some(end) = eog_with(&eog, "<|end|>") {
+            if (has(&eog, "<|return|>") && has(&eog, "<|call|>"))
+                || (has(&eog, "<|calls|>") && has(&eog, "<|flush|>"))
+            {
+                eog[end] = false;
+                attrs[end] = ATTR_USER_DEFINED;
+            }
+        }
+        // Where "<|tool_response>" or "<|plamo:eos|>" ends generation, "</s>" is plain text.
+        if let Some(s) = eog_with(&eog, "</s>") {
+            if has(&eog, "<|tool_response>") || has(&eog, "<|plamo:eos|>") {
+                eog[s] = false;
+                attrs[s] = ATTR_NORMAL;
+            }
+        }
+
+        let mut special_order: Vec<u32> = (0..n as u32)
+            .filter(|&i| attrs[i as usize] & (ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN) != 0)
+            .collect();
+        special_order.sort_by(|&a, &b| tokens[b as usize].len().cmp(&tokens[a as usize].len()));
+        let name = spec.model_name.as_deref().unwrap_or("").to_lowercase();
+        if name.contains("phi-3") || name.contains("phi3") {
+            for &id in &special_order {
+                attrs[id as usize] |= ATTR_RSTRIP;
+            }
+            let mut set = |text: &str, on: bool| {
+                if let Some(&id) = token_to_id.get(text) {
+                    let a = &mut attrs[id as usize];
+                    *a = if on {
+                        *a | ATTR_RSTRIP
+                    } else {
+                        *a & !ATTR_RSTRIP
+                    };
+                }
+            };
+            set("</s>", true);
+            for t in ["<unk>", "<s>", "<|endoftext|>"] {
+                set(t, false);
+            }
+        }
+
+        let mut tok = Tokenizer {
+            model: model_impl,
+            tokens,
+            attrs,
+            scores,
+            token_to_id,
+            special_order,
+            pieces: Vec::new(),
+            eog,
+            bos,
+            eos,
+            eot,
+            eom,
+            unk,
+            pad,
+            sep,
+            add_bos: spec.add_bos.unwrap_or(add_bos_default),
+            add_eos: spec.add_eos.unwrap_or(false),
+            add_space_prefix: spec.add_space_prefix.unwrap_or(add_space_default),
+            clean_spaces,
+            chat_template: spec.chat_template,
+        };
+        tok.pieces = (0..n as u32).map(|id| tok.render_piece(id)).collect();
+        Ok(tok)
+    }
+
+    /// Number of tokens in the vocabulary.
+    pub fn n_vocab(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub fn bos(&self) -> Option<u32> {
+        self.bos
+    }
+
+    pub fn eos(&self) -> Option<u32> {
+        self.eos
+    }
+
+    /// End-of-turn token (from the metadata, else found by text such as `<|im_end|>`).
+    pub fn eot(&self) -> Option<u32> {
+        self.eot
+    }
+
+    pub fn eom(&self) -> Option<u32> {
+        self.eom
+    }
+
+    pub fn unk(&self) -> Option<u32> {
+        self.unk
+    }
+
+    pub fn pad(&self) -> Option<u32> {
+        self.pad
+    }
+
+    pub fn sep(&self) -> Option<u32> {
+        self.sep
+    }
+
+    /// Whether `encode(.., add_special = true, ..)` prepends BOS.
+    pub fn add_bos(&self) -> bool {
+        self.add_bos
+    }
+
+    /// Whether `encode(.., add_special = true, ..)` appends EOS.
+    pub fn add_eos(&self) -> bool {
+        self.add_eos
+    }
+
+    /// Whether generating `id` ends the generation: EOS, EOT, EOM, and the tokens llama.cpp
+    /// recognises by text (`<|im_end|>`, `<|endoftext|>`, `<|eot_id|>`, FIM pad/repo/sep, ...).
+    pub fn is_eog(&self, id: u32) -> bool {
+        self.eog.get(id as usize).copied().unwrap_or(false)
+    }
+
+    /// All end-of-generation tokens, ascending.
+    pub fn eog_tokens(&self) -> Vec<u32> {
+        (0..self.eog.len() as u32)
+            .filter(|&i| self.eog[i as usize])
+            .collect()
+    }
+
+    /// Whether `id` is a control token (rendered only with `special`).
+    pub fn is_control(&self, id: u32) -> bool {
+        self.attrs
+            .get(id as usize)
+            .is_some_and(|a| a & ATTR_CONTROL != 0)
+    }
+
+    /// The vocabulary string of a token (byte-encoded for BPE, `▁` for spaces in SPM).
+    pub fn token_text(&self, id: u32) -> Option<&str> {
+        self.tokens.get(id as usize).map(String::as_str)
+    }
+
+    /// The id of a vocabulary string.
+    pub fn token_id(&self, text: &str) -> Option<u32> {
+        self.token_to_id.get(text).copied()
+    }
+
+    /// The model's chat template source (`tokenizer.chat_template`).
+    pub fn chat_template_source(&self) -> Option<&str> {
+        self.chat_template.as_deref()
+    }
+
+    /// The model's chat template, with `bos_token`/`eos_token` set from this vocabulary.
+    pub fn chat_template(&self) -> Result<ChatTemplate, TokenizerError> {
+        let source = self
+            .chat_template
+            .as_deref()
+            .ok_or(TokenizerError::NoChatTemplate)?;
+        let text = |id: Option<u32>| id.and_then(|i| self.token_text(i)).unwrap_or("");
+        Ok(ChatTemplate::new(source)?.with_special_tokens(text(self.bos), text(self.eos)))
+    }
+
+    /// Tokenizes `text` like `llama_tokenize`: `add_special` adds BOS/EOS as the vocabulary
+    /// asks (`add_bos`/`add_eos`), `parse_special` turns the texts of control tokens into those
+    /// tokens (user-defined tokens always are).
+    pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<u32> {
+        let fragments = self.partition(text, parse_special);
+        let mut out = Vec::with_capacity(text.len() / 3 + 2);
+        if add_special && self.add_bos {
+            out.extend(self.bos);
+        }
+        match &self.model {
+            Model::Bpe(bpe) => {
+                for f in fragments {
+                    match f {
+                        Fragment::Text(a, b) => {
+                            bpe.tokenize(&text[a..b], &self.token_to_id, &mut out)
+                        }
+                        Fragment::Token(id) => out.push(id),
+                    }
+                }
+            }
+            Model::Spm { byte_token } => {
+                let spm = spm::Spm {
+                    token_to_id: &self.token_to_id,
+                    scores: &self.scores,
+                    byte_token,
+                    unk: self.unk,
+                };
+                // The start of the text counts as "after a special token".
+                let mut after_special = true;
+                for f in fragments {
+                    match f {
+                        Fragment::Text(a, b) => {
+                            let mut s = String::with_capacity(b - a + 4);
+                            if self.add_space_prefix && after_special {
+                                s.push(' ');
+                            }
+                            s.push_str(&text[a..b]);
+                            spm.tokenize(&s.replace(' ', "▁"), &mut out);
+                            after_special = false;
+                        }
+                        Fragment::Token(id) => {
+                            out.push(id);
+                            after_special = true;
+                        }
+                    }
+                }
+            }
+        }
+        if add_special && self.add_eos {
+            out.extend(self.eos);
+        }
+        out
+    }
+
+    /// Cuts the texts of special tokens out of `text`, longest token first.
+    fn partition(&self, text: &str, parse_special: bool) -> Vec<Fragment> {
+        let mut frags = if text.is_empty() {
+            vec![]
+        } else {
+            vec![Fragment::Text(0, text.len())]
+        };
+        for &id in &self.special_order {
+            if !parse_special && self.attrs[id as usize] & (ATTR_CONTROL | ATTR_UNKNOWN) != 0 {
+                continue;
+            }
+            let pat = self.tokens[id as usize].as_str();
+            if !text.contains(pat) {
+                continue;
+            }
+            let mut next = Vec::with_capacity(frags.len() + 2);
+            for f in frags {
+                let Fragment::Text(a, b) = f else {
+                    next.push(f);
+                    continue;
+                };
+                let attr = self.attrs[id as usize];
+                let bytes = text.as_bytes();
+                let mut cur = a;
+                while let Some(p) = text[cur..b].find(pat) {
+                    let mut left_end = cur + p;
+                    if attr & ATTR_LSTRIP != 0 {
+                        while left_end > cur && is_c_space(bytes[left_end - 1]) {
+                            left_end -= 1;
+                        }
+                    }
+                    if left_end > cur {
+                        next.push(Fragment::Text(cur, left_end));
+                    }
+                    next.push(Fragment::Token(id));
+                    cur += p + pat.len();
+                    if attr & ATTR_RSTRIP != 0 {
+                        while cur < b && is_c_space(bytes[cur]) {
+                            cur += 1;
+                        }
+                    }
+                }
+                if cur < b {
+                    next.push(Fragment::Text(cur, b));
+                }
+            }
+            frags = next;
+        }
+        frags
+    }
+
+    /// The bytes of one token, as `llama_token_to_piece` (no space stripping): control and
+    /// unknown tokens render only with `special`. Ids outside the vocabulary render as nothing;
+    /// see [`Tokenizer::try_token_to_piece`] to catch them.
+    pub fn token_to_piece(&self, id: u32, special: bool) -> Vec<u8> {
+        self.piece(id, special).to_vec()
+    }
+
+    /// [`Tokenizer::token_to_piece`] that rejects ids outside the vocabulary.
+    pub fn try_token_to_piece(&self, id: u32, special: bool) -> Result<Vec<u8>, TokenizerError> {
+        self.check(id)?;
+        Ok(self.token_to_piece(id, special))
+    }
+
+    fn check(&self, id: u32) -> Result<(), TokenizerError> {
+        if (id as usize) < self.tokens.len() {
+            Ok(())
+        } else {
+            Err(TokenizerError::TokenOutOfRange {
+                id,
+                n_vocab: self.tokens.len(),
+            })
+        }
+    }
+
+    pub(crate) fn piece(&self, id: u32, special: bool) -> &[u8] {
+        match self.attrs.get(id as usize) {
+            Some(a) if special || a & (ATTR_CONTROL | ATTR_UNKNOWN) == 0 => {
+                &self.pieces[id as usize]
+            }
+            _ => &[],
+        }
+    }
+
+    fn render_piece(&self, id: u32) -> Vec<u8> {
+        let text = &self.tokens[id as usize];
+        let attr = self.attrs[id as usize];
+        if attr & (ATTR_CONTROL | ATTR_UNKNOWN | ATTR_USER_DEFINED) != 0 {
+            return text.as_bytes().to_vec();
+        }
+        if attr & ATTR_NORMAL != 0 {
+            return match self.model {
+                Model::Spm { .. } => text.replace('▁', " ").into_bytes(),
+                Model::Bpe(_) => {
+                    let mut out = Vec::with_capacity(text.len());
+                    for c in text.chars() {
+                        match unicode::char_to_byte(c) {
+                            Some(b) => out.push(b),
+                            None => {
+                                // As llama.cpp: a char outside the byte map is shown, not lost.
+                                out.extend_from_slice(b"[UNK_BYTE_0x");
+                                let mut buf = [0u8; 4];
+                                for b in c.encode_utf8(&mut buf).bytes() {
+                                    out.extend_from_slice(format!("{b:02x}").as_bytes());
+                                }
+                                out.extend_from_slice(text.as_bytes());
+                                out.push(b']');
+                            }
+                        }
+                    }
+                    out
+                }
+            };
+        }
+        if attr & ATTR_BYTE != 0 {
+            // "<0xXX>": the hex digits at 3..5, read like strtol (stops at the first non-digit).
+            let digits = text.get(3..).unwrap_or("").bytes().take(2);
+            let mut v = 0u8;
+            for d in digits {
+                match (d as char).to_digit(16) {
+                    Some(x) => v = v.wrapping_mul(16).wrapping_add(x as u8),
+                    None => break,
+                }
+            }
+            return vec![v];
+        }
+        Vec::new()
+    }
+
+    /// `llama_detokenize`: the pieces of `ids` joined, with the first piece's leading space
+    /// dropped where the vocabulary adds one (`add_space_prefix`), BOS/EOS dropped with
+    /// `remove_special`, control tokens rendered with `unparse_special`, and for vocabularies
+    /// that ask for it spaces before punctuation and contractions cleaned up.
+    pub fn detokenize(
+        &self,
+        ids: &[u32],
+        remove_special: bool,
+        unparse_special: bool,
+    ) -> Result<Vec<u8>, TokenizerError> {
+        for &id in ids {
+            self.check(id)?;
+        }
+        let mut ids = ids;
+        let mut remove_space = self.add_space_prefix;
+        if remove_special && self.add_bos && ids.first().is_some_and(|&t| Some(t) == self.bos) {
+            remove_space = false;
+            ids = &ids[1..];
+        }
+        if remove_special && self.add_eos && ids.last().is_some_and(|&t| Some(t) == self.eos) {
+            ids = &ids[..ids.len() - 1];
+        }
+        let mut text = Vec::new();
+        for &id in ids {
+            let mut piece = self.piece(id, unparse_special);
+            if remove_space {
+                piece = piece.strip_prefix(b" ").unwrap_or(piece);
+            }
+            remove_space = false;
+            text.extend_from_slice(piece);
+        }
+        if self.clean_spaces {
+            clean_up_spaces(&mut text);
+        }
+        Ok(text)
+    }
+
+    /// The text of `ids` (no special-token texts; invalid UTF-8 as U+FFFD; ids outside the
+    /// vocabulary skipped). Same as `detokenize(ids, false, false)` otherwise.
+    pub fn decode(&self, ids: &[u32]) -> String {
+        let valid: Vec<u32> = ids
+            .iter()
+            .copied()
+            .filter(|&i| (i as usize) < self.tokens.len())
+            .collect();
+        let bytes = self.detokenize(&valid, false, false).unwrap_or_default();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+}
+
+/// C's `isspace` in the "C" locale.
+fn is_c_space(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | 0x0B | 0x0C | b'\r')
+}
+
+/// `clean_up_tokenization_spaces` as llama.cpp does it, in three passes over the bytes.
+fn clean_up_spaces(text: &mut Vec<u8>) {
+    // " ?", " !", " .", " ,": drop the space.
+    let mut out: Vec<u8> = Vec::with_capacity(text.len());
+    for (i, &c) in text.iter().enumerate() {
+        if i > 0 && text[i - 1] == b' ' && matches!(c, b'?' | b'!' | b'.' | b',') {
+            out.pop();
+        }
+        out.push(c);
+    }
+    // " ' ": a lone apostrophe between spaces loses both spaces. The dropped space after it is
+    // overwritten with NUL there, which the next comparison then sees: kept that way.
+    let mut src = std::mem::take(&mut out);
+    let mut i = 0;
+    while i < src.len() {
+        let c = src[i];
+        if i > 0 && c == b'\'' && i + 1 < src.len() && src[i - 1] == b' ' && src[i + 1] == b' ' {
+            out.pop();
+            src[i + 1] = 0;
+            out.push(c);
+            i += 2;
+            continue;
+        }
+        out.push(c);
+        i += 1;
+    }
+    // " 's", " 'm", " 're", " 've": the contraction joins the word before.
+    let src = std::mem::take(&mut out);
+    for (i, &c) in src.iter().enumerate() {
+        if i > 0 && src[i - 1] == b' ' && c == b'\'' && i + 1 < src.len() {
+            let c1 = src[i + 1];
+            let c2 = src.get(i + 2).copied();
+            let joins = matches!(c1, b's' | b'm')
+                || (i + 2 < src.len()
+                    && matches!((c1, c2), (b'r', Some(b'e')) | (b'v', Some(b'e'))));
+            if joins {
+                out.pop();
+            }
+        }
+        out.push(c);
+    }
+    *text = out;
+}

@@ -1,0 +1,472 @@
+//! Chat templates (`tokenizer.chat_template`): Jinja run the way Hugging Face runs them.
+
+use minijinja::value::{Kwargs, ValueKind};
+use minijinja::{Environment, Error, ErrorKind, State, Value};
+use serde::Serialize;
+
+use super::TokenizerError;
+
+/// One chat turn.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// A compiled chat template.
+///
+/// The environment follows `transformers`' `apply_chat_template`: blocks trimmed
+/// (`trim_blocks`, `lstrip_blocks`), `loop` controls, `raise_exception(msg)`, a `tojson` that
+/// writes like Python's `json.dumps(ensure_ascii=False)`, common Python string and dict methods
+/// (`strip`, `startswith`, `split`, `items`, `get`, ...), and `bos_token`/`eos_token`.
+/// `strftime_now(fmt)` formats the time given with [`ChatTemplate::with_time`] (this crate reads
+/// no clock); without one it is an error.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    bos_token: String,
+    eos_token: String,
+}
+
+impl std::fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatTemplate")
+            .field("bos_token", &self.bos_token)
+            .field("eos_token", &self.eos_token)
+            .finish_non_exhaustive()
+    }
+}
+
+const NAME: &str = "chat_template";
+
+fn template_error(e: Error) -> TokenizerError {
+    // The display of a minijinja error carries its kind, detail and line.
+    let mut msg = e.to_string();
+    let mut source = std::error::Error::source(&e);
+    while let Some(s) = source {
+        msg.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    TokenizerError::Template(msg)
+}
+
+impl ChatTemplate {
+    /// Compiles `source`; a syntax error is a [`TokenizerError::Template`].
+    pub fn new(source: &str) -> Result<Self, TokenizerError> {
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.add_function("raise_exception", |msg: String| -> Result<Value, Error> {
+            Err(Error::new(
+                ErrorKind::InvalidOperation,
+                format!("raise_exception: {msg}"),
+            ))
+        });
+        env.add_function("strftime_now", |_fmt: String| -> Result<Value, Error> {
+            Err(Error::new(
+                ErrorKind::InvalidOperation,
+                "strftime_now: no time given (ChatTemplate::with_time)",
+            ))
+        });
+        env.add_filter("tojson", tojson);
+        env.set_unknown_method_callback(python_method);
+        env.add_template_owned(NAME, source.to_string())
+            .map_err(template_error)?;
+        Ok(ChatTemplate {
+            env,
+            bos_token: String::new(),
+            eos_token: String::new(),
+        })
+    }
+
+    /// Sets the texts of `bos_token` and `eos_token`.
+    pub fn with_special_tokens(mut self, bos: &str, eos: &str) -> Self {
+        self.bos_token = bos.to_string();
+        self.eos_token = eos.to_string();
+        self
+    }
+
+    /// The time that `strftime_now` formats, as seconds since the Unix epoch (UTC).
+    pub fn with_time(mut self, unix_seconds: i64) -> Self {
+        self.env
+            .add_function("strftime_now", move |fmt: String| -> Result<Value, Error> {
+                Ok(Value::from(strftime(&fmt, unix_seconds)))
+            });
+        self
+    }
+
+    /// Renders the conversation; `add_generation_prompt` opens the assistant's turn.
+    pub fn apply(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, TokenizerError> {
+        let tmpl = self.env.get_template(NAME).map_err(template_error)?;
+        tmpl.render(minijinja::context! {
+            messages => messages,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => &self.bos_token,
+            eos_token => &self.eos_token,
+        })
+        .map_err(template_error)
+    }
+}
+
+/// Python's `json.dumps(value, ensure_ascii=False, indent=indent)`.
+fn tojson(value: Value, args: Kwargs) -> Result<Value, Error> {
+    let indent: Option<usize> = args.get("indent")?;
+    let sort_keys: Option<bool> = args.get("sort_keys")?;
+    args.assert_all_used()?;
+    let json = serde_json::to_value(&value)
+        .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
+    let mut out = String::new();
+    write_json(&json, indent, sort_keys.unwrap_or(false), 0, &mut out);
+    Ok(Value::from_safe_string(out))
+}
+
+fn write_json(
+    v: &serde_json::Value,
+    indent: Option<usize>,
+    sort: bool,
+    depth: usize,
+    out: &mut String,
+) {
+    use serde_json::Value as J;
+    let newline = |out: &mut String, depth: usize| {
+        if let Some(n) = indent {
+            out.push('\n');
+            out.push_str(&" ".repeat(n * depth));
+        }
+    };
+    // Python's separators: ", " inline, "," before a newline.
+    let item_sep = if indent.is_some() { "," } else { ", " };
+    match v {
+        J::Array(items) if !items.is_empty() => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(item_sep);
+                }
+                newline(out, depth + 1);
+                write_json(item, indent, sort, depth + 1, out);
+            }
+            newline(out, depth);
+            out.push(']');
+        }
+        J::Object(map) if !map.is_empty() => {
+            let mut entries: Vec<_> = map.iter().collect();
+            if sort {
+                entries.sort_by(|a, b| a.0.cmp(b.0));
+            }
+            out.push('{');
+            for (i, (k, item)) in entries.into_iter().enumerate() {
+                if i > 0 {
+                    out.push_str(item_sep);
+                }
+                newline(out, depth + 1);
+                write_json_string(k, out);
+                out.push_str(": ");
+                write_json(item, indent, sort, depth + 1, out);
+            }
+            newline(out, depth);
+            out.push('}');
+        }
+        J::Array(_) => out.push_str("[]"),
+        J::Object(_) => out.push_str("{}"),
+        J::String(s) => write_json_string(s, out),
+        other => out.push_str(&other.to_string()),
+    }
+}
+
+fn write_json_string(s: &str, out: &mut String) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{08}' => out.push_str("\\b"),
+            '\u{0C}' => out.push_str("\\f"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// Python methods that templates call on strings and dicts.
+fn python_method(
+    _state: &State,
+    value: &Value,
+    method: &str,
+    args: &[Value],
+) -> Result<Value, Error> {
+    let unknown = || Err(Error::from(ErrorKind::UnknownMethod));
+    let arg_str = |i: usize| args.get(i).and_then(|a| a.as_str().map(str::to_string));
+    match value.kind() {
+        ValueKind::String => {
+            let s = value.as_str().unwrap_or_default();
+            let chars = arg_str(0);
+            let strip_set = |c: char| match &chars {
+                Some(set) => set.contains(c),
+                None => c.is_whitespace(),
+            };
+            Ok(match method {
+                "strip" => Value::from(s.trim_matches(strip_set)),
+                "lstrip" => Value::from(s.trim_start_matches(strip_set)),
+                "rstrip" => Value::from(s.trim_end_matches(strip_set)),
+                "upper" => Value::from(s.to_uppercase()),
+                "lower" => Value::from(s.to_lowercase()),
+                "title" => Value::from(title_case(s)),
+                "capitalize" => {
+                    let mut it = s.chars();
+                    Value::from(match it.next() {
+                        Some(f) => f
+                            .to_uppercase()
+                            .chain(it.flat_map(char::to_lowercase))
+                            .collect(),
+                        None => String::new(),
+                    })
+                }
+                "startswith" | "endswith" => {
+                    let test = |p: &str| {
+                        if method == "startswith" {
+                            s.starts_with(p)
+                        } else {
+                            s.ends_with(p)
+                        }
+                    };
+                    let arg = args.first().cloned().unwrap_or_default();
+                    let hit = if let Some(p) = arg.as_str() {
+                        test(p)
+                    } else {
+                        // A tuple of prefixes.
+                        arg.try_iter()?.any(|p| p.as_str().is_some_and(test))
+                    };
+                    Value::from(hit)
+                }
+                "split" => {
+                    let max = args
+                        .get(1)
+                        .and_then(|a| i64::try_from(a.clone()).ok())
+                        .filter(|&m| m >= 0);
+                    let parts: Vec<String> = match arg_str(0) {
+                        Some(sep) if sep.is_empty() => {
+                            return Err(Error::new(
+                                ErrorKind::InvalidOperation,
+                                "split: empty separator",
+                            ))
+                        }
+                        Some(sep) => match max {
+                            Some(m) => s
+                                .splitn(m as usize + 1, sep.as_str())
+                                .map(String::from)
+                                .collect(),
+                            None => s.split(sep.as_str()).map(String::from).collect(),
+                        },
+                        None => s.split_whitespace().map(String::from).collect(),
+                    };
+                    Value::from(parts)
+                }
+                "replace" => {
+                    let (Some(from), Some(to)) = (arg_str(0), arg_str(1)) else {
+                        return Err(Error::new(ErrorKind::MissingArgument, "replace(old, new)"));
+                    };
+                    Value::from(s.replace(&from, &to))
+                }
+                "find" => Value::from(
+                    arg_str(0)
+                        .and_then(|p| s.find(&p))
+                        .map_or(-1, |b| s[..b].chars().count() as i64),
+                ),
+                "count" => Value::from(arg_str(0).map_or(0, |p| {
+                    if p.is_empty() {
+                        0
+                    } else {
+                        s.matches(&p).count()
+                    }
+                })),
+                "join" => {
+                    let items = args.first().cloned().unwrap_or_default();
+                    let parts: Vec<String> = items.try_iter()?.map(|v| v.to_string()).collect();
+                    Value::from(parts.join(s))
+                }
+                _ => return unknown(),
+            })
+        }
+        ValueKind::Map => match method {
+            "items" => {
+                let mut pairs = Vec::new();
+                for k in value.try_iter()? {
+                    let v = value.get_item(&k)?;
+                    pairs.push(Value::from(vec![k, v]));
+                }
+                Ok(Value::from(pairs))
+            }
+            "keys" => Ok(Value::from(value.try_iter()?.collect::<Vec<_>>())),
+            "values" => {
+                let keys: Vec<Value> = value.try_iter()?.collect();
+                keys.iter()
+                    .map(|k| value.get_item(k))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map(Value::from)
+            }
+            "get" => {
+                let key = args.first().cloned().unwrap_or_default();
+                let found = value.get_item(&key)?;
+                Ok(if found.is_undefined() {
+                    args.get(1).cloned().unwrap_or(Value::from(()))
+                } else {
+                    found
+                })
+            }
+            _ => unknown(),
+        },
+        _ => unknown(),
+    }
+}
+
+fn title_case(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut prev_letter = false;
+    for c in s.chars() {
+        if prev_letter {
+            out.extend(c.to_lowercase());
+        } else {
+            out.extend(c.to_uppercase());
+        }
+        prev_letter = c.is_alphabetic();
+    }
+    out
+}
+
+/// The `strftime` fields that templates use, for a UTC time.
+fn strftime(fmt: &str, unix_seconds: i64) -> String {
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    const DAYS: [&str; 7] = [
+        "Monday",
+        "Tuesday",
+        "Wednesday",
+        "Thursday",
+        "Friday",
+        "Saturday",
+        "Sunday",
+    ];
+    let days = unix_seconds.div_euclid(86_400);
+    let secs = unix_seconds.rem_euclid(86_400);
+    let (y, m, d) = civil_from_days(days);
+    // 1970-01-01 was a Thursday.
+    let weekday = (days + 3).rem_euclid(7) as usize;
+    let mut out = String::new();
+    let mut it = fmt.chars();
+    while let Some(c) = it.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match it.next() {
+            Some('Y') => out.push_str(&y.to_string()),
+            Some('y') => out.push_str(&format!("{:02}", y.rem_euclid(100))),
+            Some('m') => out.push_str(&format!("{m:02}")),
+            Some('d') => out.push_str(&format!("{d:02}")),
+            Some('-') if it.clone().next() == Some('d') => {
+                it.next();
+                out.push_str(&d.to_string());
+            }
+            Some('B') => out.push_str(MONTHS[m as usize - 1]),
+            Some('b') => out.push_str(&MONTHS[m as usize - 1][..3]),
+            Some('A') => out.push_str(DAYS[weekday]),
+            Some('a') => out.push_str(&DAYS[weekday][..3]),
+            Some('H') => out.push_str(&format!("{:02}", secs / 3600)),
+            Some('M') => out.push_str(&format!("{:02}", secs / 60 % 60)),
+            Some('S') => out.push_str(&format!("{:02}", secs % 60)),
+            Some('%') => out.push('%'),
+            Some(other) => {
+                out.push('%');
+                out.push(other);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
+}
+
+/// Proleptic Gregorian date of a day count since 1970-01-01.
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates() {
+        assert_eq!(strftime("%d %b %Y", 0), "01 Jan 1970");
+        // 2024-02-29 12:34:56 UTC, a Thursday.
+        assert_eq!(
+            strftime("%A %-d %B %y %H:%M:%S", 1_709_210_096),
+            "Thursday 29 February 24 12:34:56"
+        );
+    }
+
+    #[test]
+    fn json_like_python() {
+        let t = ChatTemplate::new(
+            r#"{{ {"a": [1, "é\n"], "b": {}} | tojson }}|{{ [1,2] | tojson(indent=2) }}"#,
+        )
+        .unwrap();
+        let out = t.apply(&[], false).unwrap();
+        assert_eq!(out, "{\"a\": [1, \"é\\n\"], \"b\": {}}|[\n  1,\n  2\n]");
+    }
+
+    #[test]
+    fn python_methods() {
+        let t = ChatTemplate::new(
+            "{{ '  x y '.strip() }}|{{ 'a,b'.split(',') | join('+') }}|{{ 'abc'.startswith('ab') }}|{% for k, v in {'k': 1}.items() %}{{ k }}={{ v }}{% endfor %}",
+        )
+        .unwrap();
+        assert_eq!(t.apply(&[], false).unwrap(), "x y|a+b|True|k=1");
+    }
+
+    #[test]
+    fn loop_controls_and_time() {
+        let t = ChatTemplate::new("{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}{{ m.content }}{% endfor %} {{ strftime_now('%Y') }}")
+            .unwrap()
+            .with_time(1_709_210_096);
+        let msgs = [ChatMessage::new("user", "a"), ChatMessage::new("user", "b")];
+        assert_eq!(t.apply(&msgs, false).unwrap(), "a 2024");
+    }
+}
