@@ -244,7 +244,10 @@ impl ClusterRunner for WorkerPool {
         // does not return before every participant has left (below).
         unsafe {
             *shared.job.get() = Job {
-                f: std::mem::transmute::<&JobFn, *const JobFn>(f),
+                f: std::mem::transmute::<
+                    &(dyn Fn(usize, usize, &mut [f32]) + Sync + '_),
+                    &'static JobFn,
+                >(f) as *const JobFn,
                 outs: outs.as_mut_ptr() as *mut &'static mut [f32],
                 n,
             };

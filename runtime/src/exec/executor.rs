@@ -82,6 +82,23 @@ fn project(kernels: &Kernels, w: MatRef<'_>, act: &[u8], n: usize, out: &mut [f3
     }
 }
 
+/// The output blocks of a row phase: cluster `c` owning rows `a..b` writes `[token][b - a]` at
+/// offset `n * a` of `blocks`, which holds `[cluster][token][rows]` for all `total_rows`.
+fn row_blocks<'a>(
+    blocks: &'a mut Vec<f32>,
+    clusters: &[Range<u32>],
+    n: usize,
+    total_rows: usize,
+) -> Vec<&'a mut [f32]> {
+    blocks.resize(n * total_rows, 0.0);
+    let first = clusters.first().map_or(0, |r| r.start as usize);
+    let len: usize = clusters.iter().map(|r| r.len()).sum();
+    split_blocks(
+        &mut blocks[n * first..n * (first + len)],
+        clusters.iter().map(|r| n * r.len()),
+    )
+}
+
 /// Splits `buf` into consecutive blocks of the given lengths.
 fn split_blocks<'a>(mut buf: &'a mut [f32], lens: impl Iterator<Item = usize>) -> Vec<&'a mut [f32]> {
     let mut out = Vec::new();
@@ -206,16 +223,6 @@ impl Executor {
         } = self;
         let kernels = &*kernels;
         let (acts, rope, scratch) = (&*acts, &*rope, &*scratch);
-        // Row phases write `[token][rows]` blocks at offset `n * first_row`.
-        let row_blocks = |blocks: &'_ mut Vec<f32>, total_rows: usize| {
-            blocks.resize(n * total_rows, 0.0);
-            let first = clusters.first().map_or(0, |r| r.start as usize);
-            let len: usize = clusters.iter().map(|r| r.len()).sum();
-            split_blocks(
-                &mut blocks[n * first..n * (first + len)],
-                clusters.iter().map(|r| n * r.len()),
-            )
-        };
         match work.phase {
             Phase::QkvHeads => {
                 let l = layer.expect("attention phases belong to a layer");
@@ -293,13 +300,7 @@ impl Executor {
                     n
                 };
                 let n = n_rows_in;
-                blocks.resize(n * w.rows, 0.0);
-                let first = clusters.first().map_or(0, |r| r.start as usize);
-                let len: usize = clusters.iter().map(|r| r.len()).sum();
-                let mut outs = split_blocks(
-                    &mut blocks[n * first..n * (first + len)],
-                    clusters.iter().map(|r| n * r.len()),
-                );
+                let mut outs = row_blocks(blocks, clusters, n, w.rows);
                 let act = acts.get(w.ty);
                 runner.run(&mut outs, &|_, i, out| {
                     let rows = units(&clusters[i]);
@@ -309,7 +310,7 @@ impl Executor {
             }
             Phase::FfnGateUpRows => {
                 let l = layer.expect("layer");
-                let mut outs = row_blocks(blocks, c.n_ff as usize);
+                let mut outs = row_blocks(blocks, clusters, n, c.n_ff as usize);
                 runner.run(&mut outs, &|worker, i, out| {
                     let mut s = scratch[worker].lock().expect("worker scratch");
                     let rows = units(&clusters[i]);

@@ -17,6 +17,7 @@
 
 mod bpe;
 mod chat;
+mod gguf;
 mod pretok;
 mod spm;
 mod stream;
