@@ -1,0 +1,1 @@
+"""Helpers shared by the scripts in bench/ (standard library only)."""

@@ -1,0 +1,163 @@
+"""Unit tests for the parts of the bench scripts that need no engine:
+python3 -m unittest discover -s bench/tests"""
+
+import json
+import os
+import signal
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchlib import engines, report  # noqa: E402
+from benchlib.errors import BenchError  # noqa: E402
+from benchlib.procs import run_measured  # noqa: E402
+from benchlib.sandbox import parse_memory_limit  # noqa: E402
+
+LLAMA_BENCH_JSON = json.dumps([
+    {"build_commit": "0c1e570", "build_number": 1, "n_batch": 2048, "n_ubatch": 512, "type_k": "f16",
+     "type_v": "f16", "flash_attn": -1, "load_mode": "auto", "repack": True, "n_threads": 2, "n_prompt": 512,
+     "n_gen": 0, "avg_ts": 300.0, "samples_ts": [290.0, 300.0, 310.0]},
+    {"build_commit": "0c1e570", "n_threads": 2, "n_prompt": 0, "n_gen": 128, "avg_ts": 90.0,
+     "samples_ts": [88.0, 92.0]},
+], indent=2)
+
+
+class ParseLlamaBench(unittest.TestCase):
+    def test_tests_threads_samples_and_settings(self):
+        results, settings = engines.parse_llama_bench(LLAMA_BENCH_JSON)
+        self.assertEqual([(r.test, r.threads) for r in results], [("pp512", 2), ("tg128", 2)])
+        self.assertEqual(results[0].samples, [290.0, 300.0, 310.0])
+        self.assertEqual((results[1].low, results[1].high), (88.0, 92.0))
+        self.assertEqual(settings["flash_attn"], "auto")
+        self.assertEqual(settings["build_commit"], "0c1e570")
+
+    def test_garbage_is_a_clear_error(self):
+        with self.assertRaises(BenchError):
+            engines.parse_llama_bench("main: error: failed to load model\n")
+
+    def test_combined_test_name(self):
+        self.assertEqual(engines.test_name(512, 128), "pp512+tg128")
+
+
+class ParseConductorBench(unittest.TestCase):
+    def test_ignores_other_lines_and_fields(self):
+        out = "\n".join([
+            "warming up ...",
+            json.dumps({"test": "pp512", "threads": 1, "tok_s": {"median": 100, "min": 90, "max": 110, "mean": 1},
+                        "peak_rss_bytes": 5, "whatever": [1, 2]}),
+            json.dumps({"test": "tg128", "threads": 1, "tok_s": {"median": 30, "min": 29, "max": 31,
+                                                                 "samples": [29, 30, 31]}}),
+        ])
+        results = engines.parse_conductor_bench(out)
+        self.assertEqual([(r.test, r.threads, r.samples) for r in results],
+                         [("pp512", 1, [100.0]), ("tg128", 1, [29.0, 30.0, 31.0])])
+        self.assertEqual((results[0].low, results[0].high), (90.0, 110.0))
+
+    def test_malformed_line_is_an_error(self):
+        with self.assertRaises(BenchError):
+            engines.parse_conductor_bench('{"test": "pp512", "threads": 1}')
+
+    def test_no_results_is_an_error(self):
+        with self.assertRaises(BenchError):
+            engines.parse_conductor_bench("nothing here\n")
+
+
+class LlamaCompletionLog(unittest.TestCase):
+    def test_perf_and_flash_attention(self):
+        log = ("common_perf_print: prompt eval time =     2509.48 ms /     6 tokens (  418.25 ms per token)\n"
+               "common_perf_print:        eval time =    16552.95 ms /   127 runs   (  130.34 ms per token)\n"
+               "llama_context: Flash Attention was auto, set to enabled\n")
+        perf = engines.parse_llama_completion_perf(log)
+        self.assertEqual(perf["prompt_tokens"], 6)
+        self.assertEqual(perf["decode_runs"], 127)
+        self.assertAlmostEqual(perf["decode_tok_s"], 127 / 16.55295, places=3)
+        self.assertEqual(engines.parse_flash_attn_resolution(log), "enabled")
+        self.assertEqual(engines.parse_flash_attn_resolution("resolve_fused_ops: Flash Attention enabled"),
+                         "enabled")
+        self.assertEqual(engines.parse_flash_attn_resolution(
+            "resolve_fused_ops: Flash Attention not supported, set to disabled"), "disabled")
+        self.assertIsNone(engines.parse_flash_attn_resolution("llama_context: flash_attn = auto"))
+
+
+class Summaries(unittest.TestCase):
+    def records(self):
+        return [
+            {"kind": "throughput", "engine": "llama.cpp", "test": "pp512", "threads": 1,
+             "samples_tok_s": [10, 11, 12], "min_tok_s": 10, "max_tok_s": 12},
+            {"kind": "throughput", "engine": "llama.cpp", "test": "pp512", "threads": 1,
+             "samples_tok_s": [13, 14, 15], "min_tok_s": 13, "max_tok_s": 15},
+            {"kind": "throughput", "engine": "conductor", "test": "pp512", "threads": 1,
+             "samples_tok_s": [25], "min_tok_s": 20, "max_tok_s": 30},
+            {"kind": "throughput", "engine": "conductor", "test": "pp512", "threads": 1,
+             "samples_tok_s": [27], "min_tok_s": 24, "max_tok_s": 29},
+            {"kind": "peak_rss", "engine": "llama.cpp", "threads": 1, "max_rss_bytes": 100 << 20},
+            {"kind": "peak_rss", "engine": "conductor", "threads": 1, "max_rss_bytes": 50 << 20},
+            {"kind": "peak_rss", "engine": "conductor", "threads": 1, "failed": "OOM-killed"},
+        ]
+
+    def test_median_over_all_repetitions_and_spread(self):
+        tp = report.summarize_throughput(self.records())
+        llama = tp[("llama.cpp", "pp512", 1)]
+        self.assertEqual((llama.median, llama.low, llama.high, llama.count), (12.5, 10, 15, 6))
+        cond = tp[("conductor", "pp512", 1)]
+        self.assertEqual((cond.median, cond.low, cond.high), (26, 20, 30))
+
+    def test_failed_runs_show_as_text(self):
+        rss = report.summarize_rss(self.records())
+        self.assertEqual(rss[("conductor", 1)], "OOM-killed in 1/2 runs")
+        self.assertEqual(rss[("llama.cpp", 1)].median, 100 << 20)
+
+    def test_table(self):
+        recs = self.records()[:-1]
+        table = report.render_table(["pp512", "tg128"], [1], report.summarize_throughput(recs),
+                                    report.summarize_rss(recs), 128)
+        lines = table.splitlines()
+        self.assertEqual(lines[0], "| test | llama.cpp t=1 | Conductor t=1 | ratio t=1 |")
+        self.assertIn("| pp512 (tok/s) | 12.5 (10.0–15.0) | 26.0 (20.0–30.0) | 2.08× |", lines)
+        self.assertIn("| tg128 (tok/s) | n/a | n/a | n/a |", lines)
+        self.assertIn("| peak RSS, tg128 run (MiB) | 100.0 (100.0–100.0) | 50.0 (50.0–50.0) | 0.50× |", lines)
+
+
+class MemoryLimitParsing(unittest.TestCase):
+    def test_forms(self):
+        model = 100 << 20
+        self.assertEqual(parse_memory_limit("50%", model), 50 << 20)
+        self.assertEqual(parse_memory_limit("300MiB", model), 300 << 20)
+        self.assertEqual(parse_memory_limit("1.5G", model), 3 << 29)
+        self.assertEqual(parse_memory_limit("8388608", model), 8 << 20)
+
+    def test_bad_values(self):
+        for text in ("lots", "10furlongs", "1%", "-5MiB"):
+            with self.assertRaises(BenchError, msg=text):
+                parse_memory_limit(text, 100 << 20)
+
+
+class RunMeasured(unittest.TestCase):
+    def test_peak_rss_and_output(self):
+        # A child that touches 64 MiB must report a peak RSS of at least that.
+        done = run_measured([sys.executable, "-c", "b = bytearray(64 << 20); print('ok')"], timeout_s=60)
+        self.assertEqual(done.returncode, 0)
+        self.assertEqual(done.stdout.strip(), "ok")
+        self.assertGreater(done.max_rss_bytes, 64 << 20)
+
+    def test_timeout_kills_the_whole_group(self):
+        with tempfile.TemporaryDirectory() as d:
+            pidfile = Path(d) / "grandchild"
+            script = f"sleep 300 & echo $! > {pidfile}; wait"
+            done = run_measured(["sh", "-c", script], timeout_s=1)
+            self.assertTrue(done.timed_out)
+            grandchild = int(pidfile.read_text())
+            with self.assertRaises(ProcessLookupError):
+                os.kill(grandchild, 0)
+
+    def test_signal_death_is_described(self):
+        done = run_measured(["sh", "-c", "kill -ILL $$"], timeout_s=10)
+        self.assertEqual(done.returncode, -signal.SIGILL)
+        self.assertIn("SIGILL", done.describe_failure())
+
+
+if __name__ == "__main__":
+    unittest.main()
