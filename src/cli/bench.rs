@@ -4,7 +4,7 @@
 //! one after another from an empty context. Each test runs once to warm up, then `-r` times;
 //! we report the median and the spread (min–max) of tokens per second.
 
-use super::{parse_list, ModelArgs};
+use super::{parse_list, ModelArgs, NumList};
 use anyhow::{bail, Result};
 use clap::Args;
 use conductor::Engine;
@@ -18,13 +18,13 @@ pub struct BenchArgs {
     model: Option<std::path::PathBuf>,
     /// Thread counts to test, comma-separated (default: all cores).
     #[arg(short = 't', long = "threads", value_parser = parse_list)]
-    threads: Option<Vec<usize>>,
+    threads: Option<NumList>,
     /// Prompt lengths to test, comma-separated (0 skips prompt tests).
     #[arg(short = 'p', long = "n-prompt", default_value = "512", value_parser = parse_list)]
-    n_prompt: Vec<usize>,
+    n_prompt: NumList,
     /// Generation lengths to test, comma-separated (0 skips generation tests).
     #[arg(short = 'n', long = "n-gen", default_value = "128", value_parser = parse_list)]
-    n_gen: Vec<usize>,
+    n_gen: NumList,
     /// Repetitions of each test.
     #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
     repetitions: usize,
@@ -95,7 +95,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if args.repetitions == 0 {
         bail!("-r must be at least 1");
     }
-    let threads = args.threads.clone().unwrap_or_else(|| {
+    let threads = args.threads.clone().map(|l| l.0).unwrap_or_else(|| {
         vec![std::thread::available_parallelism().map_or(1, |n| n.get())]
     });
     if threads.contains(&0) {
@@ -103,10 +103,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     let tests: Vec<(usize, usize)> = args
         .n_prompt
+        .0
         .iter()
         .filter(|&&p| p > 0)
         .map(|&p| (p, 0))
-        .chain(args.n_gen.iter().filter(|&&g| g > 0).map(|&g| (0, g)))
+        .chain(args.n_gen.0.iter().filter(|&&g| g > 0).map(|&g| (0, g)))
         .collect();
     if tests.is_empty() {
         bail!("nothing to measure: give a prompt length (-p) or a generation length (-n) above 0");

@@ -91,13 +91,18 @@ pub fn dispatch(cli: Cli) -> Result<()> {
     }
 }
 
-/// Parses a comma-separated list of numbers (`-p 128,512`).
-pub fn parse_list(s: &str) -> Result<Vec<usize>, String> {
+/// A comma-separated list of numbers (`-p 128,512`). A newtype: clap reads a bare `Vec` field
+/// as a repeated flag.
+#[derive(Clone, Debug)]
+pub struct NumList(pub Vec<usize>);
+
+pub fn parse_list(s: &str) -> Result<NumList, String> {
     s.split(',')
         .map(|x| {
             x.trim()
                 .parse::<usize>()
                 .map_err(|_| format!("`{x}` is not a whole number"))
         })
-        .collect()
+        .collect::<Result<_, _>>()
+        .map(NumList)
 }

@@ -114,6 +114,14 @@ fn units(r: &Range<u32>) -> Range<usize> {
     r.start as usize..r.end as usize
 }
 
+#[derive(Clone, Copy)]
+enum Tensor {
+    X,
+    Normed,
+    Gathered,
+    Delta,
+}
+
 /// Computes steps of one model. Holds only buffers; the model, KV cache and cluster layout
 /// are passed in, so one executor serves any session.
 pub struct Executor {
@@ -131,7 +139,13 @@ pub struct Executor {
     delta: Vec<f32>,
     logits: Vec<f32>,
     scratch: Vec<Mutex<WorkerScratch>>,
+    probe: Option<Probe>,
 }
+
+/// Receives intermediate tensors by llama.cpp's names (`attn_norm-3`, `ffn_out-3`, `l_out-3`,
+/// `result_norm` …) as `[token][width]` rows: for comparing a forward pass with llama.cpp's
+/// eval callback. Costs nothing when unset.
+pub type Probe = Box<dyn FnMut(&str, &[f32], usize) + Send>;
 
 impl Executor {
     pub fn new(kernels: Kernels) -> Executor {
@@ -154,6 +168,24 @@ impl Executor {
             delta: Vec::new(),
             logits: Vec::new(),
             scratch: Vec::new(),
+            probe: None,
+        }
+    }
+
+    /// Installs (or removes) a [`Probe`].
+    pub fn set_probe(&mut self, probe: Option<Probe>) {
+        self.probe = probe;
+    }
+
+    fn emit(&mut self, name: impl FnOnce() -> String, which: Tensor, width: usize) {
+        if let Some(probe) = self.probe.as_mut() {
+            let data = match which {
+                Tensor::X => &self.x,
+                Tensor::Normed => &self.normed,
+                Tensor::Gathered => &self.gathered,
+                Tensor::Delta => &self.delta,
+            };
+            probe(&name(), data, width);
         }
     }
 
@@ -188,6 +220,7 @@ impl Executor {
             tokens.len(),
         );
         self.logits.clear();
+        self.emit(|| "embd".into(), Tensor::X, embd);
         self.prepare_attention(model, 0);
         Ok(())
     }
@@ -371,6 +404,23 @@ impl Executor {
             Phase::QkvHeads => {
                 let (n_head, n_kv) = (c.n_head as usize, c.n_head_kv as usize);
                 let n_past = self.request.n_past as usize;
+                if self.probe.is_some() {
+                    // Token-major copies of q, k, v (after RoPE) for the probe only.
+                    for (name, first, heads) in
+                        [("Qcur", 0, n_head), ("Kcur", n_head, n_kv), ("Vcur", n_head + n_kv, n_kv)]
+                    {
+                        let w = heads * hd;
+                        self.gathered.resize(n * w, 0.0);
+                        for h in 0..heads {
+                            for t in 0..n {
+                                let src = ((first + h) * n + t) * hd;
+                                self.gathered[t * w + h * hd..t * w + (h + 1) * hd]
+                                    .copy_from_slice(&self.qkv[src..src + hd]);
+                            }
+                        }
+                        self.emit(|| format!("{name}-{l}"), Tensor::Gathered, w);
+                    }
+                }
                 for j in 0..n_kv {
                     let k = n_head + j;
                     let v = n_head + n_kv + j;
@@ -389,9 +439,12 @@ impl Executor {
                 }
                 let wo = model.layers[l].wo.ty;
                 self.acts.prepare(&self.kernels, &self.gathered, q_dim, &[wo]);
+                self.emit(|| format!("kqv_out-{l}"), Tensor::Gathered, q_dim);
             }
             Phase::AttnOutRows => {
                 self.add_row_blocks(clusters, embd);
+                self.emit(|| format!("attn_out-{l}"), Tensor::Delta, embd);
+                self.emit(|| format!("ffn_inp-{l}"), Tensor::X, embd);
                 self.prepare_ffn(model, l);
             }
             Phase::FfnNeurons => {
@@ -405,17 +458,22 @@ impl Executor {
                 for (x, d) in self.x.iter_mut().zip(&self.delta) {
                     *x += d;
                 }
+                self.emit(|| format!("ffn_out-{l}"), Tensor::Delta, embd);
+                self.emit(|| format!("l_out-{l}"), Tensor::X, embd);
                 self.prepare_next_layer(model, l);
             }
             Phase::FfnGateUpRows => {
                 let ff = c.n_ff as usize;
                 self.gathered.resize(n * ff, 0.0);
                 gather_row_blocks(&self.blocks, clusters, n, ff, &mut self.gathered);
+                self.emit(|| format!("ffn_swiglu-{l}"), Tensor::Gathered, ff);
                 let down = model.layers[l].down.ty;
                 self.acts.prepare(&self.kernels, &self.gathered, ff, &[down]);
             }
             Phase::FfnDownRows => {
                 self.add_row_blocks(clusters, embd);
+                self.emit(|| format!("ffn_out-{l}"), Tensor::Delta, embd);
+                self.emit(|| format!("l_out-{l}"), Tensor::X, embd);
                 self.prepare_next_layer(model, l);
             }
             Phase::OutputRows => {
@@ -454,6 +512,7 @@ impl Executor {
         let layer = &model.layers[l];
         let n = self.request.n_tokens as usize;
         self.norm_rows(&layer.attn_norm, c.rms_eps, 0..n, c.n_embd as usize);
+        self.emit(|| format!("attn_norm-{l}"), Tensor::Normed, c.n_embd as usize);
         let types = [layer.wq.ty, layer.wk.ty, layer.wv.ty];
         self.acts.prepare(&self.kernels, &self.normed, c.n_embd as usize, &types);
     }
@@ -463,6 +522,7 @@ impl Executor {
         let layer = &model.layers[l];
         let n = self.request.n_tokens as usize;
         self.norm_rows(&layer.ffn_norm, c.rms_eps, 0..n, c.n_embd as usize);
+        self.emit(|| format!("ffn_norm-{l}"), Tensor::Normed, c.n_embd as usize);
         let types = [layer.gate.ty, layer.up.ty];
         self.acts.prepare(&self.kernels, &self.normed, c.n_embd as usize, &types);
     }
@@ -475,6 +535,7 @@ impl Executor {
             let n = self.request.n_tokens as usize;
             let from = self.request.logits_from as usize;
             self.norm_rows(&model.output_norm, c.rms_eps, from..n, c.n_embd as usize);
+            self.emit(|| "result_norm".into(), Tensor::Normed, c.n_embd as usize);
             self.acts
                 .prepare(&self.kernels, &self.normed, c.n_embd as usize, &[model.output.ty]);
         }

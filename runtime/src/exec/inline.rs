@@ -43,6 +43,11 @@ impl<R: ClusterRunner> InlineDriver<R> {
         &self.model
     }
 
+    /// Installs a probe that sees intermediate tensors (see [`super::Probe`]).
+    pub fn set_probe(&mut self, probe: Option<super::Probe>) {
+        self.executor.set_probe(probe);
+    }
+
     pub fn runner(&self) -> &R {
         &self.runner
     }

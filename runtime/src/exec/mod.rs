@@ -10,7 +10,7 @@ mod executor;
 mod inline;
 mod session;
 
-pub use executor::Executor;
+pub use executor::{Executor, Probe};
 pub use inline::InlineDriver;
 pub use session::{Session, StepError};
 
