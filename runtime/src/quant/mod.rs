@@ -15,6 +15,17 @@
 //!   so results are bit-identical across ISAs, across row groupings and token counts.
 //! * F32/F16 dots use 32 fma lanes with a fixed reduction tree (`scalar::dot_f32_lanes`).
 //!
+//! # ISA paths (files)
+//! * `scalar.rs`: portable reference; the only path on non-x86 targets (and with
+//!   `--cfg conductor_portable`, which builds the crate as those targets see it).
+//! * `avx2.rs`: AVX2+FMA+F16C kernels (activation quantizers, K-quant and float dots, f16
+//!   helpers) and the 4-row matvec / 4x4 matmul tiles, generic over the int8 multiply: AVX2
+//!   `vpmaddubsw`, AVX-VNNI `vpdpbusd`, or its EVEX form (`avx512.rs`).
+//! * `gemm.rs`: prefill GEMM on row-interleaved repacked weights (8 rows per ymm), used from
+//!   8 tokens on. `avx512.rs`: the same with 16 rows per zmm.
+//!
+//! [`Kernels::best`] picks AVX512-VNNI, else AVX-VNNI, else AVX2, else scalar.
+//!
 //! # Contracts
 //! Format functions ([`quantize_row`], [`dequantize_row`]) return [`QuantError`] on unsupported
 //! types or wrong lengths. The [`Kernels`] methods are on the hot path and *panic* on a contract
