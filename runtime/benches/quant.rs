@@ -86,7 +86,7 @@ fn main() {
             let x = data(2, cols);
             // Enough copies to make ~96 MB per rotation.
             let copies = (96 << 20) / w.len() + 1;
-            let stream: Vec<Vec<u8>> = (0..copies.min(64)).map(|_| w.clone()).collect();
+            let stream: Vec<Vec<u8>> = (0..copies).map(|_| w.clone()).collect();
             for mode in ["hot", "stream"] {
                 let name = format!("matvec {ty} {rows}x{cols} {mode}");
                 if !want(&name) {

@@ -5,9 +5,15 @@
 //!
 //! Structure: the row/token loops are written once as `#[inline(always)]` generic functions; the
 //! `entry!` macro stamps out `#[target_feature]` entry points per ISA so the generics (and the
-//! intrinsics inside them) are compiled with those features. Everything here is `unsafe fn`
-//! because it must only run on a CPU with the features enabled; `Kernels` only selects an ISA
-//! after `is_x86_feature_detected!` confirmed it.
+//! intrinsics inside them) are compiled with those features.
+//!
+//! # Safety contract
+//! Every function here is an `unsafe fn` whose only precondition is that the CPU supports the
+//! features of its entry point (`Kernels` selects an ISA only after `is_x86_feature_detected!`
+//! confirmed it). Memory accesses are not part of the contract: vector loads and stores go through
+//! references to fixed-size arrays of exactly the accessed size (`&[u8; 32]`, slices of block
+//! fields with at least the accessed length), or through pointers into slices whose lengths are
+//! asserted right before the loop; rows come from `Rows::row`, which slices with bounds checks.
 
 use super::blocks::*;
 use super::scalar;

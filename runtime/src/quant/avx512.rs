@@ -8,6 +8,10 @@
 //!
 //! Same numerics as everywhere: exact integer block sums, then the scalar twin's float steps per
 //! (row, token) lane; results are bit-identical to `scalar.rs`.
+//!
+//! Safety: same contract as `avx2.rs` (the only precondition of these `unsafe fn`s is CPU
+//! support for their target features; all loads/stores are from fixed-size arrays or
+//! bounds-checked slices).
 
 use super::avx2::{entry_idot, matmul_impl, matvec_impl, vec_dot_impl, IDot, Rows, WeightBlock};
 use super::gemm::{f16f, tables, transpose8};

@@ -10,6 +10,10 @@
 //!
 //! The float steps per (row, token) are exactly the scalar twin's (acc = fma(dw * da, isum, acc)
 //! block by block, the Q4_1 min chain separately), so results are bit-identical to `scalar.rs`.
+//!
+//! Safety: same contract as `avx2.rs` (the only precondition of these `unsafe fn`s is CPU
+//! support for their target features; all loads/stores are from fixed-size arrays or
+//! bounds-checked slices).
 
 use super::avx2::{reduce, Rows, WeightBlock};
 use super::blocks::*;

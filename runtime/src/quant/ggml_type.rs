@@ -88,11 +88,9 @@ const TABLE: &[(GgmlType, u32, &str, usize, usize)] = &[
 
 impl GgmlType {
     fn row(self) -> &'static (GgmlType, u32, &'static str, usize, usize) {
-        // The table lists every variant once; the lookup cannot miss (checked by a test).
-        TABLE
-            .iter()
-            .find(|r| r.0 == self)
-            .expect("every GgmlType is in TABLE")
+        // TABLE lists the variants in declaration order (checked by a test), so the discriminant
+        // indexes it: this sits on the kernels' per-call path, where a scan showed up.
+        &TABLE[self as usize]
     }
 
     /// The type for a file's type id, or `None` for an id ggml does not define.
@@ -167,6 +165,13 @@ mod tests {
         }
         assert_eq!(GgmlType::from_id(4), None, "Q4_2 was removed from ggml");
         assert_eq!(GgmlType::from_id(1000), None);
+    }
+
+    #[test]
+    fn table_is_in_declaration_order() {
+        for (i, r) in TABLE.iter().enumerate() {
+            assert_eq!(r.0 as usize, i, "{}", r.2);
+        }
     }
 
     #[test]

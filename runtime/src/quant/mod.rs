@@ -15,6 +15,17 @@
 //!   so results are bit-identical across ISAs, across row groupings and token counts.
 //! * F32/F16 dots use 32 fma lanes with a fixed reduction tree (`scalar::dot_f32_lanes`).
 //!
+//! # ISA paths (files)
+//! * `scalar.rs`: portable reference; the only path on non-x86 targets (and with
+//!   `--cfg conductor_portable`, which builds the crate as those targets see it).
+//! * `avx2.rs`: AVX2+FMA+F16C kernels (activation quantizers, K-quant and float dots, f16
+//!   helpers) and the 4-row matvec / 4x4 matmul tiles, generic over the int8 multiply: AVX2
+//!   `vpmaddubsw`, AVX-VNNI `vpdpbusd`, or its EVEX form (`avx512.rs`).
+//! * `gemm.rs`: prefill GEMM on row-interleaved repacked weights (8 rows per ymm), used from
+//!   8 tokens on. `avx512.rs`: the same with 16 rows per zmm.
+//!
+//! [`Kernels::best`] picks AVX512-VNNI, else AVX-VNNI, else AVX2, else scalar.
+//!
 //! # Contracts
 //! Format functions ([`quantize_row`], [`dequantize_row`]) return [`QuantError`] on unsupported
 //! types or wrong lengths. The [`Kernels`] methods are on the hot path and *panic* on a contract
@@ -25,16 +36,16 @@ mod blocks;
 mod ggml_type;
 mod scalar;
 
-#[cfg(target_arch = "x86_64")]
+#[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
 mod avx2;
-#[cfg(target_arch = "x86_64")]
+#[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
 mod avx512;
-#[cfg(target_arch = "x86_64")]
+#[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
 mod gemm;
 
 /// `return $module::$func::<Block>(args)` for the 32-element weight formats (Q4_0, Q4_1, Q8_0),
 /// the types whose kernels are generic over the block; falls through for any other type.
-#[cfg(target_arch = "x86_64")]
+#[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
 macro_rules! call32 {
     ($ty:expr, $m:ident :: $f:ident ( $($arg:expr),* )) => {
         match $ty {
@@ -48,6 +59,7 @@ macro_rules! call32 {
 
 /// From this many tokens on, `matmul` repacks weight rows (see `gemm.rs`); below it the repack
 /// is not amortized and the 4x4 tile kernel is used. Both give identical bits.
+#[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
 const PACKED_MIN_TOKENS: usize = 8;
 
 #[cfg(test)]
@@ -275,15 +287,15 @@ impl Isa {
     pub fn is_available(self) -> bool {
         match self {
             Isa::Scalar => true,
-            #[cfg(target_arch = "x86_64")]
+            #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
             Isa::Avx2 => {
                 is_x86_feature_detected!("avx2")
                     && is_x86_feature_detected!("fma")
                     && is_x86_feature_detected!("f16c")
             }
-            #[cfg(target_arch = "x86_64")]
+            #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
             Isa::AvxVnni => Isa::Avx2.is_available() && is_x86_feature_detected!("avxvnni"),
-            #[cfg(target_arch = "x86_64")]
+            #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
             Isa::Avx512Vnni => {
                 Isa::Avx2.is_available()
                     && is_x86_feature_detected!("avx512f")
@@ -319,6 +331,10 @@ struct Geometry<'a> {
     off: usize,
     nb: usize,
     ncols: usize,
+    #[cfg_attr(
+        not(all(target_arch = "x86_64", not(conductor_portable))),
+        allow(dead_code)
+    )]
     rows: usize,
 }
 
@@ -329,7 +345,7 @@ impl<'a> Geometry<'a> {
         &self.data[start..start + len]
     }
 
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
     fn rows(&self) -> avx2::Rows<'a> {
         avx2::Rows {
             data: self.data,
@@ -385,18 +401,18 @@ impl Kernels {
         let bytes = row_bytes(at, src.len()).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(dst.len(), bytes, "activation buffer size for {weight}");
         match (self.isa, at) {
-            #[cfg(target_arch = "x86_64")]
+            #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
             (Isa::Avx2 | Isa::AvxVnni | Isa::Avx512Vnni, GgmlType::Q8_0) => {
                 // SAFETY: a SIMD `Kernels` is only built after detecting AVX2+FMA+F16C;
                 // the block view has exactly src.len()/32 blocks.
                 unsafe { avx2::plain::quantize_q8_0(src, blocks_of_mut(dst)) }
             }
-            #[cfg(target_arch = "x86_64")]
+            #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
             (Isa::Avx2 | Isa::AvxVnni | Isa::Avx512Vnni, GgmlType::Q8_1) => {
                 // SAFETY: as above.
                 unsafe { avx2::plain::quantize_q8_1(src, blocks_of_mut(dst)) }
             }
-            #[cfg(target_arch = "x86_64")]
+            #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
             (Isa::Avx2 | Isa::AvxVnni | Isa::Avx512Vnni, GgmlType::Q8_K) => {
                 // SAFETY: as above.
                 unsafe { avx2::plain::quantize_q8_k(src, blocks_of_mut(dst)) }
@@ -424,7 +440,7 @@ impl Kernels {
 
     /// The dispatch behind `vec_dot`, with lengths already checked.
     fn dot_dispatch(&self, weight: GgmlType, n: usize, w: &[u8], act: &[u8]) -> f32 {
-        #[cfg(target_arch = "x86_64")]
+        #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
         if self.isa != Isa::Scalar {
             use avx2::{plain, vnni};
             use avx512::narrow;
@@ -496,7 +512,7 @@ impl Kernels {
         let ab = row_bytes(at, g.ncols).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(act.len(), ab, "matvec activation bytes");
         assert_eq!(out.len(), w.rows, "matvec output length");
-        #[cfg(target_arch = "x86_64")]
+        #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
         {
             use avx2::{plain, vnni};
             use avx512::narrow;
@@ -556,7 +572,7 @@ impl Kernels {
             "matmul output holds {} < {need}",
             out.len()
         );
-        #[cfg(target_arch = "x86_64")]
+        #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
         {
             use avx2::{plain, vnni};
             use avx512::narrow;
@@ -617,7 +633,7 @@ impl Kernels {
     /// If the lengths differ.
     pub fn f32_to_f16(&self, src: &[f32], dst: &mut [f16]) {
         assert_eq!(src.len(), dst.len(), "f32_to_f16 lengths");
-        #[cfg(target_arch = "x86_64")]
+        #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
         if self.isa != Isa::Scalar {
             // SAFETY: F16C/AVX detected at construction; lengths equal.
             return unsafe { avx2::plain::f32_to_f16_row(src, dst) };
@@ -631,7 +647,7 @@ impl Kernels {
     /// If the lengths differ.
     pub fn f16_to_f32(&self, src: &[f16], dst: &mut [f32]) {
         assert_eq!(src.len(), dst.len(), "f16_to_f32 lengths");
-        #[cfg(target_arch = "x86_64")]
+        #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
         if self.isa != Isa::Scalar {
             // SAFETY: F16C/AVX detected at construction; lengths equal.
             return unsafe { avx2::plain::f16_to_f32_row(src, dst) };
@@ -645,7 +661,7 @@ impl Kernels {
     /// If the lengths differ.
     pub fn dot_f32_f16(&self, x: &[f32], y: &[f16]) -> f32 {
         assert_eq!(x.len(), y.len(), "dot_f32_f16 lengths");
-        #[cfg(target_arch = "x86_64")]
+        #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
         if self.isa != Isa::Scalar {
             // SAFETY: AVX2/FMA/F16C detected at construction; lengths equal.
             return unsafe { avx2::plain::dot_f32_f16(x, y) };
@@ -659,7 +675,7 @@ impl Kernels {
     /// If the lengths differ.
     pub fn axpy_f16(&self, a: f32, x: &[f16], y: &mut [f32]) {
         assert_eq!(x.len(), y.len(), "axpy_f16 lengths");
-        #[cfg(target_arch = "x86_64")]
+        #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
         if self.isa != Isa::Scalar {
             // SAFETY: AVX2/FMA/F16C detected at construction; lengths equal.
             return unsafe { avx2::plain::axpy_f16(a, x, y) };

@@ -454,12 +454,27 @@ pub(crate) fn dot_q4_k_q8_k(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
 pub(crate) fn dot_q6_k_q8_k(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
     let mut acc = 0.0f32;
     for (bw, ba) in w.iter().zip(a) {
-        let mut sumi = 0i32;
-        for j in 0..16 {
-            let mut s = 0i32;
-            for e in 16 * j..16 * j + 16 {
-                s += q6k_quant(bw, e) as i32 * ba.qs[e] as i8 as i32;
+        // Walk ggml's layout directly (4 quants per ql/qh byte pair) rather than decoding each
+        // element; the integer sums are exact, so the order does not matter.
+        let mut sums = [0i32; 16];
+        for n in 0..2 {
+            let (ql, qh) = (&bw.ql[64 * n..64 * n + 64], &bw.qh[32 * n..32 * n + 32]);
+            let y = &ba.qs[128 * n..128 * n + 128];
+            for l in 0..32 {
+                let h = qh[l] as i32;
+                let q0 = (ql[l] & 0xF) as i32 | ((h & 3) << 4);
+                let q1 = (ql[l + 32] & 0xF) as i32 | (((h >> 2) & 3) << 4);
+                let q2 = (ql[l] >> 4) as i32 | (((h >> 4) & 3) << 4);
+                let q3 = (ql[l + 32] >> 4) as i32 | (((h >> 6) & 3) << 4);
+                let s = 8 * n + l / 16;
+                sums[s] += q0 * y[l] as i8 as i32;
+                sums[s + 2] += q1 * y[l + 32] as i8 as i32;
+                sums[s + 4] += q2 * y[l + 64] as i8 as i32;
+                sums[s + 6] += q3 * y[l + 96] as i8 as i32;
             }
+        }
+        let mut sumi = 0i32;
+        for (j, s) in sums.iter().enumerate() {
             sumi += bw.scales[j] as i8 as i32 * (s - 32 * ba.bsum(j));
         }
         acc = (f16_le(bw.d) * ba.d()).mul_add(sumi as f32, acc);

@@ -152,7 +152,7 @@ fn best_is_detected_and_listed() {
     assert!(best.isa().is_available());
     assert!(Kernels::available().contains(&best));
     assert_eq!(Kernels::scalar().isa(), Isa::Scalar);
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
     if is_x86_feature_detected!("avx2")
         && is_x86_feature_detected!("fma")
         && is_x86_feature_detected!("f16c")
