@@ -312,11 +312,12 @@ impl Executor {
                             let q = &qkv[(head * n + t) * hd..(head * n + t + 1) * hd];
                             let o = &mut out[(k * n + t) * hd..(k * n + t + 1) * hd];
                             let n_kv = n_past + t + 1;
-                            if n >= TILED_MIN_QUERIES {
-                                attend_tiled(q, keys, values, n_kv, scale, &mut s.attn, o);
+                            let attend = if n >= TILED_MIN_QUERIES {
+                                attend_tiled
                             } else {
-                                attend_vec(q, keys, values, n_kv, scale, &mut s.attn, o);
-                            }
+                                attend_vec
+                            };
+                            attend(kernels, q, keys, values, n_kv, scale, &mut s.attn, o);
                         }
                     }
                 });
@@ -424,8 +425,9 @@ impl Executor {
                 for j in 0..n_kv {
                     let k = n_head + j;
                     let v = n_head + n_kv + j;
-                    kv.store(l, j, false, n_past, &self.qkv[k * n * hd..(k + 1) * n * hd]);
-                    kv.store(l, j, true, n_past, &self.qkv[v * n * hd..(v + 1) * n * hd]);
+                    let kernels = &self.kernels;
+                    kv.store(kernels, l, j, false, n_past, &self.qkv[k * n * hd..(k + 1) * n * hd]);
+                    kv.store(kernels, l, j, true, n_past, &self.qkv[v * n * hd..(v + 1) * n * hd]);
                 }
             }
             Phase::AttnHeads => {

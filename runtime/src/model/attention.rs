@@ -10,7 +10,9 @@
 //! The f16 helpers have an AVX2+F16C path and a scalar twin that computes bit-identical results
 //! (same lanes, same fused multiply-adds, same reduction tree); tests hold one against the other.
 
+use crate::quant::Kernels;
 use half::f16;
+use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 
 /// Positions per tile in [`attend_tiled`] (llama.cpp's `GGML_FA_TILE_KV`).
 const KV_TILE: usize = 64;
@@ -21,15 +23,16 @@ pub const TILED_MIN_QUERIES: usize = 64;
 /// Scratch vectors reused across calls (one per worker thread).
 #[derive(Default)]
 pub struct AttnScratch {
-    q16: Vec<u16>,
+    q16: Vec<f16>,
     acc16: Vec<u16>,
-    k32: Vec<f32>,
     scores: Vec<f32>,
 }
 
 /// Attends `q` (f32, `head_dim`) over the first `n_kv` positions of `keys`/`values`
 /// (`[position][head_dim]` f16 bits), writing `head_dim` outputs. llama.cpp's vector path.
+#[allow(clippy::too_many_arguments)]
 pub fn attend_vec(
+    kernels: &Kernels,
     q: &[f32],
     keys: &[u16],
     values: &[u16],
@@ -40,14 +43,15 @@ pub fn attend_vec(
 ) {
     let hd = q.len();
     let f = F16Ops::detect();
-    scratch.q16.resize(hd, 0);
+    scratch.q16.resize(hd, f16::ZERO);
     scratch.acc16.clear();
     scratch.acc16.resize(hd, 0);
-    f.f32_to_f16(q, &mut scratch.q16);
+    kernels.f32_to_f16(q, &mut scratch.q16);
+    let q16: &[u16] = scratch.q16.reinterpret_cast();
     let (mut sum, mut max) = (0.0f32, f32::NEG_INFINITY);
     for pos in 0..n_kv {
         let row = pos * hd..(pos + 1) * hd;
-        let s = f.dot_f16(&keys[row.clone()], &scratch.q16) * scale;
+        let s = f.dot_f16(&keys[row.clone()], q16) * scale;
         let (mut ms, mut vs) = (1.0f32, 1.0f32);
         if s > max {
             let old = max;
@@ -58,16 +62,19 @@ pub fn attend_vec(
             vs = (s - max).exp();
         }
         f.mad_f16(&mut scratch.acc16, &values[row], vs);
-        sum = sum.mul_add(ms, vs);
+        sum = sum * ms + vs;
     }
-    f.f16_to_f32(&scratch.acc16, out);
+    kernels.f16_to_f32(scratch.acc16.reinterpret_cast(), out);
     let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
     out.iter_mut().for_each(|o| *o *= inv);
 }
 
 /// Like [`attend_vec`] with f32 accumulation over tiles of 64 positions: llama.cpp's tiled
-/// path, used when a batch holds at least [`TILED_MIN_QUERIES`] queries.
+/// path, used when a batch holds at least [`TILED_MIN_QUERIES`] queries. Keys and values are
+/// read from the f16 cache directly by the SIMD dot/axpy kernels.
+#[allow(clippy::too_many_arguments)]
 pub fn attend_tiled(
+    kernels: &Kernels,
     q: &[f32],
     keys: &[u16],
     values: &[u16],
@@ -77,9 +84,9 @@ pub fn attend_tiled(
     out: &mut [f32],
 ) {
     let hd = q.len();
-    let f = F16Ops::detect();
+    let keys: &[f16] = keys.reinterpret_cast();
+    let values: &[f16] = values.reinterpret_cast();
     out.iter_mut().for_each(|o| *o = 0.0);
-    scratch.k32.resize(hd, 0.0);
     scratch.scores.resize(KV_TILE, 0.0);
     let (mut sum, mut max) = (0.0f32, f32::NEG_INFINITY);
     for tile in (0..n_kv).step_by(KV_TILE) {
@@ -87,8 +94,7 @@ pub fn attend_tiled(
         let mut tile_max = f32::NEG_INFINITY;
         for j in 0..len {
             let pos = tile + j;
-            f.f16_to_f32(&keys[pos * hd..(pos + 1) * hd], &mut scratch.k32);
-            let s = dot_f32(q, &scratch.k32) * scale;
+            let s = kernels.dot_f32_f16(q, &keys[pos * hd..(pos + 1) * hd]) * scale;
             scratch.scores[j] = s;
             tile_max = tile_max.max(s);
         }
@@ -107,31 +113,11 @@ pub fn attend_tiled(
         sum += tile_sum as f32;
         for j in 0..len {
             let pos = tile + j;
-            f.f16_to_f32(&values[pos * hd..(pos + 1) * hd], &mut scratch.k32);
-            let w = scratch.scores[j];
-            for (o, v) in out.iter_mut().zip(&scratch.k32) {
-                *o = v.mul_add(w, *o);
-            }
+            kernels.axpy_f16(scratch.scores[j], &values[pos * hd..(pos + 1) * hd], out);
         }
     }
     let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
     out.iter_mut().for_each(|o| *o *= inv);
-}
-
-fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-    // Eight independent lanes: lets the compiler vectorise and keeps the order fixed.
-    let mut acc = [0.0f32; 8];
-    let chunks = a.len() / 8;
-    for c in 0..chunks {
-        for l in 0..8 {
-            acc[l] = a[c * 8 + l].mul_add(b[c * 8 + l], acc[l]);
-        }
-    }
-    let mut s = acc.iter().sum::<f32>();
-    for i in chunks * 8..a.len() {
-        s = a[i].mul_add(b[i], s);
-    }
-    s
 }
 
 /// f16 vector operations, dispatched once to AVX2+F16C or the scalar twin.
@@ -152,28 +138,6 @@ impl F16Ops {
             return F16Ops::Avx2;
         }
         F16Ops::Scalar
-    }
-
-    /// `dst[i] = f16(src[i])`, round to nearest even.
-    pub fn f32_to_f16(self, src: &[f32], dst: &mut [u16]) {
-        assert_eq!(src.len(), dst.len());
-        match self {
-            F16Ops::Scalar => scalar::f32_to_f16(src, dst),
-            // SAFETY: `Avx2` is only constructed after detecting avx2, fma and f16c.
-            #[cfg(target_arch = "x86_64")]
-            F16Ops::Avx2 => unsafe { avx2::f32_to_f16(src, dst) },
-        }
-    }
-
-    /// `dst[i] = f32(src[i])`.
-    pub fn f16_to_f32(self, src: &[u16], dst: &mut [f32]) {
-        assert_eq!(src.len(), dst.len());
-        match self {
-            F16Ops::Scalar => scalar::f16_to_f32(src, dst),
-            // SAFETY: as in `f32_to_f16`.
-            #[cfg(target_arch = "x86_64")]
-            F16Ops::Avx2 => unsafe { avx2::f16_to_f32(src, dst) },
-        }
     }
 
     /// Dot product of two f16 vectors, accumulated in f32 over 4×8 lanes (ggml's order).
@@ -221,18 +185,6 @@ mod scalar {
 
     fn to_h(x: f32) -> u16 {
         f16::from_f32(x).to_bits()
-    }
-
-    pub fn f32_to_f16(src: &[f32], dst: &mut [u16]) {
-        for (d, &s) in dst.iter_mut().zip(src) {
-            *d = to_h(s);
-        }
-    }
-
-    pub fn f16_to_f32(src: &[u16], dst: &mut [f32]) {
-        for (d, &s) in dst.iter_mut().zip(src) {
-            *d = h(s);
-        }
     }
 
     pub fn dot_f16(a: &[u16], b: &[u16]) -> f32 {
@@ -285,27 +237,6 @@ mod avx2 {
     // All functions: callers guarantee avx2, fma and f16c are available (see `F16Ops::detect`).
     // Pointer arithmetic stays inside the slices: every vector access covers
     // `[i, i + 8)` with `i + 8 <= len` by the loop bounds, and tails go to the scalar twin.
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn f32_to_f16(src: &[f32], dst: &mut [u16]) {
-        let main = src.len() / 8 * 8;
-        for i in (0..main).step_by(8) {
-            let x = _mm256_loadu_ps(src.as_ptr().add(i));
-            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x);
-            _mm_storeu_si128(dst.as_mut_ptr().add(i) as *mut __m128i, h);
-        }
-        scalar::f32_to_f16(&src[main..], &mut dst[main..]);
-    }
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn f16_to_f32(src: &[u16], dst: &mut [f32]) {
-        let main = src.len() / 8 * 8;
-        for i in (0..main).step_by(8) {
-            let h = _mm_loadu_si128(src.as_ptr().add(i) as *const __m128i);
-            _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
-        }
-        scalar::f16_to_f32(&src[main..], &mut dst[main..]);
-    }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn load_h(p: *const u16) -> __m256 {
@@ -402,14 +333,6 @@ mod tests {
             simd.scale_f16(&mut x, s);
             scalar.scale_f16(&mut y, s);
             prop_assert_eq!(&x, &y);
-            let (mut c, mut d) = (vec![0u16; 77], vec![0u16; 77]);
-            simd.f32_to_f16(&a, &mut c);
-            scalar.f32_to_f16(&a, &mut d);
-            prop_assert_eq!(&c, &d);
-            let (mut e, mut f) = (vec![0f32; 77], vec![0f32; 77]);
-            simd.f16_to_f32(&c, &mut e);
-            scalar.f16_to_f32(&d, &mut f);
-            prop_assert_eq!(e, f);
         }
 
         #[test]
@@ -420,13 +343,15 @@ mod tests {
             let scale = 0.125;
             let exact = reference(&q, &k, &v, n_kv, scale);
             let mut scratch = AttnScratch::default();
-            let (mut a, mut b) = (vec![0.0; 64], vec![0.0; 64]);
-            attend_vec(&q, &k, &v, n_kv, scale, &mut scratch, &mut a);
-            attend_tiled(&q, &k, &v, n_kv, scale, &mut scratch, &mut b);
-            for d in 0..64 {
-                // The vec path rounds q and the accumulator to f16 (≈ 1e-3 relative per step).
-                prop_assert!((a[d] as f64 - exact[d]).abs() < 2e-2, "vec {d}: {} vs {}", a[d], exact[d]);
-                prop_assert!((b[d] as f64 - exact[d]).abs() < 1e-4, "tiled {d}: {} vs {}", b[d], exact[d]);
+            for kernels in Kernels::available() {
+                let (mut a, mut b) = (vec![0.0; 64], vec![0.0; 64]);
+                attend_vec(&kernels, &q, &k, &v, n_kv, scale, &mut scratch, &mut a);
+                attend_tiled(&kernels, &q, &k, &v, n_kv, scale, &mut scratch, &mut b);
+                for d in 0..64 {
+                    // The vec path rounds q and the accumulator to f16 (≈ 1e-3 relative per step).
+                    prop_assert!((a[d] as f64 - exact[d]).abs() < 2e-2, "vec {d}: {} vs {}", a[d], exact[d]);
+                    prop_assert!((b[d] as f64 - exact[d]).abs() < 1e-4, "tiled {d}: {} vs {}", b[d], exact[d]);
+                }
             }
         }
     }
@@ -438,7 +363,7 @@ mod tests {
         let v = to_bits(&(0..64).map(|i| i as f32 / 8.0).collect::<Vec<_>>());
         let mut scratch = AttnScratch::default();
         let mut out = vec![0.0; 64];
-        attend_vec(&q, &k, &v, 1, 0.125, &mut scratch, &mut out);
+        attend_vec(&Kernels::best(), &q, &k, &v, 1, 0.125, &mut scratch, &mut out);
         for (i, o) in out.iter().enumerate() {
             assert_eq!(*o, i as f32 / 8.0);
         }

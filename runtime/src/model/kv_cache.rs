@@ -1,7 +1,8 @@
 //! The KV cache: keys and values of past positions, f16, one contiguous run of positions per
 //! (layer, KV head) so that attending a head reads one sequential stream.
 
-use super::attention::F16Ops;
+use crate::quant::Kernels;
+use half::slice::HalfBitsSliceExt;
 
 /// Keys and values in f16 (as llama.cpp stores them by default). Stored as raw `u16` bits in
 /// zero-initialised vectors: the allocator hands out untouched pages, so a large context costs
@@ -49,11 +50,20 @@ impl KvCache {
 
     /// Stores keys (`is_value == false`) or values of `n` consecutive positions from `first`,
     /// given as `n * head_dim` f32 values, rounding to f16.
-    pub fn store(&mut self, layer: usize, head: usize, is_value: bool, first: usize, src: &[f32]) {
+    pub fn store(
+        &mut self,
+        kernels: &Kernels,
+        layer: usize,
+        head: usize,
+        is_value: bool,
+        first: usize,
+        src: &[f32],
+    ) {
         debug_assert!(head < self.n_head_kv);
         let range = self.head_range(head);
         let start = range.start + first * self.head_dim;
         let buf = if is_value { &mut self.v } else { &mut self.k };
-        F16Ops::detect().f32_to_f16(src, &mut buf[layer][start..start + src.len()]);
+        let dst = &mut buf[layer][start..start + src.len()];
+        kernels.f32_to_f16(src, dst.reinterpret_cast_mut());
     }
 }
