@@ -83,7 +83,10 @@ impl ChatTemplate {
                 return Ok(Value::from(0));
             }
             v.len().map(Value::from).ok_or_else(|| {
-                Error::new(ErrorKind::InvalidOperation, format!("cannot take the length of {}", v.kind()))
+                Error::new(
+                    ErrorKind::InvalidOperation,
+                    format!("cannot take the length of {}", v.kind()),
+                )
             })
         });
         env.set_unknown_method_callback(python_method);
@@ -374,9 +377,15 @@ fn py_format(fmt: &str, args: &[Value]) -> Result<String, Error> {
                 } else if let Ok(i) = field.parse::<usize>() {
                     positional.get(i).cloned()
                 } else {
-                    kwargs.and_then(|k| k.get_attr(&field).ok()).filter(|v| !v.is_undefined())
+                    kwargs
+                        .and_then(|k| k.get_attr(&field).ok())
+                        .filter(|v| !v.is_undefined())
                 };
-                out.push_str(&value.ok_or_else(|| bad(format!("no value for {{{field}}}")))?.to_string());
+                out.push_str(
+                    &value
+                        .ok_or_else(|| bad(format!("no value for {{{field}}}")))?
+                        .to_string(),
+                );
             }
             c => out.push(c),
         }
@@ -516,7 +525,10 @@ mod tests {
             "{% if tools is not none and tools|length > 0 %}tools{% endif %}{{ messages|length }}|{{ '<{}:{0}:{x}>{{}}'.format('a', x='b') }}",
         )
         .unwrap();
-        assert_eq!(t.apply(&[ChatMessage::new("user", "q")], false).unwrap(), "1|<a:a:b>{}");
+        assert_eq!(
+            t.apply(&[ChatMessage::new("user", "q")], false).unwrap(),
+            "1|<a:a:b>{}"
+        );
     }
 
     #[test]

@@ -6,10 +6,10 @@
 //! * special-token texts (`<|im_start|>`, ...) are cut out of the text first, longest first,
 //!   when `parse_special` is set (user-defined tokens always);
 //! * BPE (`tokenizer.ggml.model = "gpt2"`): each fragment is split into words by the regex set of
-//!   `tokenizer.ggml.pre` ([`pretok`]), byte-encoded and merged by rank ([`bpe`]);
+//!   `tokenizer.ggml.pre` (`pretok.rs`), byte-encoded and merged by rank (`bpe.rs`);
 //! * SentencePiece (`"llama"`): spaces become `▁`, a space is prepended to each fragment that
 //!   starts the text or follows a special token (`add_space_prefix`), pairs are merged by score
-//!   and leftovers fall back to `<0xXX>` byte tokens ([`spm`]).
+//!   and leftovers fall back to `<0xXX>` byte tokens (`spm.rs`).
 //!
 //! Build one from a [`TokenizerSpec`] (the `tokenizer.*` metadata, independent of the GGUF
 //! reader) with [`Tokenizer::new`], or from a metadata lookup with
@@ -321,7 +321,6 @@ enum Fragment {
 }
 
 /// A tokenizer built from GGUF metadata. Immutable and `Sync`: share it freely.
-#[derive(Debug)]
 pub struct Tokenizer {
     model: Model,
     tokens: Vec<String>,
@@ -345,6 +344,27 @@ pub struct Tokenizer {
     add_space_prefix: bool,
     clean_spaces: bool,
     chat_template: Option<String>,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The vocabulary itself is too long to print.
+        f.debug_struct("Tokenizer")
+            .field(
+                "model",
+                &match self.model {
+                    Model::Bpe(_) => "gpt2 (BPE)",
+                    Model::Spm { .. } => "llama (SentencePiece)",
+                },
+            )
+            .field("n_vocab", &self.tokens.len())
+            .field("bos", &self.bos)
+            .field("eos", &self.eos)
+            .field("eog", &self.eog_tokens())
+            .field("add_bos", &self.add_bos)
+            .field("add_eos", &self.add_eos)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Tokenizer {
@@ -527,7 +547,10 @@ impl Tokenizer {
             eog[id as usize] = true;
         }
         let eog_with = |eog: &[bool], text: &str| {
-            token_to_id.get(text).map(|&id| id as usize).filter(|&id| eog[id])
+            token_to_id
+                .get(text)
+                .map(|&id| id as usize)
+                .filter(|&id| eog[id])
         };
         let has = |eog: &[bool], text: &str| eog_with(eog, text).is_some();
         // Harmony-style vocabularies: "<|end|>" ends a message, not the generation.
