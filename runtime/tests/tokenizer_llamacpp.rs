@@ -156,7 +156,7 @@ fn check_fixture(name: &str) -> usize {
 }
 
 #[test]
-fn byte_level_bpe_matches_llama_cpp() {
+fn tokenizer_byte_level_bpe_matches_llama_cpp() {
     // 11 configurations (pre-tokenizers smollm, gpt-2, llama-bpe, qwen2, qwen35, default,
     // starcoder, deepseek-llm, deepseek-coder, falcon, gpt-4o) of a 632-token vocabulary.
     let n = check_fixture("bpe_synthetic.json");
@@ -164,7 +164,7 @@ fn byte_level_bpe_matches_llama_cpp() {
 }
 
 #[test]
-fn sentencepiece_matches_llama_cpp() {
+fn tokenizer_sentencepiece_matches_llama_cpp() {
     // With and without add_space_prefix, BOS and EOS; byte fallback, score ties.
     let n = check_fixture("spm_synthetic.json");
     assert!(n > 1_000, "{n}");

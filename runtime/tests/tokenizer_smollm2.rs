@@ -91,7 +91,7 @@ fn refs(fx: &Value) -> Vec<(String, Vec<u32>)> {
 }
 
 #[test]
-fn reference_prompts_tokenize_like_llama_cpp() {
+fn tokenizer_reference_prompts_tokenize_like_llama_cpp() {
     let fx = fixture();
     let tok = Tokenizer::new(pruned_spec(&fx)).unwrap();
     assert!(!tok.add_bos());
@@ -102,7 +102,7 @@ fn reference_prompts_tokenize_like_llama_cpp() {
 }
 
 #[test]
-fn special_tokens_and_end_of_generation() {
+fn tokenizer_special_tokens_and_end_of_generation() {
     let tok = Tokenizer::new(pruned_spec(&fixture())).unwrap();
     // <|endoftext|> 0, <|im_end|> 2 (also EOS), and <reponame> 4, a FIM repo marker.
     assert_eq!(tok.eog_tokens(), vec![0, 2, 4]);
@@ -118,7 +118,7 @@ fn special_tokens_and_end_of_generation() {
 }
 
 #[test]
-fn chat_template_renders_the_reference_chat_prompts() {
+fn tokenizer_chat_template_renders_the_reference_chat_prompts() {
     let fx = fixture();
     let tok = Tokenizer::new(pruned_spec(&fx)).unwrap();
     let tmpl = tok.chat_template().unwrap();

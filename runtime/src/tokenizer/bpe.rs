@@ -209,8 +209,11 @@ struct Sym {
     next: u32,
 }
 
+/// `(rank, left, right, left symbol, right symbol)` of a candidate merge.
+type Candidate = (u32, u32, u32, u32, u32);
+
 #[derive(Default)]
 struct Work {
     syms: Vec<Sym>,
-    heap: BinaryHeap<Reverse<(u32, u32, u32, u32, u32)>>,
+    heap: BinaryHeap<Reverse<Candidate>>,
 }

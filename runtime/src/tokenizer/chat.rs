@@ -77,6 +77,18 @@ impl ChatTemplate {
             ))
         });
         env.add_filter("tojson", tojson);
+        // Jinja2's undefined has length 0 (`tools|length` where no tools are given).
+        env.add_filter("length", |v: Value| -> Result<Value, Error> {
+            if v.is_undefined() {
+                return Ok(Value::from(0));
+            }
+            v.len().map(Value::from).ok_or_else(|| {
+                Error::new(
+                    ErrorKind::InvalidOperation,
+                    format!("cannot take the length of {}", v.kind()),
+                )
+            })
+        });
         env.set_unknown_method_callback(python_method);
         env.add_template_owned(NAME, source.to_string())
             .map_err(template_error)?;
@@ -296,6 +308,7 @@ fn python_method(
                         s.matches(&p).count()
                     }
                 })),
+                "format" => Value::from(py_format(s, args)?),
                 "join" => {
                     let items = args.first().cloned().unwrap_or_default();
                     let parts: Vec<String> = items.try_iter()?.map(|v| v.to_string()).collect();
@@ -334,6 +347,50 @@ fn python_method(
         },
         _ => unknown(),
     }
+}
+
+/// Python's `str.format` with `{}`, `{0}` and `{name}` fields (no format specs).
+fn py_format(fmt: &str, args: &[Value]) -> Result<String, Error> {
+    let (positional, kwargs) = match args.last() {
+        Some(last) if last.is_kwargs() => (&args[..args.len() - 1], Some(last)),
+        _ => (args, None),
+    };
+    let bad = |msg: String| Error::new(ErrorKind::InvalidOperation, format!("format: {msg}"));
+    let mut out = String::new();
+    let mut next = 0;
+    let mut chars = fmt.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '{' if chars.peek() == Some(&'{') => {
+                chars.next();
+                out.push('{');
+            }
+            '}' if chars.peek() == Some(&'}') => {
+                chars.next();
+                out.push('}');
+            }
+            '{' => {
+                let field: String = chars.by_ref().take_while(|&c| c != '}').collect();
+                let value = if field.is_empty() {
+                    next += 1;
+                    positional.get(next - 1).cloned()
+                } else if let Ok(i) = field.parse::<usize>() {
+                    positional.get(i).cloned()
+                } else {
+                    kwargs
+                        .and_then(|k| k.get_attr(&field).ok())
+                        .filter(|v| !v.is_undefined())
+                };
+                out.push_str(
+                    &value
+                        .ok_or_else(|| bad(format!("no value for {{{field}}}")))?
+                        .to_string(),
+                );
+            }
+            c => out.push(c),
+        }
+    }
+    Ok(out)
 }
 
 fn title_case(s: &str) -> String {
@@ -459,6 +516,19 @@ mod tests {
         )
         .unwrap();
         assert_eq!(t.apply(&[], false).unwrap(), "x y|a+b|True|k=1");
+    }
+
+    #[test]
+    fn jinja2_compat() {
+        // Undefined has length 0; str.format fills positional and named fields.
+        let t = ChatTemplate::new(
+            "{% if tools is not none and tools|length > 0 %}tools{% endif %}{{ messages|length }}|{{ '<{}:{0}:{x}>{{}}'.format('a', x='b') }}",
+        )
+        .unwrap();
+        assert_eq!(
+            t.apply(&[ChatMessage::new("user", "q")], false).unwrap(),
+            "1|<a:a:b>{}"
+        );
     }
 
     #[test]

@@ -6,10 +6,10 @@
 //! * special-token texts (`<|im_start|>`, ...) are cut out of the text first, longest first,
 //!   when `parse_special` is set (user-defined tokens always);
 //! * BPE (`tokenizer.ggml.model = "gpt2"`): each fragment is split into words by the regex set of
-//!   `tokenizer.ggml.pre` ([`pretok`]), byte-encoded and merged by rank ([`bpe`]);
+//!   `tokenizer.ggml.pre` (`pretok.rs`), byte-encoded and merged by rank (`bpe.rs`);
 //! * SentencePiece (`"llama"`): spaces become `▁`, a space is prepended to each fragment that
 //!   starts the text or follows a special token (`add_space_prefix`), pairs are merged by score
-//!   and leftovers fall back to `<0xXX>` byte tokens ([`spm`]).
+//!   and leftovers fall back to `<0xXX>` byte tokens (`spm.rs`).
 //!
 //! Build one from a [`TokenizerSpec`] (the `tokenizer.*` metadata, independent of the GGUF
 //! reader) with [`Tokenizer::new`], or from a metadata lookup with
@@ -322,7 +322,6 @@ enum Fragment {
 }
 
 /// A tokenizer built from GGUF metadata. Immutable and `Sync`: share it freely.
-#[derive(Debug)]
 pub struct Tokenizer {
     model: Model,
     tokens: Vec<String>,
@@ -348,6 +347,27 @@ pub struct Tokenizer {
     chat_template: Option<String>,
 }
 
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The vocabulary itself is too long to print.
+        f.debug_struct("Tokenizer")
+            .field(
+                "model",
+                &match self.model {
+                    Model::Bpe(_) => "gpt2 (BPE)",
+                    Model::Spm { .. } => "llama (SentencePiece)",
+                },
+            )
+            .field("n_vocab", &self.tokens.len())
+            .field("bos", &self.bos)
+            .field("eos", &self.eos)
+            .field("eog", &self.eog_tokens())
+            .field("add_bos", &self.add_bos)
+            .field("add_eos", &self.add_eos)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Tokenizer {
     /// Builds a tokenizer; bad or unsupported metadata is an error, never a panic.
     ///
@@ -362,8 +382,19 @@ impl Tokenizer {
             token_types,
             scores,
             merges,
-            ..
-        } = spec.clone();
+            bos: meta_bos,
+            eos: meta_eos,
+            eot: meta_eot,
+            eom: meta_eom,
+            unk: meta_unk,
+            pad: meta_pad,
+            sep: meta_sep,
+            add_bos: meta_add_bos,
+            add_eos: meta_add_eos,
+            add_space_prefix: meta_add_space_prefix,
+            chat_template,
+            model_name,
+        } = spec;
         let n = tokens.len();
         if n == 0 {
             return Err(TokenizerError::EmptyVocab);
@@ -460,17 +491,19 @@ impl Tokenizer {
             clean_spaces = cfg.clean_spaces;
             model_impl = Model::Bpe(Box::new(Bpe::new(cfg, n, &token_to_id, &merges)));
         }
-        bos = in_range(spec.bos).or(in_range(bos));
-        eos = in_range(spec.eos).or(in_range(eos));
-        unk = in_range(spec.unk).or(in_range(unk));
-        let mut eot = in_range(spec.eot);
-        let mut eom = in_range(spec.eom);
-        let pad = in_range(spec.pad);
-        let sep = in_range(spec.sep);
+        bos = in_range(meta_bos).or(in_range(bos));
+        eos = in_range(meta_eos).or(in_range(eos));
+        unk = in_range(meta_unk).or(in_range(unk));
+        let mut eot = in_range(meta_eot);
+        let mut eom = in_range(meta_eom);
+        let pad = in_range(meta_pad);
+        let sep = in_range(meta_sep);
 
-        // Tokens known by their text (GGUF has no attribute for these).
+        // Tokens known by their text (GGUF has no attribute for these). llama.cpp takes the first
+        // candidate in hash order; here the first of the list, so "<|eot_id|>" and "<|im_end|>"
+        // win over "<|endoftext|>".
         let by_text = |texts: &[&str], attrs: &mut [u8]| -> Option<u32> {
-            let id = tokens.iter().position(|t| texts.contains(&t.as_str()))? as u32;
+            let id = texts.iter().find_map(|t| token_to_id.get(*t).copied())?;
             attrs[id as usize] |= ATTR_CONTROL;
             Some(id)
         };
@@ -488,7 +521,9 @@ impl Tokenizer {
             by_text(FIM_REP_TEXTS, &mut attrs),
             by_text(FIM_SEP_TEXTS, &mut attrs),
         ];
-        for (t, a) in tokens.iter().zip(attrs.iter_mut()) {
+        // (Like llama.cpp, these go by text: a repeated text counts at its last id only.)
+        for (t, &id) in &token_to_id {
+            let a = &mut attrs[id as usize];
             if *a & ATTR_CONTROL != 0 && t.contains("unused") {
                 *a |= ATTR_UNUSED;
             }
@@ -497,23 +532,27 @@ impl Tokenizer {
         for id in fim_eog.into_iter().flatten() {
             eog[id as usize] = true;
         }
-        for (i, t) in tokens.iter().enumerate() {
-            if EOG_TEXTS.contains(&t.as_str()) {
-                eog[i] = true;
-                attrs[i] |= ATTR_CONTROL;
+        for text in EOG_TEXTS {
+            if let Some(&id) = token_to_id.get(*text) {
+                eog[id as usize] = true;
+                attrs[id as usize] |= ATTR_CONTROL;
             }
-            // gpt-oss: these structure tokens always render.
-            if matches!(
-                t.as_str(),
-                "<|channel|>" | "<|message|>" | "<|start|>" | "<|constrain|>"
-            ) {
-                attrs[i] = ATTR_USER_DEFINED;
+        }
+        // gpt-oss: these structure tokens always render.
+        for text in ["<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"] {
+            if let Some(&id) = token_to_id.get(text) {
+                attrs[id as usize] = ATTR_USER_DEFINED;
             }
         }
         for id in [eos, eot, eom].into_iter().flatten() {
             eog[id as usize] = true;
         }
-        let eog_with = |eog: &[bool], text: &str| (0..n).find(|&i| eog[i] && tokens[i] == text);
+        let eog_with = |eog: &[bool], text: &str| {
+            token_to_id
+                .get(text)
+                .map(|&id| id as usize)
+                .filter(|&id| eog[id])
+        };
         let has = |eog: &[bool], text: &str| eog_with(eog, text).is_some();
         // Harmony-style vocabularies: "<|end|>" ends a message, not the generation.
         if let Some(end) = eog_with(&eog, "<|end|>") {
@@ -536,7 +575,7 @@ impl Tokenizer {
             .filter(|&i| attrs[i as usize] & (ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN) != 0)
             .collect();
         special_order.sort_by(|&a, &b| tokens[b as usize].len().cmp(&tokens[a as usize].len()));
-        let name = spec.model_name.as_deref().unwrap_or("").to_lowercase();
+        let name = model_name.as_deref().unwrap_or("").to_lowercase();
         if name.contains("phi-3") || name.contains("phi3") {
             for &id in &special_order {
                 attrs[id as usize] |= ATTR_RSTRIP;
@@ -573,11 +612,11 @@ impl Tokenizer {
             unk,
             pad,
             sep,
-            add_bos: spec.add_bos.unwrap_or(add_bos_default),
-            add_eos: spec.add_eos.unwrap_or(false),
-            add_space_prefix: spec.add_space_prefix.unwrap_or(add_space_default),
+            add_bos: meta_add_bos.unwrap_or(add_bos_default),
+            add_eos: meta_add_eos.unwrap_or(false),
+            add_space_prefix: meta_add_space_prefix.unwrap_or(add_space_default),
             clean_spaces,
-            chat_template: spec.chat_template,
+            chat_template,
         };
         tok.pieces = (0..n as u32).map(|id| tok.render_piece(id)).collect();
         Ok(tok)
@@ -952,4 +991,32 @@ fn clean_up_spaces(text: &mut Vec<u8>) {
         out.push(c);
     }
     *text = out;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokenizer_is_shareable() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<Tokenizer>();
+    }
+
+    #[test]
+    fn space_cleanup_matches_llama_cpp() {
+        // Outputs of llama_detokenize on a GPT-2 vocabulary.
+        for (raw, clean) in [
+            ("x ' ' y", "x'' y"),
+            ("we 're here , ok .", "we're here, ok."),
+            ("don 't", "don 't"),
+            ("I 'll go ?", "I 'll go?"),
+            ("x 's 'm 've 'd", "x's'm've 'd"),
+            (" ' ", "'"),
+        ] {
+            let mut text = raw.as_bytes().to_vec();
+            clean_up_spaces(&mut text);
+            assert_eq!(String::from_utf8(text).unwrap(), clean, "{raw:?}");
+        }
+    }
 }

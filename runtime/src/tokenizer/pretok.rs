@@ -170,9 +170,9 @@ impl PreConfig {
             .iter()
             .map(|e| Step::new(e))
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| TokenizerError::BadRegex {
+            .map_err(|message| TokenizerError::BadRegex {
                 pre: name.to_string(),
-                message: e.to_string(),
+                message,
             })?;
         Ok(PreConfig {
             splitter: PreTokenizer { steps },
@@ -269,7 +269,7 @@ fn rewrite_collapsed(expr: &str) -> String {
 }
 
 impl Step {
-    fn new(expr: &str) -> Result<Step, fancy_regex::Error> {
+    fn new(expr: &str) -> Result<Step, String> {
         Ok(match expr {
             GPT2 => Step::Gpt2,
             LLAMA3 => Step::Llama3 {
@@ -295,10 +295,8 @@ impl Step {
                 } else {
                     expr.to_string()
                 };
-                Step::Regex {
-                    re: fancy_regex::Regex::new(&source)?,
-                    collapsed,
-                }
+                let re = fancy_regex::Regex::new(&source).map_err(|e| e.to_string())?;
+                Step::Regex { re, collapsed }
             }
         })
     }
