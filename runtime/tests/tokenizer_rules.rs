@@ -1,7 +1,7 @@
 //! The tokenizer rules one at a time, on tiny vocabularies built here.
 
 use conductor_runtime::tokenizer::{
-    ChatTemplate, MetaValue, StreamDecoder, Tokenizer, TokenizerError, TokenizerSpec,
+    ChatTemplate, StreamDecoder, Tokenizer, TokenizerError, TokenizerSpec,
 };
 
 /// GPT-2's byte → char map (printable Latin-1 as is, other bytes from U+0100 on).
@@ -432,49 +432,41 @@ fn tokenizer_bad_metadata_is_an_error() {
 }
 
 #[test]
-fn tokenizer_spec_from_metadata() {
-    let get = |key: &str| -> Option<MetaValue> {
-        let strs = |v: &[&str]| {
-            MetaValue::Array(v.iter().map(|s| MetaValue::String(s.to_string())).collect())
-        };
-        Some(match key {
-            "tokenizer.ggml.model" => MetaValue::String("gpt2".into()),
-            "tokenizer.ggml.pre" => MetaValue::String("smollm".into()),
-            "tokenizer.ggml.tokens" => strs(&["a", "b", "ab", "<|im_end|>"]),
-            "tokenizer.ggml.token_type" => {
-                MetaValue::Array([1, 1, 1, 3].map(MetaValue::Int).to_vec())
-            }
-            "tokenizer.ggml.merges" => strs(&["a b"]),
-            "tokenizer.ggml.eos_token_id" => MetaValue::Int(3),
-            "tokenizer.ggml.add_bos_token" => MetaValue::Bool(false),
-            "tokenizer.chat_template" => MetaValue::String("{{ messages[0].content }}".into()),
-            _ => return None,
-        })
-    };
-    let spec = TokenizerSpec::from_metadata(get).unwrap();
+fn tokenizer_from_gguf_metadata() {
+    use conductor_runtime::gguf::{Array, GgufFile, GgufWriter, Value};
+    let strings = |v: &[&str]| Value::Array(Array::String(v.iter().map(|s| s.to_string()).collect()));
+    let mut w = GgufWriter::new();
+    w.add_metadata("tokenizer.ggml.model", "gpt2").unwrap();
+    w.add_metadata("tokenizer.ggml.pre", "smollm").unwrap();
+    w.add_metadata("tokenizer.ggml.tokens", strings(&["a", "b", "ab", "<|im_end|>"]))
+        .unwrap();
+    w.add_metadata("tokenizer.ggml.token_type", Value::Array(Array::I32(vec![1, 1, 1, 3])))
+        .unwrap();
+    w.add_metadata("tokenizer.ggml.merges", strings(&["a b"])).unwrap();
+    w.add_metadata("tokenizer.ggml.eos_token_id", Value::U32(3)).unwrap();
+    w.add_metadata("tokenizer.ggml.add_bos_token", false).unwrap();
+    w.add_metadata("tokenizer.chat_template", "{{ messages[0].content }}")
+        .unwrap();
+    let file = GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap();
+    let spec = TokenizerSpec::from_gguf(&file).unwrap();
     assert_eq!(spec.tokens.len(), 4);
     assert_eq!(
         (spec.eos, spec.add_bos, spec.bos),
         (Some(3), Some(false), None)
     );
-    let tok = Tokenizer::new(spec).unwrap();
+    let tok = Tokenizer::from_gguf(&file).unwrap();
     assert_eq!(tok.encode("ab<|im_end|>", false, true), [2, 3]);
     assert!(tok.is_eog(3));
-    assert_eq!(
-        tok.chat_template_source(),
-        Some("{{ messages[0].content }}")
-    );
+    assert_eq!(tok.chat_template_source(), Some("{{ messages[0].content }}"));
 
-    let wrong = TokenizerSpec::from_metadata(|k| match k {
-        "tokenizer.ggml.model" => Some(MetaValue::Int(1)),
-        _ => None,
-    });
-    assert!(wrong
-        .unwrap_err()
-        .to_string()
-        .contains("tokenizer.ggml.model"));
-    let missing = TokenizerSpec::from_metadata(|_| None);
-    assert!(missing.unwrap_err().to_string().contains("missing"));
+    let mut wrong = GgufWriter::new();
+    wrong.add_metadata("tokenizer.ggml.model", Value::U32(1)).unwrap();
+    let file = GgufFile::from_bytes(wrong.to_bytes().unwrap()).unwrap();
+    let e = TokenizerSpec::from_gguf(&file).unwrap_err();
+    assert!(e.to_string().contains("tokenizer.ggml.model"), "{e}");
+    let empty = GgufFile::from_bytes(GgufWriter::new().to_bytes().unwrap()).unwrap();
+    let e = TokenizerSpec::from_gguf(&empty).unwrap_err();
+    assert!(e.to_string().contains("missing"), "{e}");
 }
 
 #[test]

@@ -11,9 +11,8 @@
 //!   starts the text or follows a special token (`add_space_prefix`), pairs are merged by score
 //!   and leftovers fall back to `<0xXX>` byte tokens (`spm.rs`).
 //!
-//! Build one from a [`TokenizerSpec`] (the `tokenizer.*` metadata, independent of the GGUF
-//! reader) with [`Tokenizer::new`], or from a metadata lookup with
-//! [`TokenizerSpec::from_metadata`].
+//! Build one from a model file with [`Tokenizer::from_gguf`], or from a [`TokenizerSpec`] (the
+//! `tokenizer.*` metadata as plain data) with [`Tokenizer::new`].
 
 mod bpe;
 mod chat;
@@ -90,116 +89,6 @@ pub struct TokenizerSpec {
     /// `general.name`: llama.cpp adjusts token attributes for some models by name (Phi-3's
     /// special tokens swallow the whitespace after them).
     pub model_name: Option<String>,
-}
-
-/// A metadata value, as [`TokenizerSpec::from_metadata`] reads it.
-#[derive(Debug, Clone, PartialEq)]
-pub enum MetaValue {
-    String(String),
-    Bool(bool),
-    Int(i64),
-    Float(f64),
-    Array(Vec<MetaValue>),
-}
-
-impl TokenizerSpec {
-    /// Reads the `tokenizer.*` keys through `get` (absent keys: `None`).
-    pub fn from_metadata(get: impl Fn(&str) -> Option<MetaValue>) -> Result<Self, TokenizerError> {
-        fn bad(key: &str, message: &str) -> TokenizerError {
-            TokenizerError::BadMetadata {
-                key: key.to_string(),
-                message: message.to_string(),
-            }
-        }
-        let string = |key: &str| -> Result<Option<String>, TokenizerError> {
-            match get(key) {
-                None => Ok(None),
-                Some(MetaValue::String(s)) => Ok(Some(s)),
-                Some(_) => Err(bad(key, "expected a string")),
-            }
-        };
-        let array = |key: &str| -> Result<Option<Vec<MetaValue>>, TokenizerError> {
-            match get(key) {
-                None => Ok(None),
-                Some(MetaValue::Array(a)) => Ok(Some(a)),
-                Some(_) => Err(bad(key, "expected an array")),
-            }
-        };
-        let strings = |key: &str| -> Result<Option<Vec<String>>, TokenizerError> {
-            array(key)?
-                .map(|a| {
-                    a.into_iter()
-                        .map(|v| match v {
-                            MetaValue::String(s) => Ok(s),
-                            _ => Err(bad(key, "expected an array of strings")),
-                        })
-                        .collect()
-                })
-                .transpose()
-        };
-        let id = |key: &str| -> Result<Option<u32>, TokenizerError> {
-            match get(key) {
-                None => Ok(None),
-                Some(MetaValue::Int(i)) => u32::try_from(i)
-                    .map(Some)
-                    .map_err(|_| bad(key, "expected a token id")),
-                Some(_) => Err(bad(key, "expected an integer")),
-            }
-        };
-        let flag = |key: &str| -> Result<Option<bool>, TokenizerError> {
-            match get(key) {
-                None => Ok(None),
-                Some(MetaValue::Bool(b)) => Ok(Some(b)),
-                Some(_) => Err(bad(key, "expected a bool")),
-            }
-        };
-        let model = string("tokenizer.ggml.model")?
-            .ok_or_else(|| bad("tokenizer.ggml.model", "missing"))?;
-        let tokens = strings("tokenizer.ggml.tokens")?
-            .ok_or_else(|| bad("tokenizer.ggml.tokens", "missing"))?;
-        let token_types = array("tokenizer.ggml.token_type")?
-            .map(|a| {
-                a.into_iter()
-                    .map(|v| match v {
-                        MetaValue::Int(i) => Ok(i as i32),
-                        _ => Err(bad("tokenizer.ggml.token_type", "expected integers")),
-                    })
-                    .collect::<Result<Vec<_>, _>>()
-            })
-            .transpose()?;
-        let scores = array("tokenizer.ggml.scores")?
-            .map(|a| {
-                a.into_iter()
-                    .map(|v| match v {
-                        MetaValue::Float(f) => Ok(f as f32),
-                        MetaValue::Int(i) => Ok(i as f32),
-                        _ => Err(bad("tokenizer.ggml.scores", "expected numbers")),
-                    })
-                    .collect::<Result<Vec<_>, _>>()
-            })
-            .transpose()?;
-        Ok(TokenizerSpec {
-            model,
-            pre: string("tokenizer.ggml.pre")?,
-            tokens,
-            token_types,
-            scores,
-            merges: strings("tokenizer.ggml.merges")?,
-            bos: id("tokenizer.ggml.bos_token_id")?,
-            eos: id("tokenizer.ggml.eos_token_id")?,
-            eot: id("tokenizer.ggml.eot_token_id")?,
-            eom: id("tokenizer.ggml.eom_token_id")?,
-            unk: id("tokenizer.ggml.unknown_token_id")?,
-            pad: id("tokenizer.ggml.padding_token_id")?,
-            // The GGUF key is spelled this way.
-            sep: id("tokenizer.ggml.seperator_token_id")?,
-            add_bos: flag("tokenizer.ggml.add_bos_token")?,
-            add_eos: flag("tokenizer.ggml.add_eos_token")?,
-            add_space_prefix: flag("tokenizer.ggml.add_space_prefix")?,
-            chat_template: string("tokenizer.chat_template")?,
-            model_name: string("general.name")?,
-        })
-    }
 }
 
 // Token attributes (llama.cpp's `llama_token_attr` bits that matter here).
