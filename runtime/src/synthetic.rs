@@ -90,7 +90,10 @@ pub fn synthetic_model(spec: &SyntheticSpec) -> Result<GgufWriter, GgufError> {
     w.add_metadata(format!("{arch}.embedding_length"), u32v(spec.n_embd))?;
     w.add_metadata(format!("{arch}.feed_forward_length"), u32v(spec.n_ff))?;
     w.add_metadata(format!("{arch}.attention.head_count"), u32v(spec.n_head))?;
-    w.add_metadata(format!("{arch}.attention.head_count_kv"), u32v(spec.n_head_kv))?;
+    w.add_metadata(
+        format!("{arch}.attention.head_count_kv"),
+        u32v(spec.n_head_kv),
+    )?;
     w.add_metadata(format!("{arch}.rope.freq_base"), Value::F32(10_000.0))?;
     w.add_metadata(
         format!("{arch}.attention.layer_norm_rms_epsilon"),
@@ -98,25 +101,29 @@ pub fn synthetic_model(spec: &SyntheticSpec) -> Result<GgufWriter, GgufError> {
     )?;
     w.add_metadata(format!("{arch}.vocab_size"), u32v(spec.n_vocab))?;
     if spec.activation == FfnActivation::Relu {
-        w.add_metadata(format!("{arch}.activation_function"), Value::String("relu".into()))?;
+        w.add_metadata(
+            format!("{arch}.activation_function"),
+            Value::String("relu".into()),
+        )?;
     }
     add_vocab(&mut w, spec.n_vocab)?;
 
     let mut noise = Noise(spec.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
-    let mut matrix = |w: &mut GgufWriter, name: &str, rows: u32, cols: u32, ty: GgmlType, std: f32| {
-        let values: Vec<f32> = (0..rows as usize * cols as usize)
-            .map(|_| noise.normal(std))
-            .collect();
-        let row_bytes = ty.bytes_for(cols as u64).expect("whole blocks") as usize;
-        let mut data = vec![0u8; row_bytes * rows as usize];
-        for (src, dst) in values
-            .chunks_exact(cols as usize)
-            .zip(data.chunks_exact_mut(row_bytes))
-        {
-            quantize_row(ty, src, dst).expect("quantizable type");
-        }
-        w.add_tensor(name, vec![cols as u64, rows as u64], ty, data)
-    };
+    let mut matrix =
+        |w: &mut GgufWriter, name: &str, rows: u32, cols: u32, ty: GgmlType, std: f32| {
+            let values: Vec<f32> = (0..rows as usize * cols as usize)
+                .map(|_| noise.normal(std))
+                .collect();
+            let row_bytes = ty.bytes_for(cols as u64).expect("whole blocks") as usize;
+            let mut data = vec![0u8; row_bytes * rows as usize];
+            for (src, dst) in values
+                .chunks_exact(cols as usize)
+                .zip(data.chunks_exact_mut(row_bytes))
+            {
+                quantize_row(ty, src, dst).expect("quantizable type");
+            }
+            w.add_tensor(name, vec![cols as u64, rows as u64], ty, data)
+        };
     let vector = |w: &mut GgufWriter, name: &str, values: Vec<f32>| {
         let data = values.iter().flat_map(|v| v.to_le_bytes()).collect();
         w.add_tensor(name, vec![values.len() as u64], GgmlType::F32, data)
@@ -128,10 +135,21 @@ pub fn synthetic_model(spec: &SyntheticSpec) -> Result<GgufWriter, GgufError> {
     // Scales keep activations O(1) through the layers (≈ 1/sqrt(fan-in)).
     let s_in = 1.0 / (embd as f32).sqrt();
     let s_ff = 1.0 / (ff as f32).sqrt();
-    matrix(&mut w, "token_embd.weight", spec.n_vocab, embd, spec.embd_type, 1.0)?;
+    matrix(
+        &mut w,
+        "token_embd.weight",
+        spec.n_vocab,
+        embd,
+        spec.embd_type,
+        1.0,
+    )?;
     for i in 0..spec.n_layer {
         let n = |t: &str| format!("blk.{i}.{t}");
-        let ones = |k: u32| (0..k).map(|j| 1.0 + 0.1 * ((j * 7 + i) % 5) as f32 / 5.0).collect();
+        let ones = |k: u32| {
+            (0..k)
+                .map(|j| 1.0 + 0.1 * ((j * 7 + i) % 5) as f32 / 5.0)
+                .collect()
+        };
         vector(&mut w, &n("attn_norm.weight"), ones(embd))?;
         matrix(&mut w, &n("attn_q.weight"), q, embd, wt, s_in)?;
         matrix(&mut w, &n("attn_k.weight"), kv, embd, wt, s_in)?;
@@ -150,7 +168,14 @@ pub fn synthetic_model(spec: &SyntheticSpec) -> Result<GgufWriter, GgufError> {
     }
     vector(&mut w, "output_norm.weight", vec![1.0; embd as usize])?;
     if !spec.tied_output {
-        matrix(&mut w, "output.weight", spec.n_vocab, embd, spec.embd_type, s_in)?;
+        matrix(
+            &mut w,
+            "output.weight",
+            spec.n_vocab,
+            embd,
+            spec.embd_type,
+            s_in,
+        )?;
     }
     Ok(w)
 }

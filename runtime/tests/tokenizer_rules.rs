@@ -434,17 +434,27 @@ fn tokenizer_bad_metadata_is_an_error() {
 #[test]
 fn tokenizer_from_gguf_metadata() {
     use conductor_runtime::gguf::{Array, GgufFile, GgufWriter, Value};
-    let strings = |v: &[&str]| Value::Array(Array::String(v.iter().map(|s| s.to_string()).collect()));
+    let strings =
+        |v: &[&str]| Value::Array(Array::String(v.iter().map(|s| s.to_string()).collect()));
     let mut w = GgufWriter::new();
     w.add_metadata("tokenizer.ggml.model", "gpt2").unwrap();
     w.add_metadata("tokenizer.ggml.pre", "smollm").unwrap();
-    w.add_metadata("tokenizer.ggml.tokens", strings(&["a", "b", "ab", "<|im_end|>"]))
+    w.add_metadata(
+        "tokenizer.ggml.tokens",
+        strings(&["a", "b", "ab", "<|im_end|>"]),
+    )
+    .unwrap();
+    w.add_metadata(
+        "tokenizer.ggml.token_type",
+        Value::Array(Array::I32(vec![1, 1, 1, 3])),
+    )
+    .unwrap();
+    w.add_metadata("tokenizer.ggml.merges", strings(&["a b"]))
         .unwrap();
-    w.add_metadata("tokenizer.ggml.token_type", Value::Array(Array::I32(vec![1, 1, 1, 3])))
+    w.add_metadata("tokenizer.ggml.eos_token_id", Value::U32(3))
         .unwrap();
-    w.add_metadata("tokenizer.ggml.merges", strings(&["a b"])).unwrap();
-    w.add_metadata("tokenizer.ggml.eos_token_id", Value::U32(3)).unwrap();
-    w.add_metadata("tokenizer.ggml.add_bos_token", false).unwrap();
+    w.add_metadata("tokenizer.ggml.add_bos_token", false)
+        .unwrap();
     w.add_metadata("tokenizer.chat_template", "{{ messages[0].content }}")
         .unwrap();
     let file = GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap();
@@ -457,10 +467,15 @@ fn tokenizer_from_gguf_metadata() {
     let tok = Tokenizer::from_gguf(&file).unwrap();
     assert_eq!(tok.encode("ab<|im_end|>", false, true), [2, 3]);
     assert!(tok.is_eog(3));
-    assert_eq!(tok.chat_template_source(), Some("{{ messages[0].content }}"));
+    assert_eq!(
+        tok.chat_template_source(),
+        Some("{{ messages[0].content }}")
+    );
 
     let mut wrong = GgufWriter::new();
-    wrong.add_metadata("tokenizer.ggml.model", Value::U32(1)).unwrap();
+    wrong
+        .add_metadata("tokenizer.ggml.model", Value::U32(1))
+        .unwrap();
     let file = GgufFile::from_bytes(wrong.to_bytes().unwrap()).unwrap();
     let e = TokenizerSpec::from_gguf(&file).unwrap_err();
     assert!(e.to_string().contains("tokenizer.ggml.model"), "{e}");

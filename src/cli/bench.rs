@@ -76,7 +76,7 @@ fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
     let m = s.len() / 2;
-    if s.len() % 2 == 0 {
+    if s.len().is_multiple_of(2) {
         (s[m - 1] + s[m]) / 2.0
     } else {
         s[m]
@@ -95,9 +95,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if args.repetitions == 0 {
         bail!("-r must be at least 1");
     }
-    let threads = args.threads.clone().map(|l| l.0).unwrap_or_else(|| {
-        vec![std::thread::available_parallelism().map_or(1, |n| n.get())]
-    });
+    let threads = args
+        .threads
+        .clone()
+        .map(|l| l.0)
+        .unwrap_or_else(|| vec![std::thread::available_parallelism().map_or(1, |n| n.get())]);
     if threads.contains(&0) {
         bail!("thread counts must be at least 1");
     }
@@ -140,7 +142,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 samples.push(measure(&mut engine, rep as u64 + 1)?);
             }
             let m = Measured {
-                test: if p > 0 { format!("pp{p}") } else { format!("tg{g}") },
+                test: if p > 0 {
+                    format!("pp{p}")
+                } else {
+                    format!("tg{g}")
+                },
                 threads: t,
                 n_prompt: p,
                 n_gen: g,
@@ -157,9 +163,11 @@ fn report(args: &BenchArgs, engine: &Engine, m: &Measured, printed_header: &mut 
     let min = m.samples.iter().copied().fold(f64::INFINITY, f64::min);
     let max = m.samples.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     let model = engine.model();
-    let (bytes, params) = model.file().tensors().iter().fold((0u64, 0u64), |(b, p), t| {
-        (b + t.n_bytes, p + t.n_elements)
-    });
+    let (bytes, params) = model
+        .file()
+        .tensors()
+        .iter()
+        .fold((0u64, 0u64), |(b, p), t| (b + t.n_bytes, p + t.n_elements));
     let name = model
         .config
         .name

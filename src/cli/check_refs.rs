@@ -49,7 +49,11 @@ pub fn run(args: CheckRefsArgs) -> Result<()> {
     let text = std::fs::read_to_string(&args.refs)
         .with_context(|| format!("cannot read {}", args.refs.display()))?;
     let mut refs = Vec::new();
-    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
         let r: Reference = serde_json::from_str(line)
             .with_context(|| format!("{} line {}", args.refs.display(), i + 1))?;
         if r.prompt_ids.is_empty() || r.greedy_ids.len() != r.greedy_top1_margin.len() {
@@ -72,8 +76,16 @@ pub fn run(args: CheckRefsArgs) -> Result<()> {
     );
     let mut tally = Tally::default();
     for r in &refs {
-        if let Some(bad) = r.prompt_ids.iter().chain(&r.greedy_ids).find(|&&t| t >= n_vocab) {
-            bail!("{}: token id {bad} is outside the model's vocabulary ({n_vocab})", r.id);
+        if let Some(bad) = r
+            .prompt_ids
+            .iter()
+            .chain(&r.greedy_ids)
+            .find(|&&t| t >= n_vocab)
+        {
+            bail!(
+                "{}: token id {bad} is outside the model's vocabulary ({n_vocab})",
+                r.id
+            );
         }
         let n = r.greedy_ids.len();
         let mut session = engine.session(Some(r.prompt_ids.len() + n + 1));

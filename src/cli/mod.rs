@@ -12,7 +12,11 @@ use conductor::Engine;
 use std::path::PathBuf;
 
 #[derive(Parser)]
-#[command(name = "conductor", version, about = "LLM inference for devices whose memory is smaller than the model")]
+#[command(
+    name = "conductor",
+    version,
+    about = "LLM inference for devices whose memory is smaller than the model"
+)]
 pub struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -54,7 +54,10 @@ impl Activations {
             *t = at;
             let row_bytes = at.bytes_for(n_cols as u64).expect("row of whole blocks") as usize;
             buf.resize(n_rows * row_bytes, 0);
-            for (src_row, dst_row) in src.chunks_exact(n_cols).zip(buf.chunks_exact_mut(row_bytes)) {
+            for (src_row, dst_row) in src
+                .chunks_exact(n_cols)
+                .zip(buf.chunks_exact_mut(row_bytes))
+            {
                 kernels.quantize_activations(w, src_row, dst_row);
             }
             self.used += 1;
@@ -100,7 +103,7 @@ fn row_blocks<'a>(
 }
 
 /// Splits `buf` into consecutive blocks of the given lengths.
-fn split_blocks<'a>(mut buf: &'a mut [f32], lens: impl Iterator<Item = usize>) -> Vec<&'a mut [f32]> {
+fn split_blocks(mut buf: &mut [f32], lens: impl Iterator<Item = usize>) -> Vec<&mut [f32]> {
     let mut out = Vec::new();
     for len in lens {
         let (head, tail) = std::mem::take(&mut buf).split_at_mut(len);
@@ -282,7 +285,9 @@ impl Executor {
                         for t in 0..n {
                             let v = &mut dst[t * hd..(t + 1) * hd];
                             if let Some(b) = bias {
-                                v.iter_mut().zip(&b[row0..row0 + hd]).for_each(|(x, b)| *x += b);
+                                v.iter_mut()
+                                    .zip(&b[row0..row0 + hd])
+                                    .for_each(|(x, b)| *x += b);
                             }
                             if rotate {
                                 rope.apply(c.rope.style, t, v);
@@ -350,8 +355,22 @@ impl Executor {
                     let rows = units(&clusters[i]);
                     let m = rows.len();
                     s.up.resize(n * m, 0.0);
-                    project(kernels, model.rows(&l.gate, rows.clone()), acts.get(l.gate.ty), n, out, m);
-                    project(kernels, model.rows(&l.up, rows), acts.get(l.up.ty), n, &mut s.up, m);
+                    project(
+                        kernels,
+                        model.rows(&l.gate, rows.clone()),
+                        acts.get(l.gate.ty),
+                        n,
+                        out,
+                        m,
+                    );
+                    project(
+                        kernels,
+                        model.rows(&l.up, rows),
+                        acts.get(l.up.ty),
+                        n,
+                        &mut s.up,
+                        m,
+                    );
                     gated_activation(c.activation, out, &s.up);
                 });
             }
@@ -372,14 +391,40 @@ impl Executor {
                     let m = neurons.len();
                     s.gate.resize(n * m, 0.0);
                     s.up.resize(n * m, 0.0);
-                    project(kernels, model.rows(&l.gate, neurons.clone()), acts.get(l.gate.ty), n, &mut s.gate, m);
-                    project(kernels, model.rows(&l.up, neurons.clone()), acts.get(l.up.ty), n, &mut s.up, m);
+                    project(
+                        kernels,
+                        model.rows(&l.gate, neurons.clone()),
+                        acts.get(l.gate.ty),
+                        n,
+                        &mut s.gate,
+                        m,
+                    );
+                    project(
+                        kernels,
+                        model.rows(&l.up, neurons.clone()),
+                        acts.get(l.up.ty),
+                        n,
+                        &mut s.up,
+                        m,
+                    );
                     gated_activation(c.activation, &mut s.gate, &s.up);
-                    let h_bytes = down_act.bytes_for(m as u64).expect("cluster of whole blocks") as usize;
+                    let h_bytes = down_act
+                        .bytes_for(m as u64)
+                        .expect("cluster of whole blocks")
+                        as usize;
                     s.h_act.resize(h_bytes, 0);
                     for t in 0..n {
-                        kernels.quantize_activations(l.down.ty, &s.gate[t * m..(t + 1) * m], &mut s.h_act);
-                        kernels.matvec(model.mat(&l.down), neurons.clone(), &s.h_act, &mut out[t * embd..(t + 1) * embd]);
+                        kernels.quantize_activations(
+                            l.down.ty,
+                            &s.gate[t * m..(t + 1) * m],
+                            &mut s.h_act,
+                        );
+                        kernels.matvec(
+                            model.mat(&l.down),
+                            neurons.clone(),
+                            &s.h_act,
+                            &mut out[t * embd..(t + 1) * embd],
+                        );
                     }
                 });
             }
@@ -407,9 +452,11 @@ impl Executor {
                 let n_past = self.request.n_past as usize;
                 if self.probe.is_some() {
                     // Token-major copies of q, k, v (after RoPE) for the probe only.
-                    for (name, first, heads) in
-                        [("Qcur", 0, n_head), ("Kcur", n_head, n_kv), ("Vcur", n_head + n_kv, n_kv)]
-                    {
+                    for (name, first, heads) in [
+                        ("Qcur", 0, n_head),
+                        ("Kcur", n_head, n_kv),
+                        ("Vcur", n_head + n_kv, n_kv),
+                    ] {
                         let w = heads * hd;
                         self.gathered.resize(n * w, 0.0);
                         for h in 0..heads {
@@ -426,8 +473,22 @@ impl Executor {
                     let k = n_head + j;
                     let v = n_head + n_kv + j;
                     let kernels = &self.kernels;
-                    kv.store(kernels, l, j, false, n_past, &self.qkv[k * n * hd..(k + 1) * n * hd]);
-                    kv.store(kernels, l, j, true, n_past, &self.qkv[v * n * hd..(v + 1) * n * hd]);
+                    kv.store(
+                        kernels,
+                        l,
+                        j,
+                        false,
+                        n_past,
+                        &self.qkv[k * n * hd..(k + 1) * n * hd],
+                    );
+                    kv.store(
+                        kernels,
+                        l,
+                        j,
+                        true,
+                        n_past,
+                        &self.qkv[v * n * hd..(v + 1) * n * hd],
+                    );
                 }
             }
             Phase::AttnHeads => {
@@ -440,7 +501,8 @@ impl Executor {
                     }
                 }
                 let wo = model.layers[l].wo.ty;
-                self.acts.prepare(&self.kernels, &self.gathered, q_dim, &[wo]);
+                self.acts
+                    .prepare(&self.kernels, &self.gathered, q_dim, &[wo]);
                 self.emit(|| format!("kqv_out-{l}"), Tensor::Gathered, q_dim);
             }
             Phase::AttnOutRows => {
@@ -470,7 +532,8 @@ impl Executor {
                 gather_row_blocks(&self.blocks, clusters, n, ff, &mut self.gathered);
                 self.emit(|| format!("ffn_swiglu-{l}"), Tensor::Gathered, ff);
                 let down = model.layers[l].down.ty;
-                self.acts.prepare(&self.kernels, &self.gathered, ff, &[down]);
+                self.acts
+                    .prepare(&self.kernels, &self.gathered, ff, &[down]);
             }
             Phase::FfnDownRows => {
                 self.add_row_blocks(clusters, embd);
@@ -514,9 +577,14 @@ impl Executor {
         let layer = &model.layers[l];
         let n = self.request.n_tokens as usize;
         self.norm_rows(&layer.attn_norm, c.rms_eps, 0..n, c.n_embd as usize);
-        self.emit(|| format!("attn_norm-{l}"), Tensor::Normed, c.n_embd as usize);
+        self.emit(
+            || format!("attn_norm-{l}"),
+            Tensor::Normed,
+            c.n_embd as usize,
+        );
         let types = [layer.wq.ty, layer.wk.ty, layer.wv.ty];
-        self.acts.prepare(&self.kernels, &self.normed, c.n_embd as usize, &types);
+        self.acts
+            .prepare(&self.kernels, &self.normed, c.n_embd as usize, &types);
     }
 
     fn prepare_ffn(&mut self, model: &Model, l: usize) {
@@ -524,9 +592,14 @@ impl Executor {
         let layer = &model.layers[l];
         let n = self.request.n_tokens as usize;
         self.norm_rows(&layer.ffn_norm, c.rms_eps, 0..n, c.n_embd as usize);
-        self.emit(|| format!("ffn_norm-{l}"), Tensor::Normed, c.n_embd as usize);
+        self.emit(
+            || format!("ffn_norm-{l}"),
+            Tensor::Normed,
+            c.n_embd as usize,
+        );
         let types = [layer.gate.ty, layer.up.ty];
-        self.acts.prepare(&self.kernels, &self.normed, c.n_embd as usize, &types);
+        self.acts
+            .prepare(&self.kernels, &self.normed, c.n_embd as usize, &types);
     }
 
     fn prepare_next_layer(&mut self, model: &Model, l: usize) {
@@ -538,20 +611,31 @@ impl Executor {
             let from = self.request.logits_from as usize;
             self.norm_rows(&model.output_norm, c.rms_eps, from..n, c.n_embd as usize);
             self.emit(|| "result_norm".into(), Tensor::Normed, c.n_embd as usize);
-            self.acts
-                .prepare(&self.kernels, &self.normed, c.n_embd as usize, &[model.output.ty]);
+            self.acts.prepare(
+                &self.kernels,
+                &self.normed,
+                c.n_embd as usize,
+                &[model.output.ty],
+            );
         }
     }
 }
 
 /// Gathers row blocks `[cluster][token][rows]` into `[token][width]`.
-fn gather_row_blocks(blocks: &[f32], clusters: &[Range<u32>], n: usize, width: usize, out: &mut [f32]) {
+fn gather_row_blocks(
+    blocks: &[f32],
+    clusters: &[Range<u32>],
+    n: usize,
+    width: usize,
+    out: &mut [f32],
+) {
     for r in clusters {
         let rows = units(r);
         let m = rows.len();
         let block = &blocks[n * rows.start..n * rows.end];
         for t in 0..n {
-            out[t * width + rows.start..t * width + rows.end].copy_from_slice(&block[t * m..(t + 1) * m]);
+            out[t * width + rows.start..t * width + rows.end]
+                .copy_from_slice(&block[t * m..(t + 1) * m]);
         }
     }
 }

@@ -84,12 +84,26 @@ impl<R: ClusterRunner> InlineDriver<R> {
     }
 
     /// Evaluates `tokens` and returns the logits of the last one.
-    pub fn eval_last(&mut self, session: &mut Session, tokens: &[u32]) -> Result<&[f32], StepError> {
-        self.eval(session, tokens, tokens.len().saturating_sub(1), &mut |_, _| {})?;
+    pub fn eval_last(
+        &mut self,
+        session: &mut Session,
+        tokens: &[u32],
+    ) -> Result<&[f32], StepError> {
+        self.eval(
+            session,
+            tokens,
+            tokens.len().saturating_sub(1),
+            &mut |_, _| {},
+        )?;
         Ok(self.executor.logits())
     }
 
-    fn step(&mut self, session: &mut Session, tokens: &[u32], logits_from: u32) -> Result<(), StepError> {
+    fn step(
+        &mut self,
+        session: &mut Session,
+        tokens: &[u32],
+        logits_from: u32,
+    ) -> Result<(), StepError> {
         let request = StepRequest {
             step: self.next_step,
             n_tokens: tokens.len() as u32,
@@ -99,7 +113,10 @@ impl<R: ClusterRunner> InlineDriver<R> {
         self.next_step += 1;
         let model = &*self.model;
         self.executor.begin_step(model, &request, tokens)?;
-        let program = self.scheduler.program(self.scheduler.shape_for(request.n_tokens)).clone();
+        let program = self
+            .scheduler
+            .program(self.scheduler.shape_for(request.n_tokens))
+            .clone();
         self.commands.clear();
         self.scheduler
             .on_event(Event::StepRequested(request), &mut self.commands)?;

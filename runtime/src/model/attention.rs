@@ -199,12 +199,16 @@ mod scalar {
             }
         }
         // Reduction tree of ggml's AVX path: (0+2), (1+3), then (0+1); then 8 lanes → 1.
-        for l in 0..8 {
-            acc[0][l] += acc[2][l];
-            acc[1][l] += acc[3][l];
-        }
-        for l in 0..8 {
-            acc[0][l] += acc[1][l];
+        let [a0, a1, a2, a3] = &mut acc;
+        for (((x0, x1), x2), x3) in a0
+            .iter_mut()
+            .zip(a1.iter_mut())
+            .zip(a2.iter())
+            .zip(a3.iter())
+        {
+            *x0 += x2;
+            *x1 += x3;
+            *x0 += *x1;
         }
         let x = acc[0];
         let t0 = [x[0] + x[4], x[1] + x[5], x[2] + x[6], x[3] + x[7]];
@@ -250,7 +254,8 @@ mod avx2 {
         for base in (0..main).step_by(STEP) {
             for (j, lane) in acc.iter_mut().enumerate() {
                 let i = base + j * 8;
-                *lane = _mm256_fmadd_ps(load_h(a.as_ptr().add(i)), load_h(b.as_ptr().add(i)), *lane);
+                *lane =
+                    _mm256_fmadd_ps(load_h(a.as_ptr().add(i)), load_h(b.as_ptr().add(i)), *lane);
             }
         }
         let a02 = _mm256_add_ps(acc[0], acc[2]);
@@ -363,7 +368,16 @@ mod tests {
         let v = to_bits(&(0..64).map(|i| i as f32 / 8.0).collect::<Vec<_>>());
         let mut scratch = AttnScratch::default();
         let mut out = vec![0.0; 64];
-        attend_vec(&Kernels::best(), &q, &k, &v, 1, 0.125, &mut scratch, &mut out);
+        attend_vec(
+            &Kernels::best(),
+            &q,
+            &k,
+            &v,
+            1,
+            0.125,
+            &mut scratch,
+            &mut out,
+        );
         for (i, o) in out.iter().enumerate() {
             assert_eq!(*o, i as f32 / 8.0);
         }

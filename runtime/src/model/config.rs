@@ -88,7 +88,9 @@ impl ModelConfig {
         let n_embd = required("embedding_length")?;
         let n_ff = required("feed_forward_length")?;
         let n_head = required("attention.head_count")?;
-        let n_head_kv = file.get_u32(&key("attention.head_count_kv"))?.unwrap_or(n_head);
+        let n_head_kv = file
+            .get_u32(&key("attention.head_count_kv"))?
+            .unwrap_or(n_head);
         let n_ctx_train = file.get_u32(&key("context_length"))?.unwrap_or(4096);
         let head_dim = match file.get_u32(&key("attention.key_length"))? {
             Some(d) => d,
@@ -106,7 +108,9 @@ impl ModelConfig {
             .get_f32(&key("attention.layer_norm_rms_epsilon"))?
             .unwrap_or(1e-5);
         let freq_base = file.get_f32(&key("rope.freq_base"))?.unwrap_or(10_000.0);
-        let n_rot = file.get_u32(&key("rope.dimension_count"))?.unwrap_or(head_dim);
+        let n_rot = file
+            .get_u32(&key("rope.dimension_count"))?
+            .unwrap_or(head_dim);
         let freq_scale = match file.get_str(&key("rope.scaling.type"))? {
             None | Some("none") => 1.0,
             Some("linear") => {
@@ -184,17 +188,23 @@ impl ModelConfig {
             }
         }
         if self.n_layer == 0 || self.n_layer > MAX_LAYERS {
-            return bad("block_count", format!("{} is outside 1..={MAX_LAYERS}", self.n_layer));
-        }
-        if self.n_head % self.n_head_kv != 0 {
             return bad(
-                "attention.head_count_kv",
-                format!("{} does not divide the {} query heads", self.n_head_kv, self.n_head),
+                "block_count",
+                format!("{} is outside 1..={MAX_LAYERS}", self.n_layer),
             );
         }
-        if self.head_dim % 2 != 0
+        if !self.n_head.is_multiple_of(self.n_head_kv) {
+            return bad(
+                "attention.head_count_kv",
+                format!(
+                    "{} does not divide the {} query heads",
+                    self.n_head_kv, self.n_head
+                ),
+            );
+        }
+        if !self.head_dim.is_multiple_of(2)
             || self.rope.n_dims > self.head_dim
-            || self.rope.n_dims % 2 != 0
+            || !self.rope.n_dims.is_multiple_of(2)
         {
             return bad(
                 "rope.dimension_count",

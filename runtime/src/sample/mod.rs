@@ -320,7 +320,11 @@ mod tests {
             seen[s.sample(&logits) as usize] += 1;
         }
         assert!(seen[0] > 0 && seen[1] > 0);
-        assert_eq!(seen[2] + seen[3], 0, "top-p 0.7 keeps only two tokens: {seen:?}");
+        assert_eq!(
+            seen[2] + seen[3],
+            0,
+            "top-p 0.7 keeps only two tokens: {seen:?}"
+        );
 
         let mut s = sampler(SamplingParams {
             temperature: 1.0,

@@ -83,7 +83,9 @@ pub enum Command {
         phase: Phase,
     },
     /// The step is complete; its logits, if any were asked for, are ready.
-    StepDone { step: StepId },
+    StepDone {
+        step: StepId,
+    },
 }
 
 /// An event the scheduler cannot accept. Drivers treat it as a bug in themselves or a
@@ -208,7 +210,11 @@ impl Scheduler {
         Ok(())
     }
 
-    fn cluster_done(&mut self, work: ClusterWork, out: &mut Vec<Command>) -> Result<(), ScheduleError> {
+    fn cluster_done(
+        &mut self,
+        work: ClusterWork,
+        out: &mut Vec<Command>,
+    ) -> Result<(), ScheduleError> {
         let Some(flight) = self.in_flight.as_mut() else {
             return Err(ScheduleError::UnexpectedCompletion(work));
         };

@@ -73,7 +73,10 @@ fn check_stream(s: &Scheduler, req: &StepRequest, cmds: &[Command]) {
             }
             i += 1;
         }
-        assert!(seen.iter().all(|&x| x), "{phase:?} of layer {layer} incomplete");
+        assert!(
+            seen.iter().all(|&x| x),
+            "{phase:?} of layer {layer} incomplete"
+        );
         assert_eq!(
             cmds.get(i),
             Some(&Command::FinishPhase {
@@ -95,7 +98,9 @@ fn decode_step_runs_every_phase_of_every_layer_then_the_output() {
     let req = request(1, 1, 0);
     let cmds = run_step(&mut s, req.clone());
     check_stream(&s, &req, &cmds);
-    assert!(cmds.iter().any(|c| matches!(c, Command::Compute { work, .. } if work.phase == Phase::FfnNeurons)));
+    assert!(cmds
+        .iter()
+        .any(|c| matches!(c, Command::Compute { work, .. } if work.phase == Phase::FfnNeurons)));
     assert!(!s.is_busy());
 }
 
@@ -105,8 +110,12 @@ fn prefill_without_logits_skips_the_output_projection() {
     let req = request(7, 12, 12);
     let cmds = run_step(&mut s, req.clone());
     check_stream(&s, &req, &cmds);
-    assert!(!cmds.iter().any(|c| matches!(c, Command::Compute { work, .. } if work.phase == Phase::OutputRows)));
-    assert!(cmds.iter().any(|c| matches!(c, Command::Compute { work, .. } if work.phase == Phase::FfnDownRows)));
+    assert!(!cmds
+        .iter()
+        .any(|c| matches!(c, Command::Compute { work, .. } if work.phase == Phase::OutputRows)));
+    assert!(cmds
+        .iter()
+        .any(|c| matches!(c, Command::Compute { work, .. } if work.phase == Phase::FfnDownRows)));
 }
 
 #[test]
@@ -152,15 +161,13 @@ fn bad_events_are_errors_not_panics() {
 
 fn sizes() -> impl Strategy<Value = ClusterSizes> {
     (1u32..6, 1u32..5, 1u32..80, 1u32..200, 1u32..200, 1u32..120).prop_map(
-        |(qkv_heads, attn_heads, attn_out_rows, ffn_neurons, ffn_rows, output_rows)| {
-            ClusterSizes {
-                qkv_heads,
-                attn_heads,
-                attn_out_rows,
-                ffn_neurons,
-                ffn_rows,
-                output_rows,
-            }
+        |(qkv_heads, attn_heads, attn_out_rows, ffn_neurons, ffn_rows, output_rows)| ClusterSizes {
+            qkv_heads,
+            attn_heads,
+            attn_out_rows,
+            ffn_neurons,
+            ffn_rows,
+            output_rows,
         },
     )
 }

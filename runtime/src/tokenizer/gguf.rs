@@ -15,7 +15,10 @@ impl TokenizerSpec {
     /// converted element by element).
     pub fn from_gguf(file: &GgufFile) -> Result<TokenizerSpec, TokenizerError> {
         let string = |key: &str| -> Result<Option<String>, TokenizerError> {
-            Ok(file.get_str(key).map_err(|e| bad(key, e))?.map(str::to_string))
+            Ok(file
+                .get_str(key)
+                .map_err(|e| bad(key, e))?
+                .map(str::to_string))
         };
         let id = |key: &str| file.get_u32(key).map_err(|e| bad(key, e));
         let flag = |key: &str| file.get_bool(key).map_err(|e| bad(key, e));
@@ -31,8 +34,8 @@ impl TokenizerSpec {
                     .ok_or_else(|| bad(key, format!("expected strings, found {}", a.type_name()))),
             }
         };
-        let model =
-            string("tokenizer.ggml.model")?.ok_or_else(|| bad("tokenizer.ggml.model", "missing"))?;
+        let model = string("tokenizer.ggml.model")?
+            .ok_or_else(|| bad("tokenizer.ggml.model", "missing"))?;
         let tokens = strings("tokenizer.ggml.tokens")?
             .ok_or_else(|| bad("tokenizer.ggml.tokens", "missing"))?;
         let token_types = match array("tokenizer.ggml.token_type")? {
