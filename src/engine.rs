@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 pub enum Error {
     #[error(transparent)]
     Fetch(#[from] fetch::FetchError),
-    #[error("{path}: {source}")]
+    /// The source error follows in the chain (`{:#}` prints "path: why").
+    #[error("{}", path.display())]
     Load { path: PathBuf, source: ModelError },
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),

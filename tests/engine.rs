@@ -1,0 +1,93 @@
+//! The embedding API: streaming, cancellation, limits, sessions.
+
+use conductor::runtime::sample::SamplingParams;
+use conductor::runtime::synthetic::{synthetic_model, SyntheticSpec};
+use conductor::{Engine, GenerateOptions, StopReason};
+use std::ops::ControlFlow;
+
+fn engine() -> (Engine, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("conductor-engine-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("small.gguf");
+    synthetic_model(&SyntheticSpec::default())
+        .unwrap()
+        .write_file_atomic(&path)
+        .unwrap();
+    let engine = Engine::builder().model(&path).threads(2).build().unwrap();
+    (engine, dir)
+}
+
+fn options(max_tokens: usize) -> GenerateOptions {
+    GenerateOptions {
+        max_tokens,
+        sampling: SamplingParams::greedy(),
+        ignore_eos: true,
+    }
+}
+
+#[test]
+fn generation_streams_stops_and_continues_a_session() {
+    let (mut engine, dir) = engine();
+    let prompt = engine.tokenize("ab cd ef");
+    assert!(!prompt.is_empty());
+
+    // Length limit.
+    let mut session = engine.session(Some(64));
+    let mut text = String::new();
+    let stats = engine
+        .generate(&mut session, &prompt, &options(5), &mut |t| {
+            text.push_str(t);
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+    assert_eq!(stats.stop, StopReason::Length);
+    assert_eq!(stats.generated.len(), 5);
+    assert_eq!(stats.decode_evals, 4, "the last token needs no evaluation");
+    assert_eq!(text, engine.tokenizer().decode(&stats.generated));
+    // The session now holds the prompt and the evaluated tokens; it continues from there.
+    assert_eq!(session.n_past(), prompt.len() + 4);
+
+    // Cancellation from the callback.
+    let mut fresh = engine.session(Some(64));
+    let mut pieces = 0;
+    let stats = engine
+        .generate(&mut fresh, &prompt, &options(50), &mut |_| {
+            pieces += 1;
+            if pieces == 3 {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        })
+        .unwrap();
+    assert_eq!(stats.stop, StopReason::Cancelled);
+    assert!(stats.generated.len() <= 50 && pieces == 3);
+
+    // Same prompt, same settings, fresh session: same tokens (greedy is deterministic).
+    let mut again = engine.session(Some(64));
+    let first5 = engine
+        .generate(&mut again, &prompt, &options(5), &mut |_| {
+            ControlFlow::Continue(())
+        })
+        .unwrap()
+        .generated;
+    let mut check = engine.session(Some(64));
+    let replay = engine
+        .generate(&mut check, &prompt, &options(5), &mut |_| {
+            ControlFlow::Continue(())
+        })
+        .unwrap()
+        .generated;
+    assert_eq!(first5, replay);
+
+    // A full context is an error, and the session stays usable.
+    let mut tiny = engine.session(Some(prompt.len()));
+    assert!(engine
+        .generate(&mut tiny, &prompt, &options(10), &mut |_| {
+            ControlFlow::Continue(())
+        })
+        .is_err());
+    tiny.clear();
+    assert!(engine.eval_last(&mut tiny, &prompt[..1]).is_ok());
+    std::fs::remove_dir_all(dir).unwrap();
+}
