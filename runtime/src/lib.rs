@@ -13,3 +13,4 @@ pub mod sample;
 pub mod schedule;
 pub mod synthetic;
 pub mod tokenizer;
+pub mod trace;

@@ -3,6 +3,7 @@
 use super::config::{Architecture, ModelConfig};
 use super::ModelError;
 use crate::gguf::GgufFile;
+use crate::plan::{ModelDescription, WeightTypes};
 use crate::quant::{dequantize_row, GgmlType, MatRef};
 use std::ops::Range;
 use std::path::Path;
@@ -151,6 +152,28 @@ impl Model {
         let row = self.rows(&self.tok_embd, token as usize..token as usize + 1);
         dequantize_row(row.ty, row.data, out)?;
         Ok(())
+    }
+
+    /// The model as the scheduler, simulator and planner see it: shape and weight types (of the
+    /// first layer; llama-family files quantize every layer alike, or nearly).
+    pub fn description(&self) -> ModelDescription {
+        let c = &self.config;
+        let out = self.output.ty;
+        let ty = |f: fn(&LayerWeights) -> GgmlType| self.layers.first().map_or(out, f);
+        ModelDescription {
+            name: c.name.clone().unwrap_or_else(|| c.arch_name.clone()),
+            shape: c.shape(self.ffn_granule()),
+            types: WeightTypes {
+                attn_q: ty(|l| l.wq.ty),
+                attn_k: ty(|l| l.wk.ty),
+                attn_v: ty(|l| l.wv.ty),
+                attn_out: ty(|l| l.wo.ty),
+                ffn_gate: ty(|l| l.gate.ty),
+                ffn_up: ty(|l| l.up.ty),
+                ffn_down: ty(|l| l.down.ty),
+                output: out,
+            },
+        }
     }
 
     /// The block size of the FFN down projection's type: FFN neuron clusters own whole blocks

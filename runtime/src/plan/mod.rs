@@ -1,28 +1,25 @@
 //! The execution plan: the contract between the planner, the scheduler and the drivers.
 //!
-//! A plan fixes how each phase is cut into clusters. Cluster boundaries decide the order of
-//! floating-point reductions, so they are part of the plan and never derived from the number of
-//! threads: the same plan gives bit-identical results on 1 or N threads.
+//! A plan fixes how each phase is cut into clusters and which processor groups compute them.
+//! Cluster boundaries decide the order of floating-point reductions, so they are part of the
+//! plan and never derived from the number of threads: the same plan gives bit-identical results
+//! on 1 or N threads, on the inline driver or on the actors.
+
+mod hardware;
+mod model;
+mod topology;
+
+pub use hardware::{
+    CoreClassProfile, HardwareProfile, KernelRates, MemoryProfile, MessagingProfile, NpuProfile,
+    NpuShapeRate, ProfileError, StorageProfile, StorageRate,
+};
+pub use model::{ModelDescription, ModelShape, WeightTypes};
+pub use topology::{hosts_of, PlacedGroup, PlacementError, Topology};
 
 use serde::{Deserialize, Serialize};
 
 /// Version of the plan format; bumped when a field changes meaning.
-pub const PLAN_FORMAT_VERSION: u32 = 1;
-
-/// The dimensions of a model that the scheduler and the simulator need (no weights).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ModelShape {
-    pub n_layer: u32,
-    pub n_embd: u32,
-    pub n_ff: u32,
-    pub n_head: u32,
-    pub n_head_kv: u32,
-    pub head_dim: u32,
-    pub n_vocab: u32,
-    /// FFN neuron clusters must be a multiple of this many neurons: the block size of the down
-    /// projection's quant type, whose columns a cluster owns.
-    pub ffn_granule: u32,
-}
+pub const PLAN_FORMAT_VERSION: u32 = 2;
 
 /// How many units each phase's clusters hold.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -41,6 +38,64 @@ pub struct ClusterSizes {
     pub output_rows: u32,
 }
 
+/// What kind of processor a group is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum XpuKind {
+    /// CPU cores computing clusters with the quantized kernels (decode's sparse work).
+    Cpu,
+    /// A dense backend with fixed graph shapes (prefill). Here: an int8 GEMM on CPU cores.
+    Npu,
+}
+
+/// Which cores a group runs on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum CoreSet {
+    /// A core class of the machine: `"all"`, `"big"`, `"little"` (and, on three-class phones,
+    /// `"mid"`), as detected from `cpu_capacity` / `cpuinfo_max_freq`.
+    Class(String),
+    /// Explicit core ids.
+    Ids(Vec<u32>),
+}
+
+/// One processor group: the unit the scheduler sends cluster messages to.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupPlan {
+    pub name: String,
+    pub kind: XpuKind,
+    pub cores: CoreSet,
+    /// Worker threads; 0 means one per core of the group (or the `-t` given on the command line).
+    #[serde(default)]
+    pub threads: u32,
+}
+
+/// A group's share of each phase's clusters.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Share {
+    pub group: String,
+    /// Relative weight: a group with weight 3 gets three times the clusters of one with 1.
+    pub weight: u32,
+}
+
+/// Fixed shapes of the dense backend (an NPU runs precompiled graphs of fixed size).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DenseShapes {
+    /// Tokens per launch: a prefill step is computed in chunks of this many tokens.
+    pub token_chunk: u32,
+}
+
+/// How the storage actor reads.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoragePlan {
+    /// Threads issuing reads (1: one issuer, as on a phone's single UFS command queue).
+    pub io_threads: u32,
+    /// Reads in flight per issuer.
+    pub queue_depth: u32,
+    /// Bypass the page cache (`O_DIRECT`) where the file system allows it.
+    pub direct_io: bool,
+}
+
 /// What the scheduler follows.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExecutionPlan {
@@ -52,46 +107,104 @@ pub struct ExecutionPlan {
     pub prefill_max_tokens: u32,
     pub decode: ClusterSizes,
     pub prefill: ClusterSizes,
+    /// The processor groups; group `i` is `XpuId(i)`.
+    pub groups: Vec<GroupPlan>,
+    /// Groups computing decode steps, each with its share of every phase.
+    pub decode_on: Vec<Share>,
+    /// Groups computing prefill steps.
+    pub prefill_on: Vec<Share>,
+    pub dense: DenseShapes,
+    pub storage: StoragePlan,
 }
 
 impl Default for ExecutionPlan {
-    /// Cluster sizes that keep two to sixteen cores busy on llama-family shapes while each
+    /// Decode on one CPU group over every core, prefill on the dense backend over the same
+    /// cores. Cluster sizes keep two to sixteen cores busy on llama-family shapes while each
     /// cluster still holds enough work to amortise its dispatch (measured on SmolLM2-135M).
     fn default() -> Self {
+        let sizes = ClusterSizes {
+            qkv_heads: 1,
+            attn_heads: 1,
+            attn_out_rows: 64,
+            ffn_neurons: 128,
+            ffn_rows: 128,
+            output_rows: 2048,
+        };
         ExecutionPlan {
             version: PLAN_FORMAT_VERSION,
             decode_max_tokens: 1,
             prefill_max_tokens: 512,
-            decode: ClusterSizes {
-                qkv_heads: 1,
-                attn_heads: 1,
-                attn_out_rows: 64,
-                ffn_neurons: 128,
-                ffn_rows: 128,
-                output_rows: 2048,
-            },
-            prefill: ClusterSizes {
-                qkv_heads: 1,
-                attn_heads: 1,
-                attn_out_rows: 64,
-                ffn_neurons: 128,
-                ffn_rows: 128,
-                output_rows: 2048,
+            decode: sizes.clone(),
+            prefill: sizes,
+            groups: vec![
+                GroupPlan {
+                    name: "cpu".into(),
+                    kind: XpuKind::Cpu,
+                    cores: CoreSet::Class("all".into()),
+                    threads: 0,
+                },
+                GroupPlan {
+                    name: "npu".into(),
+                    kind: XpuKind::Npu,
+                    cores: CoreSet::Class("all".into()),
+                    threads: 0,
+                },
+            ],
+            decode_on: vec![Share {
+                group: "cpu".into(),
+                weight: 1,
+            }],
+            prefill_on: vec![Share {
+                group: "npu".into(),
+                weight: 1,
+            }],
+            dense: DenseShapes { token_chunk: 128 },
+            storage: StoragePlan {
+                io_threads: 1,
+                queue_depth: 1,
+                direct_io: true,
             },
         }
     }
 }
 
-/// A plan that cannot be used.
+/// A plan that cannot be used. Each error names the field.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum PlanError {
     #[error("plan format version {found} is not supported (this build reads version {expected})")]
     Version { found: u32, expected: u32 },
     #[error("plan field `{field}` must be at least 1")]
-    Zero { field: &'static str },
+    Zero { field: String },
+    #[error("plan field `{field}`: no group named `{name}` (groups: {known})")]
+    UnknownGroup {
+        field: String,
+        name: String,
+        known: String,
+    },
+    #[error("plan field `{field}`: group name `{name}` is used twice")]
+    DuplicateGroup { field: String, name: String },
+    #[error("plan field `{field}` is empty: at least one group must compute these steps")]
+    NoGroups { field: String },
+    #[error("plan: {0}")]
+    Parse(String),
 }
 
 impl ExecutionPlan {
+    /// Reads a plan from JSON (what `conductor plan` writes) or TOML, by the file's extension.
+    pub fn from_file(path: &std::path::Path) -> Result<ExecutionPlan, PlanError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| PlanError::Parse(format!("cannot read {}: {e}", path.display())))?;
+        let plan: ExecutionPlan = if path.extension().is_some_and(|e| e == "toml") {
+            toml::from_str(&text)
+                .map_err(|e| PlanError::Parse(format!("{}: {e}", path.display())))?
+        } else {
+            serde_json::from_str(&text)
+                .map_err(|e| PlanError::Parse(format!("{}: {e}", path.display())))?
+        };
+        plan.validate()?;
+        Ok(plan)
+    }
+
     /// Checks the fields a scheduler relies on.
     pub fn validate(&self) -> Result<(), PlanError> {
         if self.version != PLAN_FORMAT_VERSION {
@@ -100,28 +213,72 @@ impl ExecutionPlan {
                 expected: PLAN_FORMAT_VERSION,
             });
         }
-        let nonzero = [
-            ("decode_max_tokens", self.decode_max_tokens),
-            ("prefill_max_tokens", self.prefill_max_tokens),
-            ("decode.qkv_heads", self.decode.qkv_heads),
-            ("decode.attn_heads", self.decode.attn_heads),
-            ("decode.attn_out_rows", self.decode.attn_out_rows),
-            ("decode.ffn_neurons", self.decode.ffn_neurons),
-            ("decode.ffn_rows", self.decode.ffn_rows),
-            ("decode.output_rows", self.decode.output_rows),
-            ("prefill.qkv_heads", self.prefill.qkv_heads),
-            ("prefill.attn_heads", self.prefill.attn_heads),
-            ("prefill.attn_out_rows", self.prefill.attn_out_rows),
-            ("prefill.ffn_neurons", self.prefill.ffn_neurons),
-            ("prefill.ffn_rows", self.prefill.ffn_rows),
-            ("prefill.output_rows", self.prefill.output_rows),
+        let mut nonzero = vec![
+            ("decode_max_tokens".to_string(), self.decode_max_tokens),
+            ("prefill_max_tokens".to_string(), self.prefill_max_tokens),
+            ("dense.token_chunk".to_string(), self.dense.token_chunk),
+            ("storage.io_threads".to_string(), self.storage.io_threads),
+            ("storage.queue_depth".to_string(), self.storage.queue_depth),
         ];
+        for (name, s) in [("decode", &self.decode), ("prefill", &self.prefill)] {
+            for (field, value) in [
+                ("qkv_heads", s.qkv_heads),
+                ("attn_heads", s.attn_heads),
+                ("attn_out_rows", s.attn_out_rows),
+                ("ffn_neurons", s.ffn_neurons),
+                ("ffn_rows", s.ffn_rows),
+                ("output_rows", s.output_rows),
+            ] {
+                nonzero.push((format!("{name}.{field}"), value));
+            }
+        }
         for (field, value) in nonzero {
             if value == 0 {
                 return Err(PlanError::Zero { field });
             }
         }
+        for (i, g) in self.groups.iter().enumerate() {
+            if self.groups[..i].iter().any(|h| h.name == g.name) {
+                return Err(PlanError::DuplicateGroup {
+                    field: format!("groups[{i}].name"),
+                    name: g.name.clone(),
+                });
+            }
+        }
+        for (field, shares) in [
+            ("decode_on", &self.decode_on),
+            ("prefill_on", &self.prefill_on),
+        ] {
+            if shares.is_empty() {
+                return Err(PlanError::NoGroups {
+                    field: field.into(),
+                });
+            }
+            for (i, share) in shares.iter().enumerate() {
+                self.group_index(&share.group)
+                    .ok_or_else(|| PlanError::UnknownGroup {
+                        field: format!("{field}[{i}].group"),
+                        name: share.group.clone(),
+                        known: self.group_names(),
+                    })?;
+                if share.weight == 0 {
+                    return Err(PlanError::Zero {
+                        field: format!("{field}[{i}].weight"),
+                    });
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// The index (`XpuId`) of the group called `name`.
+    pub fn group_index(&self, name: &str) -> Option<usize> {
+        self.groups.iter().position(|g| g.name == name)
+    }
+
+    fn group_names(&self) -> String {
+        let names: Vec<&str> = self.groups.iter().map(|g| g.name.as_str()).collect();
+        names.join(", ")
     }
 }
 
@@ -130,22 +287,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn default_plan_is_valid_and_round_trips_through_json() {
+    fn default_plan_is_valid_and_round_trips_through_json_and_toml() {
         let plan = ExecutionPlan::default();
         plan.validate().unwrap();
         let json = serde_json::to_string(&plan).unwrap();
         let back: ExecutionPlan = serde_json::from_str(&json).unwrap();
         assert_eq!(plan, back);
+        let toml = toml::to_string(&plan).unwrap();
+        let back: ExecutionPlan = toml::from_str(&toml).unwrap();
+        assert_eq!(plan, back);
     }
 
     #[test]
-    fn zero_sizes_and_other_versions_are_rejected() {
+    fn bad_plans_are_rejected_naming_the_field() {
         let mut plan = ExecutionPlan::default();
         plan.decode.ffn_neurons = 0;
         assert_eq!(
             plan.validate(),
             Err(PlanError::Zero {
-                field: "decode.ffn_neurons"
+                field: "decode.ffn_neurons".into()
             })
         );
         let plan = ExecutionPlan {
@@ -153,5 +313,36 @@ mod tests {
             ..ExecutionPlan::default()
         };
         assert!(matches!(plan.validate(), Err(PlanError::Version { .. })));
+
+        let mut plan = ExecutionPlan::default();
+        plan.prefill_on[0].group = "gpu".into();
+        let err = plan.validate().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "plan field `prefill_on[0].group`: no group named `gpu` (groups: cpu, npu)"
+        );
+
+        let mut plan = ExecutionPlan::default();
+        plan.groups[1].name = "cpu".into();
+        assert!(matches!(
+            plan.validate(),
+            Err(PlanError::DuplicateGroup { field, .. }) if field == "groups[1].name"
+        ));
+
+        let mut plan = ExecutionPlan::default();
+        plan.decode_on.clear();
+        assert!(matches!(plan.validate(), Err(PlanError::NoGroups { .. })));
+    }
+
+    #[test]
+    fn cores_are_a_class_name_or_a_list_of_ids() {
+        let g: GroupPlan =
+            serde_json::from_str(r#"{"name":"big","kind":"cpu","cores":[4,5,6,7]}"#).unwrap();
+        assert_eq!(g.cores, CoreSet::Ids(vec![4, 5, 6, 7]));
+        assert_eq!(g.threads, 0);
+        let g: GroupPlan =
+            serde_json::from_str(r#"{"name":"n","kind":"npu","cores":"little","threads":2}"#)
+                .unwrap();
+        assert_eq!(g.cores, CoreSet::Class("little".into()));
     }
 }

@@ -104,6 +104,14 @@ impl GgmlType {
     }
 
     /// The name llama.cpp prints for this type (e.g. `Q4_K`).
+    /// The type whose name is `name` (as ggml spells it, any case: `Q4_1`, `q4_1`).
+    pub fn from_name(name: &str) -> Option<GgmlType> {
+        TABLE
+            .iter()
+            .find(|row| row.2.eq_ignore_ascii_case(name))
+            .map(|row| row.0)
+    }
+
     pub fn name(self) -> &'static str {
         self.row().2
     }
@@ -180,5 +188,20 @@ mod tests {
         assert_eq!(GgmlType::Q4_1.bytes_for(33), None);
         assert_eq!(GgmlType::F32.bytes_for(u64::MAX), None);
         assert_eq!(GgmlType::Q6_K.bytes_for(512), Some(420));
+    }
+}
+
+/// Serialized by name (`"Q4_1"`), so plans, profiles and traces stay readable.
+impl serde::Serialize for GgmlType {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for GgmlType {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        GgmlType::from_name(&name)
+            .ok_or_else(|| serde::de::Error::custom(format!("unknown ggml type `{name}`")))
     }
 }

@@ -10,25 +10,24 @@
 
 mod program;
 
-pub use program::{PhaseClusters, Program, StepShape};
+pub use program::{split_by_weight, PhaseClusters, Program, StepShape};
 
 use crate::neuron::Phase;
-use crate::plan::{ExecutionPlan, ModelShape, PlanError};
+use crate::plan::{ExecutionPlan, ModelShape, PlanError, Share};
+use serde::{Deserialize, Serialize};
 use std::ops::Range;
 use std::sync::Arc;
 
 /// Identifies one forward pass.
 pub type StepId = u64;
 
-/// A processor group (a set of cores, or an accelerator) that computes clusters.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// A processor group (a set of cores, or an accelerator) that computes clusters: the index of
+/// its group in the plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct XpuId(pub u8);
 
-/// The one CPU group of a machine without separate core classes.
-pub const CPU: XpuId = XpuId(0);
-
 /// A forward pass to run.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StepRequest {
     pub step: StepId,
     /// Tokens in this step (≥ 1).
@@ -47,7 +46,7 @@ impl StepRequest {
 }
 
 /// Some clusters of one phase, sent to one processor group in one message.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ClusterWork {
     pub step: StepId,
     pub shape: StepShape,
@@ -59,7 +58,7 @@ pub struct ClusterWork {
 }
 
 /// What happened.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Event {
     StepRequested(StepRequest),
     /// A processor group finished the clusters of a [`Command::Compute`].
@@ -68,7 +67,7 @@ pub enum Event {
 
 /// What to do next. Commands of one batch are carried out in order; `Compute` may run
 /// asynchronously, `FinishPhase` runs on the driver before the commands after it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
     Compute {
         xpu: XpuId,
@@ -102,6 +101,10 @@ pub enum ScheduleError {
     StepTooLarge { n_tokens: u32, max: u32 },
     #[error("completion of work that is not in flight: {0:?}")]
     UnexpectedCompletion(ClusterWork),
+    #[error("model shape field `{0}` is 0: nothing to schedule")]
+    EmptyShape(&'static str),
+    #[error("the plan has {0} processor groups; at most 255 are supported")]
+    TooManyGroups(usize),
 }
 
 struct InFlight {
@@ -120,22 +123,65 @@ pub struct Scheduler {
     prefill: Arc<Program>,
     decode_max_tokens: u32,
     prefill_max_tokens: u32,
-    groups: Vec<XpuId>,
+    n_groups: usize,
     in_flight: Option<InFlight>,
 }
 
 impl Scheduler {
-    /// A scheduler for a model of `shape` following `plan`, with every cluster on the CPU group.
+    /// A scheduler for a model of `shape` following `plan`: decode phases shared among the
+    /// plan's `decode_on` groups, prefill phases among its `prefill_on` groups.
     pub fn new(shape: &ModelShape, plan: &ExecutionPlan) -> Result<Scheduler, ScheduleError> {
         plan.validate()?;
+        for (field, value) in [
+            ("n_layer", shape.n_layer),
+            ("n_embd", shape.n_embd),
+            ("n_ff", shape.n_ff),
+            ("n_head", shape.n_head),
+            ("n_head_kv", shape.n_head_kv),
+            ("head_dim", shape.head_dim),
+            ("n_vocab", shape.n_vocab),
+        ] {
+            if value == 0 {
+                return Err(ScheduleError::EmptyShape(field));
+            }
+        }
+        if plan.groups.len() > usize::from(u8::MAX) {
+            return Err(ScheduleError::TooManyGroups(plan.groups.len()));
+        }
+        let resolve = |shares: &[Share]| -> Vec<(XpuId, u32)> {
+            shares
+                .iter()
+                .map(|s| {
+                    let index = plan.group_index(&s.group).expect("validated plan");
+                    (XpuId(index as u8), s.weight)
+                })
+                .collect()
+        };
+        let decode_shares = resolve(&plan.decode_on);
+        let prefill_shares = resolve(&plan.prefill_on);
         Ok(Scheduler {
-            decode: Arc::new(Program::new(shape, &plan.decode, StepShape::Decode)),
-            prefill: Arc::new(Program::new(shape, &plan.prefill, StepShape::Prefill)),
+            decode: Arc::new(Program::new(
+                shape,
+                &plan.decode,
+                StepShape::Decode,
+                &decode_shares,
+            )),
+            prefill: Arc::new(Program::new(
+                shape,
+                &plan.prefill,
+                StepShape::Prefill,
+                &prefill_shares,
+            )),
             decode_max_tokens: plan.decode_max_tokens,
             prefill_max_tokens: plan.prefill_max_tokens,
-            groups: vec![CPU],
+            n_groups: plan.groups.len(),
             in_flight: None,
         })
+    }
+
+    /// Processor groups of the plan (`XpuId(0..n)`).
+    pub fn n_groups(&self) -> usize {
+        self.n_groups
     }
 
     /// The cluster layout of steps of the given shape (shared with the drivers).
@@ -204,7 +250,7 @@ impl Scheduler {
             shape,
             layer: 0,
             phase_index: 0,
-            outstanding: Vec::with_capacity(self.groups.len()),
+            outstanding: Vec::with_capacity(self.n_groups),
         });
         self.issue_current_phase(out);
         Ok(())
@@ -275,24 +321,19 @@ impl Scheduler {
         Ok(())
     }
 
-    /// Sends the current phase's clusters to the processor groups, split into contiguous
-    /// shares (one message per group).
+    /// Sends the current phase's clusters to the processor groups: one message per group,
+    /// each a contiguous share fixed by the plan.
     fn issue_current_phase(&mut self, out: &mut Vec<Command>) {
         let flight = self.in_flight.as_mut().expect("a step is in flight");
         let program = match flight.shape {
             StepShape::Decode => &self.decode,
             StepShape::Prefill => &self.prefill,
         };
-        let phase = program.phase_at(flight.phase_index);
-        let n_clusters = program.clusters(phase).len() as u32;
-        let n_groups = self.groups.len() as u32;
+        let layout = program.phase_layout_at(flight.phase_index);
+        let phase = layout.phase;
         flight.outstanding.clear();
-        for (g, &xpu) in self.groups.iter().enumerate() {
-            let g = g as u32;
-            let range = n_clusters * g / n_groups..n_clusters * (g + 1) / n_groups;
-            if range.is_empty() {
-                continue;
-            }
+        for (xpu, range) in &layout.parts {
+            let (xpu, range) = (*xpu, range.clone());
             flight.outstanding.push((xpu, range.clone()));
             out.push(Command::Compute {
                 xpu,

@@ -1,5 +1,6 @@
 //! The cluster layout of a step: which phases each layer runs and how each phase is cut.
 
+use super::XpuId;
 use crate::neuron::{cut_into_clusters, Phase};
 use crate::plan::{ClusterSizes, ModelShape};
 use serde::{Deserialize, Serialize};
@@ -14,11 +15,44 @@ pub enum StepShape {
     Prefill,
 }
 
-/// One phase and its clusters (ranges of units).
+/// One phase, its clusters (ranges of units) and which processor group computes which of them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PhaseClusters {
     pub phase: Phase,
     pub clusters: Vec<Range<u32>>,
+    /// Contiguous shares of `clusters` (indices), one per group, in cluster order: one
+    /// `Compute` message each.
+    pub parts: Vec<(XpuId, Range<u32>)>,
+}
+
+impl PhaseClusters {
+    fn new(phase: Phase, clusters: Vec<Range<u32>>, shares: &[(XpuId, u32)]) -> PhaseClusters {
+        let parts = split_by_weight(clusters.len() as u32, shares);
+        PhaseClusters {
+            phase,
+            clusters,
+            parts,
+        }
+    }
+}
+
+/// Splits `n` clusters into contiguous ranges proportional to the groups' weights (boundaries
+/// rounded to the nearest cluster); groups whose share rounds to nothing get no range.
+pub fn split_by_weight(n: u32, shares: &[(XpuId, u32)]) -> Vec<(XpuId, Range<u32>)> {
+    let total: u64 = shares.iter().map(|&(_, w)| u64::from(w)).sum();
+    let mut parts = Vec::with_capacity(shares.len());
+    let mut cumulative = 0u64;
+    let mut start = 0u32;
+    for &(xpu, weight) in shares {
+        cumulative += u64::from(weight);
+        let total = total.max(1);
+        let end = ((u64::from(n) * cumulative + total / 2) / total) as u32;
+        if end > start {
+            parts.push((xpu, start..end));
+        }
+        start = end;
+    }
+    parts
 }
 
 /// Every layer runs `layer_phases` in order; the output projection follows the last layer.
@@ -31,46 +65,53 @@ pub struct Program {
 }
 
 impl Program {
-    pub fn new(model: &ModelShape, sizes: &ClusterSizes, shape: StepShape) -> Program {
+    /// The layout of steps of `shape`, every phase shared among `shares` (group, weight).
+    pub fn new(
+        model: &ModelShape,
+        sizes: &ClusterSizes,
+        shape: StepShape,
+        shares: &[(XpuId, u32)],
+    ) -> Program {
         let heads_qkv = model.n_head + 2 * model.n_head_kv;
+        let phase = |phase, clusters| PhaseClusters::new(phase, clusters, shares);
         let mut layer_phases = vec![
-            PhaseClusters {
-                phase: Phase::QkvHeads,
-                clusters: cut_into_clusters(heads_qkv, sizes.qkv_heads, 1),
-            },
-            PhaseClusters {
-                phase: Phase::AttnHeads,
-                clusters: cut_into_clusters(model.n_head, sizes.attn_heads, 1),
-            },
-            PhaseClusters {
-                phase: Phase::AttnOutRows,
-                clusters: cut_into_clusters(model.n_embd, sizes.attn_out_rows, 1),
-            },
+            phase(
+                Phase::QkvHeads,
+                cut_into_clusters(heads_qkv, sizes.qkv_heads, 1),
+            ),
+            phase(
+                Phase::AttnHeads,
+                cut_into_clusters(model.n_head, sizes.attn_heads, 1),
+            ),
+            phase(
+                Phase::AttnOutRows,
+                cut_into_clusters(model.n_embd, sizes.attn_out_rows, 1),
+            ),
         ];
         match shape {
-            StepShape::Decode => layer_phases.push(PhaseClusters {
-                phase: Phase::FfnNeurons,
-                clusters: cut_into_clusters(model.n_ff, sizes.ffn_neurons, model.ffn_granule),
-            }),
+            StepShape::Decode => layer_phases.push(phase(
+                Phase::FfnNeurons,
+                cut_into_clusters(model.n_ff, sizes.ffn_neurons, model.ffn_granule),
+            )),
             StepShape::Prefill => {
-                layer_phases.push(PhaseClusters {
-                    phase: Phase::FfnGateUpRows,
-                    clusters: cut_into_clusters(model.n_ff, sizes.ffn_rows, 1),
-                });
-                layer_phases.push(PhaseClusters {
-                    phase: Phase::FfnDownRows,
-                    clusters: cut_into_clusters(model.n_embd, sizes.ffn_rows, 1),
-                });
+                layer_phases.push(phase(
+                    Phase::FfnGateUpRows,
+                    cut_into_clusters(model.n_ff, sizes.ffn_rows, 1),
+                ));
+                layer_phases.push(phase(
+                    Phase::FfnDownRows,
+                    cut_into_clusters(model.n_embd, sizes.ffn_rows, 1),
+                ));
             }
         }
         Program {
             shape,
             n_layer: model.n_layer,
             layer_phases,
-            output: PhaseClusters {
-                phase: Phase::OutputRows,
-                clusters: cut_into_clusters(model.n_vocab, sizes.output_rows, 1),
-            },
+            output: phase(
+                Phase::OutputRows,
+                cut_into_clusters(model.n_vocab, sizes.output_rows, 1),
+            ),
         }
     }
 
@@ -83,12 +124,19 @@ impl Program {
 
     /// The clusters of `phase` (empty if this program has no such phase).
     pub fn clusters(&self, phase: Phase) -> &[Range<u32>] {
+        self.phase(phase).map_or(&[], |p| &p.clusters)
+    }
+
+    /// The layout of `phase`, if this program has it.
+    pub fn phase(&self, phase: Phase) -> Option<&PhaseClusters> {
         if phase == Phase::OutputRows {
-            return &self.output.clusters;
+            return Some(&self.output);
         }
-        self.layer_phases
-            .iter()
-            .find(|p| p.phase == phase)
-            .map_or(&[], |p| &p.clusters)
+        self.layer_phases.iter().find(|p| p.phase == phase)
+    }
+
+    /// The layout of the phase at `index` of a layer; `layer_phases.len()` is the output.
+    pub fn phase_layout_at(&self, index: usize) -> &PhaseClusters {
+        self.layer_phases.get(index).unwrap_or(&self.output)
     }
 }

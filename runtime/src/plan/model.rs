@@ -1,0 +1,67 @@
+//! What the scheduler, the simulator and the planner know of a model: its dimensions and the
+//! storage types of its matrices — never its weights.
+
+use crate::quant::GgmlType;
+use serde::{Deserialize, Serialize};
+
+/// The dimensions of a model that the scheduler and the simulator need (no weights).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelShape {
+    pub n_layer: u32,
+    pub n_embd: u32,
+    pub n_ff: u32,
+    pub n_head: u32,
+    pub n_head_kv: u32,
+    pub head_dim: u32,
+    pub n_vocab: u32,
+    /// FFN neuron clusters must be a multiple of this many neurons: the block size of the down
+    /// projection's quant type, whose columns a cluster owns.
+    pub ffn_granule: u32,
+}
+
+/// Storage types of a layer's matrices and of the output projection.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WeightTypes {
+    pub attn_q: GgmlType,
+    pub attn_k: GgmlType,
+    pub attn_v: GgmlType,
+    pub attn_out: GgmlType,
+    pub ffn_gate: GgmlType,
+    pub ffn_up: GgmlType,
+    pub ffn_down: GgmlType,
+    pub output: GgmlType,
+}
+
+/// A model as the simulator and the planner see it: a name, a shape and the weight types.
+/// Built from a GGUF file (`Model::description`) or a named shape.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelDescription {
+    pub name: String,
+    pub shape: ModelShape,
+    pub types: WeightTypes,
+}
+
+impl ModelDescription {
+    /// Bytes of one row of `cols` elements stored as `ty` (0 if not whole blocks).
+    pub fn row_bytes(ty: GgmlType, cols: u32) -> u64 {
+        ty.bytes_for(u64::from(cols)).unwrap_or(0)
+    }
+
+    /// Bytes of every weight a decode token reads when it is dense: all layers' matrices and the
+    /// output projection.
+    pub fn dense_weight_bytes(&self) -> u64 {
+        let s = &self.shape;
+        let t = &self.types;
+        let q = u64::from(s.n_head * s.head_dim);
+        let kv = u64::from(s.n_head_kv * s.head_dim);
+        let per_layer = q * Self::row_bytes(t.attn_q, s.n_embd)
+            + kv * Self::row_bytes(t.attn_k, s.n_embd)
+            + kv * Self::row_bytes(t.attn_v, s.n_embd)
+            + u64::from(s.n_embd) * Self::row_bytes(t.attn_out, s.n_head * s.head_dim)
+            + u64::from(s.n_ff) * Self::row_bytes(t.ffn_gate, s.n_embd)
+            + u64::from(s.n_ff) * Self::row_bytes(t.ffn_up, s.n_embd)
+            + u64::from(s.n_embd) * Self::row_bytes(t.ffn_down, s.n_ff);
+        per_layer * u64::from(s.n_layer)
+            + u64::from(s.n_vocab) * Self::row_bytes(t.output, s.n_embd)
+    }
+}
