@@ -1,14 +1,15 @@
 //! The embedding API: load a model once, then evaluate and generate in sessions.
 
 use crate::fetch;
-use conductor_actors::{PoolConfig, WorkerPool};
-use conductor_runtime::exec::{InlineDriver, Session, StepError};
+use conductor_actors::{ActorDriver, ActorOptions, PoolConfig, SetupError, WorkerPool};
+use conductor_runtime::exec::{Driver, InlineDriver, Session, StepError};
 use conductor_runtime::model::{Model, ModelError};
-use conductor_runtime::plan::ExecutionPlan;
+use conductor_runtime::plan::{ExecutionPlan, Topology};
 use conductor_runtime::quant::Kernels;
 use conductor_runtime::sample::{Sampler, SamplingError, SamplingParams};
 use conductor_runtime::schedule::ScheduleError;
 use conductor_runtime::tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
+use conductor_runtime::trace::Trace;
 use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -32,18 +33,34 @@ pub enum Error {
     Schedule(#[from] ScheduleError),
     #[error("cannot start worker threads: {0}")]
     Threads(std::io::Error),
+    #[error(transparent)]
+    Setup(#[from] SetupError),
+    #[error("traces are recorded by the actor driver (this engine runs the inline driver)")]
+    NoTrace,
     #[error("the prompt is empty")]
     EmptyPrompt,
     #[error("nothing to generate: the number of tokens to predict must be at least 1")]
     NothingToGenerate,
 }
 
+/// Which driver carries out the scheduler's commands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum DriverKind {
+    /// kameo actors per processor group, pinned to the plan's cores (the default).
+    #[default]
+    Actors,
+    /// Everything on the calling thread plus a worker pool: the reference path.
+    Inline,
+}
+
 /// Builds an [`Engine`].
 pub struct EngineBuilder {
     model: Option<PathBuf>,
-    threads: usize,
+    threads: Option<usize>,
     plan: ExecutionPlan,
     kernels: Kernels,
+    driver: DriverKind,
+    topology: Option<Topology>,
     say: Box<dyn FnMut(&str)>,
 }
 
@@ -54,14 +71,29 @@ impl EngineBuilder {
         self
     }
 
-    /// Compute threads (the calling thread counts as one).
+    /// Compute threads of each processor group whose plan does not fix them (default: one
+    /// per core of the group).
     pub fn threads(mut self, threads: usize) -> Self {
-        self.threads = threads.max(1);
+        self.threads = Some(threads.max(1));
         self
     }
 
+    /// The execution plan (default: [`ExecutionPlan::default`]).
     pub fn plan(mut self, plan: ExecutionPlan) -> Self {
         self.plan = plan;
+        self
+    }
+
+    /// Which driver runs the model (default: actors).
+    pub fn driver(mut self, driver: DriverKind) -> Self {
+        self.driver = driver;
+        self
+    }
+
+    /// The machine's cores (default: detected). For tests and for running a plan written for
+    /// other core classes on a machine without them.
+    pub fn topology(mut self, topology: Topology) -> Self {
+        self.topology = Some(topology);
         self
     }
 
@@ -89,12 +121,33 @@ impl EngineBuilder {
         };
         let model = Arc::new(Model::load(&path).map_err(load)?);
         let tokenizer = Tokenizer::from_gguf(model.file())?;
-        let pool = WorkerPool::new(PoolConfig::new(self.threads)).map_err(Error::Threads)?;
-        let driver = InlineDriver::new(Arc::clone(&model), &self.plan, self.kernels, pool)?;
+        let (driver, threads) = match self.driver {
+            DriverKind::Inline => {
+                let threads = self
+                    .threads
+                    .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+                let pool = WorkerPool::new(PoolConfig::new(threads)).map_err(Error::Threads)?;
+                let driver = InlineDriver::new(Arc::clone(&model), &self.plan, self.kernels, pool)?;
+                (AnyDriver::Inline(driver), threads)
+            }
+            DriverKind::Actors => {
+                let options = ActorOptions {
+                    threads: self.threads.map(|t| t as u32),
+                    topology: self.topology.take(),
+                    no_pinning: std::env::var_os("CONDUCTOR_NO_PIN").is_some(),
+                    model_path: Some(path.clone()),
+                };
+                let driver =
+                    ActorDriver::new(Arc::clone(&model), &self.plan, self.kernels, options)?;
+                let threads = driver.decode_threads() as usize;
+                (AnyDriver::Actors(Box::new(driver)), threads)
+            }
+        };
         Ok(Engine {
             model,
             tokenizer,
             driver,
+            threads,
             path,
             load_time: started.elapsed(),
         })
@@ -136,11 +189,27 @@ pub struct GenerationStats {
     pub stop: StopReason,
 }
 
-/// A loaded model, its tokenizer and the driver that runs it.
+enum AnyDriver {
+    Inline(InlineDriver<WorkerPool>),
+    Actors(Box<ActorDriver>),
+}
+
+impl AnyDriver {
+    fn get(&mut self) -> &mut dyn Driver {
+        match self {
+            AnyDriver::Inline(d) => d,
+            AnyDriver::Actors(d) => &mut **d,
+        }
+    }
+}
+
+/// A loaded model, its tokenizer and the driver that runs it. Dropping it shuts the driver
+/// down cleanly (actors stopped, threads joined).
 pub struct Engine {
     model: Arc<Model>,
     tokenizer: Tokenizer,
-    driver: InlineDriver<WorkerPool>,
+    driver: AnyDriver,
+    threads: usize,
     path: PathBuf,
     load_time: Duration,
 }
@@ -149,9 +218,11 @@ impl Engine {
     pub fn builder() -> EngineBuilder {
         EngineBuilder {
             model: None,
-            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            threads: None,
             plan: ExecutionPlan::default(),
             kernels: Kernels::best(),
+            driver: DriverKind::default(),
+            topology: None,
             say: Box::new(|line| eprintln!("{line}")),
         }
     }
@@ -168,8 +239,37 @@ impl Engine {
         &self.tokenizer
     }
 
+    /// Threads of the decode processor group.
     pub fn threads(&self) -> usize {
-        self.driver.runner().threads()
+        self.threads
+    }
+
+    /// Which driver runs the model.
+    pub fn driver_kind(&self) -> DriverKind {
+        match self.driver {
+            AnyDriver::Inline(_) => DriverKind::Inline,
+            AnyDriver::Actors(_) => DriverKind::Actors,
+        }
+    }
+
+    /// The actor driver, if this engine runs one (placement, fault injection, storage).
+    pub fn actor_driver(&mut self) -> Option<&mut ActorDriver> {
+        match &mut self.driver {
+            AnyDriver::Actors(d) => Some(d),
+            AnyDriver::Inline(_) => None,
+        }
+    }
+
+    /// Starts recording a trace (actor driver only).
+    pub fn start_trace(&mut self) -> Result<(), Error> {
+        self.actor_driver().ok_or(Error::NoTrace)?.start_trace();
+        Ok(())
+    }
+
+    /// Stops recording and returns the trace: every scheduler event with the commands it
+    /// produced, activation sets and timed spans.
+    pub fn take_trace(&mut self) -> Result<Trace, Error> {
+        Ok(self.actor_driver().ok_or(Error::NoTrace)?.take_trace())
     }
 
     /// Time `build` took (fetch excluded only when the model was already cached).
@@ -183,7 +283,7 @@ impl Engine {
         Session::new(&self.model, n_ctx.max(1))
     }
 
-    /// Evaluates `tokens`; see [`InlineDriver::eval`].
+    /// Evaluates `tokens`; see [`Driver::eval`].
     pub fn eval(
         &mut self,
         session: &mut Session,
@@ -191,18 +291,65 @@ impl Engine {
         logits_from: usize,
         on_logits: &mut dyn FnMut(usize, &[f32]),
     ) -> Result<(), Error> {
-        Ok(self.driver.eval(session, tokens, logits_from, on_logits)?)
+        Ok(self
+            .driver
+            .get()
+            .eval(session, tokens, logits_from, on_logits)?)
     }
 
     /// Evaluates `tokens` and returns the logits of the last one.
     pub fn eval_last(&mut self, session: &mut Session, tokens: &[u32]) -> Result<&[f32], Error> {
-        Ok(self.driver.eval_last(session, tokens)?)
+        Ok(self.driver.get().eval_last(session, tokens)?)
     }
 
     /// Tokenizes a prompt the way llama.cpp does for plain text: BOS if the model wants it,
     /// special tokens written in the text (`<|im_start|>`) parsed as such.
     pub fn tokenize(&self, text: &str) -> Vec<u32> {
         self.tokenizer.encode(text, true, true)
+    }
+
+    /// Evaluates `prompt` after what `session` holds and returns an iterator over the
+    /// generated tokens, each with the text it completes. Evaluation is lazy: each `next`
+    /// computes one token, so dropping the iterator cancels generation.
+    pub fn stream<'a>(
+        &'a mut self,
+        session: &'a mut Session,
+        prompt: &[u32],
+        options: &GenerateOptions,
+    ) -> Result<TokenStream<'a>, Error> {
+        if prompt.is_empty() {
+            return Err(Error::EmptyPrompt);
+        }
+        if options.max_tokens == 0 {
+            return Err(Error::NothingToGenerate);
+        }
+        let mut sampler = Sampler::new(options.sampling.clone())?;
+        let started = Instant::now();
+        let logits = self.driver.get().eval_last(session, prompt)?;
+        let prompt_time = started.elapsed();
+        for &t in session.tokens() {
+            sampler.accept(t);
+        }
+        let first = sampler.sample(logits);
+        let time_to_first_token = started.elapsed();
+        Ok(TokenStream {
+            engine: self,
+            session,
+            sampler,
+            decoder: StreamDecoder::new(false),
+            options: options.clone(),
+            next: Some(first),
+            to_eval: None,
+            stats: GenerationStats {
+                prompt_tokens: prompt.len(),
+                prompt_time,
+                decode_evals: 0,
+                decode_time: Duration::ZERO,
+                generated: Vec::new(),
+                time_to_first_token,
+                stop: StopReason::Length,
+            },
+        })
     }
 
     /// Generates from `prompt` after what `session` holds, calling `on_text` with each piece
@@ -214,56 +361,99 @@ impl Engine {
         options: &GenerateOptions,
         on_text: &mut dyn FnMut(&str) -> ControlFlow<()>,
     ) -> Result<GenerationStats, Error> {
-        if prompt.is_empty() {
-            return Err(Error::EmptyPrompt);
-        }
-        if options.max_tokens == 0 {
-            return Err(Error::NothingToGenerate);
-        }
-        let mut sampler = Sampler::new(options.sampling.clone())?;
-        let started = Instant::now();
-        let logits = self.driver.eval_last(session, prompt)?;
-        let prompt_time = started.elapsed();
-        for &t in session.tokens() {
-            sampler.accept(t);
-        }
-        let mut token = sampler.sample(logits);
-        let time_to_first_token = started.elapsed();
-        let mut decoder = StreamDecoder::new(false);
-        let mut stats = GenerationStats {
-            prompt_tokens: prompt.len(),
-            prompt_time,
-            decode_evals: 0,
-            decode_time: Duration::ZERO,
-            generated: Vec::new(),
-            time_to_first_token,
-            stop: StopReason::Length,
-        };
-        loop {
-            if !options.ignore_eos && self.tokenizer.is_eog(token) {
-                stats.stop = StopReason::EndOfGeneration;
+        let mut stream = self.stream(session, prompt, options)?;
+        while let Some(piece) = stream.next() {
+            let piece = piece?;
+            if !piece.text.is_empty() && on_text(&piece.text).is_break() {
+                stream.stats.stop = StopReason::Cancelled;
                 break;
             }
-            stats.generated.push(token);
-            sampler.accept(token);
-            let text = decoder.push(&self.tokenizer, token);
-            if !text.is_empty() && on_text(&text).is_break() {
-                stats.stop = StopReason::Cancelled;
-                break;
-            }
-            if stats.generated.len() == options.max_tokens {
-                break;
-            }
+        }
+        Ok(stream.into_stats())
+    }
+}
+
+/// One generated token and the text it completes (empty while a UTF-8 character is still
+/// incomplete). The last piece of a stream may carry no token: the flush of bytes that never
+/// completed a character.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Piece {
+    pub token: Option<u32>,
+    pub text: String,
+}
+
+/// Generated tokens, one per `next`; see [`Engine::stream`].
+pub struct TokenStream<'a> {
+    engine: &'a mut Engine,
+    session: &'a mut Session,
+    sampler: Sampler,
+    decoder: StreamDecoder,
+    options: GenerateOptions,
+    /// The sampled token to hand out next.
+    next: Option<u32>,
+    /// The token handed out last, evaluated at the next call (so its text comes out first).
+    to_eval: Option<u32>,
+    stats: GenerationStats,
+}
+
+impl TokenStream<'_> {
+    /// What the generation cost so far.
+    pub fn stats(&self) -> &GenerationStats {
+        &self.stats
+    }
+
+    pub fn into_stats(self) -> GenerationStats {
+        self.stats
+    }
+
+    fn advance(&mut self) -> Result<Option<Piece>, Error> {
+        if let Some(token) = self.to_eval.take() {
             let t0 = Instant::now();
-            let logits = self.driver.eval_last(session, &[token])?;
-            stats.decode_time += t0.elapsed();
-            stats.decode_evals += 1;
-            token = sampler.sample(logits);
+            let logits = self.engine.driver.get().eval_last(self.session, &[token])?;
+            self.stats.decode_time += t0.elapsed();
+            self.stats.decode_evals += 1;
+            self.next = Some(self.sampler.sample(logits));
         }
-        let rest = decoder.finish();
-        if !rest.is_empty() {
-            let _ = on_text(&rest);
+        let Some(token) = self.next.take() else {
+            return Ok(None);
+        };
+        let tokenizer = &self.engine.tokenizer;
+        if !self.options.ignore_eos && tokenizer.is_eog(token) {
+            self.stats.stop = StopReason::EndOfGeneration;
+            let rest = self.decoder.finish();
+            return Ok((!rest.is_empty()).then_some(Piece {
+                token: None,
+                text: rest,
+            }));
         }
-        Ok(stats)
+        self.stats.generated.push(token);
+        self.sampler.accept(token);
+        let mut text = self.decoder.push(tokenizer, token);
+        if self.stats.generated.len() == self.options.max_tokens {
+            self.stats.stop = StopReason::Length;
+            text.push_str(&self.decoder.finish());
+        } else {
+            self.to_eval = Some(token);
+        }
+        Ok(Some(Piece {
+            token: Some(token),
+            text,
+        }))
+    }
+}
+
+impl Iterator for TokenStream<'_> {
+    type Item = Result<Piece, Error>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        match self.advance() {
+            Ok(piece) => piece.map(Ok),
+            Err(e) => {
+                // The stream ends with its error.
+                self.next = None;
+                self.to_eval = None;
+                Some(Err(e))
+            }
+        }
     }
 }

@@ -25,4 +25,7 @@ pub mod fetch;
 
 pub use conductor_actors as actors;
 pub use conductor_runtime as runtime;
-pub use engine::{Engine, EngineBuilder, Error, GenerateOptions, GenerationStats, StopReason};
+pub use engine::{
+    DriverKind, Engine, EngineBuilder, Error, GenerateOptions, GenerationStats, Piece, StopReason,
+    TokenStream,
+};

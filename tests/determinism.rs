@@ -1,31 +1,40 @@
-//! Numerics are a function of model, input and plan — never of the number of threads.
+//! Numerics are a function of model, input and plan — never of the number of threads, the
+//! driver, or how processor groups share a phase.
 //!
 //! Clusters are fixed by the plan and reduced in cluster order, so the logits must be identical
-//! bit for bit whether one thread computes everything or several threads share the clusters in
-//! whatever order they happen to claim them.
+//! bit for bit whether one thread computes everything, several threads share the clusters in
+//! whatever order they claim them, or kameo actors on several host threads compute parts of a
+//! phase each and report in any order.
 
 mod common;
 
-use conductor::actors::{PoolConfig, WorkerPool};
-use conductor::runtime::exec::{InlineDriver, Session};
+use conductor::actors::{ActorDriver, ActorOptions, PoolConfig, WorkerPool};
+use conductor::runtime::exec::{Driver, InlineDriver, Session};
 use conductor::runtime::gguf::GgufFile;
 use conductor::runtime::model::Model;
-use conductor::runtime::plan::ExecutionPlan;
+use conductor::runtime::plan::{CoreSet, ExecutionPlan, GroupPlan, Share, Topology, XpuKind};
 use conductor::runtime::quant::Kernels;
 use conductor::runtime::synthetic::{synthetic_model, SyntheticSpec};
 use std::sync::Arc;
 
-/// Logits of a prefill step and of every following decode step, as raw bits.
-fn logit_bits(model: &Arc<Model>, threads: usize, tokens: &[u32], prompt_len: usize) -> Vec<u32> {
+fn inline(model: &Arc<Model>, threads: usize, plan: &ExecutionPlan) -> Box<dyn Driver> {
     let pool = WorkerPool::new(PoolConfig::new(threads)).unwrap();
-    let mut driver = InlineDriver::new(
-        Arc::clone(model),
-        &ExecutionPlan::default(),
-        Kernels::best(),
-        pool,
-    )
-    .unwrap();
-    let mut session = Session::new(model, tokens.len() + 1);
+    Box::new(InlineDriver::new(Arc::clone(model), plan, Kernels::best(), pool).unwrap())
+}
+
+fn actors(model: &Arc<Model>, threads: u32, plan: &ExecutionPlan) -> Box<dyn Driver> {
+    let options = ActorOptions {
+        threads: Some(threads),
+        topology: Some(Topology::uniform(threads.max(2))),
+        no_pinning: true,
+        model_path: None,
+    };
+    Box::new(ActorDriver::new(Arc::clone(model), plan, Kernels::best(), options).unwrap())
+}
+
+/// Logits of a prefill step and of every following decode step, as raw bits.
+fn logit_bits(driver: &mut dyn Driver, tokens: &[u32], prompt_len: usize) -> Vec<u32> {
+    let mut session = Session::new(driver.model(), tokens.len() + 1);
     let mut bits = Vec::new();
     let mut all = |_: usize, rows: &[f32]| bits.extend(rows.iter().map(|x| x.to_bits()));
     // Every prompt position's logits: exercises the output phase with many rows too.
@@ -39,8 +48,7 @@ fn logit_bits(model: &Arc<Model>, threads: usize, tokens: &[u32], prompt_len: us
     bits
 }
 
-#[test]
-fn synthetic_model_logits_are_bit_identical_on_1_2_and_3_threads() {
+fn synthetic() -> (Arc<Model>, Vec<u32>) {
     let spec = SyntheticSpec {
         n_layer: 3,
         n_embd: 128,
@@ -52,14 +60,87 @@ fn synthetic_model_logits_are_bit_identical_on_1_2_and_3_threads() {
     let bytes = synthetic_model(&spec).unwrap().to_bytes().unwrap();
     let model = Arc::new(Model::from_gguf(GgufFile::from_bytes(bytes).unwrap()).unwrap());
     let tokens: Vec<u32> = (0..90).map(|i| (i * 31 + 7) % spec.n_vocab).collect();
-    // 80 prompt tokens take the tiled attention path; then 10 decode steps.
-    let one = logit_bits(&model, 1, &tokens, 80);
-    assert_eq!(one, logit_bits(&model, 2, &tokens, 80));
-    assert_eq!(one, logit_bits(&model, 3, &tokens, 80));
+    (model, tokens)
+}
+
+/// Decode shared 2:1 between two CPU groups on different cores (two hosts: their messages
+/// cross threads), prefill shared between the dense backend in launches of 16 tokens and a CPU
+/// group.
+fn split_plan() -> ExecutionPlan {
+    let group = |name: &str, kind, cores: Vec<u32>| GroupPlan {
+        name: name.into(),
+        kind,
+        cores: CoreSet::Ids(cores),
+        threads: 0,
+    };
+    let mut plan = ExecutionPlan {
+        groups: vec![
+            group("big", XpuKind::Cpu, vec![0]),
+            group("little", XpuKind::Cpu, vec![1]),
+            group("npu", XpuKind::Npu, vec![0, 1]),
+        ],
+        decode_on: vec![
+            Share {
+                group: "big".into(),
+                weight: 2,
+            },
+            Share {
+                group: "little".into(),
+                weight: 1,
+            },
+        ],
+        prefill_on: vec![
+            Share {
+                group: "npu".into(),
+                weight: 3,
+            },
+            Share {
+                group: "little".into(),
+                weight: 1,
+            },
+        ],
+        ..ExecutionPlan::default()
+    };
+    plan.dense.token_chunk = 16;
+    plan.decode.ffn_neurons = 64;
+    plan
 }
 
 #[test]
-fn default_model_logits_are_bit_identical_on_1_and_2_threads() {
+fn logits_are_bit_identical_across_drivers_thread_counts_and_group_splits() {
+    let (model, tokens) = synthetic();
+    let plan = ExecutionPlan::default();
+    // 80 prompt tokens take the tiled attention path; then 10 decode steps.
+    let reference = logit_bits(&mut *inline(&model, 1, &plan), &tokens, 80);
+    for threads in [2, 3] {
+        assert_eq!(
+            reference,
+            logit_bits(&mut *inline(&model, threads, &plan), &tokens, 80),
+            "inline driver, {threads} threads"
+        );
+    }
+    for threads in [1, 2, 3] {
+        assert_eq!(
+            reference,
+            logit_bits(&mut *actors(&model, threads, &plan), &tokens, 80),
+            "actor driver, {threads} threads"
+        );
+    }
+    let split = split_plan();
+    assert_eq!(
+        reference,
+        logit_bits(&mut *inline(&model, 2, &split), &tokens, 80),
+        "inline driver, split plan"
+    );
+    assert_eq!(
+        reference,
+        logit_bits(&mut *actors(&model, 2, &split), &tokens, 80),
+        "actor driver, groups on two hosts, NPU launches of 16 tokens"
+    );
+}
+
+#[test]
+fn default_model_logits_are_bit_identical_on_both_drivers_and_1_and_2_threads() {
     let model = Arc::new(Model::load(&common::default_model()).unwrap());
     let r = common::references()
         .into_iter()
@@ -68,16 +149,26 @@ fn default_model_logits_are_bit_identical_on_1_and_2_threads() {
     let mut tokens = r.prompt_ids.clone();
     tokens.extend(&r.greedy_ids[..8]);
     let n = r.prompt_ids.len();
+    let plan = ExecutionPlan::default();
+    let reference = logit_bits(&mut *inline(&model, 1, &plan), &tokens, n);
     assert_eq!(
-        logit_bits(&model, 1, &tokens, n),
-        logit_bits(&model, 2, &tokens, n)
+        reference,
+        logit_bits(&mut *inline(&model, 2, &plan), &tokens, n)
+    );
+    assert_eq!(
+        reference,
+        logit_bits(&mut *actors(&model, 1, &plan), &tokens, n)
+    );
+    assert_eq!(
+        reference,
+        logit_bits(&mut *actors(&model, 2, &plan), &tokens, n)
     );
 }
 
 #[test]
-fn cli_output_is_identical_on_1_and_2_threads() {
+fn cli_output_is_identical_on_1_and_2_threads_and_both_drivers() {
     let model = common::default_model();
-    let run = |threads: &str| {
+    let run = |threads: &str, driver: &str| {
         let out = common::conductor()
             .args(["run", "-m"])
             .arg(&model)
@@ -91,7 +182,7 @@ fn cli_output_is_identical_on_1_and_2_threads() {
                 "--seed",
                 "7",
             ])
-            .args(["--ignore-eos", "-t", threads])
+            .args(["--ignore-eos", "-t", threads, "--driver", driver])
             .output()
             .unwrap();
         assert!(
@@ -101,7 +192,9 @@ fn cli_output_is_identical_on_1_and_2_threads() {
         );
         out.stdout
     };
-    let one = run("1");
+    let one = run("1", "inline");
     assert!(one.len() > "Once upon a time".len() + 40);
-    assert_eq!(one, run("2"));
+    assert_eq!(one, run("2", "inline"));
+    assert_eq!(one, run("1", "actors"));
+    assert_eq!(one, run("2", "actors"));
 }

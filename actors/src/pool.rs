@@ -32,6 +32,9 @@ struct Job {
 const OPEN: u64 = 1 << 31;
 const PARTICIPANTS: u64 = OPEN - 1;
 
+/// Spin iterations (a few microseconds) before a waiting helper starts yielding its core.
+const PURE_SPIN: u32 = 2_000;
+
 fn epoch(state: u64) -> u64 {
     state >> 32
 }
@@ -42,6 +45,8 @@ struct Shared {
     next: AtomicUsize,
     done: AtomicUsize,
     panicked: AtomicBool,
+    /// Held by the one caller inside `run`; a second concurrent caller would overwrite `job`.
+    busy: AtomicBool,
     shutdown: AtomicBool,
     sleepers: AtomicUsize,
     lock: Mutex<()>,
@@ -97,6 +102,7 @@ impl WorkerPool {
             next: AtomicUsize::new(0),
             done: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
+            busy: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
             sleepers: AtomicUsize::new(0),
             lock: Mutex::new(()),
@@ -176,7 +182,14 @@ fn helper_loop(shared: &Shared, worker: usize) {
             }
             if spins < shared.spin_iterations {
                 spins += 1;
-                std::hint::spin_loop();
+                // Phases follow each other within microseconds: spin. Past that, yield while
+                // spinning, so a thread that is not ours (the application's, sampling the next
+                // token) gets the core at once instead of after a scheduler tick.
+                if spins < PURE_SPIN {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
                 continue;
             }
             // Park. The SeqCst pair (sleepers here, state in `run`) and the re-check under the
@@ -237,6 +250,19 @@ impl ClusterRunner for WorkerPool {
             return;
         }
         let shared = &*self.shared;
+        // One caller at a time: groups that share a pool live on one host thread, so this
+        // never fires in the engine; it turns a misuse into a panic instead of a data race.
+        assert!(
+            !shared.busy.swap(true, Ordering::Acquire),
+            "WorkerPool::run called from two threads at once"
+        );
+        struct Release<'a>(&'a AtomicBool);
+        impl Drop for Release<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::Release);
+            }
+        }
+        let _release = Release(&shared.busy);
         let state = shared.state.load(Ordering::Acquire);
         debug_assert_eq!(
             state & (OPEN | PARTICIPANTS),

@@ -6,7 +6,7 @@
 //! biases, residuals, cluster reductions) that agreement with llama.cpp on one model could hide.
 //! Differences allowed are those of the quantized activations and the f16 KV cache.
 
-use conductor_runtime::exec::{InlineDriver, Serial, Session};
+use conductor_runtime::exec::{Driver, InlineDriver, Serial, Session};
 use conductor_runtime::gguf::GgufFile;
 use conductor_runtime::model::{FfnActivation, Model, RopeStyle, TensorRef};
 use conductor_runtime::plan::ExecutionPlan;
@@ -61,7 +61,7 @@ fn rope(v: &mut [f64], pos: usize, style: RopeStyle, base: f32) {
 /// Logits of every position of `tokens`, computed from scratch.
 fn reference_logits(model: &Model, tokens: &[u32]) -> Vec<Vec<f64>> {
     let c = &model.config;
-    let (embd, hd) = (c.n_embd as usize, c.head_dim as usize);
+    let hd = c.head_dim as usize;
     let (nh, nkv) = (c.n_head as usize, c.n_head_kv as usize);
     let emb = matrix(model, &model.tok_embd);
     let mut xs: Vec<Vec<f64>> = tokens.iter().map(|&t| emb[t as usize].clone()).collect();

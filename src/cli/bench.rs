@@ -4,7 +4,7 @@
 //! one after another from an empty context. Each test runs once to warm up, then `-r` times;
 //! we report the median and the spread (min–max) of tokens per second.
 
-use super::{parse_list, ModelArgs, NumList};
+use super::{parse_list, EngineArgs, ModelArgs, NumList};
 use anyhow::{bail, Result};
 use clap::Args;
 use conductor::Engine;
@@ -31,6 +31,12 @@ pub struct BenchArgs {
     /// One JSON object per line instead of a table.
     #[arg(long = "json")]
     json: bool,
+    #[command(flatten)]
+    engine: EngineArgs,
+    /// Record a trace of every measured run (actor driver) into this file, plus a
+    /// Chrome-trace timeline beside it (.json). With several thread counts, the last one's.
+    #[arg(long = "trace-out")]
+    trace_out: Option<std::path::PathBuf>,
 }
 
 struct Measured {
@@ -119,8 +125,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let model = ModelArgs {
             model: args.model.clone(),
             threads: Some(t),
+            engine: args.engine.clone(),
         };
         let mut engine = model.load(t)?;
+        if args.trace_out.is_some() {
+            engine.start_trace()?;
+        }
         let n_ctx = engine.model().config.n_ctx_train as usize;
         if let Some(&(p, g)) = tests.iter().find(|&&(p, g)| p.max(g) > n_ctx) {
             bail!(
@@ -153,6 +163,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 samples,
             };
             report(&args, &engine, &m, &mut printed_header);
+        }
+        if let Some(path) = &args.trace_out {
+            super::save_trace(&engine.take_trace()?, path)?;
         }
     }
     Ok(())
@@ -187,6 +200,7 @@ fn report(args: &BenchArgs, engine: &Engine, m: &Measured, printed_header: &mut 
             "model_bytes": bytes,
             "params": params,
             "isa": isa,
+            "driver": format!("{:?}", engine.driver_kind()).to_lowercase(),
         });
         println!("{line}");
         return;

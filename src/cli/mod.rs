@@ -6,10 +6,11 @@ mod perplexity;
 mod run;
 
 use anyhow::{bail, Context, Result};
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use conductor::fetch;
-use conductor::Engine;
-use std::path::PathBuf;
+use conductor::runtime::plan::ExecutionPlan;
+use conductor::{DriverKind, Engine};
+use std::path::{Path, PathBuf};
 
 #[derive(Parser)]
 #[command(
@@ -43,6 +44,25 @@ struct FetchArgs {
     print_path: bool,
 }
 
+/// Which driver runs the model.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum DriverArg {
+    /// kameo actors per processor group (the default).
+    #[default]
+    Actors,
+    /// The scheduler and a worker pool on the calling thread (the reference path).
+    Inline,
+}
+
+impl From<DriverArg> for DriverKind {
+    fn from(d: DriverArg) -> DriverKind {
+        match d {
+            DriverArg::Actors => DriverKind::Actors,
+            DriverArg::Inline => DriverKind::Inline,
+        }
+    }
+}
+
 /// Options shared by every command that loads a model.
 #[derive(Args, Clone)]
 pub struct ModelArgs {
@@ -52,6 +72,28 @@ pub struct ModelArgs {
     /// Compute threads.
     #[arg(short = 't', long = "threads")]
     pub threads: Option<usize>,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+/// How the model runs: driver and execution plan.
+#[derive(Args, Clone, Default)]
+pub struct EngineArgs {
+    /// Which driver carries out the plan.
+    #[arg(long = "driver", value_enum, default_value_t = DriverArg::Actors)]
+    pub driver: DriverArg,
+    /// Execution plan (JSON as `conductor plan` writes it, or TOML); default: the built-in plan.
+    #[arg(long = "plan")]
+    pub plan: Option<PathBuf>,
+}
+
+impl EngineArgs {
+    pub fn plan(&self) -> Result<ExecutionPlan> {
+        match &self.plan {
+            Some(path) => Ok(ExecutionPlan::from_file(path)?),
+            None => Ok(ExecutionPlan::default()),
+        }
+    }
 }
 
 impl ModelArgs {
@@ -61,20 +103,49 @@ impl ModelArgs {
     }
 
     pub fn load(&self, threads: usize) -> Result<Engine> {
-        if threads == 0 {
-            bail!("-t must be at least 1");
-        }
-        if let Some(path) = &self.model {
-            // Say which file is missing before the GGUF reader says it in its own words.
-            std::fs::metadata(path)
-                .with_context(|| format!("cannot read model file {}", path.display()))?;
-        }
-        let mut builder = Engine::builder().threads(threads);
-        if let Some(path) = &self.model {
-            builder = builder.model(path);
-        }
-        Ok(builder.build()?)
+        load_engine(self.model.as_deref(), threads, &self.engine)
     }
+}
+
+/// Loads a model for a command: checks the file and the plan, builds the engine.
+pub fn load_engine(model: Option<&Path>, threads: usize, engine: &EngineArgs) -> Result<Engine> {
+    if threads == 0 {
+        bail!("-t must be at least 1");
+    }
+    if let Some(path) = model {
+        // Say which file is missing before the GGUF reader says it in its own words.
+        std::fs::metadata(path)
+            .with_context(|| format!("cannot read model file {}", path.display()))?;
+    }
+    let mut builder = Engine::builder()
+        .threads(threads)
+        .plan(engine.plan()?)
+        .driver(engine.driver.into());
+    if let Some(path) = model {
+        builder = builder.model(path);
+    }
+    Ok(builder.build()?)
+}
+
+/// Writes a trace for `--trace-out`: the replayable binary trace, and beside it (`.json`) the
+/// Chrome-trace / Perfetto timeline.
+pub fn save_trace(trace: &conductor::runtime::trace::Trace, path: &Path) -> Result<()> {
+    trace
+        .save(path)
+        .with_context(|| format!("cannot write trace {}", path.display()))?;
+    let timeline = path.with_extension("json");
+    let mut out = std::io::BufWriter::new(
+        std::fs::File::create(&timeline)
+            .with_context(|| format!("cannot write {}", timeline.display()))?,
+    );
+    conductor::runtime::trace::write_chrome_trace(&trace.spans, "conductor (actors)", &mut out)?;
+    eprintln!(
+        "trace: {} events -> {} (replay: conductor simulate --replay), timeline -> {} (ui.perfetto.dev)",
+        trace.records.len(),
+        path.display(),
+        timeline.display()
+    );
+    Ok(())
 }
 
 pub fn dispatch(cli: Cli) -> Result<()> {

@@ -56,6 +56,10 @@ pub struct RunArgs {
     /// Do not echo the prompt before the generated text.
     #[arg(long = "no-display-prompt")]
     no_display_prompt: bool,
+    /// Record a trace of the run (actor driver): every scheduler event and command, for
+    /// `conductor simulate --replay`, plus a Chrome-trace timeline beside it (.json).
+    #[arg(long = "trace-out")]
+    trace_out: Option<std::path::PathBuf>,
 }
 
 pub fn run(args: RunArgs) -> Result<()> {
@@ -108,6 +112,9 @@ pub fn run(args: RunArgs) -> Result<()> {
         ignore_eos: args.ignore_eos,
     };
 
+    if args.trace_out.is_some() {
+        engine.start_trace()?;
+    }
     let mut out = std::io::stdout().lock();
     if !args.no_display_prompt && !args.chat {
         write!(out, "{text}")?;
@@ -129,6 +136,9 @@ pub fn run(args: RunArgs) -> Result<()> {
     }
     drop(out);
     print_timings(load_time, &stats, started.elapsed());
+    if let Some(path) = &args.trace_out {
+        super::save_trace(&engine.take_trace()?, path)?;
+    }
     Ok(())
 }
 

@@ -1,22 +1,29 @@
 //! The executor: computes the clusters of a phase and finishes phases, on real data.
 //!
-//! Buffer layouts are chosen so that every cluster's output is one contiguous block:
-//! - `qkv`  `[head][token][head_dim]` — query heads, then key heads, then value heads;
-//! - `attn` `[query head][token][head_dim]`;
-//! - `blocks` for row phases: cluster `c` owning rows `a..b` writes `[token][b - a]` at offset
-//!   `n_tokens * a`; for FFN neuron clusters, partial down projections `[token][n_embd]` at
+//! Two kinds of state, so that several processor groups can compute parts of one phase at once:
+//! - [`StepState`]: the step's inputs (residual stream, quantized activations, q/k/v, …). Read
+//!   by every group while a phase computes; written only when a phase finishes.
+//! - [`GroupOutput`]: one per processor group. A group writes the blocks of its clusters there.
+//!
+//! Every cluster's output is one contiguous block, at the same offset whichever group computes
+//! it:
+//! - `QkvHeads`: `[head][token][head_dim]` — query heads, then key heads, then value heads;
+//! - `AttnHeads`: `[query head][token][head_dim]`;
+//! - row phases: cluster `c` owning rows `a..b` writes `[token][b - a]` at offset
+//!   `n_tokens * a`; FFN neuron clusters write partial down projections `[token][n_embd]` at
 //!   offset `c * n_tokens * n_embd`.
 //!
-//! Finishing a phase gathers or reduces those blocks in cluster order, then normalises and
-//! quantizes the next phase's input once for all clusters.
+//! Finishing a phase first collects each group's part (a swap when one group did it all), then
+//! gathers or reduces the blocks in cluster order and prepares the next phase's input once for
+//! all clusters. Which group computed a cluster therefore never changes a bit of the result.
 
-use super::ClusterRunner;
+use super::{ClusterRunner, DenseBackend};
 use crate::model::attention::{attend_tiled, attend_vec, AttnScratch, TILED_MIN_QUERIES};
 use crate::model::ops::{gated_activation, rms_norm, RopeTable};
 use crate::model::{KvCache, Model, ModelError, TensorRef};
 use crate::neuron::Phase;
 use crate::quant::{activation_type, GgmlType, Kernels, MatRef};
-use crate::schedule::{ClusterWork, Program, StepRequest};
+use crate::schedule::{ClusterWork, Program, StepRequest, XpuId};
 use std::ops::Range;
 use std::sync::Mutex;
 
@@ -75,13 +82,23 @@ impl Activations {
     }
 }
 
-/// Computes `out[t * stride + r] = w_r · act_t` for the rows of `w` and `n` activation rows.
-fn project(kernels: &Kernels, w: MatRef<'_>, act: &[u8], n: usize, out: &mut [f32], stride: usize) {
-    if n == 1 {
-        let rows = w.rows;
-        kernels.matvec(w, 0..w.cols, act, &mut out[..rows]);
-    } else {
-        kernels.matmul(w, act, n, out, stride);
+/// The kernels and the dense backend a group computes with.
+#[derive(Clone, Copy)]
+struct Compute<'a> {
+    kernels: &'a Kernels,
+    dense: &'a dyn DenseBackend,
+}
+
+impl Compute<'_> {
+    /// `out[t * stride + r] = w_r · act_t` for the rows of `w` and `n` activation rows: a
+    /// matvec for one token, the dense backend for many.
+    fn project(self, w: MatRef<'_>, act: &[u8], n: usize, out: &mut [f32], stride: usize) {
+        if n == 1 {
+            let rows = w.rows;
+            self.kernels.matvec(w, 0..w.cols, act, &mut out[..rows]);
+        } else {
+            self.dense.matmul(self.kernels, w, act, n, out, stride);
+        }
     }
 }
 
@@ -93,13 +110,21 @@ fn row_blocks<'a>(
     n: usize,
     total_rows: usize,
 ) -> Vec<&'a mut [f32]> {
-    blocks.resize(n * total_rows, 0.0);
+    grow(blocks, n * total_rows);
     let first = clusters.first().map_or(0, |r| r.start as usize);
     let len: usize = clusters.iter().map(|r| r.len()).sum();
     split_blocks(
         &mut blocks[n * first..n * (first + len)],
         clusters.iter().map(|r| n * r.len()),
     )
+}
+
+/// Makes `buf` hold at least `len` values. Buffers never shrink: phases of different sizes
+/// follow each other, and re-zeroing on every regrowth would cost more than the memory.
+fn grow(buf: &mut Vec<f32>, len: usize) {
+    if buf.len() < len {
+        buf.resize(len, 0.0);
+    }
 }
 
 /// Splits `buf` into consecutive blocks of the given lengths.
@@ -125,9 +150,16 @@ enum Tensor {
     Delta,
 }
 
-/// Computes steps of one model. Holds only buffers; the model, KV cache and cluster layout
-/// are passed in, so one executor serves any session.
-pub struct Executor {
+/// The blocks one processor group computed for the current phase, and its workers' scratch.
+#[derive(Default)]
+pub struct GroupOutput {
+    buf: Vec<f32>,
+    scratch: Vec<Mutex<WorkerScratch>>,
+}
+
+/// The inputs of a step's phases. One per driver; the model, KV cache and cluster layout are
+/// passed in, so it serves any session.
+pub struct StepState {
     kernels: Kernels,
     request: StepRequest,
     /// Residual stream `[token][n_embd]`.
@@ -141,18 +173,17 @@ pub struct Executor {
     blocks: Vec<f32>,
     delta: Vec<f32>,
     logits: Vec<f32>,
-    scratch: Vec<Mutex<WorkerScratch>>,
     probe: Option<Probe>,
 }
 
 /// Receives intermediate tensors by llama.cpp's names (`attn_norm-3`, `ffn_out-3`, `l_out-3`,
 /// `result_norm` …) as `[token][width]` rows: for comparing a forward pass with llama.cpp's
 /// eval callback. Costs nothing when unset.
-pub type Probe = Box<dyn FnMut(&str, &[f32], usize) + Send>;
+pub type Probe = Box<dyn FnMut(&str, &[f32], usize) + Send + Sync>;
 
-impl Executor {
-    pub fn new(kernels: Kernels) -> Executor {
-        Executor {
+impl StepState {
+    pub fn new(kernels: Kernels) -> StepState {
+        StepState {
             kernels,
             request: StepRequest {
                 step: 0,
@@ -170,7 +201,6 @@ impl Executor {
             blocks: Vec::new(),
             delta: Vec::new(),
             logits: Vec::new(),
-            scratch: Vec::new(),
             probe: None,
         }
     }
@@ -196,9 +226,20 @@ impl Executor {
         &self.kernels
     }
 
+    /// The step being computed.
+    pub fn request(&self) -> &StepRequest {
+        &self.request
+    }
+
     /// Logits of the step's tokens from `logits_from` on, `[token][n_vocab]`.
     pub fn logits(&self) -> &[f32] {
         &self.logits
+    }
+
+    /// Moves the logits out (leaving `buf`'s old contents in their place): lets a driver hand
+    /// them over without copying.
+    pub fn swap_logits(&mut self, buf: &mut Vec<f32>) {
+        std::mem::swap(&mut self.logits, buf);
     }
 
     /// Embeds the step's tokens and prepares the first phase's input.
@@ -228,17 +269,21 @@ impl Executor {
         Ok(())
     }
 
-    /// Computes the clusters of one `Compute` command.
+    /// Computes the clusters of one `Compute` command into `out`: `runner` spreads them over
+    /// the group's workers, `dense` multiplies many tokens at once (prefill).
+    #[allow(clippy::too_many_arguments)]
     pub fn compute(
-        &mut self,
+        &self,
         model: &Model,
         kv: &KvCache,
         program: &Program,
         work: &ClusterWork,
         runner: &dyn ClusterRunner,
+        dense: &dyn DenseBackend,
+        out: &mut GroupOutput,
     ) {
-        while self.scratch.len() < runner.workers() {
-            self.scratch.push(Mutex::default());
+        while out.scratch.len() < runner.workers() {
+            out.scratch.push(Mutex::default());
         }
         let clusters = &program.clusters(work.phase)[units(&work.clusters)];
         let c = &model.config;
@@ -247,27 +292,25 @@ impl Executor {
         let embd = c.n_embd as usize;
         let n_past = self.request.n_past as usize;
         let layer = model.layers.get(work.layer as usize);
-        let Executor {
+        let GroupOutput { buf, scratch } = out;
+        let scratch = &*scratch;
+        let StepState {
             kernels,
             acts,
             rope,
             qkv,
-            attn,
-            blocks,
-            scratch,
             ..
         } = self;
-        let kernels = &*kernels;
-        let (acts, rope, scratch) = (&*acts, &*rope, &*scratch);
+        let cx = Compute { kernels, dense };
         match work.phase {
             Phase::QkvHeads => {
                 let l = layer.expect("attention phases belong to a layer");
                 let (n_head, n_kv) = (c.n_head as usize, c.n_head_kv as usize);
-                qkv.resize((n_head + 2 * n_kv) * n * hd, 0.0);
+                grow(buf, (n_head + 2 * n_kv) * n * hd);
                 let first = clusters.first().map_or(0, |r| r.start as usize);
                 let len: usize = clusters.iter().map(|r| r.len()).sum();
                 let mut outs = split_blocks(
-                    &mut qkv[first * n * hd..(first + len) * n * hd],
+                    &mut buf[first * n * hd..(first + len) * n * hd],
                     clusters.iter().map(|r| r.len() * n * hd),
                 );
                 runner.run(&mut outs, &|_, i, out| {
@@ -281,7 +324,7 @@ impl Executor {
                             (&l.wv, &l.bv, (head - n_head - n_kv) * hd, false)
                         };
                         let mat = model.rows(w, row0..row0 + hd);
-                        project(kernels, mat, acts.get(w.ty), n, dst, hd);
+                        cx.project(mat, acts.get(w.ty), n, dst, hd);
                         for t in 0..n {
                             let v = &mut dst[t * hd..(t + 1) * hd];
                             if let Some(b) = bias {
@@ -300,16 +343,16 @@ impl Executor {
                 let group = (c.n_head / c.n_head_kv) as usize;
                 let scale = 1.0 / (hd as f32).sqrt();
                 let layer_index = work.layer as usize;
-                attn.resize(c.n_head as usize * n * hd, 0.0);
+                grow(buf, c.n_head as usize * n * hd);
                 let first = clusters.first().map_or(0, |r| r.start as usize);
                 let len: usize = clusters.iter().map(|r| r.len()).sum();
                 let mut outs = split_blocks(
-                    &mut attn[first * n * hd..(first + len) * n * hd],
+                    &mut buf[first * n * hd..(first + len) * n * hd],
                     clusters.iter().map(|r| r.len() * n * hd),
                 );
                 let qkv = &*qkv;
                 runner.run(&mut outs, &|worker, i, out| {
-                    let mut s = scratch[worker].lock().expect("worker scratch");
+                    let mut s = scratch[worker].lock().unwrap_or_else(|e| e.into_inner());
                     for (k, head) in units(&clusters[i]).enumerate() {
                         let keys = kv.keys(layer_index, head / group);
                         let values = kv.values(layer_index, head / group);
@@ -333,74 +376,59 @@ impl Executor {
                     Phase::FfnDownRows => &layer.expect("layer").down,
                     _ => &model.output,
                 };
-                let n_rows_in = if work.phase == Phase::OutputRows {
-                    n - self.request.logits_from as usize
-                } else {
-                    n
-                };
-                let n = n_rows_in;
-                let mut outs = row_blocks(blocks, clusters, n, w.rows);
+                let n = self.rows_in(work.phase);
+                let mut outs = row_blocks(buf, clusters, n, w.rows);
                 let act = acts.get(w.ty);
                 runner.run(&mut outs, &|_, i, out| {
                     let rows = units(&clusters[i]);
                     let m = rows.len();
-                    project(kernels, model.rows(w, rows), act, n, out, m);
+                    cx.project(model.rows(w, rows), act, n, out, m);
                 });
             }
             Phase::FfnGateUpRows => {
                 let l = layer.expect("layer");
-                let mut outs = row_blocks(blocks, clusters, n, c.n_ff as usize);
+                let mut outs = row_blocks(buf, clusters, n, c.n_ff as usize);
                 runner.run(&mut outs, &|worker, i, out| {
-                    let mut s = scratch[worker].lock().expect("worker scratch");
+                    let mut s = scratch[worker].lock().unwrap_or_else(|e| e.into_inner());
                     let rows = units(&clusters[i]);
                     let m = rows.len();
                     s.up.resize(n * m, 0.0);
-                    project(
-                        kernels,
+                    cx.project(
                         model.rows(&l.gate, rows.clone()),
                         acts.get(l.gate.ty),
                         n,
                         out,
                         m,
                     );
-                    project(
-                        kernels,
-                        model.rows(&l.up, rows),
-                        acts.get(l.up.ty),
-                        n,
-                        &mut s.up,
-                        m,
-                    );
+                    cx.project(model.rows(&l.up, rows), acts.get(l.up.ty), n, &mut s.up, m);
                     gated_activation(c.activation, out, &s.up);
                 });
             }
             Phase::FfnNeurons => {
                 let l = layer.expect("layer");
                 let n_clusters = program.clusters(Phase::FfnNeurons).len();
-                blocks.resize(n_clusters * n * embd, 0.0);
+                grow(buf, n_clusters * n * embd);
                 let first = work.clusters.start as usize;
                 let mut outs = split_blocks(
-                    &mut blocks[first * n * embd..(first + clusters.len()) * n * embd],
+                    &mut buf[first * n * embd..(first + clusters.len()) * n * embd],
                     clusters.iter().map(|_| n * embd),
                 );
                 let down_act = activation_type(l.down.ty);
                 runner.run(&mut outs, &|worker, i, out| {
-                    let mut guard = scratch[worker].lock().expect("worker scratch");
+                    let mut guard = scratch[worker].lock().unwrap_or_else(|e| e.into_inner());
                     let s = &mut *guard;
                     let neurons = units(&clusters[i]);
                     let m = neurons.len();
                     s.gate.resize(n * m, 0.0);
                     s.up.resize(n * m, 0.0);
-                    project(
-                        kernels,
+                    cx.project(
                         model.rows(&l.gate, neurons.clone()),
                         acts.get(l.gate.ty),
                         n,
                         &mut s.gate,
                         m,
                     );
-                    project(
-                        kernels,
+                    cx.project(
                         model.rows(&l.up, neurons.clone()),
                         acts.get(l.up.ty),
                         n,
@@ -431,7 +459,53 @@ impl Executor {
         }
     }
 
-    /// Combines the outputs of a finished phase and prepares the next phase's input.
+    /// Token rows a phase computes: every token of the step, or for the output projection
+    /// only those that want logits.
+    fn rows_in(&self, phase: Phase) -> usize {
+        let n = self.request.n_tokens as usize;
+        if phase == Phase::OutputRows {
+            n - self.request.logits_from as usize
+        } else {
+            n
+        }
+    }
+
+    /// Gathers the parts of a finished phase from the groups that computed them into the
+    /// phase's buffer (`qkv`, `attn` or `blocks`). A phase computed by one group is a swap.
+    fn collect(
+        &mut self,
+        model: &Model,
+        program: &Program,
+        phase: Phase,
+        outputs: &[Mutex<GroupOutput>],
+    ) {
+        let Some(layout) = program.phase(phase) else {
+            return;
+        };
+        let lock = |xpu: XpuId| {
+            outputs[usize::from(xpu.0)]
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+        };
+        let n = self.rows_in(phase);
+        let target = match phase {
+            Phase::QkvHeads => &mut self.qkv,
+            Phase::AttnHeads => &mut self.attn,
+            _ => &mut self.blocks,
+        };
+        if let [(xpu, _)] = layout.parts.as_slice() {
+            std::mem::swap(target, &mut lock(*xpu).buf);
+            return;
+        }
+        for (xpu, part) in &layout.parts {
+            let span = part_span(model, program, phase, n, part);
+            grow(target, span.end);
+            target[span.clone()].copy_from_slice(&lock(*xpu).buf[span]);
+        }
+    }
+
+    /// Collects the outputs of a finished phase from the groups that computed them (`outputs`
+    /// indexed by `XpuId`), combines them in cluster order and prepares the next phase's input.
     pub fn finish_phase(
         &mut self,
         model: &Model,
@@ -439,7 +513,9 @@ impl Executor {
         program: &Program,
         layer: u32,
         phase: Phase,
+        outputs: &[Mutex<GroupOutput>],
     ) {
+        self.collect(model, program, phase, outputs);
         let c = &model.config;
         let n = self.request.n_tokens as usize;
         let hd = c.head_dim as usize;
@@ -618,6 +694,34 @@ impl Executor {
                 &[model.output.ty],
             );
         }
+    }
+}
+
+/// The span of a phase's output that clusters `part` (indices) occupy for `n` token rows, laid
+/// out as in the module comment.
+fn part_span(
+    model: &Model,
+    program: &Program,
+    phase: Phase,
+    n: usize,
+    part: &Range<u32>,
+) -> Range<usize> {
+    let clusters = program.clusters(phase);
+    let c = &model.config;
+    let (first, last) = (
+        &clusters[part.start as usize],
+        &clusters[part.end as usize - 1],
+    );
+    match phase {
+        Phase::QkvHeads | Phase::AttnHeads => {
+            let per_head = n * c.head_dim as usize;
+            first.start as usize * per_head..last.end as usize * per_head
+        }
+        Phase::FfnNeurons => {
+            let per_cluster = n * c.n_embd as usize;
+            part.start as usize * per_cluster..part.end as usize * per_cluster
+        }
+        _ => n * first.start as usize..n * last.end as usize,
     }
 }
 

@@ -3,19 +3,21 @@
 //! It feeds the scheduler a `StepRequested`, then carries out commands in order: a `Compute` is
 //! executed at once (its clusters spread over the runner's workers) and answered with
 //! `ClusterDone`; a `FinishPhase` combines the phase's outputs. The command stream is exactly
-//! what the actor driver and the simulator receive for the same events.
+//! what the actor driver and the simulator receive for the same events. Every group's work runs
+//! here, on the one runner: the inline driver is the reference for numerics.
 
-use super::{ClusterRunner, Executor, Session, StepError};
+use super::{ClusterRunner, Driver, GroupOutput, Session, StepError, StepState, WholeMatmul};
 use crate::model::Model;
 use crate::plan::ExecutionPlan;
 use crate::quant::Kernels;
 use crate::schedule::{Command, Event, ScheduleError, Scheduler, StepId, StepRequest};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 pub struct InlineDriver<R: ClusterRunner> {
     model: Arc<Model>,
     scheduler: Scheduler,
-    executor: Executor,
+    state: StepState,
+    outputs: Vec<Mutex<GroupOutput>>,
     runner: R,
     next_step: StepId,
     commands: Vec<Command>,
@@ -29,9 +31,13 @@ impl<R: ClusterRunner> InlineDriver<R> {
         runner: R,
     ) -> Result<Self, ScheduleError> {
         let shape = model.config.shape(model.ffn_granule());
+        let scheduler = Scheduler::new(&shape, plan)?;
         Ok(InlineDriver {
-            scheduler: Scheduler::new(&shape, plan)?,
-            executor: Executor::new(kernels),
+            outputs: (0..scheduler.n_groups())
+                .map(|_| Mutex::default())
+                .collect(),
+            scheduler,
+            state: StepState::new(kernels),
             model,
             runner,
             next_step: 0,
@@ -39,66 +45,16 @@ impl<R: ClusterRunner> InlineDriver<R> {
         })
     }
 
-    pub fn model(&self) -> &Arc<Model> {
-        &self.model
-    }
-
     /// Installs a probe that sees intermediate tensors (see [`super::Probe`]).
     pub fn set_probe(&mut self, probe: Option<super::Probe>) {
-        self.executor.set_probe(probe);
+        self.state.set_probe(probe);
     }
 
     pub fn runner(&self) -> &R {
         &self.runner
     }
 
-    /// Evaluates `tokens` after what `session` holds, in steps no larger than the plan allows.
-    /// For every step that computes logits — tokens at index `logits_from` or later —
-    /// `on_logits(first, rows)` receives them: `rows` holds `[token][n_vocab]` for the tokens
-    /// starting at index `first` of `tokens`.
-    ///
-    /// On error the session keeps the tokens of the steps that completed.
-    pub fn eval(
-        &mut self,
-        session: &mut Session,
-        tokens: &[u32],
-        logits_from: usize,
-        on_logits: &mut dyn FnMut(usize, &[f32]),
-    ) -> Result<(), StepError> {
-        if tokens.is_empty() {
-            return Err(StepError::NoTokens);
-        }
-        session.check_room(tokens.len())?;
-        let max = self.scheduler.max_step_tokens() as usize;
-        let mut start = 0;
-        while start < tokens.len() {
-            let chunk = &tokens[start..(start + max).min(tokens.len())];
-            let local_from = logits_from.saturating_sub(start).min(chunk.len());
-            self.step(session, chunk, local_from as u32)?;
-            if local_from < chunk.len() {
-                on_logits(start + local_from, self.executor.logits());
-            }
-            start += chunk.len();
-        }
-        Ok(())
-    }
-
-    /// Evaluates `tokens` and returns the logits of the last one.
-    pub fn eval_last(
-        &mut self,
-        session: &mut Session,
-        tokens: &[u32],
-    ) -> Result<&[f32], StepError> {
-        self.eval(
-            session,
-            tokens,
-            tokens.len().saturating_sub(1),
-            &mut |_, _| {},
-        )?;
-        Ok(self.executor.logits())
-    }
-
-    fn step(
+    fn run_step(
         &mut self,
         session: &mut Session,
         tokens: &[u32],
@@ -112,7 +68,7 @@ impl<R: ClusterRunner> InlineDriver<R> {
         };
         self.next_step += 1;
         let model = &*self.model;
-        self.executor.begin_step(model, &request, tokens)?;
+        self.state.begin_step(model, &request, tokens)?;
         let program = self
             .scheduler
             .program(self.scheduler.shape_for(request.n_tokens))
@@ -125,9 +81,19 @@ impl<R: ClusterRunner> InlineDriver<R> {
             let command = self.commands[next].clone();
             next += 1;
             match command {
-                Command::Compute { work, .. } => {
-                    self.executor
-                        .compute(model, &session.kv, &program, &work, &self.runner);
+                Command::Compute { xpu, work } => {
+                    let out = &mut *self.outputs[usize::from(xpu.0)]
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner());
+                    self.state.compute(
+                        model,
+                        &session.kv,
+                        &program,
+                        &work,
+                        &self.runner,
+                        &WholeMatmul,
+                        out,
+                    );
                     if let Err(e) = self
                         .scheduler
                         .on_event(Event::ClusterDone(work), &mut self.commands)
@@ -137,8 +103,14 @@ impl<R: ClusterRunner> InlineDriver<R> {
                     }
                 }
                 Command::FinishPhase { layer, phase, .. } => {
-                    self.executor
-                        .finish_phase(model, &mut session.kv, &program, layer, phase);
+                    self.state.finish_phase(
+                        model,
+                        &mut session.kv,
+                        &program,
+                        layer,
+                        phase,
+                        &self.outputs,
+                    );
                 }
                 Command::StepDone { .. } => {
                     session.push(tokens);
@@ -146,5 +118,28 @@ impl<R: ClusterRunner> InlineDriver<R> {
             }
         }
         Ok(())
+    }
+}
+
+impl<R: ClusterRunner + Send> Driver for InlineDriver<R> {
+    fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    fn max_step_tokens(&self) -> usize {
+        self.scheduler.max_step_tokens() as usize
+    }
+
+    fn step(
+        &mut self,
+        session: &mut Session,
+        tokens: &[u32],
+        logits_from: u32,
+    ) -> Result<(), StepError> {
+        self.run_step(session, tokens, logits_from)
+    }
+
+    fn logits(&self) -> &[f32] {
+        self.state.logits()
     }
 }

@@ -1,19 +1,87 @@
 //! Carrying out the scheduler's commands on real data.
 //!
-//! - [`Executor`] computes one [`crate::schedule::Command`] at a time: the clusters of a phase
-//!   (through a [`ClusterRunner`], which may spread them over threads) or a phase's finish.
+//! - [`StepState`] computes one [`crate::schedule::Command`] at a time: the clusters of a phase
+//!   into a processor group's [`GroupOutput`] (through a [`ClusterRunner`], which may spread
+//!   them over threads, and a [`DenseBackend`] for many-token products), or a phase's finish.
 //! - [`InlineDriver`] runs the scheduler and the executor on the calling thread: the reference
 //!   path for numerics, and the baseline the actor driver is measured against.
 //! - [`Session`] is one conversation's state: its KV cache and position.
+
+use crate::quant::{Kernels, MatRef};
 
 mod executor;
 mod inline;
 mod session;
 
-pub use executor::{Executor, Probe};
+pub use executor::{GroupOutput, Probe, StepState};
 pub use inline::InlineDriver;
 pub use session::{Session, StepError};
 
+use crate::model::Model;
+use std::sync::Arc;
+
+/// What the facade needs of a driver (inline, actors): evaluate tokens in a session.
+pub trait Driver: Send {
+    fn model(&self) -> &Arc<Model>;
+
+    /// The most tokens one step may hold.
+    fn max_step_tokens(&self) -> usize;
+
+    /// Runs one step of `tokens` (at most [`Driver::max_step_tokens`]) after what `session`
+    /// holds; tokens from index `logits_from` on get logits. On success the session holds the
+    /// tokens; on error it is as it was.
+    fn step(
+        &mut self,
+        session: &mut Session,
+        tokens: &[u32],
+        logits_from: u32,
+    ) -> Result<(), StepError>;
+
+    /// Logits of the last step that computed any, `[token][n_vocab]`.
+    fn logits(&self) -> &[f32];
+
+    /// Evaluates `tokens` after what `session` holds, in steps no larger than the plan allows.
+    /// For every step that computes logits — tokens at index `logits_from` or later —
+    /// `on_logits(first, rows)` receives them: `rows` holds `[token][n_vocab]` for the tokens
+    /// starting at index `first` of `tokens`.
+    ///
+    /// On error the session keeps the tokens of the steps that completed.
+    fn eval(
+        &mut self,
+        session: &mut Session,
+        tokens: &[u32],
+        logits_from: usize,
+        on_logits: &mut dyn FnMut(usize, &[f32]),
+    ) -> Result<(), StepError> {
+        if tokens.is_empty() {
+            return Err(StepError::NoTokens);
+        }
+        session.check_room(tokens.len())?;
+        let max = self.max_step_tokens();
+        let mut start = 0;
+        while start < tokens.len() {
+            let chunk = &tokens[start..(start + max).min(tokens.len())];
+            let local_from = logits_from.saturating_sub(start).min(chunk.len());
+            self.step(session, chunk, local_from as u32)?;
+            if local_from < chunk.len() {
+                on_logits(start + local_from, self.logits());
+            }
+            start += chunk.len();
+        }
+        Ok(())
+    }
+
+    /// Evaluates `tokens` and returns the logits of the last one.
+    fn eval_last(&mut self, session: &mut Session, tokens: &[u32]) -> Result<&[f32], StepError> {
+        self.eval(
+            session,
+            tokens,
+            tokens.len().saturating_sub(1),
+            &mut |_, _| {},
+        )?;
+        Ok(self.logits())
+    }
+}
 /// Runs the clusters of one phase, possibly on several threads.
 ///
 /// Each cluster writes only its own output block, handed to it as `&mut`, so clusters can run
@@ -38,5 +106,42 @@ impl ClusterRunner for Serial {
         for (i, out) in outs.iter_mut().enumerate() {
             f(0, i, out);
         }
+    }
+}
+
+/// Multiplies a weight matrix with many tokens' activations: what a prefill phase asks of its
+/// processor. An NPU would run fixed-shape graphs; here implementations call the quantized GEMM.
+///
+/// Every implementation must compute each output element exactly as [`Kernels::matmul`] does
+/// (the kernels' results do not depend on how tokens are batched), so that the choice of
+/// backend never changes a bit of the result.
+pub trait DenseBackend: Sync {
+    /// `out[t * out_stride + r]` = row `r` of `w` · activation row `t`, for `n_tokens` rows of
+    /// `acts` (quantized for `w`'s type).
+    fn matmul(
+        &self,
+        kernels: &Kernels,
+        w: MatRef<'_>,
+        acts: &[u8],
+        n_tokens: usize,
+        out: &mut [f32],
+        out_stride: usize,
+    );
+}
+
+/// One GEMM call for all tokens.
+pub struct WholeMatmul;
+
+impl DenseBackend for WholeMatmul {
+    fn matmul(
+        &self,
+        kernels: &Kernels,
+        w: MatRef<'_>,
+        acts: &[u8],
+        n_tokens: usize,
+        out: &mut [f32],
+        out_stride: usize,
+    ) {
+        kernels.matmul(w, acts, n_tokens, out, out_stride);
     }
 }

@@ -24,6 +24,10 @@ pub enum StepError {
     Model(#[from] ModelError),
     #[error("scheduler: {0}")]
     Schedule(#[from] ScheduleError),
+    /// A processor group, the scheduler or the storage failed while computing the step (a
+    /// panic or an error in an actor). The step is abandoned; the driver serves the next one.
+    #[error("actor `{actor}` failed: {why}")]
+    Actor { actor: String, why: String },
 }
 
 impl Session {
@@ -67,7 +71,14 @@ impl Session {
         self.tokens.truncate(n);
     }
 
-    pub(crate) fn check_room(&self, adding: usize) -> Result<(), StepError> {
+    /// Exchanges the session's KV cache with `kv`. For drivers that lend the cache to other
+    /// threads during a step; they must give it back before the session is used again.
+    pub fn swap_kv(&mut self, kv: &mut KvCache) {
+        std::mem::swap(&mut self.kv, kv);
+    }
+
+    /// Fails unless `adding` more tokens fit in the context.
+    pub fn check_room(&self, adding: usize) -> Result<(), StepError> {
         if self.n_past() + adding > self.n_ctx() {
             return Err(StepError::ContextFull {
                 n_ctx: self.n_ctx(),
@@ -78,7 +89,9 @@ impl Session {
         Ok(())
     }
 
-    pub(crate) fn push(&mut self, tokens: &[u32]) {
+    /// Records that `tokens` were evaluated: their keys and values are in the cache. For
+    /// drivers, after a step completed.
+    pub fn push(&mut self, tokens: &[u32]) {
         self.tokens.extend_from_slice(tokens);
     }
 }

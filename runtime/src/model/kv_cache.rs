@@ -16,6 +16,13 @@ pub struct KvCache {
     v: Vec<Vec<u16>>,
 }
 
+impl Default for KvCache {
+    /// A cache that holds nothing (a placeholder while a session's cache is lent out).
+    fn default() -> Self {
+        KvCache::new(0, 0, 0, 0)
+    }
+}
+
 impl KvCache {
     pub fn new(n_layer: usize, n_head_kv: usize, head_dim: usize, capacity: usize) -> KvCache {
         let per_layer = n_head_kv * capacity * head_dim;

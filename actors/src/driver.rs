@@ -1,0 +1,531 @@
+//! The actor driver: the engine as message flow between kameo actors.
+//!
+//! ```text
+//!   driver thread                host "cpu+npu" (pinned, cores 0..n)         host "storage"
+//!   ─────────────                ───────────────────────────────────         ──────────────
+//!   RunStep ───────────────────► SchedulerActor ── Compute ──► CpuGroup ─┐   Storage
+//!                                      ▲  (FinishPhase here)  Npu      │   (ReadAt: pread,
+//!   ◄──────────── StepDone ───────     └──────── ClusterDone ◄─────────┘    O_DIRECT)
+//! ```
+//!
+//! The plan's groups are placed on this machine's cores ([`Topology::place`]); groups on the
+//! same cores share a host thread and its worker pool (so on a machine without core classes
+//! the CPU group, the NPU and the scheduler all live on one host and their messages are
+//! local), the scheduler lives on the host of the first decode group, and storage gets a host
+//! of its own. Numerics are those of the inline driver bit for bit: the same executor, the same
+//! clusters, the same reduction order.
+//!
+//! When an actor fails, the step in flight fails with [`StepError::Actor`]; before the next
+//! step the driver replaces every actor (the hosts, pools and buffers stay), so the engine
+//! serves the next request.
+
+use crate::dense::ChunkedGemm;
+use crate::group::{Compute, CpuGroup, GroupCore, InjectPanic, Npu};
+use crate::host::{Host, HostConfig, DEFAULT_SPIN};
+use crate::pool::{PoolConfig, WorkerPool};
+use crate::scheduler::{
+    Recording, RunStep, SchedulerActor, SchedulerArgs, StartRecording, TakeRecording,
+};
+use crate::step::{write, StepShared};
+use crate::storage::{ReadAt, Storage, StorageError, StorageFile};
+use conductor_runtime::exec::{
+    DenseBackend, Driver, GroupOutput, Session, StepError, StepState, WholeMatmul,
+};
+use conductor_runtime::model::{KvCache, Model};
+use conductor_runtime::plan::{
+    hosts_of, ExecutionPlan, PlacedGroup, PlacementError, Topology, XpuKind,
+};
+use conductor_runtime::quant::Kernels;
+use conductor_runtime::schedule::{
+    ScheduleError, Scheduler, StepId, StepRequest, StepShape, XpuId,
+};
+use conductor_runtime::trace::{Trace, TraceHeader, TRACE_FORMAT_VERSION};
+use kameo::actor::{Actor, ActorRef, PreparedActor};
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::mpsc::sync_channel;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
+
+/// How to set up the actors.
+#[derive(Clone, Debug, Default)]
+pub struct ActorOptions {
+    /// Threads of groups whose plan leaves them at 0 (the command line's `-t`).
+    pub threads: Option<u32>,
+    /// The machine (default: detected).
+    pub topology: Option<Topology>,
+    /// Leave threads unpinned (default: pinned to the plan's cores).
+    pub no_pinning: bool,
+    /// The model file, for the storage actor.
+    pub model_path: Option<PathBuf>,
+}
+
+/// Why the actors could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error(transparent)]
+    Schedule(#[from] ScheduleError),
+    #[error(transparent)]
+    Placement(#[from] PlacementError),
+    #[error("cannot start threads: {0}")]
+    Threads(#[from] std::io::Error),
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
+
+enum GroupRef {
+    Cpu(ActorRef<CpuGroup>),
+    Npu(ActorRef<Npu>),
+}
+
+impl GroupRef {
+    fn kill(&self) {
+        match self {
+            GroupRef::Cpu(r) => r.kill(),
+            GroupRef::Npu(r) => r.kill(),
+        }
+    }
+}
+
+/// The actors of one engine (replaced together after a failure).
+struct Actors {
+    scheduler: ActorRef<SchedulerActor>,
+    groups: Vec<GroupRef>,
+    storage: ActorRef<Storage>,
+}
+
+impl Actors {
+    fn kill(&self) {
+        self.scheduler.kill();
+        for g in &self.groups {
+            g.kill();
+        }
+        self.storage.kill();
+    }
+}
+
+/// A compute host: its thread and its worker pool.
+struct ComputeHost {
+    host: Host,
+    pool: Arc<WorkerPool>,
+}
+
+pub struct ActorDriver {
+    model: Arc<Model>,
+    plan: ExecutionPlan,
+    placed: Vec<PlacedGroup>,
+    /// Host index of each group.
+    group_hosts: Vec<usize>,
+    shared: Arc<StepShared>,
+    actors: Actors,
+    hosts: Vec<ComputeHost>,
+    storage_host: Host,
+    storage_path: Option<PathBuf>,
+    max_step_tokens: usize,
+    next_step: StepId,
+    logits: Vec<f32>,
+    /// False after an actor failed: the actors are replaced before the next step.
+    healthy: bool,
+    // Declared last: dropped after the hosts, whose threads entered it.
+    runtime: tokio::runtime::Runtime,
+}
+
+/// Prepares an actor, runs it on `host`, and returns its reference.
+fn spawn_on<A: Actor>(host: &Host, prepared: PreparedActor<A>, args: A::Args) -> ActorRef<A> {
+    let actor_ref = prepared.actor_ref().clone();
+    host.spawn(async move {
+        let _ = prepared.run(args).await;
+    });
+    actor_ref
+}
+
+fn prepare<A: Actor>() -> PreparedActor<A> {
+    PreparedActor::new(kameo::mailbox::unbounded())
+}
+
+impl ActorDriver {
+    pub fn new(
+        model: Arc<Model>,
+        plan: &ExecutionPlan,
+        kernels: Kernels,
+        options: ActorOptions,
+    ) -> Result<ActorDriver, SetupError> {
+        let shape = model.config.shape(model.ffn_granule());
+        let scheduler = Scheduler::new(&shape, plan)?;
+        let topology = options
+            .topology
+            .clone()
+            .unwrap_or_else(crate::detect_topology);
+        let placed = topology.place(plan, options.threads)?;
+        let group_hosts = hosts_of(&placed);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("conductor-kameo")
+            .enable_time()
+            .build()?;
+
+        let mut hosts: Vec<ComputeHost> = Vec::new();
+        for (g, group) in placed.iter().enumerate() {
+            if group_hosts[g] < hosts.len() {
+                continue;
+            }
+            // Groups on the same cores share this host; its pool serves the most threads any
+            // of them asks for.
+            let threads = placed
+                .iter()
+                .zip(&group_hosts)
+                .filter(|(_, &h)| h == group_hosts[g])
+                .map(|(p, _)| p.threads)
+                .max()
+                .unwrap_or(1) as usize;
+            let names: Vec<&str> = placed
+                .iter()
+                .zip(&group_hosts)
+                .filter(|(_, &h)| h == group_hosts[g])
+                .map(|(p, _)| p.name.as_str())
+                .collect();
+            let cores = if options.no_pinning {
+                Vec::new()
+            } else {
+                group.cores.clone()
+            };
+            let pool_cores: Vec<usize> = cores.iter().map(|&c| c as usize).collect();
+            let (host, pool) = Host::start(
+                HostConfig {
+                    name: names.join("+"),
+                    cores,
+                    spin: DEFAULT_SPIN,
+                },
+                runtime.handle().clone(),
+                move || {
+                    WorkerPool::new(PoolConfig {
+                        cores: pool_cores,
+                        ..PoolConfig::new(threads)
+                    })
+                },
+            )?;
+            hosts.push(ComputeHost {
+                host,
+                pool: Arc::new(pool?),
+            });
+        }
+        let (storage_host, ()) = Host::start(
+            HostConfig {
+                name: "storage".into(),
+                cores: Vec::new(),
+                spin: DEFAULT_SPIN,
+            },
+            runtime.handle().clone(),
+            || (),
+        )?;
+
+        let shared = Arc::new(StepShared {
+            model: Arc::clone(&model),
+            decode: Arc::clone(scheduler.program(StepShape::Decode)),
+            prefill: Arc::clone(scheduler.program(StepShape::Prefill)),
+            state: RwLock::new(StepState::new(kernels)),
+            kv: RwLock::new(KvCache::default()),
+            outputs: (0..placed.len())
+                .map(|_| Mutex::new(GroupOutput::default()))
+                .collect(),
+            epoch: Instant::now(),
+            recording: AtomicBool::new(false),
+        });
+        let storage_path = options.model_path.clone();
+        let actors = start_actors(
+            scheduler,
+            &shared,
+            &placed,
+            &group_hosts,
+            &hosts,
+            &storage_host,
+            plan,
+            open_storage(&storage_path, plan)?,
+        );
+        Ok(ActorDriver {
+            max_step_tokens: plan.prefill_max_tokens.max(plan.decode_max_tokens) as usize,
+            model,
+            plan: plan.clone(),
+            placed,
+            group_hosts,
+            shared,
+            actors,
+            hosts,
+            storage_host,
+            storage_path,
+            next_step: 0,
+            logits: Vec::new(),
+            healthy: true,
+            runtime,
+        })
+    }
+
+    /// Where the plan's groups run.
+    pub fn placement(&self) -> &[PlacedGroup] {
+        &self.placed
+    }
+
+    /// Threads of the first decode group.
+    pub fn decode_threads(&self) -> u32 {
+        let first = &self.plan.decode_on[0].group;
+        self.placed
+            .iter()
+            .find(|g| &g.name == first)
+            .map_or(1, |g| g.threads)
+    }
+
+    /// Replaces every actor (after a failure). Hosts, pools and buffers stay.
+    fn restart(&mut self) -> Result<(), SetupError> {
+        self.actors.kill();
+        let shape = self.model.config.shape(self.model.ffn_granule());
+        let scheduler = Scheduler::new(&shape, &self.plan)?;
+        let storage = open_storage(&self.storage_path, &self.plan)?;
+        self.actors = start_actors(
+            scheduler,
+            &self.shared,
+            &self.placed,
+            &self.group_hosts,
+            &self.hosts,
+            &self.storage_host,
+            &self.plan,
+            storage,
+        );
+        self.healthy = true;
+        Ok(())
+    }
+
+    /// Starts recording a trace of every event, command, activation set and timed span.
+    pub fn start_trace(&mut self) {
+        let _ = self.actors.scheduler.tell(StartRecording).try_send();
+    }
+
+    /// Stops recording and returns the trace (empty if the actors were replaced meanwhile).
+    pub fn take_trace(&mut self) -> Trace {
+        let (tx, rx) = sync_channel(1);
+        let recording = match self.actors.scheduler.tell(TakeRecording(tx)).try_send() {
+            Ok(()) => rx.recv().unwrap_or_default(),
+            Err(_) => Recording::default(),
+        };
+        Trace {
+            header: TraceHeader {
+                version: TRACE_FORMAT_VERSION,
+                model: self.model.description(),
+                plan: self.plan.clone(),
+                driver: "actors".into(),
+                threads: self.decode_threads(),
+                writer: format!("conductor {}", env!("CARGO_PKG_VERSION")),
+            },
+            records: recording.records,
+            activity: recording.activity,
+            spans: recording.spans,
+        }
+    }
+
+    /// Reads `len` bytes at `offset` of the model file through the storage actor.
+    pub fn read_model_bytes(&self, offset: u64, len: usize) -> Result<Vec<u8>, StepError> {
+        let (tx, rx) = sync_channel(1);
+        let not_running = || StepError::Actor {
+            actor: "storage".into(),
+            why: "not running".into(),
+        };
+        self.actors
+            .storage
+            .tell(ReadAt {
+                offset,
+                len,
+                reply: tx,
+            })
+            .try_send()
+            .map_err(|_| not_running())?;
+        rx.recv()
+            .map_err(|_| not_running())?
+            .map_err(|e| StepError::Actor {
+                actor: "storage".into(),
+                why: e.to_string(),
+            })
+    }
+
+    /// Fault injection for tests: the next compute of group `name` panics. False if there is
+    /// no such group.
+    pub fn inject_panic(&self, name: &str) -> bool {
+        let Some(i) = self.placed.iter().position(|g| g.name == name) else {
+            return false;
+        };
+        match &self.actors.groups[i] {
+            GroupRef::Cpu(r) => r.tell(InjectPanic).try_send().is_ok(),
+            GroupRef::Npu(r) => r.tell(InjectPanic).try_send().is_ok(),
+        }
+    }
+
+    /// Fault injection for tests: stops group `name` as if its thread had died.
+    pub fn kill_group(&self, name: &str) -> bool {
+        let Some(i) = self.placed.iter().position(|g| g.name == name) else {
+            return false;
+        };
+        self.actors.groups[i].kill();
+        true
+    }
+
+    fn run_step(
+        &mut self,
+        session: &mut Session,
+        tokens: &[u32],
+        logits_from: u32,
+    ) -> Result<(), StepError> {
+        if !self.healthy {
+            self.restart().map_err(|e| StepError::Actor {
+                actor: "driver".into(),
+                why: format!("cannot restart the actors: {e}"),
+            })?;
+        }
+        let request = StepRequest {
+            step: self.next_step,
+            n_tokens: tokens.len() as u32,
+            n_past: session.n_past() as u32,
+            logits_from,
+        };
+        self.next_step += 1;
+        // Lend the session's KV cache to the actors for this step.
+        session.swap_kv(&mut write(&self.shared.kv));
+        let result = self.step_with_lent_cache(&request, tokens);
+        session.swap_kv(&mut write(&self.shared.kv));
+        match result {
+            Ok(()) => {
+                session.push(tokens);
+                write(&self.shared.state).swap_logits(&mut self.logits);
+                Ok(())
+            }
+            Err(e) => {
+                if matches!(e, StepError::Actor { .. }) {
+                    self.healthy = false;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn step_with_lent_cache(&self, request: &StepRequest, tokens: &[u32]) -> Result<(), StepError> {
+        write(&self.shared.state).begin_step(&self.model, request, tokens)?;
+        let (tx, rx) = sync_channel(1);
+        let stopped = |why: &str| StepError::Actor {
+            actor: "scheduler".into(),
+            why: why.into(),
+        };
+        self.actors
+            .scheduler
+            .tell(RunStep {
+                request: request.clone(),
+                reply: tx,
+            })
+            .try_send()
+            .map_err(|_| stopped("not running"))?;
+        rx.recv().map_err(|_| stopped("stopped during the step"))?
+    }
+}
+
+fn open_storage(
+    path: &Option<PathBuf>,
+    plan: &ExecutionPlan,
+) -> Result<Option<StorageFile>, StorageError> {
+    path.as_deref()
+        .map(|p| StorageFile::open(p, plan.storage.direct_io))
+        .transpose()
+}
+
+#[allow(clippy::too_many_arguments)]
+fn start_actors(
+    scheduler: Scheduler,
+    shared: &Arc<StepShared>,
+    placed: &[PlacedGroup],
+    group_hosts: &[usize],
+    hosts: &[ComputeHost],
+    storage_host: &Host,
+    plan: &ExecutionPlan,
+    storage: Option<StorageFile>,
+) -> Actors {
+    let prepared_scheduler = prepare::<SchedulerActor>();
+    let scheduler_ref = prepared_scheduler.actor_ref().clone();
+    let mut groups = Vec::with_capacity(placed.len());
+    let mut recipients = Vec::with_capacity(placed.len());
+    for (i, group) in placed.iter().enumerate() {
+        let host = &hosts[group_hosts[i]];
+        let dense: Box<dyn DenseBackend + Send> = match group.kind {
+            XpuKind::Cpu => Box::new(WholeMatmul),
+            XpuKind::Npu => Box::new(ChunkedGemm {
+                token_chunk: plan.dense.token_chunk as usize,
+            }),
+        };
+        let core = GroupCore::new(
+            XpuId(i as u8),
+            group.name.clone(),
+            Arc::clone(shared),
+            Arc::clone(&host.pool),
+            dense,
+            scheduler_ref.clone(),
+        );
+        let recipient = match group.kind {
+            XpuKind::Cpu => {
+                let r = spawn_on(&host.host, prepare::<CpuGroup>(), core);
+                groups.push(GroupRef::Cpu(r.clone()));
+                r.recipient::<Compute>()
+            }
+            XpuKind::Npu => {
+                let r = spawn_on(&host.host, prepare::<Npu>(), core);
+                groups.push(GroupRef::Npu(r.clone()));
+                r.recipient::<Compute>()
+            }
+        };
+        recipients.push((group.name.clone(), recipient));
+    }
+    let decode_group = plan
+        .group_index(&plan.decode_on[0].group)
+        .expect("validated plan");
+    let scheduler_host = &hosts[group_hosts[decode_group]].host;
+    spawn_on(
+        scheduler_host,
+        prepared_scheduler,
+        SchedulerArgs {
+            scheduler,
+            shared: Arc::clone(shared),
+            groups: recipients,
+        },
+    );
+    let storage = spawn_on(storage_host, prepare::<Storage>(), storage);
+    Actors {
+        scheduler: scheduler_ref,
+        groups,
+        storage,
+    }
+}
+
+impl Driver for ActorDriver {
+    fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    fn max_step_tokens(&self) -> usize {
+        self.max_step_tokens
+    }
+
+    fn step(
+        &mut self,
+        session: &mut Session,
+        tokens: &[u32],
+        logits_from: u32,
+    ) -> Result<(), StepError> {
+        self.run_step(session, tokens, logits_from)
+    }
+
+    fn logits(&self) -> &[f32] {
+        &self.logits
+    }
+}
+
+impl Drop for ActorDriver {
+    /// Clean shutdown: stop every actor, then join the hosts (and their pools' threads).
+    fn drop(&mut self) {
+        self.actors.kill();
+        self.hosts.clear();
+        let _ = &self.runtime;
+    }
+}

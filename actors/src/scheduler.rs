@@ -1,0 +1,288 @@
+//! The scheduler actor: the pure [`Scheduler`] with real groups behind its commands.
+//!
+//! It lives on the host of the decode group, so the messages of the latency-critical path are
+//! local. Events arrive as messages (`RunStep` from the driver, `ClusterDone` from groups); the
+//! commands they produce are carried out at once: `Compute` becomes a message to the group,
+//! `FinishPhase` runs here (it combines the groups' blocks in cluster order), `StepDone`
+//! answers the driver. With recording on, every event is stored with its time and the commands
+//! it produced — the trace `conductor simulate --replay` checks.
+
+use crate::group::Compute;
+use crate::step::{write, StepShared};
+use conductor_runtime::exec::StepError;
+use conductor_runtime::schedule::{
+    ClusterWork, Command, Event, ScheduleError, Scheduler, StepId, StepRequest, StepShape, XpuId,
+};
+use conductor_runtime::trace::{ActiveSet, Span, StepActivity, TraceRecord};
+use kameo::actor::{Actor, ActorRef, Recipient, WeakActorRef};
+use kameo::error::{ActorStopReason, Infallible, PanicError};
+use kameo::message::{Context, Message};
+use std::ops::ControlFlow;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::SyncSender;
+use std::sync::Arc;
+
+/// Run one step; the outcome goes to `reply`.
+pub struct RunStep {
+    pub request: StepRequest,
+    pub reply: SyncSender<Result<(), StepError>>,
+}
+
+/// A group finished a `Compute`.
+pub struct ClusterDone {
+    pub xpu: XpuId,
+    pub work: ClusterWork,
+    /// When it started and finished (trace epoch, ns; 0 when not recording).
+    pub started_ns: u64,
+    pub finished_ns: u64,
+}
+
+/// A group failed (panicked, or stopped) while computing for `step`, or stopped idle.
+pub struct GroupFailed {
+    pub xpu: XpuId,
+    pub step: Option<StepId>,
+    pub why: String,
+}
+
+/// Start recording a trace (clears what was recorded).
+pub struct StartRecording;
+
+/// Stop recording and hand over what was recorded.
+pub struct TakeRecording(pub SyncSender<Recording>);
+
+/// What the scheduler actor recorded.
+#[derive(Default)]
+pub struct Recording {
+    pub records: Vec<TraceRecord>,
+    pub activity: Vec<StepActivity>,
+    pub spans: Vec<Span>,
+}
+
+struct Flight {
+    step: StepId,
+    shape: StepShape,
+    reply: SyncSender<Result<(), StepError>>,
+}
+
+pub struct SchedulerActor {
+    scheduler: Scheduler,
+    shared: Arc<StepShared>,
+    /// Group names and mailboxes, by `XpuId`.
+    groups: Vec<(String, Recipient<Compute>)>,
+    flight: Option<Flight>,
+    commands: Vec<Command>,
+    recording: Option<Recording>,
+}
+
+pub struct SchedulerArgs {
+    pub(crate) scheduler: Scheduler,
+    pub(crate) shared: Arc<StepShared>,
+    pub(crate) groups: Vec<(String, Recipient<Compute>)>,
+}
+
+impl SchedulerActor {
+    /// Feeds one event to the scheduler and carries out the commands it answers with.
+    fn feed(&mut self, event: Event) {
+        self.commands.clear();
+        let recorded = self.recording.is_some().then(|| event.clone());
+        if let Err(e) = self.scheduler.on_event(event, &mut self.commands) {
+            self.fail(StepError::Schedule(e));
+            return;
+        }
+        if let (Some(rec), Some(event)) = (self.recording.as_mut(), recorded) {
+            rec.records.push(TraceRecord {
+                t_ns: self.shared.now_ns(),
+                event,
+                commands: self.commands.clone(),
+            });
+        }
+        let mut commands = std::mem::take(&mut self.commands);
+        for command in commands.drain(..) {
+            if !self.carry_out(command) {
+                break;
+            }
+        }
+        self.commands = commands;
+    }
+
+    /// Returns false when the step failed.
+    fn carry_out(&mut self, command: Command) -> bool {
+        match command {
+            Command::Compute { xpu, work } => {
+                let (name, group) = &self.groups[usize::from(xpu.0)];
+                if group.tell(Compute(work)).try_send().is_err() {
+                    let why = format!("group `{name}` is not running");
+                    self.fail(StepError::Actor {
+                        actor: name.clone(),
+                        why,
+                    });
+                    return false;
+                }
+            }
+            Command::FinishPhase {
+                shape,
+                layer,
+                phase,
+                ..
+            } => {
+                let shared = Arc::clone(&self.shared);
+                let started = self.recording.is_some().then(|| shared.now_ns());
+                {
+                    let mut state = write(&shared.state);
+                    let mut kv = write(&shared.kv);
+                    state.finish_phase(
+                        &shared.model,
+                        &mut kv,
+                        shared.program(shape),
+                        layer,
+                        phase,
+                        &shared.outputs,
+                    );
+                }
+                if let (Some(rec), Some(start)) = (self.recording.as_mut(), started) {
+                    rec.spans.push(Span {
+                        track: "scheduler".into(),
+                        name: format!("L{layer} {} finish", phase.name()),
+                        start_ns: start,
+                        dur_ns: shared.now_ns() - start,
+                    });
+                }
+            }
+            Command::StepDone { step } => {
+                if let Some(flight) = self.flight.take() {
+                    debug_assert_eq!(flight.step, step);
+                    if let Some(rec) = self.recording.as_mut() {
+                        if flight.shape == StepShape::Decode {
+                            // Decode is dense until the sparsity issue: every neuron active.
+                            let layers = vec![ActiveSet::All; self.shared.model.layers.len()];
+                            rec.activity.push(StepActivity { step, layers });
+                        }
+                    }
+                    let _ = flight.reply.send(Ok(()));
+                }
+            }
+        }
+        true
+    }
+
+    /// Fails the step in flight (if any) with `error`; the scheduler forgets it.
+    fn fail(&mut self, error: StepError) {
+        self.scheduler.abort();
+        if let Some(flight) = self.flight.take() {
+            let _ = flight.reply.send(Err(error));
+        }
+    }
+
+    fn is_current(&self, step: StepId) -> bool {
+        self.flight.as_ref().is_some_and(|f| f.step == step)
+    }
+}
+
+impl Actor for SchedulerActor {
+    type Args = SchedulerArgs;
+    type Error = Infallible;
+
+    async fn on_start(args: SchedulerArgs, _: ActorRef<Self>) -> Result<Self, Infallible> {
+        Ok(SchedulerActor {
+            scheduler: args.scheduler,
+            shared: args.shared,
+            groups: args.groups,
+            flight: None,
+            commands: Vec::new(),
+            recording: None,
+        })
+    }
+
+    /// A panic here (in a phase's finish) fails the step in flight; the actor carries on.
+    async fn on_panic(
+        &mut self,
+        _: WeakActorRef<Self>,
+        err: PanicError,
+    ) -> Result<ControlFlow<ActorStopReason>, Infallible> {
+        let why = err
+            .with_str(|s| format!("panicked: {s}"))
+            .unwrap_or_else(|| format!("{err:?}"));
+        self.fail(StepError::Actor {
+            actor: "scheduler".into(),
+            why,
+        });
+        Ok(ControlFlow::Continue(()))
+    }
+}
+
+impl Message<RunStep> for SchedulerActor {
+    type Reply = ();
+
+    async fn handle(&mut self, msg: RunStep, _: &mut Context<Self, ()>) {
+        if let Some(flight) = &self.flight {
+            let _ = msg.reply.send(Err(StepError::Schedule(ScheduleError::Busy {
+                running: flight.step,
+                new: msg.request.step,
+            })));
+            return;
+        }
+        self.flight = Some(Flight {
+            step: msg.request.step,
+            shape: self.scheduler.shape_for(msg.request.n_tokens),
+            reply: msg.reply,
+        });
+        self.feed(Event::StepRequested(msg.request));
+    }
+}
+
+impl Message<ClusterDone> for SchedulerActor {
+    type Reply = ();
+
+    async fn handle(&mut self, msg: ClusterDone, _: &mut Context<Self, ()>) {
+        if !self.is_current(msg.work.step) {
+            return; // a failed step's leftovers
+        }
+        if let Some(rec) = self.recording.as_mut() {
+            let w = &msg.work;
+            rec.spans.push(Span {
+                track: self.groups[usize::from(msg.xpu.0)].0.clone(),
+                name: format!("L{} {} {:?}", w.layer, w.phase.name(), w.clusters),
+                start_ns: msg.started_ns,
+                dur_ns: msg.finished_ns.saturating_sub(msg.started_ns),
+            });
+        }
+        self.feed(Event::ClusterDone(msg.work));
+    }
+}
+
+impl Message<GroupFailed> for SchedulerActor {
+    type Reply = ();
+
+    async fn handle(&mut self, msg: GroupFailed, _: &mut Context<Self, ()>) {
+        // A failure during another step, or while idle, does not concern the step in flight.
+        let concerns_flight = match msg.step {
+            Some(step) => self.is_current(step),
+            None => self.flight.is_some(),
+        };
+        if concerns_flight {
+            let actor = self.groups[usize::from(msg.xpu.0)].0.clone();
+            self.fail(StepError::Actor {
+                actor,
+                why: msg.why,
+            });
+        }
+    }
+}
+
+impl Message<StartRecording> for SchedulerActor {
+    type Reply = ();
+
+    async fn handle(&mut self, _: StartRecording, _: &mut Context<Self, ()>) {
+        self.shared.recording.store(true, Ordering::Relaxed);
+        self.recording = Some(Recording::default());
+    }
+}
+
+impl Message<TakeRecording> for SchedulerActor {
+    type Reply = ();
+
+    async fn handle(&mut self, msg: TakeRecording, _: &mut Context<Self, ()>) {
+        self.shared.recording.store(false, Ordering::Relaxed);
+        let _ = msg.0.send(self.recording.take().unwrap_or_default());
+    }
+}

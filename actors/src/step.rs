@@ -1,0 +1,56 @@
+//! What the actors of one engine share while a step runs.
+//!
+//! Data never travels in messages: the scheduler tells a group *which* clusters to compute, and
+//! the group reads the step's inputs here and writes its output blocks here. The locks are never
+//! contended in a correct run — the scheduler sends a phase's computes only after the previous
+//! phase finished, and finishes a phase only after every compute of it reported done — they
+//! make that protocol safe instead of trusted. Poisoned locks (a panicking actor) are taken
+//! over: the step fails anyway, and the next step rewrites everything it reads.
+
+use conductor_runtime::exec::{GroupOutput, StepState};
+use conductor_runtime::model::{KvCache, Model};
+use conductor_runtime::schedule::{Program, StepShape};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::Instant;
+
+pub(crate) struct StepShared {
+    pub model: Arc<Model>,
+    pub decode: Arc<Program>,
+    pub prefill: Arc<Program>,
+    pub state: RwLock<StepState>,
+    /// The session's KV cache, lent by the driver for the duration of a step.
+    pub kv: RwLock<KvCache>,
+    /// One per processor group, indexed by `XpuId`.
+    pub outputs: Vec<Mutex<GroupOutput>>,
+    /// Time zero of traces.
+    pub epoch: Instant,
+    /// Whether actors time their work for a trace.
+    pub recording: AtomicBool,
+}
+
+impl StepShared {
+    pub fn program(&self, shape: StepShape) -> &Program {
+        match shape {
+            StepShape::Decode => &self.decode,
+            StepShape::Prefill => &self.prefill,
+        }
+    }
+
+    /// Nanoseconds since the trace epoch.
+    pub fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+}
+
+pub(crate) fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(|e| e.into_inner())
+}
+
+pub(crate) fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(|e| e.into_inner())
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

@@ -1,0 +1,241 @@
+//! The storage actor: the one issuer of reads of the model file.
+//!
+//! PowerInfer-2 reads cold neurons with positional reads from a single I/O thread (a phone's
+//! UFS has one command queue; issuing from several cores loses throughput). This actor owns the
+//! file and serves [`ReadAt`] requests on its own host thread, bypassing the page cache with
+//! `O_DIRECT` when the plan asks and the file system allows. A read that fails or comes back
+//! short is retried once, then reported with the offset and length. The beyond-memory issue
+//! routes the cold neurons' bundles through it; today it serves whole byte ranges.
+
+use kameo::actor::{Actor, ActorRef};
+use kameo::error::Infallible;
+use kameo::message::{Context, Message};
+use std::fs::File;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::SyncSender;
+
+/// Alignment of `O_DIRECT` offsets, lengths and buffers (the logical block size of any
+/// device we run on divides it).
+pub const DIRECT_ALIGN: u64 = 4096;
+
+/// Read `len` bytes at `offset`.
+pub struct ReadAt {
+    pub offset: u64,
+    pub len: usize,
+    pub reply: SyncSender<Result<Vec<u8>, StorageError>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    #[error("storage has no file to read (the model was not loaded from a file)")]
+    NoFile,
+    #[error("cannot open {path}: {source}")]
+    Open {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("read of {len} bytes at offset {offset} of {path} failed twice: {source}")]
+    Read {
+        path: PathBuf,
+        offset: u64,
+        len: usize,
+        source: std::io::Error,
+    },
+    #[error("read of {len} bytes at offset {offset} of {path} returned {got} bytes twice (file truncated?)")]
+    Short {
+        path: PathBuf,
+        offset: u64,
+        len: usize,
+        got: usize,
+    },
+}
+
+/// The file and how it was opened.
+pub struct StorageFile {
+    path: PathBuf,
+    file: File,
+    direct: bool,
+}
+
+impl StorageFile {
+    /// Opens `path` for reading, with `O_DIRECT` if `direct` and the file system accepts it.
+    pub fn open(path: &Path, direct: bool) -> Result<StorageFile, StorageError> {
+        let open_err = |source| StorageError::Open {
+            path: path.to_path_buf(),
+            source,
+        };
+        if direct {
+            let flags = rustix::fs::OFlags::DIRECT.bits() as i32;
+            if let Ok(file) = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(flags)
+                .open(path)
+            {
+                return Ok(StorageFile {
+                    path: path.to_path_buf(),
+                    file,
+                    direct: true,
+                });
+            }
+            // tmpfs and some others refuse O_DIRECT: fall back to the page cache.
+        }
+        let file = File::open(path).map_err(open_err)?;
+        Ok(StorageFile {
+            path: path.to_path_buf(),
+            file,
+            direct: false,
+        })
+    }
+
+    /// Whether reads bypass the page cache.
+    pub fn is_direct(&self) -> bool {
+        self.direct
+    }
+
+    /// Reads exactly `len` bytes at `offset`, retrying once.
+    pub fn read_at(&self, offset: u64, len: usize) -> Result<Vec<u8>, StorageError> {
+        match self.try_read(offset, len) {
+            Ok(bytes) => Ok(bytes),
+            Err(_) => self.try_read(offset, len),
+        }
+    }
+
+    fn try_read(&self, offset: u64, len: usize) -> Result<Vec<u8>, StorageError> {
+        let short = |got| StorageError::Short {
+            path: self.path.clone(),
+            offset,
+            len,
+            got,
+        };
+        let io = |source| StorageError::Read {
+            path: self.path.clone(),
+            offset,
+            len,
+            source,
+        };
+        if !self.direct {
+            let mut out = vec![0u8; len];
+            let got = read_full(&self.file, &mut out, offset).map_err(io)?;
+            return if got == len { Ok(out) } else { Err(short(got)) };
+        }
+        // O_DIRECT: read the aligned span that covers the request into an aligned buffer.
+        let start = offset / DIRECT_ALIGN * DIRECT_ALIGN;
+        let end = (offset + len as u64).div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN;
+        let span = (end - start) as usize;
+        let mut backing = vec![0u8; span + DIRECT_ALIGN as usize];
+        let shift = backing.as_ptr().align_offset(DIRECT_ALIGN as usize);
+        let buf = &mut backing[shift..shift + span];
+        let got = read_full(&self.file, buf, start).map_err(io)?;
+        let skip = (offset - start) as usize;
+        let have = got.saturating_sub(skip).min(len);
+        if have < len {
+            return Err(short(have));
+        }
+        Ok(buf[skip..skip + len].to_vec())
+    }
+}
+
+/// Reads until `buf` is full or the file ends; returns the bytes read.
+fn read_full(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+/// The storage actor.
+pub struct Storage {
+    file: Option<StorageFile>,
+    /// Bytes served so far.
+    bytes_read: u64,
+}
+
+impl Actor for Storage {
+    type Args = Option<StorageFile>;
+    type Error = Infallible;
+
+    async fn on_start(file: Option<StorageFile>, _: ActorRef<Self>) -> Result<Self, Infallible> {
+        Ok(Storage {
+            file,
+            bytes_read: 0,
+        })
+    }
+}
+
+impl Message<ReadAt> for Storage {
+    type Reply = ();
+
+    async fn handle(&mut self, msg: ReadAt, _: &mut Context<Self, ()>) {
+        let result = match &self.file {
+            Some(file) => file.read_at(msg.offset, msg.len),
+            None => Err(StorageError::NoFile),
+        };
+        if result.is_ok() {
+            self.bytes_read += msg.len as u64;
+        }
+        let _ = msg.reply.send(result);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_file(len: usize) -> PathBuf {
+        let path =
+            std::env::temp_dir().join(format!("conductor-storage-{}-{len}", std::process::id()));
+        let bytes: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
+        std::fs::write(&path, bytes).unwrap();
+        path
+    }
+
+    #[test]
+    fn unaligned_reads_return_exactly_the_bytes_direct_or_not() {
+        let path = temp_file(50_000);
+        let expected: Vec<u8> = (0..50_000).map(|i| (i * 7 % 251) as u8).collect();
+        for direct in [false, true] {
+            let f = StorageFile::open(&path, direct).unwrap();
+            for (offset, len) in [
+                (0, 1),
+                (1, 4095),
+                (4095, 2),
+                (12_345, 10_000),
+                (49_000, 1000),
+            ] {
+                let got = f.read_at(offset as u64, len).unwrap();
+                assert_eq!(
+                    got,
+                    expected[offset..offset + len],
+                    "direct={direct} at {offset}"
+                );
+            }
+        }
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn reads_past_the_end_are_short_errors_naming_the_offset() {
+        let path = temp_file(10_000);
+        for direct in [false, true] {
+            let f = StorageFile::open(&path, direct).unwrap();
+            let err = f.read_at(9_000, 2_000).unwrap_err();
+            assert!(
+                matches!(err, StorageError::Short { got: 1000, .. }),
+                "{err}"
+            );
+            assert!(err.to_string().contains("offset 9000"));
+        }
+        std::fs::remove_file(path).unwrap();
+        assert!(matches!(
+            StorageFile::open(Path::new("/nonexistent/model.gguf"), false),
+            Err(StorageError::Open { .. })
+        ));
+    }
+}
