@@ -275,3 +275,44 @@ fn fetch_without_python_says_what_to_do() {
     );
     assert!(last.contains("-m"), "suggests passing a model: {stderr}");
 }
+
+#[test]
+fn plans_that_do_not_parse_or_do_not_fit_the_machine_name_the_field() {
+    let model = small_model();
+    let plan = temp_path("plan.json");
+    std::fs::write(&plan, "{ not json").unwrap();
+    let plan_arg = plan.to_str().unwrap();
+    fails_with(
+        &run_args(&model, &["-p", "hi", "--plan", plan_arg]),
+        &["plan", "plan.json"],
+    );
+
+    let mut good = conductor::runtime::plan::ExecutionPlan::default();
+    good.groups[0].cores = conductor::runtime::plan::CoreSet::Ids(vec![0, 4096]);
+    std::fs::write(&plan, serde_json::to_string(&good).unwrap()).unwrap();
+    fails_with(
+        &run_args(&model, &["-p", "hi", "--plan", plan_arg]),
+        &["groups[0].cores", "core 4096 does not exist"],
+    );
+
+    let mut good = conductor::runtime::plan::ExecutionPlan::default();
+    good.decode_on[0].group = "gpu".into();
+    std::fs::write(&plan, serde_json::to_string(&good).unwrap()).unwrap();
+    fails_with(
+        &run_args(&model, &["-p", "hi", "--plan", plan_arg]),
+        &["decode_on[0].group", "gpu"],
+    );
+
+    let mut good = conductor::runtime::plan::ExecutionPlan::default();
+    good.groups[1].cores = conductor::runtime::plan::CoreSet::Class("little".into());
+    std::fs::write(&plan, serde_json::to_string(&good).unwrap()).unwrap();
+    // This machine's cores are all of one class; a plan written for a phone's little cores
+    // does not fit (unless the machine has them).
+    let topology = conductor::actors::detect_topology();
+    if !topology.classes().contains(&"little") {
+        fails_with(
+            &run_args(&model, &["-p", "hi", "--plan", plan_arg]),
+            &["groups[1].cores", "core class `little`"],
+        );
+    }
+}

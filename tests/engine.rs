@@ -2,19 +2,78 @@
 
 use conductor::runtime::sample::SamplingParams;
 use conductor::runtime::synthetic::{synthetic_model, SyntheticSpec};
-use conductor::{Engine, GenerateOptions, StopReason};
+use conductor::{DriverKind, Engine, GenerateOptions, StopReason};
 use std::ops::ControlFlow;
 
 fn engine() -> (Engine, std::path::PathBuf) {
-    let dir = std::env::temp_dir().join(format!("conductor-engine-test-{}", std::process::id()));
+    engine_with(DriverKind::Actors, "a")
+}
+
+fn engine_with(driver: DriverKind, tag: &str) -> (Engine, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!(
+        "conductor-engine-test-{}-{tag}",
+        std::process::id()
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("small.gguf");
     synthetic_model(&SyntheticSpec::default())
         .unwrap()
         .write_file_atomic(&path)
         .unwrap();
-    let engine = Engine::builder().model(&path).threads(2).build().unwrap();
+    let engine = Engine::builder()
+        .model(&path)
+        .threads(2)
+        .driver(driver)
+        .build()
+        .unwrap();
+    assert_eq!(engine.driver_kind(), driver);
     (engine, dir)
+}
+
+#[test]
+fn token_streams_match_callbacks_and_drivers_and_cancel_when_dropped() {
+    let (mut actors, dir_a) = engine_with(DriverKind::Actors, "s1");
+    let (mut inline, dir_b) = engine_with(DriverKind::Inline, "s2");
+    let prompt = actors.tokenize("gh ij");
+
+    let mut session = actors.session(Some(64));
+    let pieces: Vec<_> = actors
+        .stream(&mut session, &prompt, &options(6))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(pieces.len(), 6);
+    let tokens: Vec<u32> = pieces.iter().filter_map(|p| p.token).collect();
+    let text: String = pieces.iter().map(|p| p.text.as_str()).collect();
+    assert_eq!(text, actors.tokenizer().decode(&tokens));
+
+    // The inline driver generates the same tokens.
+    let mut other = inline.session(Some(64));
+    let stats = inline
+        .generate(&mut other, &prompt, &options(6), &mut |_| {
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+    assert_eq!(stats.generated, tokens);
+
+    // Taking two tokens and dropping the stream evaluates one: the session holds the prompt
+    // and the one token evaluated after it.
+    let mut short = actors.session(Some(64));
+    let mut stream = actors.stream(&mut short, &prompt, &options(50)).unwrap();
+    let first: Vec<u32> = stream
+        .by_ref()
+        .take(2)
+        .map(|p| p.unwrap().token.unwrap())
+        .collect();
+    assert_eq!(stream.stats().generated, first);
+    drop(stream);
+    assert_eq!(first, tokens[..2]);
+    assert_eq!(short.n_past(), prompt.len() + 1);
+
+    drop(actors); // stops the actors and joins their threads
+    drop(inline);
+    std::fs::remove_dir_all(dir_a).unwrap();
+    std::fs::remove_dir_all(dir_b).unwrap();
 }
 
 fn options(max_tokens: usize) -> GenerateOptions {
