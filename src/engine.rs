@@ -57,7 +57,7 @@ pub enum DriverKind {
 pub struct EngineBuilder {
     model: Option<PathBuf>,
     threads: Option<usize>,
-    plan: ExecutionPlan,
+    plan: Option<ExecutionPlan>,
     kernels: Kernels,
     driver: DriverKind,
     topology: Option<Topology>,
@@ -78,9 +78,10 @@ impl EngineBuilder {
         self
     }
 
-    /// The execution plan (default: [`ExecutionPlan::default`]).
+    /// The execution plan (default: [`ExecutionPlan::for_topology`] of this machine: a CPU
+    /// group per core class for decode, the dense backend for prefill).
     pub fn plan(mut self, plan: ExecutionPlan) -> Self {
-        self.plan = plan;
+        self.plan = Some(plan);
         self
     }
 
@@ -121,24 +122,31 @@ impl EngineBuilder {
         };
         let model = Arc::new(Model::load(&path).map_err(load)?);
         let tokenizer = Tokenizer::from_gguf(model.file())?;
+        let topology = self
+            .topology
+            .take()
+            .unwrap_or_else(conductor_actors::detect_topology);
+        let plan = self
+            .plan
+            .take()
+            .unwrap_or_else(|| ExecutionPlan::for_topology(&topology));
         let (driver, threads) = match self.driver {
             DriverKind::Inline => {
                 let threads = self
                     .threads
                     .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
                 let pool = WorkerPool::new(PoolConfig::new(threads)).map_err(Error::Threads)?;
-                let driver = InlineDriver::new(Arc::clone(&model), &self.plan, self.kernels, pool)?;
-                (AnyDriver::Inline(driver), threads)
+                let driver = InlineDriver::new(Arc::clone(&model), &plan, self.kernels, pool)?;
+                (AnyDriver::Inline(Box::new(driver)), threads)
             }
             DriverKind::Actors => {
                 let options = ActorOptions {
                     threads: self.threads.map(|t| t as u32),
-                    topology: self.topology.take(),
+                    topology: Some(topology),
                     no_pinning: std::env::var_os("CONDUCTOR_NO_PIN").is_some(),
                     model_path: Some(path.clone()),
                 };
-                let driver =
-                    ActorDriver::new(Arc::clone(&model), &self.plan, self.kernels, options)?;
+                let driver = ActorDriver::new(Arc::clone(&model), &plan, self.kernels, options)?;
                 let threads = driver.decode_threads() as usize;
                 (AnyDriver::Actors(Box::new(driver)), threads)
             }
@@ -190,14 +198,14 @@ pub struct GenerationStats {
 }
 
 enum AnyDriver {
-    Inline(InlineDriver<WorkerPool>),
+    Inline(Box<InlineDriver<WorkerPool>>),
     Actors(Box<ActorDriver>),
 }
 
 impl AnyDriver {
     fn get(&mut self) -> &mut dyn Driver {
         match self {
-            AnyDriver::Inline(d) => d,
+            AnyDriver::Inline(d) => &mut **d,
             AnyDriver::Actors(d) => &mut **d,
         }
     }
@@ -219,7 +227,7 @@ impl Engine {
         EngineBuilder {
             model: None,
             threads: None,
-            plan: ExecutionPlan::default(),
+            plan: None,
             kernels: Kernels::best(),
             driver: DriverKind::default(),
             topology: None,

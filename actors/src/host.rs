@@ -227,7 +227,7 @@ fn idle(shared: &HostShared, seen: u64, spin: Duration) {
         if i > PURE_SPIN {
             std::thread::yield_now();
         }
-        if i % 64 == 0 && start.elapsed() > spin {
+        if i.is_multiple_of(64) && start.elapsed() > spin {
             // The SeqCst store/load pairs with `ring` (bump, then read `sleeping`): either the
             // ringer sees us sleeping and unparks, or we see its bump and do not park.
             shared.sleeping.store(true, Ordering::SeqCst);

@@ -1,5 +1,158 @@
-//! Conductor's discrete-event simulator: the same `Scheduler` driven on virtual nanoseconds,
-//! with device models from a hardware profile, for deterministic tests and plan exploration.
+//! Conductor's discrete-event simulator: the real `Scheduler` driven on virtual nanoseconds,
+//! with device models from a hardware profile, for deterministic tests, predictions and plan
+//! exploration.
 //!
-//! Not built yet (the actor-runtime issue). The scheduler it will drive is already pure
-//! (`conductor_runtime::schedule`): no clocks, no threads, no hash-map order.
+//! [`simulate`] places the plan's groups on the profile's cores, feeds the scheduler the
+//! workload's steps, and answers every `Compute` after the time the cost model (`devices/`)
+//! gives; no threads, no clocks, no hash-map order, so the same inputs give the same trace,
+//! bit for bit. [`replay`] feeds a recorded trace's events to a fresh scheduler and checks the
+//! commands. `docs/simulator.md` lists the formulas and what is not modelled.
+
+mod devices;
+mod engine;
+mod error;
+mod replay;
+mod report;
+mod workload;
+
+pub use devices::host::SPIN_WINDOW_NS;
+pub use devices::storage::{Access, ReadTiming, StorageModel};
+pub use error::SimError;
+pub use replay::{check_trace_model, replay, Mismatch, ReplayError, ReplayReport};
+pub use report::{SimReport, StepTiming, TokenTimes, TrackUse};
+pub use workload::{
+    describe_model_file, named_shape, DecodeStart, PlannedStep, Workload, NAMED_SHAPES,
+};
+
+use conductor_runtime::plan::{hosts_of, ExecutionPlan, HardwareProfile, Topology};
+use conductor_runtime::schedule::Scheduler;
+use conductor_runtime::trace::{Trace, TraceHeader, TRACE_FORMAT_VERSION};
+use devices::host::{FinishModel, MessageModel};
+use engine::{Engine, Machine, SCHEDULER_TRACK};
+
+/// What a simulation records besides the timings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SimOptions {
+    /// Timeline spans: one per `Compute` on its group's track, the scheduler's work on the
+    /// `scheduler` track.
+    pub record_spans: bool,
+    /// The `(t, event, commands)` records a replay checks.
+    pub record_records: bool,
+}
+
+impl Default for SimOptions {
+    fn default() -> Self {
+        SimOptions {
+            record_spans: true,
+            record_records: true,
+        }
+    }
+}
+
+impl SimOptions {
+    /// Timings only: for sweeps and the speed benchmark.
+    pub fn lean() -> SimOptions {
+        SimOptions {
+            record_spans: false,
+            record_records: false,
+        }
+    }
+}
+
+/// Simulates `workload` on the machine `profile` describes, following `plan`.
+pub fn simulate(
+    profile: &HardwareProfile,
+    plan: &ExecutionPlan,
+    workload: &Workload,
+    options: &SimOptions,
+) -> Result<SimReport, SimError> {
+    profile.validate()?;
+    let scheduler = Scheduler::new(&workload.model.shape, plan)?;
+    workload.validate()?;
+    let topology = Topology::of_profile(profile);
+    let placed = topology.place(plan, workload.threads)?;
+    let group_host = hosts_of(&placed);
+    let groups = devices::build_groups(profile, plan, &topology, &placed, &workload.model)?;
+
+    // The scheduler runs on the host of the first decode group, on that group's first core.
+    let sched_group = plan
+        .group_index(&plan.decode_on[0].group)
+        .expect("a validated plan names known groups");
+    let sched_core = placed[sched_group].cores[0];
+    let sched_class = topology
+        .class_of(sched_core)
+        .and_then(|c| profile.core_class(c))
+        .expect("placed cores come from the profile");
+    let threads = placed[sched_group].threads;
+    let machine = Machine {
+        groups,
+        group_names: placed.iter().map(|g| g.name.clone()).collect(),
+        sched_host: group_host[sched_group],
+        n_hosts: group_host.iter().max().map_or(1, |&h| h + 1),
+        group_host,
+        finish: FinishModel::new(&workload.model, sched_class.finish_ns_per_element),
+        messages: MessageModel::new(&profile.messaging),
+    };
+    let group_names = machine.group_names.clone();
+    let storage = StorageModel::new(&profile.storage, &plan.storage);
+    let outcome = Engine::new(scheduler, machine, workload, options).run()?;
+
+    let total = outcome.end_ns;
+    let mut utilisation: Vec<TrackUse> = group_names
+        .iter()
+        .zip(&outcome.group_busy_ns)
+        .map(|(name, &busy)| TrackUse {
+            track: name.clone(),
+            busy_ns: busy,
+            total_ns: total,
+        })
+        .collect();
+    utilisation.push(TrackUse {
+        track: SCHEDULER_TRACK.into(),
+        busy_ns: outcome.scheduler_busy_ns,
+        total_ns: total,
+    });
+    utilisation.push(TrackUse {
+        track: "storage".into(),
+        busy_ns: storage.busy_ns(),
+        total_ns: total,
+    });
+    let trace = Trace {
+        header: TraceHeader {
+            version: TRACE_FORMAT_VERSION,
+            model: workload.model.clone(),
+            plan: plan.clone(),
+            driver: "simulator".into(),
+            threads,
+            writer: format!("conductor-simulator {}", env!("CARGO_PKG_VERSION")),
+        },
+        records: outcome.records,
+        activity: if options.record_records {
+            workload.activity.clone().unwrap_or_default()
+        } else {
+            Vec::new()
+        },
+        spans: outcome.spans,
+    };
+    let mut report = SimReport {
+        profile: profile.name.clone(),
+        model: workload.model.name.clone(),
+        n_prompt: workload.n_prompt,
+        n_gen: workload.n_gen,
+        threads,
+        steps: outcome.timings,
+        ttft_ns: 0,
+        prefill_ns: 0,
+        decode_ns_per_token: 0.0,
+        time_between_tokens: TokenTimes::default(),
+        utilisation,
+        bytes_read: storage.bytes_read(),
+        cache_hits: 0,
+        cache_misses: 0,
+        events: outcome.events,
+        end_ns: total,
+        trace,
+    };
+    report.summarise();
+    Ok(report)
+}

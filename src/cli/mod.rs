@@ -4,6 +4,7 @@ mod bench;
 mod check_refs;
 mod perplexity;
 mod run;
+mod simulate;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -35,6 +36,8 @@ enum Command {
     Perplexity(perplexity::PerplexityArgs),
     /// Prompt-processing and generation speed, the llama-bench way.
     Bench(bench::BenchArgs),
+    /// Predict a workload on a hardware profile (discrete-event simulation), or replay a trace.
+    Simulate(simulate::SimulateArgs),
 }
 
 #[derive(Args)]
@@ -88,10 +91,12 @@ pub struct EngineArgs {
 }
 
 impl EngineArgs {
-    pub fn plan(&self) -> Result<ExecutionPlan> {
+    /// The plan given with `--plan`, if any (otherwise the engine fits its default plan to the
+    /// machine).
+    pub fn plan(&self) -> Result<Option<ExecutionPlan>> {
         match &self.plan {
-            Some(path) => Ok(ExecutionPlan::from_file(path)?),
-            None => Ok(ExecutionPlan::default()),
+            Some(path) => Ok(Some(ExecutionPlan::from_file(path)?)),
+            None => Ok(None),
         }
     }
 }
@@ -119,8 +124,10 @@ pub fn load_engine(model: Option<&Path>, threads: usize, engine: &EngineArgs) ->
     }
     let mut builder = Engine::builder()
         .threads(threads)
-        .plan(engine.plan()?)
         .driver(engine.driver.into());
+    if let Some(plan) = engine.plan()? {
+        builder = builder.plan(plan);
+    }
     if let Some(path) = model {
         builder = builder.model(path);
     }
@@ -138,7 +145,8 @@ pub fn save_trace(trace: &conductor::runtime::trace::Trace, path: &Path) -> Resu
         std::fs::File::create(&timeline)
             .with_context(|| format!("cannot write {}", timeline.display()))?,
     );
-    conductor::runtime::trace::write_chrome_trace(&trace.spans, "conductor (actors)", &mut out)?;
+    let process = format!("conductor ({})", trace.header.driver);
+    conductor::runtime::trace::write_chrome_trace(&trace.spans, &process, &mut out)?;
     eprintln!(
         "trace: {} events -> {} (replay: conductor simulate --replay), timeline -> {} (ui.perfetto.dev)",
         trace.records.len(),
@@ -163,6 +171,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
         Command::CheckRefs(args) => check_refs::run(args),
         Command::Perplexity(args) => perplexity::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Simulate(args) => simulate::run(args),
     }
 }
 

@@ -350,7 +350,6 @@ impl StepState {
                     &mut buf[first * n * hd..(first + len) * n * hd],
                     clusters.iter().map(|r| r.len() * n * hd),
                 );
-                let qkv = &*qkv;
                 runner.run(&mut outs, &|worker, i, out| {
                     let mut s = scratch[worker].lock().unwrap_or_else(|e| e.into_inner());
                     for (k, head) in units(&clusters[i]).enumerate() {

@@ -181,7 +181,7 @@ pub enum PlanError {
         name: String,
         known: String,
     },
-    #[error("plan field `{field}`: group name `{name}` is used twice")]
+    #[error("plan field `{field}`: group `{name}` is named twice")]
     DuplicateGroup { field: String, name: String },
     #[error("plan field `{field}` is empty: at least one group must compute these steps")]
     NoGroups { field: String },
@@ -255,6 +255,12 @@ impl ExecutionPlan {
                 });
             }
             for (i, share) in shares.iter().enumerate() {
+                if shares[..i].iter().any(|s| s.group == share.group) {
+                    return Err(PlanError::DuplicateGroup {
+                        field: format!("{field}[{i}].group"),
+                        name: share.group.clone(),
+                    });
+                }
                 self.group_index(&share.group)
                     .ok_or_else(|| PlanError::UnknownGroup {
                         field: format!("{field}[{i}].group"),
@@ -328,6 +334,13 @@ mod tests {
             plan.validate(),
             Err(PlanError::DuplicateGroup { field, .. }) if field == "groups[1].name"
         ));
+
+        let mut plan = ExecutionPlan::default();
+        plan.decode_on.push(plan.decode_on[0].clone());
+        assert_eq!(
+            plan.validate().unwrap_err().to_string(),
+            "plan field `decode_on[1].group`: group `cpu` is named twice"
+        );
 
         let mut plan = ExecutionPlan::default();
         plan.decode_on.clear();

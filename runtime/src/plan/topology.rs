@@ -1,7 +1,7 @@
 //! Where a plan's processor groups run: cores of a machine, real (detected by the actors) or
 //! described by a hardware profile (simulated).
 
-use super::{CoreSet, ExecutionPlan, HardwareProfile, XpuKind};
+use super::{CoreSet, ExecutionPlan, GroupPlan, HardwareProfile, Share, XpuKind};
 
 /// The cores of a machine and their classes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -149,6 +149,39 @@ impl Topology {
     }
 }
 
+impl ExecutionPlan {
+    /// The default plan fitted to a machine: one CPU group per core class sharing decode in
+    /// proportion to its cores, and the dense backend over every core for prefill. On a
+    /// machine with one class this is [`ExecutionPlan::default`].
+    pub fn for_topology(topology: &Topology) -> ExecutionPlan {
+        let mut plan = ExecutionPlan::default();
+        let classes = topology.classes();
+        if classes.len() <= 1 {
+            return plan;
+        }
+        let npu = plan
+            .groups
+            .pop()
+            .expect("the default plan has an npu group");
+        plan.groups.clear();
+        plan.decode_on.clear();
+        for class in classes {
+            plan.groups.push(GroupPlan {
+                name: class.to_string(),
+                kind: XpuKind::Cpu,
+                cores: CoreSet::Class(class.to_string()),
+                threads: 0,
+            });
+            plan.decode_on.push(Share {
+                group: class.to_string(),
+                weight: topology.cores.iter().filter(|(_, c)| c == class).count() as u32,
+            });
+        }
+        plan.groups.push(npu);
+        plan
+    }
+}
+
 /// Which host thread each placed group runs on: groups on the same cores share one host (and
 /// its worker threads), so handing work between them is a local message, not a wake-up of
 /// another thread. Returns the host index of each group, hosts numbered in order of first use.
@@ -208,6 +241,23 @@ mod tests {
             placed[3].threads, 1,
             "a plan's own thread count wins over -t"
         );
+    }
+
+    #[test]
+    fn the_fitted_plan_has_a_cpu_group_per_core_class() {
+        assert_eq!(
+            ExecutionPlan::for_topology(&Topology::uniform(4)),
+            ExecutionPlan::default()
+        );
+        let plan = ExecutionPlan::for_topology(&phone());
+        plan.validate().unwrap();
+        let names: Vec<&str> = plan.groups.iter().map(|g| g.name.as_str()).collect();
+        assert_eq!(names, vec!["big", "mid", "little", "npu"]);
+        let weights: Vec<u32> = plan.decode_on.iter().map(|s| s.weight).collect();
+        assert_eq!(weights, vec![1, 5, 2]);
+        let placed = phone().place(&plan, None).unwrap();
+        assert_eq!(placed[1].cores, vec![2, 3, 4, 5, 6]);
+        assert_eq!(hosts_of(&placed), vec![0, 1, 2, 3]);
     }
 
     #[test]

@@ -157,6 +157,21 @@ impl fmt::Display for GgmlType {
     }
 }
 
+/// Serialized by name (`"Q4_1"`), so plans, profiles and traces stay readable.
+impl serde::Serialize for GgmlType {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for GgmlType {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        GgmlType::from_name(&name)
+            .ok_or_else(|| serde::de::Error::custom(format!("unknown ggml type `{name}`")))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -188,20 +203,5 @@ mod tests {
         assert_eq!(GgmlType::Q4_1.bytes_for(33), None);
         assert_eq!(GgmlType::F32.bytes_for(u64::MAX), None);
         assert_eq!(GgmlType::Q6_K.bytes_for(512), Some(420));
-    }
-}
-
-/// Serialized by name (`"Q4_1"`), so plans, profiles and traces stay readable.
-impl serde::Serialize for GgmlType {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(self.name())
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for GgmlType {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let name = String::deserialize(d)?;
-        GgmlType::from_name(&name)
-            .ok_or_else(|| serde::de::Error::custom(format!("unknown ggml type `{name}`")))
     }
 }

@@ -197,7 +197,7 @@ fn multi_group_plan(
         ..ExecutionPlan::default()
     };
     let shares = |mask: u32| -> Vec<Share> {
-        let mask = if mask % (1 << n_groups) == 0 {
+        let mask = if mask.is_multiple_of(1 << n_groups) {
             1
         } else {
             mask % (1 << n_groups)

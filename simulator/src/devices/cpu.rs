@@ -1,0 +1,240 @@
+//! A CPU processor group: W worker threads on the group's cores, each core's class giving its
+//! kernel rates.
+//!
+//! Cost of one cluster on a core of class c (nanoseconds; a rate in GMAC/s is MACs per ns):
+//! - matrices: Σ_role MACs_role × tokens / rate_c(role), with rate = `matvec_stream_gmacs`
+//!   when one token is multiplied and the model's dense weights exceed the LLC,
+//!   `matvec_gmacs` when they fit, and `matmul_gmacs` for several tokens;
+//! - decode-shape attention: heads × Σ_t (n_past + t + 1) × `attn_decode_ns_per_head_pos`;
+//! - prefill-shape attention: heads × 4 · head_dim · Σ_t (n_past + t + 1) / `attn_prefill_gflops`.
+//!
+//! A phase's clusters are list-scheduled in index order onto the earliest available worker
+//! (ties: lowest index), as the worker pool's atomic counter hands them out. Phase time =
+//! max(makespan, bytes / min(cores · per_core_gbs, bandwidth_gbs)) + dispatch_ns when more
+//! than one worker takes part; the bandwidth floor applies only when the weights are streamed
+//! from DRAM (dense weights larger than the LLC).
+
+use super::{role_types, ActiveCursor, Load, ModelCosts, StepCtx, ROLES};
+use crate::SimError;
+use conductor_runtime::neuron::Phase;
+use conductor_runtime::plan::{HardwareProfile, ModelDescription, PlacedGroup, Topology};
+use conductor_runtime::schedule::StepShape;
+use std::ops::Range;
+
+/// Rates of one core class, as nanoseconds per unit of work.
+#[derive(Clone, Debug)]
+struct ClassRates {
+    /// ns per MAC of a single-token matvec, by role.
+    matvec_ns: [f64; ROLES],
+    /// ns per MAC of a multi-token matmul, by role.
+    matmul_ns: [f64; ROLES],
+    attn_decode_ns_per_head_pos: f64,
+    /// ns per flop of prefill attention.
+    attn_prefill_ns_per_flop: f64,
+}
+
+impl ClassRates {
+    fn cluster_ns(&self, load: &Load, tokens: f64, attn_per_head: f64) -> f64 {
+        let per_mac = if tokens == 1.0 {
+            &self.matvec_ns
+        } else {
+            &self.matmul_ns
+        };
+        let mut ns = 0.0;
+        for (macs, per) in load.macs.iter().zip(per_mac) {
+            ns += macs * per;
+        }
+        ns * tokens + load.heads * attn_per_head
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Worker {
+    class: usize,
+    /// Workers sharing a core split its time: each runs this many times slower.
+    slowdown: f64,
+}
+
+pub(crate) struct CpuGroup {
+    classes: Vec<ClassRates>,
+    workers: Vec<Worker>,
+    /// Bandwidth (GB/s = bytes per ns) available when the first `k + 1` workers take part.
+    bandwidth: Vec<f64>,
+    streamed: bool,
+    dispatch_ns: f64,
+    head_dim: f64,
+    // Scratch reused by every phase: the hot path does not allocate.
+    free_at: Vec<f64>,
+    class_ns: Vec<f64>,
+    unit_ns: Vec<f64>,
+}
+
+impl CpuGroup {
+    pub fn new(
+        profile: &HardwareProfile,
+        topology: &Topology,
+        group: &PlacedGroup,
+        model: &ModelDescription,
+    ) -> Result<CpuGroup, SimError> {
+        let streamed = model.dense_weight_bytes() > profile.memory.llc_bytes;
+        let types = role_types(model);
+        let mut class_names: Vec<&str> = Vec::new();
+        let mut classes = Vec::new();
+        let mut workers = Vec::new();
+        let threads = group.threads.max(1) as usize;
+        let worker_core = |w: usize| group.cores[w % group.cores.len()];
+        for w in 0..threads {
+            let core = worker_core(w);
+            let name = topology
+                .class_of(core)
+                .expect("placement only uses cores of the topology");
+            let class = match class_names.iter().position(|c| *c == name) {
+                Some(i) => i,
+                None => {
+                    let (index, profile_class) = profile
+                        .core_classes
+                        .iter()
+                        .enumerate()
+                        .find(|(_, c)| c.name == name)
+                        .expect("the topology comes from the profile");
+                    let mut matvec_ns = [0.0; ROLES];
+                    let mut matmul_ns = [0.0; ROLES];
+                    for (r, &ty) in types.iter().enumerate() {
+                        let rates =
+                            profile_class
+                                .rates(ty)
+                                .ok_or_else(|| SimError::MissingRates {
+                                    class: name.to_string(),
+                                    index,
+                                    ty,
+                                })?;
+                        let matvec = if streamed {
+                            rates.matvec_stream_gmacs
+                        } else {
+                            rates.matvec_gmacs
+                        };
+                        matvec_ns[r] = 1.0 / matvec;
+                        matmul_ns[r] = 1.0 / rates.matmul_gmacs;
+                    }
+                    classes.push(ClassRates {
+                        matvec_ns,
+                        matmul_ns,
+                        attn_decode_ns_per_head_pos: profile_class.attn_decode_ns_per_head_pos,
+                        attn_prefill_ns_per_flop: 1.0 / profile_class.attn_prefill_gflops,
+                    });
+                    class_names.push(name);
+                    classes.len() - 1
+                }
+            };
+            let sharing = (0..threads).filter(|&v| worker_core(v) == core).count();
+            workers.push(Worker {
+                class,
+                slowdown: sharing as f64,
+            });
+        }
+        let mem = &profile.memory;
+        let mut cores_seen: Vec<u32> = Vec::new();
+        let bandwidth = (0..threads)
+            .map(|w| {
+                let core = worker_core(w);
+                if !cores_seen.contains(&core) {
+                    cores_seen.push(core);
+                }
+                (cores_seen.len() as f64 * mem.per_core_gbs).min(mem.bandwidth_gbs)
+            })
+            .collect();
+        Ok(CpuGroup {
+            classes,
+            free_at: vec![0.0; threads],
+            class_ns: Vec::new(),
+            unit_ns: Vec::new(),
+            workers,
+            bandwidth,
+            streamed,
+            dispatch_ns: profile.messaging.dispatch_ns,
+            head_dim: f64::from(model.shape.head_dim),
+        })
+    }
+
+    /// Nanoseconds of attention per query head on a core of `class`.
+    fn attn_per_head(&self, class: &ClassRates, ctx: &StepCtx<'_>) -> f64 {
+        let positions = ctx.attended_positions();
+        match ctx.shape {
+            StepShape::Decode => positions * class.attn_decode_ns_per_head_pos,
+            StepShape::Prefill => 4.0 * self.head_dim * positions * class.attn_prefill_ns_per_flop,
+        }
+    }
+
+    pub fn phase_ns(
+        &mut self,
+        costs: &ModelCosts,
+        phase: Phase,
+        layer: u32,
+        clusters: &[Range<u32>],
+        ctx: &StepCtx<'_>,
+    ) -> f64 {
+        let tokens = f64::from(ctx.tokens_of(phase));
+        let used = self.workers.len().min(clusters.len()).max(1);
+        self.free_at.clear();
+        self.free_at.resize(used, 0.0);
+        let mut bytes = 0.0;
+        let mut active = ActiveCursor::new(ctx.activity, phase, layer);
+        // Every phase but q|k|v (whose units mix weight types) costs the same per unit: price
+        // one unit per class once, then scale by the cluster's (active) units. This is the
+        // per-cluster hot path of sparse decode.
+        let linear = phase != Phase::QkvHeads;
+        let mut unit_bytes = 0.0;
+        self.unit_ns.clear();
+        if linear {
+            let unit = costs.load(phase, 0..1, &mut ActiveCursor::dense());
+            unit_bytes = unit.bytes;
+            for class in &self.classes {
+                let attn = if unit.heads > 0.0 {
+                    self.attn_per_head(class, ctx)
+                } else {
+                    0.0
+                };
+                self.unit_ns.push(class.cluster_ns(&unit, tokens, attn));
+            }
+        }
+        for range in clusters {
+            self.class_ns.clear();
+            if linear {
+                let units = active
+                    .count_in(range.clone())
+                    .map_or(range.len() as f64, f64::from);
+                bytes += units * unit_bytes;
+                self.class_ns
+                    .extend(self.unit_ns.iter().map(|ns| units * ns));
+            } else {
+                let load = costs.load(phase, range.clone(), &mut active);
+                bytes += load.bytes;
+                for class in &self.classes {
+                    let attn = if load.heads > 0.0 {
+                        self.attn_per_head(class, ctx)
+                    } else {
+                        0.0
+                    };
+                    self.class_ns.push(class.cluster_ns(&load, tokens, attn));
+                }
+            }
+            // Earliest available worker; ties go to the lowest index.
+            let mut best = 0;
+            for w in 1..used {
+                if self.free_at[w] < self.free_at[best] {
+                    best = w;
+                }
+            }
+            let worker = &self.workers[best];
+            self.free_at[best] += self.class_ns[worker.class] * worker.slowdown;
+        }
+        let makespan = self.free_at.iter().copied().fold(0.0, f64::max);
+        let floor = if self.streamed {
+            bytes / self.bandwidth[used - 1]
+        } else {
+            0.0
+        };
+        let dispatch = if used > 1 { self.dispatch_ns } else { 0.0 };
+        makespan.max(floor) + dispatch
+    }
+}

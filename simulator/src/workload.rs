@@ -1,0 +1,303 @@
+//! What to simulate: a model, a prompt length, a generation length, threads and (optionally)
+//! which FFN neurons each decode step activates; and the steps that makes, split exactly as
+//! the real drivers split them.
+
+use crate::SimError;
+use conductor_runtime::model::Model;
+use conductor_runtime::plan::{ModelDescription, ModelShape, WeightTypes};
+use conductor_runtime::quant::GgmlType;
+use conductor_runtime::schedule::StepRequest;
+use conductor_runtime::trace::{ActiveSet, StepActivity};
+use std::path::Path;
+
+/// Where decode steps start.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DecodeStart {
+    /// From an empty context (`n_past` = 0, 1, 2 …), as `conductor bench`'s tgN test and
+    /// llama-bench do: the numbers compare with `conductor bench`.
+    #[default]
+    Fresh,
+    /// After the prompt (`n_past` = p, p + 1 …), as a chat turn does.
+    AfterPrompt,
+}
+
+/// A run to simulate.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Workload {
+    pub model: ModelDescription,
+    /// Prompt tokens, evaluated in prefill steps of at most the plan's `prefill_max_tokens`
+    /// (0: no prompt test).
+    pub n_prompt: u32,
+    /// Single-token decode steps (0: no generation test).
+    pub n_gen: u32,
+    /// Threads of groups whose plan leaves them at 0 (the command line's `-t`); `None`: one per
+    /// core of the group.
+    pub threads: Option<u32>,
+    /// Active FFN neurons per decode step. Decode step `i` (counting from 0 among decode steps)
+    /// uses `activity[i % len]`, so a short sample can drive a long generation. `None` or an
+    /// empty list: dense decode (every neuron active).
+    pub activity: Option<Vec<StepActivity>>,
+    pub decode_start: DecodeStart,
+}
+
+impl Workload {
+    /// `n_prompt` prompt tokens and `n_gen` generated ones, `conductor bench` style: dense,
+    /// one thread per core, decode from an empty context.
+    pub fn new(model: ModelDescription, n_prompt: u32, n_gen: u32) -> Workload {
+        Workload {
+            model,
+            n_prompt,
+            n_gen,
+            threads: None,
+            activity: None,
+            decode_start: DecodeStart::Fresh,
+        }
+    }
+
+    /// Checks the fields the simulation relies on; the activity must match the model.
+    pub fn validate(&self) -> Result<(), SimError> {
+        if self.n_prompt == 0 && self.n_gen == 0 {
+            return Err(SimError::Workload {
+                field: "n_prompt".into(),
+                why: "nothing to simulate: give prompt tokens or generated tokens above 0".into(),
+            });
+        }
+        let (n_layer, n_ff) = (self.model.shape.n_layer, self.model.shape.n_ff);
+        for (i, step) in self.activity.iter().flatten().enumerate() {
+            if step.layers.len() != n_layer as usize {
+                return Err(SimError::Activity {
+                    field: format!("activity[{i}].layers"),
+                    why: format!(
+                        "lists {} layers; the model `{}` has {n_layer}",
+                        step.layers.len(),
+                        self.model.name
+                    ),
+                });
+            }
+            for (l, set) in step.layers.iter().enumerate() {
+                let ActiveSet::Neurons(neurons) = set else {
+                    continue;
+                };
+                let field = || format!("activity[{i}].layers[{l}]");
+                if !neurons.is_sorted_by(|a, b| a < b) {
+                    return Err(SimError::Activity {
+                        field: field(),
+                        why: "neuron indices must be strictly ascending".into(),
+                    });
+                }
+                if let Some(&last) = neurons.last().filter(|&&n| n >= n_ff) {
+                    return Err(SimError::Activity {
+                        field: field(),
+                        why: format!("neuron {last} is out of range (the model has {n_ff})"),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The steps of the run, in order: prefill steps split exactly as `InlineDriver::eval`
+    /// splits a prompt (chunks of `max_step_tokens`, logits for the last token only), then the
+    /// decode steps (one token each, with logits).
+    pub fn steps(&self, max_step_tokens: u32) -> Vec<PlannedStep> {
+        let mut out = Vec::new();
+        let max = max_step_tokens.max(1);
+        let p = self.n_prompt;
+        let logits_from = p.saturating_sub(1);
+        let mut start = 0;
+        while start < p {
+            let len = max.min(p - start);
+            out.push(PlannedStep {
+                request: StepRequest {
+                    step: out.len() as u64,
+                    n_tokens: len,
+                    n_past: start,
+                    logits_from: logits_from.saturating_sub(start).min(len),
+                },
+                decode_index: None,
+            });
+            start += len;
+        }
+        let first_pos = match self.decode_start {
+            DecodeStart::Fresh => 0,
+            DecodeStart::AfterPrompt => p,
+        };
+        for i in 0..self.n_gen {
+            out.push(PlannedStep {
+                request: StepRequest {
+                    step: out.len() as u64,
+                    n_tokens: 1,
+                    n_past: first_pos + i,
+                    logits_from: 0,
+                },
+                decode_index: Some(i),
+            });
+        }
+        out
+    }
+
+    /// The activity of decode step `index`, if the workload has any.
+    pub(crate) fn activity_of(&self, index: u32) -> Option<&StepActivity> {
+        let a = self.activity.as_deref().filter(|a| !a.is_empty())?;
+        Some(&a[index as usize % a.len()])
+    }
+}
+
+/// One step of a run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlannedStep {
+    pub request: StepRequest,
+    /// `Some(i)` for the `i`-th decode step; `None` for a prefill step.
+    pub decode_index: Option<u32>,
+}
+
+/// Names [`named_shape`] knows.
+pub const NAMED_SHAPES: &[&str] = &["smollm2-135m", "llama-2-7b"];
+
+/// A model known by name, so a plan can be simulated without its file.
+pub fn named_shape(name: &str) -> Option<ModelDescription> {
+    let uniform = |matrices: GgmlType, output: GgmlType| WeightTypes {
+        attn_q: matrices,
+        attn_k: matrices,
+        attn_v: matrices,
+        attn_out: matrices,
+        ffn_gate: matrices,
+        ffn_up: matrices,
+        ffn_down: matrices,
+        output,
+    };
+    let (shape, types) = match name {
+        "smollm2-135m" => (
+            ModelShape {
+                n_layer: 30,
+                n_embd: 576,
+                n_ff: 1536,
+                n_head: 9,
+                n_head_kv: 3,
+                head_dim: 64,
+                n_vocab: 49152,
+                ffn_granule: 32,
+            },
+            uniform(GgmlType::Q4_1, GgmlType::Q8_0),
+        ),
+        "llama-2-7b" => (
+            ModelShape {
+                n_layer: 32,
+                n_embd: 4096,
+                n_ff: 11008,
+                n_head: 32,
+                n_head_kv: 32,
+                head_dim: 128,
+                n_vocab: 32000,
+                ffn_granule: 32,
+            },
+            uniform(GgmlType::Q4_0, GgmlType::Q6_K),
+        ),
+        _ => return None,
+    };
+    Some(ModelDescription {
+        name: name.to_string(),
+        shape,
+        types,
+    })
+}
+
+/// The description of a GGUF model file (its shape and weight types; the weights stay
+/// mapped only while this runs).
+pub fn describe_model_file(path: &Path) -> Result<ModelDescription, SimError> {
+    Model::load(path)
+        .map(|m| m.description())
+        .map_err(|source| SimError::Model {
+            path: path.display().to_string(),
+            source,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompts_split_like_the_inline_driver() {
+        let w = Workload::new(named_shape("smollm2-135m").unwrap(), 1100, 2);
+        let steps = w.steps(512);
+        let reqs: Vec<_> = steps
+            .iter()
+            .map(|s| {
+                (
+                    s.request.n_tokens,
+                    s.request.n_past,
+                    s.request.logits_from,
+                    s.decode_index,
+                )
+            })
+            .collect();
+        assert_eq!(
+            reqs,
+            vec![
+                (512, 0, 512, None),
+                (512, 512, 512, None),
+                (76, 1024, 75, None),
+                (1, 0, 0, Some(0)),
+                (1, 1, 0, Some(1)),
+            ]
+        );
+        assert!(steps
+            .iter()
+            .enumerate()
+            .all(|(i, s)| s.request.step == i as u64));
+        let w = Workload {
+            decode_start: DecodeStart::AfterPrompt,
+            ..w
+        };
+        assert_eq!(w.steps(512)[3].request.n_past, 1100);
+    }
+
+    #[test]
+    fn named_shapes_are_complete() {
+        for name in NAMED_SHAPES {
+            let d = named_shape(name).unwrap();
+            assert_eq!(d.name, *name);
+            assert!(d.dense_weight_bytes() > 0);
+        }
+        assert!(named_shape("gpt-5").is_none());
+        let llama = named_shape("llama-2-7b").unwrap();
+        // 7B parameters at 4.5 bits, plus the Q6_K output: about 3.6 GB.
+        let gb = llama.dense_weight_bytes() as f64 / 1e9;
+        assert!((3.4..3.9).contains(&gb), "{gb}");
+    }
+
+    #[test]
+    fn activity_is_checked_against_the_model() {
+        let model = named_shape("smollm2-135m").unwrap();
+        let mut w = Workload::new(model, 0, 4);
+        w.activity = Some(vec![StepActivity {
+            step: 0,
+            layers: vec![ActiveSet::All; 29],
+        }]);
+        let e = w.validate().unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "activity field `activity[0].layers`: lists 29 layers; the model `smollm2-135m` has 30"
+        );
+        let mut layers = vec![ActiveSet::All; 30];
+        layers[3] = ActiveSet::Neurons(vec![1, 5, 5]);
+        w.activity = Some(vec![StepActivity { step: 0, layers }]);
+        assert!(w
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("`activity[0].layers[3]`: neuron indices must be strictly ascending"));
+        let mut layers = vec![ActiveSet::All; 30];
+        layers[0] = ActiveSet::Neurons(vec![1, 1536]);
+        w.activity = Some(vec![StepActivity { step: 0, layers }]);
+        assert!(w
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("out of range"));
+        w.activity = None;
+        w.n_gen = 0;
+        assert!(matches!(w.validate(), Err(SimError::Workload { .. })));
+    }
+}

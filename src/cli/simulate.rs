@@ -1,0 +1,202 @@
+//! `conductor simulate`: predict a workload on a hardware profile, or replay a recorded trace.
+//!
+//! `conductor simulate --profile P [-m MODEL | --shape NAME] -p 512 -n 128 -t 1,2 --json`
+//! predicts what `conductor bench` measures and prints it in the same JSON lines, so a script
+//! can hold prediction against measurement. `conductor simulate --replay TRACE` feeds a trace's
+//! recorded events to a fresh scheduler and checks that it answers with the identical commands.
+
+use super::{parse_list, NumList};
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use conductor::fetch;
+use conductor::runtime::plan::{ExecutionPlan, HardwareProfile, ModelDescription, Topology};
+use conductor::runtime::trace::Trace;
+use conductor_simulator::{
+    check_trace_model, describe_model_file, named_shape, replay, simulate, SimOptions, SimReport,
+    Workload, NAMED_SHAPES,
+};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+#[derive(Args)]
+pub struct SimulateArgs {
+    /// Hardware profile (TOML, as `conductor profile-hw` writes; phones in profiles/).
+    #[arg(long = "profile", required_unless_present = "replay")]
+    profile: Option<PathBuf>,
+    /// Model whose shape to simulate (default: the default model).
+    #[arg(short = 'm', long = "model", conflicts_with = "shape")]
+    model: Option<PathBuf>,
+    /// A named model shape instead of a file (e.g. llama-2-7b).
+    #[arg(long = "shape")]
+    shape: Option<String>,
+    /// Execution plan (default: the one the engine would fit to the profile's machine).
+    #[arg(long = "plan")]
+    plan: Option<PathBuf>,
+    /// Prompt length (0: no prompt test).
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+    n_prompt: u32,
+    /// Generated tokens (0: no generation test).
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    n_gen: u32,
+    /// Thread counts, comma-separated, as `conductor bench -t` (default: the plan's).
+    #[arg(short = 't', long = "threads", value_parser = parse_list)]
+    threads: Option<NumList>,
+    /// Activation sets from a recorded trace (`--trace-out` of run or bench).
+    #[arg(long = "activity")]
+    activity: Option<PathBuf>,
+    /// Print `conductor bench --json` lines instead of a report.
+    #[arg(long = "json")]
+    json: bool,
+    /// Write the simulated trace (replayable) here, and its Chrome-trace timeline beside it.
+    #[arg(long = "trace-out")]
+    trace_out: Option<PathBuf>,
+    /// Replay this recorded trace instead of simulating.
+    #[arg(long = "replay", conflicts_with_all = ["profile", "shape", "json", "activity"])]
+    replay: Option<PathBuf>,
+}
+
+pub fn run(args: SimulateArgs) -> Result<()> {
+    if let Some(path) = &args.replay {
+        return run_replay(path, args.model.as_ref());
+    }
+    let profile_path = args.profile.as_ref().expect("clap requires --profile");
+    let profile = HardwareProfile::from_file(profile_path)?;
+    let model = model_description(&args)?;
+    let plan = match &args.plan {
+        Some(path) => ExecutionPlan::from_file(path)?,
+        None => ExecutionPlan::for_topology(&Topology::of_profile(&profile)),
+    };
+    if args.n_prompt == 0 && args.n_gen == 0 {
+        bail!("nothing to simulate: give a prompt length (-p) or a generation length (-n) above 0");
+    }
+    let activity = match &args.activity {
+        Some(path) => {
+            let trace = Trace::load(path)?;
+            check_trace_model(&trace, &model)?;
+            Some(trace.activity)
+        }
+        None => None,
+    };
+    let threads: Vec<Option<u32>> = match &args.threads {
+        Some(list) => {
+            if list.0.contains(&0) {
+                bail!("thread counts must be at least 1");
+            }
+            list.0.iter().map(|&t| Some(t as u32)).collect()
+        }
+        None => vec![None],
+    };
+    for t in threads {
+        let workload = Workload {
+            threads: t,
+            activity: activity.clone(),
+            ..Workload::new(model.clone(), args.n_prompt, args.n_gen)
+        };
+        let options = if args.trace_out.is_some() {
+            SimOptions::default()
+        } else {
+            SimOptions::lean()
+        };
+        let started = Instant::now();
+        let report = simulate(&profile, &plan, &workload, &options)?;
+        let wall = started.elapsed();
+        if args.json {
+            for line in report.bench_json_lines() {
+                println!("{line}");
+            }
+        } else {
+            print_report(&report, wall);
+        }
+        if let Some(path) = &args.trace_out {
+            super::save_trace(&report.trace, path)?;
+        }
+    }
+    Ok(())
+}
+
+fn model_description(args: &SimulateArgs) -> Result<ModelDescription> {
+    if let Some(name) = &args.shape {
+        return named_shape(name).with_context(|| {
+            format!(
+                "unknown model shape `{name}` (known: {})",
+                NAMED_SHAPES.join(", ")
+            )
+        });
+    }
+    let path = match &args.model {
+        Some(p) => p.clone(),
+        None => fetch::ensure_default_model(&mut |line| eprintln!("{line}"))?,
+    };
+    Ok(describe_model_file(&path)?)
+}
+
+fn run_replay(path: &Path, model: Option<&PathBuf>) -> Result<()> {
+    let trace = Trace::load(path)?;
+    if let Some(model) = model {
+        check_trace_model(&trace, &describe_model_file(model)?)?;
+    }
+    let report = replay(&trace)?;
+    if let Some(m) = &report.first_mismatch {
+        bail!(
+            "replay of {} differs at record {} of {} (event {:?}): recorded {:?}, a fresh scheduler gave {:?}{}",
+            path.display(),
+            m.record,
+            report.records,
+            m.event,
+            m.expected,
+            m.got,
+            m.error
+                .as_ref()
+                .map(|e| format!(" ({e})"))
+                .unwrap_or_default()
+        );
+    }
+    println!(
+        "replay: {} events, {} commands, written by {} ({} driver, {} threads): identical command stream",
+        report.records, report.commands, trace.header.writer, trace.header.driver, trace.header.threads
+    );
+    Ok(())
+}
+
+fn ms(ns: f64) -> f64 {
+    ns / 1e6
+}
+
+fn print_report(r: &SimReport, wall: std::time::Duration) {
+    println!(
+        "simulated: {} on {} ({} threads), prompt {} tokens, {} generated",
+        r.model, r.profile, r.threads, r.n_prompt, r.n_gen
+    );
+    if let Some(pp) = r.prompt_tok_s() {
+        println!(
+            "  prefill      {:10.2} ms  ({:.1} tokens/s)",
+            ms(r.prefill_ns as f64),
+            pp
+        );
+        println!("  first token  {:10.2} ms", ms(r.ttft_ns as f64));
+    }
+    if let Some(tg) = r.gen_tok_s() {
+        let t = &r.time_between_tokens;
+        println!(
+            "  decode       {:10.3} ms per token ({:.1} tokens/s); between tokens median {:.3} ms, p90 {:.3} ms",
+            ms(r.decode_ns_per_token),
+            tg,
+            ms(t.median_ns as f64),
+            ms(t.p90_ns as f64)
+        );
+    }
+    println!("  busy:");
+    for u in &r.utilisation {
+        println!("    {:<12} {:5.1}%", u.track, 100.0 * u.fraction());
+    }
+    println!(
+        "  storage: {} bytes read, cache {} hits / {} misses",
+        r.bytes_read, r.cache_hits, r.cache_misses
+    );
+    println!(
+        "  {} events in {:.1} ms ({:.2} M events/s)",
+        r.events,
+        wall.as_secs_f64() * 1e3,
+        r.events as f64 / wall.as_secs_f64().max(1e-9) / 1e6
+    );
+}
