@@ -157,15 +157,8 @@ impl Drop for Host {
 }
 
 fn pin_current_thread(cores: &[u32]) {
-    let Some(&first) = cores.first() else {
-        return;
-    };
-    if let Some(id) = core_affinity::get_core_ids()
-        .unwrap_or_default()
-        .into_iter()
-        .find(|c| c.id == first as usize)
-    {
-        core_affinity::set_for_current(id);
+    if let Some(&first) = cores.first() {
+        core_affinity::set_for_current(core_affinity::CoreId { id: first as usize });
     }
 }
 

@@ -109,17 +109,16 @@ impl WorkerPool {
             wake: Condvar::new(),
             spin_iterations: config.spin_iterations,
         });
-        let core_ids = core_affinity::get_core_ids().unwrap_or_default();
-        pin_worker(&config.cores, &core_ids, 0);
+        pin_worker(&config.cores, 0);
         let mut helpers = Vec::new();
         for worker in 1..config.threads {
             let shared = Arc::clone(&shared);
-            let (cores, core_ids) = (config.cores.clone(), core_ids.clone());
+            let cores = config.cores.clone();
             helpers.push(
                 std::thread::Builder::new()
                     .name(format!("conductor-worker-{worker}"))
                     .spawn(move || {
-                        pin_worker(&cores, &core_ids, worker);
+                        pin_worker(&cores, worker);
                         helper_loop(&shared, worker);
                     })?,
             );
@@ -137,14 +136,16 @@ impl WorkerPool {
 }
 
 /// Pins the current thread (worker `worker`) to its core from `cores`, if any are given.
-fn pin_worker(cores: &[usize], core_ids: &[core_affinity::CoreId], worker: usize) {
+///
+/// The core is set directly, not looked up among `core_affinity::get_core_ids()`: that lists
+/// the cores the *calling* thread may use, and a thread started by an already pinned thread
+/// inherits its one-core mask (a helper would then stay on worker 0's core).
+fn pin_worker(cores: &[usize], worker: usize) {
     if cores.is_empty() {
         return;
     }
-    let wanted = cores[worker % cores.len()];
-    if let Some(id) = core_ids.iter().find(|c| c.id == wanted) {
-        core_affinity::set_for_current(*id);
-    }
+    let id = cores[worker % cores.len()];
+    core_affinity::set_for_current(core_affinity::CoreId { id });
 }
 
 /// Claims and runs items of the current job until none are left.

@@ -3,6 +3,7 @@
 mod bench;
 mod check_refs;
 mod perplexity;
+mod profile_hw;
 mod run;
 mod simulate;
 
@@ -38,6 +39,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Predict a workload on a hardware profile (discrete-event simulation), or replay a trace.
     Simulate(simulate::SimulateArgs),
+    /// Measure this machine into a hardware profile (TOML).
+    ProfileHw(profile_hw::ProfileHwArgs),
 }
 
 #[derive(Args)]
@@ -172,6 +175,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
         Command::Perplexity(args) => perplexity::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Simulate(args) => simulate::run(args),
+        Command::ProfileHw(args) => profile_hw::run(args),
     }
 }
 

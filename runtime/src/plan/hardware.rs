@@ -40,8 +40,8 @@ pub struct CoreClassProfile {
     /// Prefill attention (tiled, f32): GFLOP/s of one core (a score or a value product is 2 flops
     /// per head dimension).
     pub attn_prefill_gflops: f64,
-    /// Work between phases on the driver's thread (reductions, norms, activation quantization):
-    /// nanoseconds per element touched.
+    /// Work between phases on the driver's thread (reductions, gathers, norms, activation
+    /// quantization): nanoseconds per element and pass (one sweep over the element).
     pub finish_ns_per_element: f64,
 }
 
@@ -56,6 +56,12 @@ pub struct KernelRates {
     pub matvec_stream_gmacs: f64,
     /// Prefill matmul (hundreds of tokens), GMAC/s.
     pub matmul_gmacs: f64,
+    /// Decode FFN neuron cluster — gate and up rows, then the down projection's columns of the
+    /// same neurons — with the weights streamed from DRAM, GMAC/s over all three products.
+    /// Column slices of the down matrix stream less well than whole rows. Absent: the
+    /// cluster's work runs at `matvec_stream_gmacs`.
+    #[serde(default)]
+    pub ffn_cluster_stream_gmacs: Option<f64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -66,6 +72,10 @@ pub struct MemoryProfile {
     pub per_core_gbs: f64,
     /// Last-level cache size: weights that fit are read at cache speed.
     pub llc_bytes: u64,
+    /// Decode's weight streaming on `k` cores at once, relative to one core: element `k - 1`.
+    /// Absent: derived from the two bandwidths.
+    #[serde(default)]
+    pub stream_scaling: Vec<f64>,
 }
 
 /// What moving work between actors and threads costs.
@@ -159,11 +169,18 @@ impl HardwareProfile {
         Ok(p)
     }
 
+    /// Reads a profile: TOML, or JSON when the file name ends in `.json`.
     pub fn from_file(path: &std::path::Path) -> Result<HardwareProfile, ProfileError> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| ProfileError::Parse(format!("cannot read {}: {e}", path.display())))?;
-        HardwareProfile::from_toml(&text)
-            .map_err(|e| ProfileError::Parse(format!("{}: {e}", path.display())))
+        let in_file = |e: ProfileError| ProfileError::Parse(format!("{}: {e}", path.display()));
+        if path.extension().is_some_and(|e| e == "json") {
+            let p: HardwareProfile = serde_json::from_str(&text)
+                .map_err(|e| in_file(ProfileError::Parse(e.to_string())))?;
+            p.validate().map_err(in_file)?;
+            return Ok(p);
+        }
+        HardwareProfile::from_toml(&text).map_err(in_file)
     }
 
     pub fn to_toml(&self) -> String {
@@ -215,9 +232,15 @@ impl HardwareProfile {
                 positive(g("matvec_gmacs"), r.matvec_gmacs)?;
                 positive(g("matvec_stream_gmacs"), r.matvec_stream_gmacs)?;
                 positive(g("matmul_gmacs"), r.matmul_gmacs)?;
+                if let Some(v) = r.ffn_cluster_stream_gmacs {
+                    positive(g("ffn_cluster_stream_gmacs"), v)?;
+                }
             }
         }
         positive("memory.bandwidth_gbs", self.memory.bandwidth_gbs)?;
+        for (k, &v) in self.memory.stream_scaling.iter().enumerate() {
+            positive(format!("memory.stream_scaling[{k}]"), v)?;
+        }
         positive("memory.per_core_gbs", self.memory.per_core_gbs)?;
         let m = &self.messaging;
         for (name, v) in [

@@ -11,7 +11,7 @@ mod topology;
 
 pub use hardware::{
     CoreClassProfile, HardwareProfile, KernelRates, MemoryProfile, MessagingProfile, NpuProfile,
-    NpuShapeRate, ProfileError, StorageProfile, StorageRate,
+    NpuShapeRate, ProfileError, StorageProfile, StorageRate, PROFILE_FORMAT_VERSION,
 };
 pub use model::{ModelDescription, ModelShape, WeightTypes};
 pub use topology::{hosts_of, PlacedGroup, PlacementError, Topology};

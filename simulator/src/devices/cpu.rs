@@ -3,7 +3,8 @@
 //!
 //! Cost of one cluster on a core of class c (nanoseconds; a rate in GMAC/s is MACs per ns):
 //! - matrices: Σ_role MACs_role × tokens / rate_c(role), with rate = `matvec_stream_gmacs`
-//!   when one token is multiplied and the model's dense weights exceed the LLC,
+//!   when one token is multiplied and the model's dense weights exceed the LLC (for the FFN
+//!   roles, decode's neuron clusters, `ffn_cluster_stream_gmacs` when the profile has it),
 //!   `matvec_gmacs` when they fit, and `matmul_gmacs` for several tokens;
 //! - decode-shape attention: heads × Σ_t (n_past + t + 1) × `attn_decode_ns_per_head_pos`;
 //! - prefill-shape attention: heads × 4 · head_dim · Σ_t (n_past + t + 1) / `attn_prefill_gflops`.
@@ -13,6 +14,14 @@
 //! max(makespan, bytes / min(cores · per_core_gbs, bandwidth_gbs)) + dispatch_ns when more
 //! than one worker takes part; the bandwidth floor applies only when the weights are streamed
 //! from DRAM (dense weights larger than the LLC).
+//!
+//! Cores streaming weights at once share the memory system: `k` workers streaming a decode
+//! phase together get through at most `scaling(k)` times the work of one, where `scaling(k)`
+//! is the profile's measured `memory.stream_scaling` (the streaming matvec on `k` cores at
+//! once, relative to one; made non-decreasing) or, without it, `min(k, bandwidth_gbs /
+//! per_core_gbs)`. So a streamed decode phase takes at least (Σ cluster time on one core) /
+//! scaling(k); a straggler finishing alone runs at full speed, so more workers never make a
+//! phase slower.
 
 use super::{role_types, ActiveCursor, Load, ModelCosts, StepCtx, ROLES};
 use crate::SimError;
@@ -60,6 +69,8 @@ pub(crate) struct CpuGroup {
     workers: Vec<Worker>,
     /// Bandwidth (GB/s = bytes per ns) available when the first `k + 1` workers take part.
     bandwidth: Vec<f64>,
+    /// How many times one core's streaming work the first `k + 1` workers get through together.
+    stream_scaling: Vec<f64>,
     streamed: bool,
     dispatch_ns: f64,
     head_dim: f64,
@@ -108,10 +119,13 @@ impl CpuGroup {
                                     index,
                                     ty,
                                 })?;
-                        let matvec = if streamed {
-                            rates.matvec_stream_gmacs
-                        } else {
-                            rates.matvec_gmacs
+                        // Decode's FFN roles are only ever computed as neuron clusters (rows of
+                        // gate and up, columns of down): their measured rate when streamed.
+                        let ffn_role = (4..=6).contains(&r);
+                        let matvec = match (streamed, ffn_role, rates.ffn_cluster_stream_gmacs) {
+                            (true, true, Some(cluster)) => cluster,
+                            (true, _, _) => rates.matvec_stream_gmacs,
+                            (false, _, _) => rates.matvec_gmacs,
                         };
                         matvec_ns[r] = 1.0 / matvec;
                         matmul_ns[r] = 1.0 / rates.matmul_gmacs;
@@ -134,13 +148,24 @@ impl CpuGroup {
         }
         let mem = &profile.memory;
         let mut cores_seen: Vec<u32> = Vec::new();
+        let mut stream_scaling = Vec::with_capacity(threads);
         let bandwidth = (0..threads)
             .map(|w| {
                 let core = worker_core(w);
                 if !cores_seen.contains(&core) {
                     cores_seen.push(core);
                 }
-                (cores_seen.len() as f64 * mem.per_core_gbs).min(mem.bandwidth_gbs)
+                let k = cores_seen.len() as f64;
+                // Measured scaling of the streaming kernel when the profile has it; else the
+                // ratio of the raw bandwidths.
+                let measured = mem
+                    .stream_scaling
+                    .get(cores_seen.len() - 1)
+                    .copied()
+                    .unwrap_or_else(|| k.min(mem.bandwidth_gbs / mem.per_core_gbs));
+                let previous = stream_scaling.last().copied().unwrap_or(1.0);
+                stream_scaling.push(measured.clamp(previous, k.max(previous)));
+                (k * mem.per_core_gbs).min(mem.bandwidth_gbs)
             })
             .collect();
         Ok(CpuGroup {
@@ -150,6 +175,7 @@ impl CpuGroup {
             unit_ns: Vec::new(),
             workers,
             bandwidth,
+            stream_scaling,
             streamed,
             dispatch_ns: profile.messaging.dispatch_ns,
             head_dim: f64::from(model.shape.head_dim),
@@ -184,6 +210,9 @@ impl CpuGroup {
         // per-cluster hot path of sparse decode.
         let linear = phase != Phase::QkvHeads;
         let mut unit_bytes = 0.0;
+        // Streaming weights from several cores at once: together they do at most this much.
+        let streaming = self.streamed && tokens == 1.0;
+        let mut single_core_ns = 0.0;
         self.unit_ns.clear();
         if linear {
             let unit = costs.load(phase, 0..1, &mut ActiveCursor::dense());
@@ -227,8 +256,12 @@ impl CpuGroup {
             }
             let worker = &self.workers[best];
             self.free_at[best] += self.class_ns[worker.class] * worker.slowdown;
+            single_core_ns += self.class_ns[worker.class];
         }
-        let makespan = self.free_at.iter().copied().fold(0.0, f64::max);
+        let mut makespan = self.free_at.iter().copied().fold(0.0, f64::max);
+        if streaming {
+            makespan = makespan.max(single_core_ns / self.stream_scaling[used - 1]);
+        }
         let floor = if self.streamed {
             bytes / self.bandwidth[used - 1]
         } else {

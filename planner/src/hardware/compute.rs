@@ -1,0 +1,378 @@
+//! One core's compute rates, through the runtime's public kernels: quantized matvec (weights in
+//! cache and streamed from DRAM), matmul, attention, and the per-element "finish" work.
+
+use super::timing::{secs_per_call, Effort, Rng};
+use conductor_runtime::model::attention::{attend_tiled, attend_vec, AttnScratch};
+use conductor_runtime::model::ops::{gated_activation, rms_norm};
+use conductor_runtime::model::FfnActivation;
+use conductor_runtime::plan::KernelRates;
+use conductor_runtime::quant::{activation_type, quantize_row, GgmlType, Kernels, MatRef};
+use half::f16;
+use std::hint::black_box;
+
+/// Weight types profiled, in the order they appear in the profile (kept if the kernels support
+/// them). F16 is there for the odd F16 tensor in GGUF files (outputs, embeddings).
+pub const WEIGHT_TYPES: [GgmlType; 6] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q6_K,
+    GgmlType::F16,
+];
+
+/// SmolLM2-135M's FFN shape: n_ff 1536 × n_embd 576.
+const BIG: usize = 1536;
+const SMALL: usize = 576;
+/// Tokens of the prefill matmul: one launch of the default plan's dense backend.
+pub const MATMUL_TOKENS: usize = 128;
+/// Rows of the prefill matmul: one cluster of the default plan's prefill phases.
+pub const MATMUL_ROWS: usize = 128;
+/// Attention geometry: SmolLM2's head_dim over a modest context.
+pub const HEAD_DIM: usize = 64;
+pub const CACHED_POSITIONS: usize = 512;
+/// Row width of the finish measurement (SmolLM2's n_embd).
+pub const FINISH_WIDTH: usize = 576;
+
+/// `(rows, cols)` of the profiled matrix: 1536×576 (an up/gate projection), or 576×1536 (the
+/// down projection, same MACs) for types whose blocks do not divide 576 (K-quants: 256).
+pub fn shape(ty: GgmlType) -> (usize, usize) {
+    if SMALL.is_multiple_of(ty.block_size()) {
+        (BIG, SMALL)
+    } else {
+        (SMALL, BIG)
+    }
+}
+
+/// What one core measured.
+pub struct CoreRates {
+    pub kernels: Vec<KernelRates>,
+    pub attn_decode_ns_per_head_pos: f64,
+    pub attn_prefill_gflops: f64,
+    pub finish_ns_per_element: f64,
+}
+
+/// `rows × cols` weights of type `ty` in the file layout, from pseudo-random values.
+fn quantized(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+    let mut rng = Rng::new(seed);
+    let rb = ty
+        .bytes_for(cols as u64)
+        .expect("profiled shapes are whole blocks") as usize;
+    let mut out = vec![0u8; rows * rb];
+    let mut row = vec![0f32; cols];
+    for dst in out.chunks_mut(rb) {
+        row.iter_mut().for_each(|v| *v = rng.signed_unit());
+        quantize_row(ty, &row, dst).expect("supported type, whole blocks");
+    }
+    out
+}
+
+/// Activation rows for `n` tokens of `cols` elements, as the kernels take them for `ty`.
+fn activations(k: &Kernels, ty: GgmlType, cols: usize, n: usize, seed: u64) -> Vec<u8> {
+    let arow = activation_type(ty)
+        .bytes_for(cols as u64)
+        .expect("whole blocks") as usize;
+    let mut rng = Rng::new(seed);
+    let mut acts = vec![0u8; arow * n];
+    for dst in acts.chunks_mut(arow) {
+        k.quantize_activations(ty, &rng.vec(cols), dst);
+    }
+    acts
+}
+
+/// Matvec in cache, matvec streamed over `stream_bytes` of weight copies, and matmul, for `ty`.
+pub fn kernel_rates(k: &Kernels, ty: GgmlType, stream_bytes: u64, effort: &Effort) -> KernelRates {
+    let (rows, cols) = shape(ty);
+    let macs = (rows * cols) as f64;
+    let w = quantized(ty, rows, cols, 1 + ty.id() as u64);
+    let act = activations(k, ty, cols, 1, 2);
+    let mut out = vec![0f32; rows];
+
+    let hot = secs_per_call(effort, || {
+        let m = MatRef::new(ty, &w, rows, cols).expect("valid geometry");
+        k.matvec(m, 0..cols, black_box(&act), &mut out);
+        black_box(&out);
+    });
+
+    // Copies of the matrix back to back, visited in turn: each call finds its weights evicted
+    // from every cache level, as in decoding a model larger than the LLC.
+    let copies = (stream_bytes as usize).div_ceil(w.len()).max(2);
+    let mut copies_buf = Vec::with_capacity(w.len() * copies);
+    for _ in 0..copies {
+        copies_buf.extend_from_slice(&w);
+    }
+    let mut i = 0;
+    let stream = secs_per_call(effort, || {
+        i = (i + 1) % copies;
+        let data = &copies_buf[i * w.len()..(i + 1) * w.len()];
+        let m = MatRef::new(ty, data, rows, cols).expect("valid geometry");
+        k.matvec(m, 0..cols, black_box(&act), &mut out);
+        black_box(&out);
+    });
+    drop(copies_buf);
+
+    // As the executor calls it in prefill: one cluster of rows against one launch of tokens,
+    // the clusters of the whole matrix in turn (so the weight repacking per call is counted).
+    let acts = activations(k, ty, cols, MATMUL_TOKENS, 3);
+    let mut outs = vec![0f32; MATMUL_ROWS * MATMUL_TOKENS];
+    let row_bytes = w.len() / rows;
+    let mut cluster = 0;
+    let matmul = secs_per_call(effort, || {
+        cluster = (cluster + 1) % (rows / MATMUL_ROWS);
+        let block = &w[cluster * MATMUL_ROWS * row_bytes..(cluster + 1) * MATMUL_ROWS * row_bytes];
+        let m = MatRef::new(ty, block, MATMUL_ROWS, cols).expect("valid geometry");
+        k.matmul(m, black_box(&acts), MATMUL_TOKENS, &mut outs, MATMUL_ROWS);
+        black_box(&outs);
+    });
+
+    KernelRates {
+        ty,
+        matvec_gmacs: macs / hot / 1e9,
+        matvec_stream_gmacs: macs / stream / 1e9,
+        matmul_gmacs: (MATMUL_ROWS * cols * MATMUL_TOKENS) as f64 / matmul / 1e9,
+        ffn_cluster_stream_gmacs: ffn_cluster_rate(k, ty, stream_bytes, effort),
+    }
+}
+
+/// Neurons per FFN cluster in the default plan.
+pub const FFN_CLUSTER: usize = 128;
+
+/// Decode's FFN neuron clusters, streamed: a 1536×576 FFN swept cluster by cluster (128
+/// neurons: the gate and up rows, SiLU·up, the hidden values quantized, the down projection over
+/// those neurons' columns — exactly what the executor does per cluster), each call a fresh
+/// copy of the layer, as decode reaches every layer's weights from DRAM. `None` for types whose
+/// blocks do not divide the 576-wide rows (K-quants).
+fn ffn_cluster_rate(k: &Kernels, ty: GgmlType, stream_bytes: u64, effort: &Effort) -> Option<f64> {
+    if !SMALL.is_multiple_of(ty.block_size()) || !FFN_CLUSTER.is_multiple_of(ty.block_size()) {
+        return None;
+    }
+    let (ff, embd) = (BIG, SMALL);
+    let layer_bytes = 3 * ty.bytes_for((ff * embd) as u64)? as usize;
+    // Copies of (gate, up, down) visited in turn, as decode visits layers.
+    let copies = (stream_bytes as usize).div_ceil(layer_bytes).max(2);
+    let mut layers = Vec::with_capacity(copies);
+    for c in 0..copies {
+        let seed = 100 + 3 * c as u64;
+        layers.push((
+            quantized(ty, ff, embd, seed),
+            quantized(ty, ff, embd, seed + 1),
+            quantized(ty, embd, ff, seed + 2),
+        ));
+    }
+    let act = activations(k, ty, embd, 1, 4);
+    let hidden_bytes = activation_type(ty).bytes_for(FFN_CLUSTER as u64)? as usize;
+    let mut hidden = vec![0u8; hidden_bytes];
+    let (mut gate, mut up) = (vec![0f32; FFN_CLUSTER], vec![0f32; FFN_CLUSTER]);
+    let mut out = vec![0f32; embd];
+    let clusters = ff / FFN_CLUSTER;
+    let row_bytes = ty.bytes_for(embd as u64).expect("whole blocks") as usize;
+    let mut i = 0;
+    let secs = secs_per_call(effort, || {
+        i += 1;
+        let (g, u, d) = &layers[i % copies];
+        for c in 0..clusters {
+            let rows = c * FFN_CLUSTER..(c + 1) * FFN_CLUSTER;
+            let bytes = rows.start * row_bytes..rows.end * row_bytes;
+            let gm = MatRef::new(ty, &g[bytes.clone()], FFN_CLUSTER, embd).expect("valid geometry");
+            let um = MatRef::new(ty, &u[bytes], FFN_CLUSTER, embd).expect("valid geometry");
+            k.matvec(gm, 0..embd, black_box(&act), &mut gate);
+            k.matvec(um, 0..embd, black_box(&act), &mut up);
+            gated_activation(FfnActivation::Silu, &mut gate, &up);
+            k.quantize_activations(ty, &gate, &mut hidden);
+            let dm = MatRef::new(ty, d, embd, ff).expect("valid geometry");
+            k.matvec(dm, rows, &hidden, &mut out);
+            black_box(&out);
+        }
+    });
+    Some((3 * ff * embd) as f64 / secs / 1e9)
+}
+
+fn f16_bits(rng: &mut Rng, n: usize) -> Vec<u16> {
+    (0..n)
+        .map(|_| f16::from_f32(rng.signed_unit()).to_bits())
+        .collect()
+}
+
+/// Decode attention (ns per query head and cached position, `attend_vec`) and prefill attention
+/// (GFLOP/s, `attend_tiled`, 4·head_dim flops per query·key pair), over an f16 KV cache.
+pub fn attention_rates(k: &Kernels, effort: &Effort) -> (f64, f64) {
+    let mut rng = Rng::new(11);
+    let keys = f16_bits(&mut rng, HEAD_DIM * CACHED_POSITIONS);
+    let values = f16_bits(&mut rng, HEAD_DIM * CACHED_POSITIONS);
+    let q = rng.vec(HEAD_DIM);
+    let scale = 1.0 / (HEAD_DIM as f32).sqrt();
+    let mut scratch = AttnScratch::default();
+    let mut out = vec![0f32; HEAD_DIM];
+    let decode = secs_per_call(effort, || {
+        attend_vec(
+            k,
+            black_box(&q),
+            &keys,
+            &values,
+            CACHED_POSITIONS,
+            scale,
+            &mut scratch,
+            &mut out,
+        );
+        black_box(&out);
+    });
+    let prefill = secs_per_call(effort, || {
+        attend_tiled(
+            k,
+            black_box(&q),
+            &keys,
+            &values,
+            CACHED_POSITIONS,
+            scale,
+            &mut scratch,
+            &mut out,
+        );
+        black_box(&out);
+    });
+    let decode_ns = decode * 1e9 / CACHED_POSITIONS as f64;
+    let flops = 4.0 * (HEAD_DIM * CACHED_POSITIONS) as f64;
+    (decode_ns, flops / prefill / 1e9)
+}
+
+/// The work between phases, per element: residual add, RMSNorm, and quantizing the result
+/// for the next matvec (Q8_1, the activations of the default model's Q4_1 weights).
+pub fn finish_ns_per_element(k: &Kernels, effort: &Effort) -> f64 {
+    let (rows, n) = (effort.finish_rows, FINISH_WIDTH);
+    let mut rng = Rng::new(13);
+    let x = rng.vec(rows * n);
+    let residual = rng.vec(rows * n);
+    let weight = rng.vec(n);
+    let ty = GgmlType::Q4_1;
+    let arow = activation_type(ty)
+        .bytes_for(n as u64)
+        .expect("whole blocks") as usize;
+    let mut sum = vec![0f32; n];
+    let mut normed = vec![0f32; n];
+    let mut act = vec![0u8; arow];
+    let secs = secs_per_call(effort, || {
+        for (xr, rr) in x.chunks(n).zip(residual.chunks(n)) {
+            for ((s, a), b) in sum.iter_mut().zip(xr).zip(rr) {
+                *s = a + b;
+            }
+            rms_norm(black_box(&sum), &weight, 1e-5, &mut normed);
+            k.quantize_activations(ty, &normed, &mut act);
+            black_box(&act);
+        }
+    });
+    // Three passes over each element (add, norm, quantize): the simulator counts passes.
+    secs * 1e9 / (3 * rows * n) as f64
+}
+
+/// How decode's weight streaming scales with cores: element `k - 1` is the throughput of `k`
+/// cores each running the streamed matvec (Q4_1, its own copies of the weights) at once,
+/// relative to one core alone. Cores share the memory system, so this is below `k` well before
+/// the raw bandwidth runs out. Medians over the effort's repetitions.
+pub fn stream_scaling(k: &Kernels, cores: &[u32], stream_bytes: u64, effort: &Effort) -> Vec<f64> {
+    let ty = GgmlType::Q4_1;
+    let (rows, cols) = shape(ty);
+    let w = quantized(ty, rows, cols, 31);
+    let per_thread = (stream_bytes / cores.len().max(1) as u64).max(2 * w.len() as u64);
+    let copies = (per_thread as usize).div_ceil(w.len()).max(2);
+    let act = activations(k, ty, cols, 1, 32);
+    let calls = (effort.target.as_secs_f64() / 40e-6).clamp(20.0, 2000.0) as usize;
+    let rate = |n: usize| -> f64 {
+        let barrier = std::sync::Barrier::new(n);
+        let mut runs = Vec::with_capacity(effort.reps);
+        for _ in 0..effort.reps {
+            let wall = std::thread::scope(|s| {
+                let handles: Vec<_> = cores[..n]
+                    .iter()
+                    .map(|&core| {
+                        let (w, act, barrier) = (&w, &act, &barrier);
+                        s.spawn(move || {
+                            super::system::pin_to(core);
+                            let mut buf = Vec::with_capacity(w.len() * copies);
+                            for _ in 0..copies {
+                                buf.extend_from_slice(w);
+                            }
+                            let mut out = vec![0f32; rows];
+                            barrier.wait();
+                            let t0 = std::time::Instant::now();
+                            for i in 0..calls {
+                                let j = i % copies;
+                                let m = MatRef::new(
+                                    ty,
+                                    &buf[j * w.len()..(j + 1) * w.len()],
+                                    rows,
+                                    cols,
+                                )
+                                .expect("valid geometry");
+                                k.matvec(m, 0..cols, black_box(act), &mut out);
+                                black_box(&out);
+                            }
+                            t0.elapsed().as_secs_f64()
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().unwrap_or(f64::INFINITY))
+                    .fold(0.0, f64::max)
+            });
+            runs.push((n * calls) as f64 / wall);
+        }
+        super::timing::median(&mut runs)
+    };
+    let one = rate(1);
+    (1..=cores.len())
+        .map(|n| if n == 1 { 1.0 } else { rate(n) / one })
+        .collect()
+}
+
+/// Everything one core measures, with a progress line per step.
+pub fn measure_core(
+    k: &Kernels,
+    stream_bytes: u64,
+    effort: &Effort,
+    say: &mut dyn FnMut(String),
+) -> CoreRates {
+    let mut kernels = Vec::new();
+    for ty in WEIGHT_TYPES.into_iter().filter(|t| t.is_supported()) {
+        let r = kernel_rates(k, ty, stream_bytes, effort);
+        let (rows, cols) = shape(ty);
+        say(format!(
+            "  {ty:<5} {rows}x{cols}: matvec {:.1} GMAC/s in cache, {:.1} streamed; matmul x{MATMUL_TOKENS} {:.1} GMAC/s; FFN cluster streamed {}",
+            r.matvec_gmacs,
+            r.matvec_stream_gmacs,
+            r.matmul_gmacs,
+            r.ffn_cluster_stream_gmacs.map_or("-".into(), |v| format!("{v:.1} GMAC/s"))
+        ));
+        kernels.push(r);
+    }
+    let (decode_ns, prefill_gflops) = attention_rates(k, effort);
+    say(format!(
+        "  attention (head_dim {HEAD_DIM}, {CACHED_POSITIONS} positions, f16 KV): decode {decode_ns:.2} ns per head·position, prefill {prefill_gflops:.1} GFLOP/s"
+    ));
+    let finish = finish_ns_per_element(k, effort);
+    say(format!(
+        "  finish (add + rms_norm + quantize, {FINISH_WIDTH} wide): {finish:.3} ns per element and pass"
+    ));
+    CoreRates {
+        kernels,
+        attn_decode_ns_per_head_pos: decode_ns,
+        attn_prefill_gflops: prefill_gflops,
+        finish_ns_per_element: finish,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn profiled_shapes_are_whole_blocks() {
+        for ty in WEIGHT_TYPES {
+            let (rows, cols) = shape(ty);
+            assert_eq!(rows * cols, BIG * SMALL, "{ty}");
+            assert!(ty.bytes_for(cols as u64).is_some(), "{ty}");
+            assert!(ty.is_supported(), "{ty}");
+        }
+        assert_eq!(shape(GgmlType::Q4_K), (576, 1536));
+        assert_eq!(shape(GgmlType::Q4_1), (1536, 576));
+    }
+}
