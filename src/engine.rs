@@ -61,6 +61,7 @@ pub struct EngineBuilder {
     kernels: Kernels,
     driver: DriverKind,
     topology: Option<Topology>,
+    pin_threads: bool,
     say: Box<dyn FnMut(&str)>,
 }
 
@@ -88,6 +89,13 @@ impl EngineBuilder {
     /// Which driver runs the model (default: actors).
     pub fn driver(mut self, driver: DriverKind) -> Self {
         self.driver = driver;
+        self
+    }
+
+    /// Pin the actors' threads to their groups' cores (default: yes). Unpinned threads let
+    /// the OS move them, which can help on a machine busy with other work.
+    pub fn pin_threads(mut self, pin: bool) -> Self {
+        self.pin_threads = pin;
         self
     }
 
@@ -143,7 +151,7 @@ impl EngineBuilder {
                 let options = ActorOptions {
                     threads: self.threads.map(|t| t as u32),
                     topology: Some(topology),
-                    no_pinning: std::env::var_os("CONDUCTOR_NO_PIN").is_some(),
+                    no_pinning: !self.pin_threads,
                     model_path: Some(path.clone()),
                 };
                 let driver = ActorDriver::new(Arc::clone(&model), &plan, self.kernels, options)?;
@@ -231,6 +239,7 @@ impl Engine {
             kernels: Kernels::best(),
             driver: DriverKind::default(),
             topology: None,
+            pin_threads: true,
             say: Box::new(|line| eprintln!("{line}")),
         }
     }

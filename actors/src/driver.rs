@@ -126,8 +126,9 @@ pub struct ActorDriver {
     logits: Vec<f32>,
     /// False after an actor failed: the actors are replaced before the next step.
     healthy: bool,
-    // Declared last: dropped after the hosts, whose threads entered it.
-    runtime: tokio::runtime::Runtime,
+    /// kameo's background tasks run here; every host entered it. Declared last: dropped after
+    /// the hosts.
+    _runtime: tokio::runtime::Runtime,
 }
 
 /// Prepares an actor, runs it on `host`, and returns its reference.
@@ -256,7 +257,7 @@ impl ActorDriver {
             next_step: 0,
             logits: Vec::new(),
             healthy: true,
-            runtime,
+            _runtime: runtime,
         })
     }
 
@@ -525,7 +526,8 @@ impl Drop for ActorDriver {
     /// Clean shutdown: stop every actor, then join the hosts (and their pools' threads).
     fn drop(&mut self) {
         self.actors.kill();
+        // Joins the compute hosts (and their pools); the storage host and the tokio runtime
+        // follow as fields, in declaration order.
         self.hosts.clear();
-        let _ = &self.runtime;
     }
 }

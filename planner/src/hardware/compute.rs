@@ -25,7 +25,7 @@ pub const WEIGHT_TYPES: [GgmlType; 6] = [
 const BIG: usize = 1536;
 const SMALL: usize = 576;
 /// Tokens of the prefill matmul: one launch of the default plan's dense backend.
-pub const MATMUL_TOKENS: usize = 128;
+pub const MATMUL_TOKENS: usize = 256;
 /// Rows of the prefill matmul: one cluster of the default plan's prefill phases.
 pub const MATMUL_ROWS: usize = 128;
 /// Attention geometry: SmolLM2's head_dim over a modest context.
