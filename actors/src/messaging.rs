@@ -5,6 +5,7 @@ use crate::host::{Host, HostConfig, DEFAULT_SPIN};
 use crate::pool::{PoolConfig, WorkerPool};
 use conductor_runtime::exec::ClusterRunner;
 use conductor_runtime::plan::MessagingProfile;
+use conductor_runtime::quant::{activation_type, quantize_row, GgmlType, Kernels, MatRef};
 use kameo::actor::{Actor, ActorRef, PreparedActor};
 use kameo::error::Infallible;
 use kameo::message::{Context, Message};
@@ -122,16 +123,46 @@ fn wakeup(tokio: &tokio::runtime::Handle, rounds: u32, spinning_ns: f64) -> f64 
     (samples[samples.len() / 2] - 2.0 * spinning_ns).max(1.0)
 }
 
-/// Nanoseconds to hand a phase of trivial clusters to `threads` workers and join them.
+/// Nanoseconds a phase on `threads` workers takes beyond its work shared perfectly: a decode
+/// phase's worth of small clusters (4 per worker, each a one-head matvec, 64 rows of a 576-wide
+/// Q4_1 matrix, in cache) on the pool, against the same clusters on one thread divided by the
+/// thread count. Handing the job out, workers noticing it and joining them is what remains.
 fn dispatch(threads: usize, rounds: u32) -> f64 {
-    let pool = WorkerPool::new(PoolConfig::new(threads)).expect("worker threads");
-    let mut buf = vec![0f32; threads * 16];
-    let start = Instant::now();
-    for _ in 0..rounds {
-        let mut outs: Vec<&mut [f32]> = buf.chunks_mut(1).collect();
-        pool.run(&mut outs, &|_, i, out| out[0] = i as f32);
+    let kernels = Kernels::best();
+    let (rows, cols) = (64, 576);
+    let ty = GgmlType::Q4_1;
+    let row_bytes = ty.bytes_for(cols as u64).expect("whole blocks") as usize;
+    let mut weights = vec![0u8; rows * row_bytes];
+    for (r, dst) in weights.chunks_exact_mut(row_bytes).enumerate() {
+        let src: Vec<f32> = (0..cols)
+            .map(|i| ((r * 7 + i * 13) % 17) as f32 / 8.0 - 1.0)
+            .collect();
+        quantize_row(ty, &src, dst).expect("a supported type");
     }
-    start.elapsed().as_nanos() as f64 / f64::from(rounds)
+    let x: Vec<f32> = (0..cols).map(|i| (i % 11) as f32 / 5.0 - 1.0).collect();
+    let mut act = vec![
+        0u8;
+        activation_type(ty)
+            .bytes_for(cols as u64)
+            .expect("whole blocks") as usize
+    ];
+    kernels.quantize_activations(ty, &x, &mut act);
+    let clusters = 4 * threads;
+    let mut buf = vec![0f32; clusters * rows];
+    let mut time = |pool: &WorkerPool| {
+        let start = Instant::now();
+        for _ in 0..rounds {
+            let mut outs: Vec<&mut [f32]> = buf.chunks_mut(rows).collect();
+            pool.run(&mut outs, &|_, _, out| {
+                let m = MatRef::new(ty, &weights, rows, cols).expect("valid geometry");
+                kernels.matvec(m, 0..cols, &act, out);
+            });
+        }
+        start.elapsed().as_nanos() as f64 / f64::from(rounds)
+    };
+    let one = time(&WorkerPool::new(PoolConfig::new(1)).expect("worker threads"));
+    let many = time(&WorkerPool::new(PoolConfig::new(threads)).expect("worker threads"));
+    many - one / threads as f64
 }
 
 /// Measures message, wake-up and dispatch costs on this machine (about a second).
@@ -146,7 +177,7 @@ pub fn measure_messaging() -> MessagingProfile {
     let wake = wakeup(tokio, 200, remote);
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let dispatch_ns = if threads > 1 {
-        dispatch(threads, 20_000)
+        dispatch(threads, 5_000)
     } else {
         0.0
     };

@@ -42,8 +42,30 @@ pub fn run(args: ProfileHwArgs) -> Result<()> {
     let topology = conductor::actors::detect_topology();
     eprintln!("profile-hw: measuring messaging costs");
     let messaging = conductor::actors::measure_messaging();
-    let profile = measure(&opts, &topology, messaging, &mut |line| eprintln!("{line}"))
+    let mut profile = measure(&opts, &topology, messaging, &mut |line| eprintln!("{line}"))
         .context("profile-hw")?;
+    // How decode's phases scale with threads, measured on the worker pool the engine uses.
+    let cores: Vec<u32> = topology.cores.iter().map(|(id, _)| *id).collect();
+    let (bytes, reps) = if args.quick {
+        (32 << 20, 1)
+    } else {
+        (128 << 20, 5)
+    };
+    profile.memory.stream_scaling = conductor::actors::measure_decode_scaling(&cores, bytes, reps);
+    eprintln!(
+        "memory: decode FFN phases on 1..{} worker threads: {:?} x one",
+        cores.len(),
+        profile
+            .memory
+            .stream_scaling
+            .iter()
+            .map(|v| (v * 100.0).round() / 100.0)
+            .collect::<Vec<_>>()
+    );
+    profile.description.push_str(
+        " Memory stream_scaling: decode's FFN phases (a streamed SmolLM2-shaped layer in 12 \
+         clusters) on the engine's worker pool with 1..N pinned threads, against one.",
+    );
     let text = format!(
         "# Hardware profile of this machine, {}.\n# Regenerate with `conductor profile-hw{}`.\n\n{}",
         profile.source,

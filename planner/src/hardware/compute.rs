@@ -47,6 +47,7 @@ pub fn shape(ty: GgmlType) -> (usize, usize) {
 /// What one core measured.
 pub struct CoreRates {
     pub kernels: Vec<KernelRates>,
+    pub activation_ns_per_element: f64,
     pub attn_decode_ns_per_head_pos: f64,
     pub attn_prefill_gflops: f64,
     pub finish_ns_per_element: f64,
@@ -216,21 +217,25 @@ pub fn attention_rates(k: &Kernels, effort: &Effort) -> (f64, f64) {
         );
         black_box(&out);
     });
+    // Prefill attends causally, as the executor does: query t over positions 0..=t.
     let prefill = secs_per_call(effort, || {
-        attend_tiled(
-            k,
-            black_box(&q),
-            &keys,
-            &values,
-            CACHED_POSITIONS,
-            scale,
-            &mut scratch,
-            &mut out,
-        );
-        black_box(&out);
+        for t in 0..CACHED_POSITIONS {
+            attend_tiled(
+                k,
+                black_box(&q),
+                &keys,
+                &values,
+                t + 1,
+                scale,
+                &mut scratch,
+                &mut out,
+            );
+            black_box(&out);
+        }
     });
     let decode_ns = decode * 1e9 / CACHED_POSITIONS as f64;
-    let flops = 4.0 * (HEAD_DIM * CACHED_POSITIONS) as f64;
+    let pairs = (CACHED_POSITIONS * (CACHED_POSITIONS + 1) / 2) as f64;
+    let flops = 4.0 * HEAD_DIM as f64 * pairs;
     (decode_ns, flops / prefill / 1e9)
 }
 
@@ -263,65 +268,20 @@ pub fn finish_ns_per_element(k: &Kernels, effort: &Effort) -> f64 {
     secs * 1e9 / (3 * rows * n) as f64
 }
 
-/// How decode's weight streaming scales with cores: element `k - 1` is the throughput of `k`
-/// cores each running the streamed matvec (Q4_1, its own copies of the weights) at once,
-/// relative to one core alone. Cores share the memory system, so this is below `k` well before
-/// the raw bandwidth runs out. Medians over the effort's repetitions.
-pub fn stream_scaling(k: &Kernels, cores: &[u32], stream_bytes: u64, effort: &Effort) -> Vec<f64> {
-    let ty = GgmlType::Q4_1;
-    let (rows, cols) = shape(ty);
-    let w = quantized(ty, rows, cols, 31);
-    let per_thread = (stream_bytes / cores.len().max(1) as u64).max(2 * w.len() as u64);
-    let copies = (per_thread as usize).div_ceil(w.len()).max(2);
-    let act = activations(k, ty, cols, 1, 32);
-    let calls = (effort.target.as_secs_f64() / 40e-6).clamp(20.0, 2000.0) as usize;
-    let rate = |n: usize| -> f64 {
-        let barrier = std::sync::Barrier::new(n);
-        let mut runs = Vec::with_capacity(effort.reps);
-        for _ in 0..effort.reps {
-            let wall = std::thread::scope(|s| {
-                let handles: Vec<_> = cores[..n]
-                    .iter()
-                    .map(|&core| {
-                        let (w, act, barrier) = (&w, &act, &barrier);
-                        s.spawn(move || {
-                            super::system::pin_to(core);
-                            let mut buf = Vec::with_capacity(w.len() * copies);
-                            for _ in 0..copies {
-                                buf.extend_from_slice(w);
-                            }
-                            let mut out = vec![0f32; rows];
-                            barrier.wait();
-                            let t0 = std::time::Instant::now();
-                            for i in 0..calls {
-                                let j = i % copies;
-                                let m = MatRef::new(
-                                    ty,
-                                    &buf[j * w.len()..(j + 1) * w.len()],
-                                    rows,
-                                    cols,
-                                )
-                                .expect("valid geometry");
-                                k.matvec(m, 0..cols, black_box(act), &mut out);
-                                black_box(&out);
-                            }
-                            t0.elapsed().as_secs_f64()
-                        })
-                    })
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|h| h.join().unwrap_or(f64::INFINITY))
-                    .fold(0.0, f64::max)
-            });
-            runs.push((n * calls) as f64 / wall);
-        }
-        super::timing::median(&mut runs)
-    };
-    let one = rate(1);
-    (1..=cores.len())
-        .map(|n| if n == 1 { 1.0 } else { rate(n) / one })
-        .collect()
+/// The FFN's gated activation, SiLU(gate)·up, over a prefill cluster's worth of elements:
+/// nanoseconds per element.
+pub fn activation_ns_per_element(effort: &Effort) -> f64 {
+    let n = 128 * 256;
+    let mut rng = Rng::new(17);
+    let gate = rng.vec(n);
+    let up = rng.vec(n);
+    let mut work = gate.clone();
+    let secs = secs_per_call(effort, || {
+        work.copy_from_slice(&gate);
+        gated_activation(FfnActivation::Silu, black_box(&mut work), &up);
+        black_box(&work);
+    });
+    secs * 1e9 / n as f64
 }
 
 /// Everything one core measures, with a progress line per step.
@@ -352,8 +312,13 @@ pub fn measure_core(
     say(format!(
         "  finish (add + rms_norm + quantize, {FINISH_WIDTH} wide): {finish:.3} ns per element and pass"
     ));
+    let activation = activation_ns_per_element(effort);
+    say(format!(
+        "  gated activation (SiLU(gate)·up): {activation:.2} ns per element"
+    ));
     CoreRates {
         kernels,
+        activation_ns_per_element: activation,
         attn_decode_ns_per_head_pos: decode_ns,
         attn_prefill_gflops: prefill_gflops,
         finish_ns_per_element: finish,

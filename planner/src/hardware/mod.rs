@@ -234,6 +234,7 @@ pub fn measure(
             attn_decode_ns_per_head_pos: rates.attn_decode_ns_per_head_pos,
             attn_prefill_gflops: rates.attn_prefill_gflops,
             finish_ns_per_element: rates.finish_ns_per_element,
+            activation_ns_per_element: Some(rates.activation_ns_per_element),
         });
     }
 
@@ -252,15 +253,9 @@ pub fn measure(
         unpinned.push(first);
     }
     let all: Vec<u32> = topology.cores.iter().map(|(id, _)| *id).collect();
-    let stream_scaling = compute::stream_scaling(&kernels, &all, stream_bytes, &effort);
-    progress(&format!(
-        "memory: decode streaming on 1..{} cores together: {:?} x one core",
-        all.len(),
-        stream_scaling
-            .iter()
-            .map(|v| (v * 100.0).round() / 100.0)
-            .collect::<Vec<_>>()
-    ));
+    // How decode scales with threads is measured by the caller on the engine's worker pool
+    // (`conductor profile-hw`); without it the simulator falls back to the bandwidth ratio.
+    let stream_scaling = Vec::new();
     let passes = if opts.quick { 1 } else { 2 };
     let (bandwidth_gbs, mut missed) =
         memory::all_cores_gbs(&words, &all, passes, effort.reps.min(5));
@@ -310,18 +305,25 @@ pub fn measure(
         format!(
             "Kernel rates: one pinned thread; weights 1536x576 (576x1536 for Q4_K/Q6_K, whose \
              256-element blocks do not divide 576); in cache = the same matrix again and \
-             again; streamed = rotating over {} MiB of copies (>= 4x the {} MiB LLC); matmul \
-             = {} tokens; medians of {} repetitions.",
+             again; streamed = rotating over {} MiB of copies (>= 4x the {} MiB LLC); FFN \
+             cluster = a streamed 1536x576 FFN swept in clusters of {} neurons (gate and up \
+             rows, down columns); matmul = clusters of {} rows against {} tokens; medians of {} \
+             repetitions.",
             mib(stream_bytes),
             mib(llc),
+            compute::FFN_CLUSTER,
+            compute::MATMUL_ROWS,
             compute::MATMUL_TOKENS,
             effort.reps
         ),
         format!(
-            "Attention: head_dim {}, {} cached positions, f16 KV (decode attend_vec, prefill \
-             attend_tiled at 4*head_dim flops per query-key pair). Finish: residual add + \
-             rms_norm + Q8_1 activation quantization over {}-wide rows.",
+            "Attention: head_dim {}, f16 KV; decode = attend_vec over {} cached positions, \
+             prefill = attend_tiled causally over {} positions (query t over 0..=t), 4*head_dim \
+             flops per query-key pair. Finish: residual add + rms_norm + Q8_1 activation \
+             quantization over {}-wide rows, per element and pass. Gated activation: \
+             SiLU(gate)*up per element.",
             compute::HEAD_DIM,
+            compute::CACHED_POSITIONS,
             compute::CACHED_POSITIONS,
             compute::FINISH_WIDTH
         ),

@@ -43,6 +43,10 @@ pub struct CoreClassProfile {
     /// Work between phases on the driver's thread (reductions, gathers, norms, activation
     /// quantization): nanoseconds per element and pass (one sweep over the element).
     pub finish_ns_per_element: f64,
+    /// The FFN's gated activation, SiLU(gate)·up: nanoseconds per element. Absent: as
+    /// `finish_ns_per_element`.
+    #[serde(default)]
+    pub activation_ns_per_element: Option<f64>,
 }
 
 /// Kernel throughput of one core for one weight type, in multiply-accumulates per second.
@@ -72,7 +76,8 @@ pub struct MemoryProfile {
     pub per_core_gbs: f64,
     /// Last-level cache size: weights that fit are read at cache speed.
     pub llc_bytes: u64,
-    /// Decode's weight streaming on `k` cores at once, relative to one core: element `k - 1`.
+    /// How much faster decode's streamed phases run on `k` worker threads (on `k` cores) than on
+    /// one: element `k - 1` (measured by `conductor profile-hw` on the engine's worker pool).
     /// Absent: derived from the two bandwidths.
     #[serde(default)]
     pub stream_scaling: Vec<f64>,
@@ -227,6 +232,9 @@ impl HardwareProfile {
             )?;
             positive(f("attn_prefill_gflops"), c.attn_prefill_gflops)?;
             positive(f("finish_ns_per_element"), c.finish_ns_per_element)?;
+            if let Some(v) = c.activation_ns_per_element {
+                positive(f("activation_ns_per_element"), v)?;
+            }
             for (k, r) in c.kernels.iter().enumerate() {
                 let g = |name: &str| format!("core_classes[{i}].kernels[{k}].{name}");
                 positive(g("matvec_gmacs"), r.matvec_gmacs)?;

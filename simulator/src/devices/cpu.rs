@@ -6,6 +6,8 @@
 //!   when one token is multiplied and the model's dense weights exceed the LLC (for the FFN
 //!   roles, decode's neuron clusters, `ffn_cluster_stream_gmacs` when the profile has it),
 //!   `matvec_gmacs` when they fit, and `matmul_gmacs` for several tokens;
+//! - element-wise work per token: the gated activation (SiLU(gate)·up) of FFN neurons and rows at
+//!   `activation_ns_per_element`, RoPE on query and key heads at 2 × `finish_ns_per_element`;
 //! - decode-shape attention: heads × Σ_t (n_past + t + 1) × `attn_decode_ns_per_head_pos`;
 //! - prefill-shape attention: heads × 4 · head_dim · Σ_t (n_past + t + 1) / `attn_prefill_gflops`.
 //!
@@ -17,9 +19,9 @@
 //!
 //! Cores streaming weights at once share the memory system: `k` workers streaming a decode
 //! phase together get through at most `scaling(k)` times the work of one, where `scaling(k)`
-//! is the profile's measured `memory.stream_scaling` (the streaming matvec on `k` cores at
-//! once, relative to one; made non-decreasing) or, without it, `min(k, bandwidth_gbs /
-//! per_core_gbs)`. So a streamed decode phase takes at least (Σ cluster time on one core) /
+//! is the profile's measured `memory.stream_scaling` (decode's FFN phases on the worker pool
+//! with `k` threads, relative to one; made non-decreasing) or, without it, `min(k,
+//! bandwidth_gbs / per_core_gbs)`. So a streamed decode phase takes at least (Σ cluster time on one core) /
 //! scaling(k); a straggler finishing alone runs at full speed, so more workers never make a
 //! phase slower.
 
@@ -40,6 +42,10 @@ struct ClassRates {
     attn_decode_ns_per_head_pos: f64,
     /// ns per flop of prefill attention.
     attn_prefill_ns_per_flop: f64,
+    /// ns per element of SiLU(gate)·up.
+    activation_ns: f64,
+    /// ns per element rotated by RoPE (two passes of element-wise work).
+    rope_ns: f64,
 }
 
 impl ClassRates {
@@ -53,7 +59,9 @@ impl ClassRates {
         for (macs, per) in load.macs.iter().zip(per_mac) {
             ns += macs * per;
         }
-        ns * tokens + load.heads * attn_per_head
+        ns * tokens
+            + load.heads * attn_per_head
+            + (load.activations * self.activation_ns + load.rotated * self.rope_ns) * tokens
     }
 }
 
@@ -135,6 +143,10 @@ impl CpuGroup {
                         matmul_ns,
                         attn_decode_ns_per_head_pos: profile_class.attn_decode_ns_per_head_pos,
                         attn_prefill_ns_per_flop: 1.0 / profile_class.attn_prefill_gflops,
+                        activation_ns: profile_class
+                            .activation_ns_per_element
+                            .unwrap_or(profile_class.finish_ns_per_element),
+                        rope_ns: 2.0 * profile_class.finish_ns_per_element,
                     });
                     class_names.push(name);
                     classes.len() - 1

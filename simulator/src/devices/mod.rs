@@ -79,6 +79,10 @@ pub(crate) struct Load {
     pub heads: f64,
     /// Weight bytes read (once per phase, whatever the token count).
     pub bytes: f64,
+    /// Elements of the gated activation (SiLU(gate)·up) per token.
+    pub activations: f64,
+    /// Elements rotated by RoPE per token (query and key heads).
+    pub rotated: f64,
 }
 
 impl Load {
@@ -88,6 +92,8 @@ impl Load {
         }
         self.heads += other.heads;
         self.bytes += other.bytes;
+        self.activations += other.activations;
+        self.rotated += other.rotated;
     }
 
     pub fn total_macs(&self) -> f64 {
@@ -146,6 +152,7 @@ impl ModelCosts {
                 self.weights(&mut load, Role::Q, overlap(0, nq) * self.head_dim, embd);
                 self.weights(&mut load, Role::K, overlap(nq, nk) * self.head_dim, embd);
                 self.weights(&mut load, Role::V, overlap(nk, nv) * self.head_dim, embd);
+                load.rotated = overlap(0, nk) * self.head_dim;
             }
             Phase::AttnHeads => load.heads = count,
             Phase::AttnOutRows => self.weights(&mut load, Role::O, count, self.q_dim()),
@@ -155,10 +162,12 @@ impl ModelCosts {
                 self.weights(&mut load, Role::Gate, active, embd);
                 self.weights(&mut load, Role::Up, active, embd);
                 self.weights(&mut load, Role::Down, active, embd);
+                load.activations = active;
             }
             Phase::FfnGateUpRows => {
                 self.weights(&mut load, Role::Gate, count, embd);
                 self.weights(&mut load, Role::Up, count, embd);
+                load.activations = count;
             }
             Phase::FfnDownRows => self.weights(&mut load, Role::Down, count, self.n_ff),
             Phase::OutputRows => self.weights(&mut load, Role::Output, count, embd),
