@@ -3,6 +3,7 @@
 //! Nothing in this crate spawns threads, awaits, or reads a clock: the drivers (inline, actors,
 //! simulator) own those. See `docs/architecture.md` for the map.
 
+pub mod calendar;
 pub mod exec;
 pub mod gguf;
 pub mod model;
