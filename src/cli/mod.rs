@@ -88,7 +88,8 @@ pub struct EngineArgs {
     /// Which driver carries out the plan.
     #[arg(long = "driver", value_enum, default_value_t = DriverArg::Actors)]
     pub driver: DriverArg,
-    /// Execution plan (JSON as `conductor plan` writes it, or TOML); default: the built-in plan.
+    /// Execution plan, JSON or TOML (an `ExecutionPlan`); default: a plan fitted to this
+    /// machine's core classes.
     #[arg(long = "plan")]
     pub plan: Option<PathBuf>,
 }
