@@ -26,10 +26,10 @@ use crate::pool::{PoolConfig, WorkerPool};
 use crate::scheduler::{
     Recording, RunStep, SchedulerActor, SchedulerArgs, StartRecording, TakeRecording,
 };
-use crate::step::{write, StepShared};
-use crate::storage::{ReadAt, Storage, StorageError, StorageFile};
+use crate::step::{write, Counters, StepShared};
+use crate::storage::{ReadAt, Storage, StorageArgs, StorageError, StorageFile};
 use conductor_runtime::exec::{
-    DenseBackend, Driver, GroupOutput, Session, StepError, StepState, WholeMatmul,
+    open_cache, DenseBackend, Driver, GroupOutput, Session, StepError, StepState, WholeMatmul,
 };
 use conductor_runtime::model::{KvCache, Model};
 use conductor_runtime::plan::{
@@ -151,7 +151,7 @@ impl ActorDriver {
         kernels: Kernels,
         options: ActorOptions,
     ) -> Result<ActorDriver, SetupError> {
-        let shape = model.config.shape(model.ffn_granule());
+        let shape = model.shape();
         let scheduler = Scheduler::new(&shape, plan)?;
         let topology = options
             .topology
@@ -231,7 +231,12 @@ impl ActorDriver {
                 .collect(),
             epoch: Instant::now(),
             recording: AtomicBool::new(false),
+            cache: open_cache(&model, plan)?.map(|(arena, file)| (arena, Arc::new(file))),
+            counters: Counters::default(),
         });
+        if let Some((arena, _)) = &shared.cache {
+            write(&shared.state).set_cache(Some(Arc::clone(arena)));
+        }
         let storage_path = options.model_path.clone();
         let actors = start_actors(
             scheduler,
@@ -278,7 +283,7 @@ impl ActorDriver {
     /// Replaces every actor (after a failure). Hosts, pools and buffers stay.
     fn restart(&mut self) -> Result<(), SetupError> {
         self.actors.kill();
-        let shape = self.model.config.shape(self.model.ffn_granule());
+        let shape = self.model.shape();
         let scheduler = Scheduler::new(&shape, &self.plan)?;
         let storage = open_storage(&self.storage_path, &self.plan)?;
         self.actors = start_actors(
@@ -482,6 +487,15 @@ fn start_actors(
         .group_index(&plan.decode_on[0].group)
         .expect("validated plan");
     let scheduler_host = &hosts[group_hosts[decode_group]].host;
+    let storage = spawn_on(
+        storage_host,
+        prepare::<Storage>(),
+        StorageArgs {
+            file: storage,
+            shared: Some(Arc::clone(shared)),
+            scheduler: Some(scheduler_ref.clone()),
+        },
+    );
     spawn_on(
         scheduler_host,
         prepared_scheduler,
@@ -489,9 +503,9 @@ fn start_actors(
             scheduler,
             shared: Arc::clone(shared),
             groups: recipients,
+            storage: storage.clone(),
         },
     );
-    let storage = spawn_on(storage_host, prepare::<Storage>(), storage);
     Actors {
         scheduler: scheduler_ref,
         groups,

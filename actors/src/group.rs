@@ -64,6 +64,8 @@ impl GroupCore {
         let shared = Arc::clone(&self.shared);
         let timed = shared.recording.load(Ordering::Relaxed);
         let started_ns = if timed { shared.now_ns() } else { 0 };
+        let started = std::time::Instant::now();
+        let decode = work.shape == conductor_runtime::schedule::StepShape::Decode;
         {
             let state = read(&shared.state);
             if state.request().step != work.step {
@@ -88,6 +90,13 @@ impl GroupCore {
                 &mut out,
             );
             self.current = None;
+        }
+        if decode {
+            let ns = started.elapsed().as_nanos() as u64;
+            shared
+                .counters
+                .decode_compute_ns
+                .fetch_add(ns, Ordering::Relaxed);
         }
         let finished_ns = if timed { shared.now_ns() } else { 0 };
         self.done(work, started_ns, finished_ns);

@@ -9,6 +9,8 @@
 
 use crate::group::Compute;
 use crate::step::{write, StepShared};
+use crate::storage::{LoadCluster, Storage};
+use conductor_runtime::cache::{LayerCacheStats, LoadError};
 use conductor_runtime::exec::StepError;
 use conductor_runtime::schedule::{
     ClusterWork, Command, Event, ScheduleError, Scheduler, StepId, StepRequest, StepShape, XpuId,
@@ -36,6 +38,19 @@ pub struct ClusterDone {
     pub started_ns: u64,
     pub finished_ns: u64,
 }
+
+/// The storage actor finished (or failed) a [`crate::storage::LoadCluster`].
+pub struct ClusterLoaded {
+    pub step: StepId,
+    pub layer: u32,
+    pub cluster: u32,
+    pub result: Result<(), LoadError>,
+    pub started_ns: u64,
+    pub finished_ns: u64,
+}
+
+/// Hand over the neuron cache's counters per layer (empty without a cache).
+pub struct TakeCacheStats(pub SyncSender<Vec<LayerCacheStats>>);
 
 /// A group failed (panicked, or stopped) while computing for `step`, or stopped idle.
 pub struct GroupFailed {
@@ -69,6 +84,7 @@ pub struct SchedulerActor {
     shared: Arc<StepShared>,
     /// Group names and mailboxes, by `XpuId`.
     groups: Vec<(String, Recipient<Compute>)>,
+    storage: ActorRef<Storage>,
     flight: Option<Flight>,
     commands: Vec<Command>,
     recording: Option<Recording>,
@@ -78,6 +94,7 @@ pub struct SchedulerArgs {
     pub(crate) scheduler: Scheduler,
     pub(crate) shared: Arc<StepShared>,
     pub(crate) groups: Vec<(String, Recipient<Compute>)>,
+    pub(crate) storage: ActorRef<Storage>,
 }
 
 impl SchedulerActor {
@@ -148,6 +165,32 @@ impl SchedulerActor {
                     });
                 }
             }
+            Command::Load {
+                step,
+                layer,
+                cluster,
+                slot,
+                evicted,
+            } => {
+                let Some((arena, _)) = &self.shared.cache else {
+                    self.fail(StepError::NoCache);
+                    return false;
+                };
+                arena.assign(layer, cluster, slot, evicted);
+                let load = LoadCluster {
+                    step,
+                    layer,
+                    cluster,
+                    slot,
+                };
+                if self.storage.tell(load).try_send().is_err() {
+                    self.fail(StepError::Actor {
+                        actor: "storage".into(),
+                        why: "not running".into(),
+                    });
+                    return false;
+                }
+            }
             Command::StepDone { step } => {
                 if let Some(flight) = self.flight.take() {
                     debug_assert_eq!(flight.step, step);
@@ -187,6 +230,7 @@ impl Actor for SchedulerActor {
             scheduler: args.scheduler,
             shared: args.shared,
             groups: args.groups,
+            storage: args.storage,
             flight: None,
             commands: Vec::new(),
             recording: None,
@@ -247,6 +291,45 @@ impl Message<ClusterDone> for SchedulerActor {
             });
         }
         self.feed(Event::ClusterDone(msg.work));
+    }
+}
+
+impl Message<ClusterLoaded> for SchedulerActor {
+    type Reply = ();
+
+    async fn handle(&mut self, msg: ClusterLoaded, _: &mut Context<Self, ()>) {
+        if !self.is_current(msg.step) {
+            return; // a failed step's leftovers
+        }
+        if let Err(e) = msg.result {
+            if let Some((arena, _)) = &self.shared.cache {
+                arena.forget(msg.layer, msg.cluster);
+            }
+            self.fail(StepError::Load(e));
+            return;
+        }
+        if let Some(rec) = self.recording.as_mut() {
+            rec.spans.push(Span {
+                track: "storage".into(),
+                name: format!("L{} load {}", msg.layer, msg.cluster),
+                start_ns: msg.started_ns,
+                dur_ns: msg.finished_ns.saturating_sub(msg.started_ns),
+            });
+        }
+        self.feed(Event::Loaded {
+            step: msg.step,
+            layer: msg.layer,
+            cluster: msg.cluster,
+        });
+    }
+}
+
+impl Message<TakeCacheStats> for SchedulerActor {
+    type Reply = ();
+
+    async fn handle(&mut self, msg: TakeCacheStats, _: &mut Context<Self, ()>) {
+        let stats = self.scheduler.cache_stats().map(<[_]>::to_vec);
+        let _ = msg.0.send(stats.unwrap_or_default());
     }
 }
 

@@ -10,7 +10,8 @@
 use conductor_runtime::exec::{GroupOutput, StepState};
 use conductor_runtime::model::{KvCache, Model};
 use conductor_runtime::schedule::{Program, StepShape};
-use std::sync::atomic::AtomicBool;
+use conductor_runtime::cache::{BundleFile, SlotArena};
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Instant;
 
@@ -27,6 +28,23 @@ pub(crate) struct StepShared {
     pub epoch: Instant,
     /// Whether actors time their work for a trace.
     pub recording: AtomicBool,
+    /// A store's cache slots and bundle file, when the plan has a cache.
+    pub cache: Option<(Arc<SlotArena>, Arc<BundleFile>)>,
+    /// Time and bytes, always counted (a few atomic adds per message).
+    pub counters: Counters,
+}
+
+/// Where the time of steps went, summed since the driver started.
+#[derive(Default)]
+pub struct Counters {
+    /// Nanoseconds groups spent computing decode clusters.
+    pub decode_compute_ns: AtomicU64,
+    /// Nanoseconds the storage actor spent reading bundles.
+    pub io_ns: AtomicU64,
+    /// Bytes read into cache slots.
+    pub io_bytes: AtomicU64,
+    /// Bundles read.
+    pub loads: AtomicU64,
 }
 
 impl StepShared {

@@ -4,10 +4,17 @@
 //! UFS has one command queue; issuing from several cores loses throughput). This actor owns the
 //! file and serves [`ReadAt`] requests on its own host thread, bypassing the page cache with
 //! `O_DIRECT` when the plan asks and the file system allows. A read that fails or comes back
-//! short is retried once, then reported with the offset and length. The beyond-memory issue
-//! routes the cold neurons' bundles through it; today it serves whole byte ranges.
+//! short is retried once, then reported with the offset and length. The scheduler
+//! routes the cold neurons' bundles through it: [`LoadCluster`] reads one FFN cluster's bundle
+//! straight into its cache slot and tells the scheduler.
 
+use crate::scheduler::{ClusterLoaded, SchedulerActor};
+use crate::step::StepShared;
+use conductor_runtime::schedule::StepId;
 use kameo::actor::{Actor, ActorRef};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
 use kameo::error::Infallible;
 use kameo::message::{Context, Message};
 use std::fs::File;
@@ -155,17 +162,75 @@ pub struct Storage {
     file: Option<StorageFile>,
     /// Bytes served so far.
     bytes_read: u64,
+    shared: Option<Arc<StepShared>>,
+    scheduler: Option<ActorRef<SchedulerActor>>,
+}
+
+/// What the storage actor starts with.
+pub struct StorageArgs {
+    /// The model file for [`ReadAt`].
+    pub file: Option<StorageFile>,
+    /// The engine's shared state (cache slots, bundle file, counters), for [`LoadCluster`].
+    pub(crate) shared: Option<Arc<StepShared>>,
+    pub(crate) scheduler: Option<ActorRef<SchedulerActor>>,
+}
+
+/// Read FFN cluster `cluster` of `layer` into cache slot `slot` (the scheduler's `Load`);
+/// answered with [`ClusterLoaded`] to the scheduler.
+pub struct LoadCluster {
+    pub step: StepId,
+    pub layer: u32,
+    pub cluster: u32,
+    pub slot: u32,
 }
 
 impl Actor for Storage {
-    type Args = Option<StorageFile>;
+    type Args = StorageArgs;
     type Error = Infallible;
 
-    async fn on_start(file: Option<StorageFile>, _: ActorRef<Self>) -> Result<Self, Infallible> {
+    async fn on_start(args: StorageArgs, _: ActorRef<Self>) -> Result<Self, Infallible> {
         Ok(Storage {
-            file,
+            file: args.file,
             bytes_read: 0,
+            shared: args.shared,
+            scheduler: args.scheduler,
         })
+    }
+}
+
+impl Message<LoadCluster> for Storage {
+    type Reply = ();
+
+    async fn handle(&mut self, msg: LoadCluster, _: &mut Context<Self, ()>) {
+        let (Some(shared), Some(scheduler)) = (&self.shared, &self.scheduler) else {
+            return;
+        };
+        let Some((arena, file)) = &shared.cache else {
+            return;
+        };
+        let timed = shared.recording.load(Ordering::Relaxed);
+        let started_ns = if timed { shared.now_ns() } else { 0 };
+        let started = Instant::now();
+        let result = file.load(msg.layer, msg.cluster, arena.write(msg.slot).bytes_mut());
+        let c = &shared.counters;
+        c.io_ns
+            .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        if result.is_ok() {
+            c.io_bytes.fetch_add(file.read_bytes(), Ordering::Relaxed);
+            c.loads.fetch_add(1, Ordering::Relaxed);
+            self.bytes_read += file.read_bytes();
+        }
+        let finished_ns = if timed { shared.now_ns() } else { 0 };
+        let _ = scheduler
+            .tell(ClusterLoaded {
+                step: msg.step,
+                layer: msg.layer,
+                cluster: msg.cluster,
+                result,
+                started_ns,
+                finished_ns,
+            })
+            .try_send();
     }
 }
 

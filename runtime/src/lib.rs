@@ -3,6 +3,7 @@
 //! Nothing in this crate spawns threads, awaits, or reads a clock: the drivers (inline, actors,
 //! simulator) own those. See `docs/architecture.md` for the map.
 
+pub mod cache;
 pub mod calendar;
 pub mod exec;
 pub mod gguf;
@@ -12,6 +13,7 @@ pub mod plan;
 pub mod quant;
 pub mod sample;
 pub mod schedule;
+pub mod store;
 pub mod synthetic;
 pub mod tokenizer;
 pub mod trace;

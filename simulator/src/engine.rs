@@ -13,6 +13,7 @@
 //! messages sent at the host's time, `StepDone` ending the step, whereupon the next step of the
 //! workload is requested at once.
 
+use crate::devices::storage::{Access, StorageModel};
 use crate::devices::host::{FinishModel, MessageModel};
 use crate::devices::{GroupModel, ModelCosts, StepCtx};
 use crate::report::StepTiming;
@@ -72,6 +73,10 @@ pub(crate) struct Machine {
     pub n_hosts: usize,
     pub finish: FinishModel,
     pub messages: MessageModel,
+    /// The storage device, serving the scheduler's loads of FFN bundles.
+    pub storage: StorageModel,
+    /// Bytes one load reads (a bundle's stride); 0 when the model is not a neuron store.
+    pub bundle_bytes: u64,
 }
 
 /// Spans and records, when asked for.
@@ -181,6 +186,10 @@ pub(crate) struct Outcome {
     pub events: u64,
     pub records: Vec<TraceRecord>,
     pub spans: Vec<Span>,
+    pub storage_busy_ns: u64,
+    pub bytes_read: u64,
+    pub cache_hits: u64,
+    pub cache_misses: u64,
 }
 
 pub(crate) struct Engine<'a> {
@@ -318,6 +327,16 @@ impl<'a> Engine<'a> {
             events: self.events,
             records: self.recorder.records.unwrap_or_default(),
             spans: self.recorder.spans.unwrap_or_default(),
+            storage_busy_ns: self.machine.storage.busy_ns(),
+            bytes_read: self.machine.storage.bytes_read(),
+            cache_hits: self
+                .scheduler
+                .cache_stats()
+                .map_or(0, |s| s.iter().map(|l| l.hits).sum()),
+            cache_misses: self
+                .scheduler
+                .cache_stats()
+                .map_or(0, |s| s.iter().map(|l| l.misses).sum()),
         })
     }
 
@@ -363,6 +382,7 @@ impl<'a> Engine<'a> {
             t += d;
         }
         let mut step_done = None;
+        let mut landed = Vec::new();
         for command in &self.commands {
             match command {
                 Command::Compute { xpu, work } => self.sends.push((*xpu, work.clone(), t)),
@@ -380,6 +400,36 @@ impl<'a> Engine<'a> {
                     self.recorder
                         .span(SCHEDULER_TRACK, |r| r.finish_names[i].clone(), t, t + d);
                     t += d;
+                }
+                Command::Load {
+                    step,
+                    layer,
+                    cluster,
+                    ..
+                } => {
+                    // One issuer on its own host: the read starts when the device is free,
+                    // and its completion travels back as a message.
+                    let bytes = self.machine.bundle_bytes;
+                    let read = self.machine.storage.submit(t, bytes, Access::Random);
+                    let latency = self.machine.messages.latency_ns(
+                        false,
+                        read.end_ns,
+                        self.host_free[sched],
+                    );
+                    self.recorder.span(
+                        "storage",
+                        |_| format!("L{layer} load {cluster}"),
+                        read.start_ns,
+                        read.end_ns,
+                    );
+                    landed.push((
+                        read.end_ns + latency,
+                        Event::Loaded {
+                            step: *step,
+                            layer: *layer,
+                            cluster: *cluster,
+                        },
+                    ));
                 }
                 Command::StepDone { step } => {
                     self.timings.push(StepTiming {
@@ -404,6 +454,9 @@ impl<'a> Engine<'a> {
         self.scheduler_busy_ns += t - t0;
         self.host_free[sched] = t;
 
+        for (at, event) in landed {
+            self.push(at, PendingKind::Arrive(event));
+        }
         let mut sends = std::mem::take(&mut self.sends);
         for (xpu, work, sent) in sends.drain(..) {
             self.send_compute(xpu, work, sent);

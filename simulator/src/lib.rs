@@ -92,9 +92,10 @@ pub fn simulate(
         group_host,
         finish: FinishModel::new(&workload.model, sched_class.finish_ns_per_element),
         messages: MessageModel::new(&profile.messaging),
+        storage: StorageModel::new(&profile.storage, &plan.storage),
+        bundle_bytes: bundle_bytes(&workload.model),
     };
     let group_names = machine.group_names.clone();
-    let storage = StorageModel::new(&profile.storage, &plan.storage);
     let outcome = Engine::new(scheduler, machine, workload, options).run()?;
 
     let total = outcome.end_ns;
@@ -114,7 +115,7 @@ pub fn simulate(
     });
     utilisation.push(TrackUse {
         track: "storage".into(),
-        busy_ns: storage.busy_ns(),
+        busy_ns: outcome.storage_busy_ns,
         total_ns: total,
     });
     let trace = Trace {
@@ -146,13 +147,29 @@ pub fn simulate(
         decode_ns_per_token: 0.0,
         time_between_tokens: TokenTimes::default(),
         utilisation,
-        bytes_read: storage.bytes_read(),
-        cache_hits: 0,
-        cache_misses: 0,
+        bytes_read: outcome.bytes_read,
+        cache_hits: outcome.cache_hits,
+        cache_misses: outcome.cache_misses,
         events: outcome.events,
         end_ns: total,
         trace,
     };
     report.summarise();
     Ok(report)
+}
+
+/// Bytes of one FFN bundle read of a neuron store of `model` (0 for an ordinary model).
+fn bundle_bytes(model: &conductor_runtime::plan::ModelDescription) -> u64 {
+    let s = &model.shape;
+    if s.ffn_bundle == 0 {
+        return 0;
+    }
+    let t = &model.types;
+    conductor_runtime::store::BundleLayout::new(
+        s.n_embd,
+        s.n_ff,
+        [t.ffn_gate, t.ffn_up, t.ffn_down],
+        s.ffn_bundle,
+    )
+    .map_or(0, |l| l.stride)
 }

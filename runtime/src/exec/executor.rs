@@ -27,6 +27,66 @@ use crate::schedule::{ClusterWork, Program, StepRequest, XpuId};
 use std::ops::Range;
 use std::sync::Mutex;
 
+/// One FFN cluster's weights: gate and up rows of its neurons, and the down projection whose
+/// columns `down_cols` are its neurons.
+struct FfnCluster<'a> {
+    gate: MatRef<'a>,
+    up: MatRef<'a>,
+    down: MatRef<'a>,
+    down_cols: Range<usize>,
+}
+
+impl FfnCluster<'_> {
+    /// `out[t][..n_embd]` = the cluster's partial down projection for each of `n` tokens.
+    /// `batched_down`: many tokens' down products in one dense call (a store's bundles);
+    /// otherwise one matvec per token.
+    #[allow(clippy::too_many_arguments)]
+    fn compute(
+        &self,
+        cx: Compute<'_>,
+        acts: &Activations,
+        activation: crate::model::FfnActivation,
+        n: usize,
+        s: &mut WorkerScratch,
+        out: &mut [f32],
+        batched_down: bool,
+    ) {
+        let m = self.gate.rows;
+        let embd = self.down.rows;
+        s.gate.resize(n * m, 0.0);
+        s.up.resize(n * m, 0.0);
+        cx.project(self.gate, acts.get(self.gate.ty), n, &mut s.gate, m);
+        cx.project(self.up, acts.get(self.up.ty), n, &mut s.up, m);
+        gated_activation(activation, &mut s.gate, &s.up);
+        let h_bytes = activation_type(self.down.ty)
+            .bytes_for(m as u64)
+            .expect("cluster of whole blocks") as usize;
+        if batched_down {
+            s.h_act.resize(n * h_bytes, 0);
+            for t in 0..n {
+                cx.kernels.quantize_activations(
+                    self.down.ty,
+                    &s.gate[t * m..(t + 1) * m],
+                    &mut s.h_act[t * h_bytes..(t + 1) * h_bytes],
+                );
+            }
+            cx.project(self.down, &s.h_act, n, out, embd);
+            return;
+        }
+        s.h_act.resize(h_bytes, 0);
+        for t in 0..n {
+            cx.kernels
+                .quantize_activations(self.down.ty, &s.gate[t * m..(t + 1) * m], &mut s.h_act);
+            cx.kernels.matvec(
+                self.down,
+                self.down_cols.clone(),
+                &s.h_act,
+                &mut out[t * embd..(t + 1) * embd],
+            );
+        }
+    }
+}
+
 /// Temporary vectors of one worker, reused across clusters so the hot path does not allocate.
 #[derive(Default)]
 struct WorkerScratch {
@@ -174,6 +234,8 @@ pub struct StepState {
     delta: Vec<f32>,
     logits: Vec<f32>,
     probe: Option<Probe>,
+    /// The neuron cache's slots, when a store's FFN is read through it.
+    cache: Option<std::sync::Arc<crate::cache::SlotArena>>,
 }
 
 /// Receives intermediate tensors by llama.cpp's names (`attn_norm-3`, `ffn_out-3`, `l_out-3`,
@@ -202,7 +264,13 @@ impl StepState {
             delta: Vec::new(),
             logits: Vec::new(),
             probe: None,
+            cache: None,
         }
+    }
+
+    /// Reads a store's FFN clusters from these cache slots (instead of the file in memory).
+    pub fn set_cache(&mut self, cache: Option<std::sync::Arc<crate::cache::SlotArena>>) {
+        self.cache = cache;
     }
 
     /// Installs (or removes) a [`Probe`].
@@ -412,47 +480,44 @@ impl StepState {
                     &mut buf[first * n * embd..(first + clusters.len()) * n * embd],
                     clusters.iter().map(|_| n * embd),
                 );
-                let down_act = activation_type(l.down.ty);
+                let layer_index = work.layer;
+                let cache = self.cache.as_deref();
                 runner.run(&mut outs, &|worker, i, out| {
                     let mut guard = scratch[worker].lock().unwrap_or_else(|e| e.into_inner());
                     let s = &mut *guard;
                     let neurons = units(&clusters[i]);
-                    let m = neurons.len();
-                    s.gate.resize(n * m, 0.0);
-                    s.up.resize(n * m, 0.0);
-                    cx.project(
-                        model.rows(&l.gate, neurons.clone()),
-                        acts.get(l.gate.ty),
-                        n,
-                        &mut s.gate,
-                        m,
-                    );
-                    cx.project(
-                        model.rows(&l.up, neurons.clone()),
-                        acts.get(l.up.ty),
-                        n,
-                        &mut s.up,
-                        m,
-                    );
-                    gated_activation(c.activation, &mut s.gate, &s.up);
-                    let h_bytes = down_act
-                        .bytes_for(m as u64)
-                        .expect("cluster of whole blocks")
-                        as usize;
-                    s.h_act.resize(h_bytes, 0);
-                    for t in 0..n {
-                        kernels.quantize_activations(
-                            l.down.ty,
-                            &s.gate[t * m..(t + 1) * m],
-                            &mut s.h_act,
-                        );
-                        kernels.matvec(
-                            model.mat(&l.down),
-                            neurons.clone(),
-                            &s.h_act,
-                            &mut out[t * embd..(t + 1) * embd],
-                        );
-                    }
+                    let Some(store) = &model.store else {
+                        let ffn = FfnCluster {
+                            gate: model.rows(&l.gate, neurons.clone()),
+                            up: model.rows(&l.up, neurons.clone()),
+                            down: model.mat(&l.down),
+                            down_cols: neurons,
+                        };
+                        return ffn.compute(cx, acts, c.activation, n, s, out, false);
+                    };
+                    // A store's cluster is bundle `first + i`: from its cache slot, or from
+                    // the file in memory when the plan has no cache.
+                    let bundle = (first + i) as u32;
+                    let slot_guard;
+                    let bytes: &[u8] = match cache {
+                        Some(arena) => {
+                            let slot = arena.slot_of(layer_index, bundle).unwrap_or_else(|| {
+                                panic!("layer {layer_index} cluster {bundle} computed before it was loaded")
+                            });
+                            slot_guard = arena.read(slot);
+                            slot_guard.bytes()
+                        }
+                        None => model.bundle_bytes(layer_index as usize, bundle),
+                    };
+                    let b = store.layout.split(bundle, bytes);
+                    let m = b.gate.rows;
+                    let ffn = FfnCluster {
+                        gate: b.gate,
+                        up: b.up,
+                        down: b.down,
+                        down_cols: 0..m,
+                    };
+                    ffn.compute(cx, acts, c.activation, n, s, out, true);
                 });
             }
         }

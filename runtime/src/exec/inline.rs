@@ -7,6 +7,7 @@
 //! here, on the one runner: the inline driver is the reference for numerics.
 
 use super::{ClusterRunner, Driver, GroupOutput, Session, StepError, StepState, WholeMatmul};
+use crate::cache::{BundleFile, SlotArena};
 use crate::model::Model;
 use crate::plan::ExecutionPlan;
 use crate::quant::Kernels;
@@ -15,6 +16,8 @@ use std::sync::{Arc, Mutex};
 
 pub struct InlineDriver<R: ClusterRunner> {
     model: Arc<Model>,
+    /// A store's cache slots and the file its bundles are read from (plans with a cache).
+    cache: Option<(Arc<SlotArena>, BundleFile)>,
     scheduler: Scheduler,
     state: StepState,
     outputs: Vec<Mutex<GroupOutput>>,
@@ -30,14 +33,18 @@ impl<R: ClusterRunner> InlineDriver<R> {
         kernels: Kernels,
         runner: R,
     ) -> Result<Self, ScheduleError> {
-        let shape = model.config.shape(model.ffn_granule());
+        let shape = model.shape();
         let scheduler = Scheduler::new(&shape, plan)?;
+        let cache = open_cache(&model, plan)?;
+        let mut state = StepState::new(kernels);
+        state.set_cache(cache.as_ref().map(|(arena, _)| Arc::clone(arena)));
         Ok(InlineDriver {
+            cache,
             outputs: (0..scheduler.n_groups())
                 .map(|_| Mutex::default())
                 .collect(),
             scheduler,
-            state: StepState::new(kernels),
+            state,
             model,
             runner,
             next_step: 0,
@@ -48,6 +55,11 @@ impl<R: ClusterRunner> InlineDriver<R> {
     /// Installs a probe that sees intermediate tensors (see [`super::Probe`]).
     pub fn set_probe(&mut self, probe: Option<super::Probe>) {
         self.state.set_probe(probe);
+    }
+
+    /// The neuron cache's counters per layer (plans with a cache).
+    pub fn cache_stats(&self) -> Option<&[crate::cache::LayerCacheStats]> {
+        self.scheduler.cache_stats()
     }
 
     pub fn runner(&self) -> &R {
@@ -115,10 +127,64 @@ impl<R: ClusterRunner> InlineDriver<R> {
                 Command::StepDone { .. } => {
                     session.push(tokens);
                 }
+                Command::Load {
+                    step,
+                    layer,
+                    cluster,
+                    slot,
+                    evicted,
+                } => {
+                    let Some((arena, file)) = &self.cache else {
+                        self.scheduler.abort();
+                        return Err(StepError::NoCache);
+                    };
+                    arena.assign(layer, cluster, slot, evicted);
+                    let loaded = file.load(layer, cluster, arena.write(slot).bytes_mut());
+                    if let Err(e) = loaded {
+                        arena.forget(layer, cluster);
+                        self.scheduler.abort();
+                        return Err(e.into());
+                    }
+                    let event = Event::Loaded {
+                        step,
+                        layer,
+                        cluster,
+                    };
+                    if let Err(e) = self.scheduler.on_event(event, &mut self.commands) {
+                        self.scheduler.abort();
+                        return Err(e.into());
+                    }
+                }
             }
         }
         Ok(())
     }
+}
+
+/// The slots and bundle file a plan with a cache needs (`None` without one).
+pub fn open_cache(
+    model: &Model,
+    plan: &ExecutionPlan,
+) -> Result<Option<(Arc<SlotArena>, BundleFile)>, ScheduleError> {
+    let (Some(c), Some(store)) = (&plan.cache, &model.store) else {
+        return Ok(None);
+    };
+    let io = |why: String| ScheduleError::Plan(crate::plan::PlanError::Parse(why));
+    let path = model
+        .path
+        .as_deref()
+        .ok_or_else(|| io("the neuron cache needs the store's file path".into()))?;
+    let file = BundleFile::open(path, model, plan.storage.direct_io)
+        .map_err(|e| io(format!("cannot open {}: {e}", path.display())))?
+        .ok_or(ScheduleError::CacheWithoutStore)?;
+    let layout = &store.layout;
+    let arena = SlotArena::new(
+        c.slots,
+        layout.stride as usize,
+        model.config.n_layer,
+        layout.n_bundles,
+    );
+    Ok(Some((Arc::new(arena), file)))
 }
 
 impl<R: ClusterRunner + Send> Driver for InlineDriver<R> {

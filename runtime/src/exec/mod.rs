@@ -14,7 +14,7 @@ mod inline;
 mod session;
 
 pub use executor::{GroupOutput, Probe, StepState};
-pub use inline::InlineDriver;
+pub use inline::{open_cache, InlineDriver};
 pub use session::{Session, StepError};
 
 use crate::model::Model;

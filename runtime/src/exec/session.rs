@@ -22,6 +22,10 @@ pub enum StepError {
     NoTokens,
     #[error(transparent)]
     Model(#[from] ModelError),
+    #[error(transparent)]
+    Load(#[from] crate::cache::LoadError),
+    #[error("the scheduler asked for a load, but the driver has no neuron cache")]
+    NoCache,
     #[error("scheduler: {0}")]
     Schedule(#[from] ScheduleError),
     /// A processor group, the scheduler or the storage failed while computing the step (a

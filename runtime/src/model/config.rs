@@ -240,7 +240,7 @@ impl ModelConfig {
     }
 
     /// The shape the scheduler needs; `ffn_granule` comes from the down projection's type.
-    pub fn shape(&self, ffn_granule: u32) -> ModelShape {
+    pub fn shape(&self, ffn_granule: u32, ffn_bundle: u32) -> ModelShape {
         ModelShape {
             n_layer: self.n_layer,
             n_embd: self.n_embd,
@@ -250,6 +250,7 @@ impl ModelConfig {
             head_dim: self.head_dim,
             n_vocab: self.n_vocab,
             ffn_granule,
+            ffn_bundle,
         }
     }
 }

@@ -36,6 +36,8 @@ pub enum ModelError {
     },
     #[error("tensor `{name}` has type {ty}, which Conductor cannot compute with (supported: F32, F16, Q4_0, Q4_1, Q8_0, Q4_K, Q6_K)")]
     UnsupportedType { name: String, ty: GgmlType },
+    #[error(transparent)]
+    Store(Box<crate::store::StoreError>),
     #[error("token id {token} is outside the vocabulary of {n_vocab} tokens")]
     TokenOutOfRange { token: u32, n_vocab: u32 },
 }

@@ -3,7 +3,8 @@
 use super::config::{Architecture, ModelConfig};
 use super::ModelError;
 use crate::gguf::GgufFile;
-use crate::plan::{ModelDescription, WeightTypes};
+use crate::store::{bundle_tensor_name, BundleRef, StoreInfo};
+use crate::plan::{ModelDescription, ModelShape, WeightTypes};
 use crate::quant::{dequantize_row, GgmlType, MatRef};
 use std::ops::Range;
 use std::path::Path;
@@ -39,6 +40,9 @@ pub struct LayerWeights {
     pub gate: TensorRef,
     pub up: TensorRef,
     pub down: TensorRef,
+    /// In a neuron store: the file bytes of this layer's bundles (`gate`, `up` and `down` then
+    /// describe types and shapes only; their bytes are in the bundles).
+    pub bundles: Option<Range<usize>>,
 }
 
 /// A loaded model: the file, its configuration, and where each weight lives.
@@ -52,12 +56,85 @@ pub struct Model {
     pub layers: Vec<LayerWeights>,
     /// Per-frequency divisors of RoPE (Llama 3.1 style), if the model has them.
     pub rope_freq_factors: Option<Vec<f32>>,
+    /// What a neuron store's metadata says; `None` for an ordinary model.
+    pub store: Option<StoreInfo>,
+    /// Only the resident tensors are in memory ([`Model::load_resident`]).
+    pub resident_only: bool,
+    /// The file it was loaded from, if any.
+    pub path: Option<std::path::PathBuf>,
 }
 
 impl Model {
     /// Opens and checks a GGUF model file.
     pub fn load(path: &Path) -> Result<Model, ModelError> {
-        Model::from_gguf(GgufFile::open(path)?)
+        let mut model = Model::from_gguf(GgufFile::open(path)?)?;
+        model.check_all_bundles()?;
+        model.path = Some(path.to_path_buf());
+        Ok(model)
+    }
+
+    /// Opens a neuron store keeping only its resident tensors in owned memory: the bundles stay
+    /// on storage, for the neuron cache to read. An ordinary model loads as [`Model::load`].
+    pub fn load_resident(path: &Path) -> Result<Model, ModelError> {
+        let probe = GgufFile::open(path)?;
+        let Some(first_bundle) = probe
+            .tensors()
+            .iter()
+            .filter(|t| t.name.ends_with(".ffn_bundles"))
+            .map(|t| probe.data_offset() + t.offset)
+            .min()
+        else {
+            drop(probe);
+            return Model::load(path);
+        };
+        let len = probe.file_bytes().len();
+        // The bundles' checksums come after the bundles: read them too.
+        let crc = probe.tensor(crate::store::CRC_TENSOR).map(|t| {
+            let start = (probe.data_offset() + t.offset) as usize;
+            start..start + t.n_bytes as usize
+        });
+        drop(probe);
+        // A zeroed buffer of the file's size is committed only where written: the header and
+        // resident tensors, which the store keeps before every bundle, and the checksums.
+        let mut bytes = vec![0u8; len];
+        let io = |source| crate::gguf::GgufError::Io {
+            op: "read",
+            path: path.display().to_string(),
+            source,
+        };
+        let file = std::fs::File::open(path).map_err(io)?;
+        let head = first_bundle as usize;
+        for range in std::iter::once(0..head).chain(crc) {
+            if range.end > len {
+                break; // a truncated file: the GGUF parser says what is missing
+            }
+            std::os::unix::fs::FileExt::read_exact_at(&file, &mut bytes[range.clone()], range.start as u64)
+                .map_err(io)?;
+        }
+        let mut model = Model::from_gguf(GgufFile::from_bytes(bytes)?)?;
+        model.resident_only = true;
+        model.path = Some(path.to_path_buf());
+        Ok(model)
+    }
+
+    /// Checks every bundle of a store held in memory against its checksum.
+    fn check_all_bundles(&self) -> Result<(), ModelError> {
+        let Some(store) = &self.store else {
+            return Ok(());
+        };
+        let layout = &store.layout;
+        for (l, layer) in self.layers.iter().enumerate() {
+            let Some(range) = &layer.bundles else { continue };
+            let bytes = &self.file.file_bytes()[range.clone()];
+            for b in 0..layout.n_bundles {
+                let at = b as usize * layout.stride as usize;
+                let len = layout.payload_bytes(layout.neurons_of(b).len() as u32);
+                store
+                    .check_bundle(l as u32, b, &bytes[at..at + len])
+                    .map_err(|e| ModelError::Store(Box::new(e)))?;
+            }
+        }
+        Ok(())
     }
 
     pub fn from_gguf(file: GgufFile) -> Result<Model, ModelError> {
@@ -81,10 +158,24 @@ impl Model {
             Some(_) => Some(loader.vector("rope_freqs.weight", c.rope.n_dims as usize / 2)?),
             None => None,
         };
+        let store = StoreInfo::from_gguf(&file, c.n_embd, c.n_ff, c.n_layer)
+            .map_err(|e| ModelError::Store(Box::new(e)))?;
         let has_bias = c.arch == Architecture::Qwen2;
         let mut layers = Vec::with_capacity(c.n_layer as usize);
         for i in 0..c.n_layer {
             let name = |t: &str| format!("blk.{i}.{t}");
+            // In a store the FFN matrices exist only as bundles: their refs carry type and
+            // shape, and a byte range no slice can use.
+            let ffn = |t: &str, rows: usize, cols: usize, k: usize| match &store {
+                Some(s) => Ok(TensorRef {
+                    name: name(t),
+                    ty: [s.layout.gate_ty, s.layout.up_ty, s.layout.down_ty][k],
+                    rows,
+                    cols,
+                    bytes: usize::MAX..usize::MAX,
+                }),
+                None => loader.matrix(&name(t), rows, cols),
+            };
             let bias = |t: &str, n: usize| -> Result<Option<Vec<f32>>, ModelError> {
                 let n_ = name(t);
                 match (has_bias, loader.file.tensor(&n_)) {
@@ -103,9 +194,17 @@ impl Model {
                 bk: bias("attn_k.bias", kv)?,
                 bv: bias("attn_v.bias", kv)?,
                 ffn_norm: loader.vector(&name("ffn_norm.weight"), embd)?,
-                gate: loader.matrix(&name("ffn_gate.weight"), ff, embd)?,
-                up: loader.matrix(&name("ffn_up.weight"), ff, embd)?,
-                down: loader.matrix(&name("ffn_down.weight"), embd, ff)?,
+                gate: ffn("ffn_gate.weight", ff, embd, 0)?,
+                up: ffn("ffn_up.weight", ff, embd, 1)?,
+                down: ffn("ffn_down.weight", embd, ff, 2)?,
+                bundles: match &store {
+                    Some(s) => {
+                        let t = loader.file.tensor(&bundle_tensor_name(i)).expect("checked");
+                        let start = (loader.file.data_offset() + t.offset) as usize;
+                        Some(start..start + s.layout.layer_bytes() as usize)
+                    }
+                    None => None,
+                },
             });
         }
         Ok(Model {
@@ -116,6 +215,9 @@ impl Model {
             output,
             layers,
             rope_freq_factors,
+            store,
+            resident_only: false,
+            path: None,
         })
     }
 
@@ -130,6 +232,11 @@ impl Model {
 
     /// Rows `rows` of a matrix (`rows` must lie within it).
     pub fn rows(&self, t: &TensorRef, rows: Range<usize>) -> MatRef<'_> {
+        assert!(
+            t.bytes.start != usize::MAX,
+            "`{}` lives in the store's bundles",
+            t.name
+        );
         let rb = t.row_bytes();
         let start = t.bytes.start + rows.start * rb;
         let end = t.bytes.start + rows.end * rb;
@@ -139,6 +246,22 @@ impl Model {
             rows: rows.len(),
             cols: t.cols,
         }
+    }
+
+    /// The bytes of bundle `b` of layer `l` of a store loaded whole ([`Model::load`]).
+    pub fn bundle_bytes(&self, l: usize, b: u32) -> &[u8] {
+        assert!(!self.resident_only, "the store's bundles are on storage, not in memory");
+        let store = self.store.as_ref().expect("a neuron store");
+        let range = self.layers[l].bundles.as_ref().expect("a neuron store");
+        let at = range.start + b as usize * store.layout.stride as usize;
+        let len = store.layout.payload_bytes(store.layout.neurons_of(b).len() as u32);
+        &self.file.file_bytes()[at..at + len]
+    }
+
+    /// Bundle `b` of layer `l` of a store loaded whole.
+    pub fn bundle(&self, l: usize, b: u32) -> BundleRef<'_> {
+        let store = self.store.as_ref().expect("a neuron store");
+        store.layout.split(b, self.bundle_bytes(l, b))
     }
 
     /// Writes the embedding of `token` into `out` (`n_embd` values).
@@ -162,7 +285,7 @@ impl Model {
         let ty = |f: fn(&LayerWeights) -> GgmlType| self.layers.first().map_or(out, f);
         ModelDescription {
             name: c.name.clone().unwrap_or_else(|| c.arch_name.clone()),
-            shape: c.shape(self.ffn_granule()),
+            shape: self.shape(),
             types: WeightTypes {
                 attn_q: ty(|l| l.wq.ty),
                 attn_k: ty(|l| l.wk.ty),
@@ -174,6 +297,12 @@ impl Model {
                 output: out,
             },
         }
+    }
+
+    /// The model's shape as the scheduler sees it.
+    pub fn shape(&self) -> ModelShape {
+        let bundle = self.store.as_ref().map_or(0, |s| s.layout.neurons);
+        self.config.shape(self.ffn_granule(), bundle)
     }
 
     /// The block size of the FFN down projection's type: FFN neuron clusters own whole blocks

@@ -115,6 +115,10 @@ pub struct ExecutionPlan {
     pub prefill_on: Vec<Share>,
     pub dense: DenseShapes,
     pub storage: StoragePlan,
+    /// The neuron cache, for a neuron store under a memory budget; `None`: every FFN cluster
+    /// is read from the model in memory.
+    #[serde(default)]
+    pub cache: Option<crate::cache::CachePlan>,
 }
 
 impl Default for ExecutionPlan {
@@ -166,6 +170,7 @@ impl Default for ExecutionPlan {
                 queue_depth: 1,
                 direct_io: true,
             },
+            cache: None,
         }
     }
 }
@@ -233,6 +238,10 @@ impl ExecutionPlan {
             ] {
                 nonzero.push((format!("{name}.{field}"), value));
             }
+        }
+        if let Some(c) = &self.cache {
+            nonzero.push(("cache.slots".to_string(), c.slots));
+            nonzero.push(("cache.max_loads".to_string(), c.max_loads));
         }
         for (field, value) in nonzero {
             if value == 0 {

@@ -17,6 +17,10 @@ pub struct ModelShape {
     /// FFN neuron clusters must be a multiple of this many neurons: the block size of the down
     /// projection's quant type, whose columns a cluster owns.
     pub ffn_granule: u32,
+    /// Neurons per bundle of a neuron store (FFN clusters are exactly its bundles); 0 for an
+    /// ordinary model.
+    #[serde(default)]
+    pub ffn_bundle: u32,
 }
 
 /// Storage types of a layer's matrices and of the output projection.

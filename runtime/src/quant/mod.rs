@@ -117,7 +117,7 @@ pub fn try_activation_type(weight: GgmlType) -> Result<GgmlType, QuantError> {
 }
 
 /// Bytes of `n` elements of `ty`, checking that `n` is a whole number of blocks.
-fn row_bytes(ty: GgmlType, n: usize) -> Result<usize, QuantError> {
+pub fn row_bytes(ty: GgmlType, n: usize) -> Result<usize, QuantError> {
     ty.bytes_for(n as u64)
         .and_then(|b| usize::try_from(b).ok())
         .ok_or(QuantError::NotBlockMultiple {

@@ -12,6 +12,7 @@ mod program;
 
 pub use program::{split_by_weight, PhaseClusters, Program, StepShape};
 
+use crate::cache::{Acquired, CacheDirectory, LayerCacheStats};
 use crate::neuron::Phase;
 use crate::plan::{ExecutionPlan, ModelShape, PlanError, Share};
 use serde::{Deserialize, Serialize};
@@ -63,6 +64,8 @@ pub enum Event {
     StepRequested(StepRequest),
     /// A processor group finished the clusters of a [`Command::Compute`].
     ClusterDone(ClusterWork),
+    /// The bundle of FFN cluster `cluster` of `layer` is in the slot a [`Command::Load`] named.
+    Loaded { step: StepId, layer: u32, cluster: u32 },
 }
 
 /// What to do next. Commands of one batch are carried out in order; `Compute` may run
@@ -85,6 +88,15 @@ pub enum Command {
     StepDone {
         step: StepId,
     },
+    /// Read the bundle of FFN cluster `cluster` of `layer` into cache slot `slot`, which held
+    /// `evicted` (layer, cluster) until now; answer with [`Event::Loaded`].
+    Load {
+        step: StepId,
+        layer: u32,
+        cluster: u32,
+        slot: u32,
+        evicted: Option<(u32, u32)>,
+    },
 }
 
 /// An event the scheduler cannot accept. Drivers treat it as a bug in themselves or a
@@ -105,6 +117,10 @@ pub enum ScheduleError {
     EmptyShape(&'static str),
     #[error("the plan has {0} processor groups; at most 255 are supported")]
     TooManyGroups(usize),
+    #[error("the plan has a neuron cache, but the model is not a neuron store (make one with `conductor convert`)")]
+    CacheWithoutStore,
+    #[error("load completion for layer {layer} cluster {cluster} of step {step}, which is not loading")]
+    UnexpectedLoad { step: StepId, layer: u32, cluster: u32 },
 }
 
 struct InFlight {
@@ -115,6 +131,32 @@ struct InFlight {
     phase_index: usize,
     /// Cluster ranges sent out for the current phase and not yet reported done.
     outstanding: Vec<(XpuId, Range<u32>)>,
+    /// Clusters of the current phase not sent yet: waiting for their bundles.
+    waiting: u32,
+}
+
+/// Where one FFN cluster of the step in flight stands.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum UnitState {
+    NotAcquired,
+    Loading,
+    Ready,
+    Sent,
+}
+
+/// The neuron cache as the scheduler drives it: every FFN cluster of a step is acquired in
+/// order (layer by layer) as far ahead as free slots and the load depth allow, so reads run
+/// ahead of compute; a cluster is computed as soon as its bundle is in.
+struct CacheFlow {
+    directory: CacheDirectory,
+    max_loads: u32,
+    loads_in_flight: u32,
+    n_clusters: u32,
+    /// Next unit (`layer * n_clusters + cluster`) to acquire.
+    cursor: u32,
+    units: Vec<UnitState>,
+    /// Scratch: units a pump found ready.
+    newly_ready: Vec<u32>,
 }
 
 /// The scheduler state machine.
@@ -125,6 +167,7 @@ pub struct Scheduler {
     prefill_max_tokens: u32,
     n_groups: usize,
     in_flight: Option<InFlight>,
+    cache: Option<CacheFlow>,
 }
 
 impl Scheduler {
@@ -159,7 +202,25 @@ impl Scheduler {
         };
         let decode_shares = resolve(&plan.decode_on);
         let prefill_shares = resolve(&plan.prefill_on);
+        let cache = match &plan.cache {
+            None => None,
+            Some(_) if shape.ffn_bundle == 0 => return Err(ScheduleError::CacheWithoutStore),
+            Some(c) => {
+                let n_clusters = shape.n_ff.div_ceil(shape.ffn_bundle);
+                let n_units = (shape.n_layer * n_clusters) as usize;
+                Some(CacheFlow {
+                    directory: CacheDirectory::new(c, shape.n_layer, n_clusters),
+                    max_loads: c.max_loads,
+                    loads_in_flight: 0,
+                    n_clusters,
+                    cursor: n_units as u32,
+                    units: vec![UnitState::NotAcquired; n_units],
+                    newly_ready: Vec::new(),
+                })
+            }
+        };
         Ok(Scheduler {
+            cache,
             decode: Arc::new(Program::new(
                 shape,
                 &plan.decode,
@@ -214,13 +275,48 @@ impl Scheduler {
     /// Forgets the step in flight (after a driver failed it); the next request starts clean.
     pub fn abort(&mut self) {
         self.in_flight = None;
+        if let Some(cache) = self.cache.as_mut() {
+            cache.directory.abort();
+            cache.loads_in_flight = 0;
+            cache.cursor = cache.units.len() as u32;
+        }
+    }
+
+    /// The neuron cache's counters per layer, if the plan has a cache.
+    pub fn cache_stats(&self) -> Option<&[LayerCacheStats]> {
+        self.cache.as_ref().map(|c| c.directory.stats())
     }
 
     /// Feeds one event; appends the resulting commands to `out`.
     pub fn on_event(&mut self, event: Event, out: &mut Vec<Command>) -> Result<(), ScheduleError> {
+        let result = self.handle(event, out);
+        if result.is_ok() {
+            self.pump(out);
+        }
+        result
+    }
+
+    /// Lets the cache acquire and load ahead after an event.
+    fn pump(&mut self, out: &mut Vec<Command>) {
+        let (Some(flight), Some(cache)) = (self.in_flight.as_mut(), self.cache.as_mut()) else {
+            return;
+        };
+        let program = match flight.shape {
+            StepShape::Decode => &self.decode,
+            StepShape::Prefill => &self.prefill,
+        };
+        pump(flight, program, cache, out);
+    }
+
+    fn handle(&mut self, event: Event, out: &mut Vec<Command>) -> Result<(), ScheduleError> {
         match event {
             Event::StepRequested(request) => self.start_step(request, out),
             Event::ClusterDone(work) => self.cluster_done(work, out),
+            Event::Loaded {
+                step,
+                layer,
+                cluster,
+            } => self.loaded(step, layer, cluster, out),
         }
     }
 
@@ -251,7 +347,12 @@ impl Scheduler {
             layer: 0,
             phase_index: 0,
             outstanding: Vec::with_capacity(self.n_groups),
+            waiting: 0,
         });
+        if let Some(cache) = self.cache.as_mut() {
+            cache.units.fill(UnitState::NotAcquired);
+            cache.cursor = 0;
+        }
         self.issue_current_phase(out);
         Ok(())
     }
@@ -281,7 +382,12 @@ impl Scheduler {
             return Err(ScheduleError::UnexpectedCompletion(work));
         };
         flight.outstanding.swap_remove(position);
-        if !flight.outstanding.is_empty() {
+        if let (Some(cache), Phase::FfnNeurons) = (self.cache.as_mut(), work.phase) {
+            for c in work.clusters.clone() {
+                cache.directory.release(work.layer, c);
+            }
+        }
+        if !flight.outstanding.is_empty() || flight.waiting > 0 {
             return Ok(());
         }
 
@@ -332,6 +438,44 @@ impl Scheduler {
         let layout = program.phase_layout_at(flight.phase_index);
         let phase = layout.phase;
         flight.outstanding.clear();
+        flight.waiting = 0;
+        if let (Some(cache), Phase::FfnNeurons) = (self.cache.as_mut(), phase) {
+            // Runs of clusters whose bundles are in go out at once; the rest when they land.
+            for (xpu, range) in &layout.parts {
+                let mut run_start = None;
+                for c in range.clone().chain(std::iter::once(range.end)) {
+                    let ready = c < range.end
+                        && cache.units[cache.unit(flight.layer, c)] == UnitState::Ready;
+                    match (ready, run_start) {
+                        (true, None) => run_start = Some(c),
+                        (false, Some(s)) => {
+                            flight.outstanding.push((*xpu, s..c));
+                            out.push(Command::Compute {
+                                xpu: *xpu,
+                                work: ClusterWork {
+                                    step: flight.request.step,
+                                    shape: flight.shape,
+                                    layer: flight.layer,
+                                    phase,
+                                    clusters: s..c,
+                                },
+                            });
+                            run_start = None;
+                        }
+                        _ => {}
+                    }
+                    if c < range.end {
+                        let u = cache.unit(flight.layer, c);
+                        if ready {
+                            cache.units[u] = UnitState::Sent;
+                        } else {
+                            flight.waiting += 1;
+                        }
+                    }
+                }
+            }
+            return;
+        }
         for (xpu, range) in &layout.parts {
             let (xpu, range) = (*xpu, range.clone());
             flight.outstanding.push((xpu, range.clone()));
@@ -345,6 +489,126 @@ impl Scheduler {
                     clusters: range,
                 },
             });
+        }
+    }
+}
+
+impl Scheduler {
+    fn loaded(
+        &mut self,
+        step: StepId,
+        layer: u32,
+        cluster: u32,
+        out: &mut Vec<Command>,
+    ) -> Result<(), ScheduleError> {
+        let unexpected = ScheduleError::UnexpectedLoad {
+            step,
+            layer,
+            cluster,
+        };
+        let (Some(flight), Some(cache)) = (self.in_flight.as_mut(), self.cache.as_mut()) else {
+            return Err(unexpected);
+        };
+        if flight.request.step != step
+            || layer >= cache.units.len() as u32 / cache.n_clusters
+            || cluster >= cache.n_clusters
+        {
+            return Err(unexpected);
+        }
+        let u = cache.unit(layer, cluster);
+        if cache.units[u] != UnitState::Loading || !cache.directory.loaded(layer, cluster) {
+            return Err(unexpected);
+        }
+        cache.loads_in_flight -= 1;
+        cache.units[u] = UnitState::Ready;
+        let program = match flight.shape {
+            StepShape::Decode => &self.decode,
+            StepShape::Prefill => &self.prefill,
+        };
+        dispatch_if_current(flight, program, cache, layer, cluster, out);
+        Ok(())
+    }
+}
+
+/// Acquires what the cache allows, then sends clusters of the current phase that became ready.
+fn pump(flight: &mut InFlight, program: &Program, cache: &mut CacheFlow, out: &mut Vec<Command>) {
+    let mut ready = std::mem::take(&mut cache.newly_ready);
+    ready.clear();
+    cache.pump(flight.request.step, &mut ready, out);
+    for &u in &ready {
+        let (layer, cluster) = cache.directory.split_unit(u);
+        dispatch_if_current(flight, program, cache, layer, cluster, out);
+    }
+    cache.newly_ready = ready;
+}
+
+/// Sends FFN cluster `(layer, cluster)`, now ready, if its phase is the one computing and it
+/// waits; otherwise it goes out with its phase.
+fn dispatch_if_current(
+    flight: &mut InFlight,
+    program: &Program,
+    cache: &mut CacheFlow,
+    layer: u32,
+    cluster: u32,
+    out: &mut Vec<Command>,
+) {
+    let current = program.phase_layout_at(flight.phase_index);
+    if flight.layer != layer || current.phase != Phase::FfnNeurons {
+        return;
+    }
+    let Some((xpu, _)) = current.parts.iter().find(|(_, r)| r.contains(&cluster)) else {
+        return;
+    };
+    let u = cache.unit(layer, cluster);
+    cache.units[u] = UnitState::Sent;
+    flight.waiting -= 1;
+    flight.outstanding.push((*xpu, cluster..cluster + 1));
+    out.push(Command::Compute {
+        xpu: *xpu,
+        work: ClusterWork {
+            step: flight.request.step,
+            shape: flight.shape,
+            layer,
+            phase: Phase::FfnNeurons,
+            clusters: cluster..cluster + 1,
+        },
+    });
+}
+
+impl CacheFlow {
+    fn unit(&self, layer: u32, cluster: u32) -> usize {
+        (layer * self.n_clusters + cluster) as usize
+    }
+
+    /// Acquires clusters in step order while slots and the load depth allow; issues the loads.
+    fn pump(&mut self, step: StepId, ready: &mut Vec<u32>, out: &mut Vec<Command>) {
+        while (self.cursor as usize) < self.units.len() && self.loads_in_flight < self.max_loads
+        {
+            let (layer, cluster) = self.directory.split_unit(self.cursor);
+            let u = self.cursor as usize;
+            match self.directory.acquire(layer, cluster) {
+                Acquired::Full => break,
+                Acquired::Hit => {
+                    self.units[u] = if self.directory.is_ready(layer, cluster) {
+                        ready.push(self.cursor);
+                        UnitState::Ready
+                    } else {
+                        UnitState::Loading
+                    };
+                }
+                Acquired::Load { slot, evicted } => {
+                    self.units[u] = UnitState::Loading;
+                    self.loads_in_flight += 1;
+                    out.push(Command::Load {
+                        step,
+                        layer,
+                        cluster,
+                        slot,
+                        evicted: evicted.map(|e| self.directory.split_unit(e)),
+                    });
+                }
+            }
+            self.cursor += 1;
         }
     }
 }

@@ -89,6 +89,12 @@ impl Program {
             ),
         ];
         match shape {
+            // A neuron store's FFN exists only as bundles: its clusters are its bundles, in
+            // both step shapes.
+            _ if model.ffn_bundle > 0 => layer_phases.push(phase(
+                Phase::FfnNeurons,
+                cut_into_clusters(model.n_ff, model.ffn_bundle, 1),
+            )),
             StepShape::Decode => layer_phases.push(phase(
                 Phase::FfnNeurons,
                 cut_into_clusters(model.n_ff, sizes.ffn_neurons, model.ffn_granule),

@@ -12,6 +12,7 @@ fn shape() -> ModelShape {
         head_dim: 16,
         n_vocab: 100,
         ffn_granule: 32,
+        ffn_bundle: 0,
     }
 }
 

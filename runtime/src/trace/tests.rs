@@ -27,6 +27,7 @@ fn sample() -> Trace {
                     head_dim: 32,
                     n_vocab: 10,
                     ffn_granule: 32,
+                    ffn_bundle: 0,
                 },
                 types: WeightTypes {
                     attn_q: GgmlType::Q4_1,

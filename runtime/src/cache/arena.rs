@@ -1,0 +1,119 @@
+//! The neuron cache's memory: fixed-size, 4096-byte-aligned slots allocated once, and the table
+//! of which cluster each slot holds.
+//!
+//! Which slot holds what is decided by the scheduler's [`super::CacheDirectory`]; the driver
+//! mirrors its decisions here (`assign`) before the slot is filled, and a group reads a slot
+//! only after the scheduler has seen it loaded. Each slot sits behind its own `RwLock`, so a
+//! bug in that protocol can never turn into a torn read: at worst a wait.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// Alignment of slots (what `O_DIRECT` asks of buffers).
+pub const SLOT_ALIGN: usize = 4096;
+
+const NONE: u32 = u32::MAX;
+
+/// One slot's bytes, aligned to [`SLOT_ALIGN`].
+pub struct SlotBuf {
+    backing: Vec<u8>,
+    shift: usize,
+    len: usize,
+}
+
+impl SlotBuf {
+    fn new(len: usize) -> SlotBuf {
+        // Over-allocate and start at the first aligned byte: no `unsafe` allocation needed.
+        let backing = vec![0u8; len + SLOT_ALIGN];
+        let shift = backing.as_ptr().align_offset(SLOT_ALIGN);
+        SlotBuf {
+            backing,
+            shift,
+            len,
+        }
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.backing[self.shift..self.shift + self.len]
+    }
+
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.backing[self.shift..self.shift + self.len]
+    }
+}
+
+/// The slots and the cluster → slot table.
+pub struct SlotArena {
+    slot_bytes: usize,
+    slots: Vec<RwLock<SlotBuf>>,
+    n_clusters: u32,
+    /// `[layer][cluster]` → slot, or `NONE`.
+    table: Vec<AtomicU32>,
+}
+
+impl SlotArena {
+    /// `n_slots` slots of `slot_bytes` (rounded up to [`SLOT_ALIGN`]) for a model of `n_layer`
+    /// layers of `n_clusters` FFN clusters.
+    pub fn new(n_slots: u32, slot_bytes: usize, n_layer: u32, n_clusters: u32) -> SlotArena {
+        let slot_bytes = slot_bytes.div_ceil(SLOT_ALIGN) * SLOT_ALIGN;
+        SlotArena {
+            slot_bytes,
+            slots: (0..n_slots)
+                .map(|_| RwLock::new(SlotBuf::new(slot_bytes)))
+                .collect(),
+            n_clusters,
+            table: (0..n_layer * n_clusters)
+                .map(|_| AtomicU32::new(NONE))
+                .collect(),
+        }
+    }
+
+    pub fn n_slots(&self) -> u32 {
+        self.slots.len() as u32
+    }
+
+    pub fn slot_bytes(&self) -> usize {
+        self.slot_bytes
+    }
+
+    /// Memory the slots take.
+    pub fn bytes(&self) -> u64 {
+        self.slots.len() as u64 * (self.slot_bytes + SLOT_ALIGN) as u64
+    }
+
+    fn unit(&self, layer: u32, cluster: u32) -> usize {
+        (layer * self.n_clusters + cluster) as usize
+    }
+
+    /// Records that `slot` now holds `(layer, cluster)`, and that `evicted` (its previous
+    /// cluster, if any) no longer has a slot.
+    pub fn assign(&self, layer: u32, cluster: u32, slot: u32, evicted: Option<(u32, u32)>) {
+        if let Some((l, c)) = evicted {
+            self.table[self.unit(l, c)].store(NONE, Ordering::Release);
+        }
+        self.table[self.unit(layer, cluster)].store(slot, Ordering::Release);
+    }
+
+    /// Forgets that `(layer, cluster)` has a slot (its load failed).
+    pub fn forget(&self, layer: u32, cluster: u32) {
+        self.table[self.unit(layer, cluster)].store(NONE, Ordering::Release);
+    }
+
+    /// The slot holding `(layer, cluster)`, if any.
+    pub fn slot_of(&self, layer: u32, cluster: u32) -> Option<u32> {
+        let s = self.table.get(self.unit(layer, cluster))?.load(Ordering::Acquire);
+        (s != NONE).then_some(s)
+    }
+
+    pub fn read(&self, slot: u32) -> RwLockReadGuard<'_, SlotBuf> {
+        self.slots[slot as usize]
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn write(&self, slot: u32) -> RwLockWriteGuard<'_, SlotBuf> {
+        self.slots[slot as usize]
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+}

@@ -1,0 +1,248 @@
+//! The neuron cache's bookkeeping: which FFN cluster is in which slot, which may be evicted,
+//! and the counters. Pure state, owned by the scheduler, so a simulation replays it exactly.
+//!
+//! Segments (PowerInfer-2's segmented neuron cache):
+//! - *hot*: slots reserved for clusters the plan marks hot. Loaded on first use, never evicted.
+//! - *cold*: every other cluster competes for the remaining slots; the victim is the slot
+//!   released longest ago (LRU) among slots no step is using.
+//!
+//! The fixed segment (embeddings, attention, norms, KV cache) is not managed here: it is
+//! resident for the whole run. With [`CachePolicy::Lru`] there is no hot segment: every slot is
+//! cold, the baseline the segmented policy is measured against.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+
+/// How slots are shared between clusters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum CachePolicy {
+    /// Hot clusters keep reserved slots; the others share the rest by LRU.
+    #[default]
+    Segmented,
+    /// One LRU over all slots.
+    Lru,
+}
+
+/// The cache part of an execution plan.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CachePlan {
+    /// Slots in all (each holds one FFN cluster's bundle).
+    pub slots: u32,
+    /// Slots of the hot segment (ignored by [`CachePolicy::Lru`]).
+    pub hot_slots: u32,
+    #[serde(default)]
+    pub policy: CachePolicy,
+    /// Loads the scheduler keeps in flight ahead of compute (the pipeline's depth).
+    pub max_loads: u32,
+}
+
+/// Counters of one layer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayerCacheStats {
+    pub hits: u64,
+    pub misses: u64,
+    pub evictions: u64,
+}
+
+/// What [`CacheDirectory::acquire`] decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Acquired {
+    /// The cluster is in a slot (or on its way there): nothing to read.
+    Hit,
+    /// Read the cluster into `slot`, which held `evicted` until now.
+    Load { slot: u32, evicted: Option<u32> },
+    /// Every slot it could use is busy: try again after a release.
+    Full,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Residency {
+    Absent,
+    Loading(u32),
+    Ready(u32),
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    owner: Option<u32>,
+    pins: u32,
+    hot: bool,
+    /// When it was last released (for LRU).
+    stamp: u64,
+}
+
+/// Which cluster (unit = `layer * n_clusters + cluster`) is where.
+pub struct CacheDirectory {
+    n_clusters: u32,
+    units: Vec<Residency>,
+    /// The reserved slot of each hot unit.
+    hot_slot: Vec<Option<u32>>,
+    slots: Vec<Slot>,
+    /// Unpinned cold slots by (release stamp, slot): the first is the LRU victim.
+    evictable: BTreeSet<(u64, u32)>,
+    clock: u64,
+    stats: Vec<LayerCacheStats>,
+}
+
+impl CacheDirectory {
+    /// A directory for `n_layer` layers of `n_clusters` clusters. Hot slots go to the first
+    /// clusters of every layer, spread evenly over layers (until an activation profile ranks
+    /// neurons, every neuron is as hot as any other).
+    pub fn new(plan: &CachePlan, n_layer: u32, n_clusters: u32) -> CacheDirectory {
+        let n_units = n_layer * n_clusters;
+        let mut hot = match plan.policy {
+            CachePolicy::Segmented => plan.hot_slots.min(plan.slots).min(n_units),
+            CachePolicy::Lru => 0,
+        };
+        // Clusters that are not hot need at least one cold slot to pass through.
+        if hot < n_units && hot == plan.slots {
+            hot = hot.saturating_sub(1);
+        }
+        let mut hot_slot = vec![None; n_units as usize];
+        let mut next = 0;
+        // Round-robin over layers, cluster by cluster.
+        'outer: for c in 0..n_clusters {
+            for l in 0..n_layer {
+                if next == hot {
+                    break 'outer;
+                }
+                hot_slot[(l * n_clusters + c) as usize] = Some(next);
+                next += 1;
+            }
+        }
+        let slots: Vec<Slot> = (0..plan.slots)
+            .map(|s| Slot {
+                owner: None,
+                pins: 0,
+                hot: s < hot,
+                stamp: 0,
+            })
+            .collect();
+        let evictable = (hot..plan.slots).map(|s| (0, s)).collect();
+        CacheDirectory {
+            n_clusters,
+            units: vec![Residency::Absent; n_units as usize],
+            hot_slot,
+            slots,
+            evictable,
+            clock: 0,
+            stats: vec![LayerCacheStats::default(); n_layer as usize],
+        }
+    }
+
+    fn unit(&self, layer: u32, cluster: u32) -> usize {
+        (layer * self.n_clusters + cluster) as usize
+    }
+
+    /// (layer, cluster) of a unit index.
+    pub fn split_unit(&self, unit: u32) -> (u32, u32) {
+        (unit / self.n_clusters, unit % self.n_clusters)
+    }
+
+    /// Pins `(layer, cluster)` for use by the current step: a hit, a load to issue, or `Full`
+    /// (nothing changed).
+    pub fn acquire(&mut self, layer: u32, cluster: u32) -> Acquired {
+        let u = self.unit(layer, cluster);
+        match self.units[u] {
+            Residency::Ready(s) | Residency::Loading(s) => {
+                self.pin(s);
+                self.stats[layer as usize].hits += 1;
+                Acquired::Hit
+            }
+            Residency::Absent => {
+                let slot = match self.hot_slot[u] {
+                    Some(s) => s,
+                    None => match self.evictable.pop_first() {
+                        Some((_, s)) => s,
+                        None => return Acquired::Full,
+                    },
+                };
+                let evicted = self.slots[slot as usize].owner.take();
+                if let Some(v) = evicted {
+                    self.units[v as usize] = Residency::Absent;
+                    self.stats[layer as usize].evictions += 1;
+                }
+                self.slots[slot as usize].owner = Some(u as u32);
+                self.units[u] = Residency::Loading(slot);
+                self.pin(slot);
+                self.stats[layer as usize].misses += 1;
+                Acquired::Load { slot, evicted }
+            }
+        }
+    }
+
+    fn pin(&mut self, slot: u32) {
+        let s = &mut self.slots[slot as usize];
+        if s.pins == 0 && !s.hot {
+            self.evictable.remove(&(s.stamp, slot));
+        }
+        s.pins += 1;
+    }
+
+    /// The read into its slot finished. Returns false if `(layer, cluster)` was not loading.
+    pub fn loaded(&mut self, layer: u32, cluster: u32) -> bool {
+        let u = self.unit(layer, cluster);
+        match self.units[u] {
+            Residency::Loading(s) => {
+                self.units[u] = Residency::Ready(s);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether `(layer, cluster)` is in its slot and readable.
+    pub fn is_ready(&self, layer: u32, cluster: u32) -> bool {
+        matches!(self.units[self.unit(layer, cluster)], Residency::Ready(_))
+    }
+
+    /// The step no longer needs `(layer, cluster)`.
+    pub fn release(&mut self, layer: u32, cluster: u32) {
+        let u = self.unit(layer, cluster);
+        let (Residency::Ready(slot) | Residency::Loading(slot)) = self.units[u] else {
+            return;
+        };
+        let s = &mut self.slots[slot as usize];
+        s.pins = s.pins.saturating_sub(1);
+        if s.pins == 0 && !s.hot {
+            self.clock += 1;
+            s.stamp = self.clock;
+            self.evictable.insert((s.stamp, slot));
+        }
+    }
+
+    /// Forgets every pin and every load in flight (the step failed): loading slots become
+    /// empty and the first to be reused.
+    pub fn abort(&mut self) {
+        for u in 0..self.units.len() {
+            if let Residency::Loading(s) = self.units[u] {
+                self.units[u] = Residency::Absent;
+                self.slots[s as usize].owner = None;
+            }
+        }
+        self.evictable.clear();
+        for (i, s) in self.slots.iter_mut().enumerate() {
+            s.pins = 0;
+            if !s.hot {
+                if s.owner.is_none() {
+                    s.stamp = 0;
+                }
+                self.evictable.insert((s.stamp, i as u32));
+            }
+        }
+    }
+
+    /// Counters per layer.
+    pub fn stats(&self) -> &[LayerCacheStats] {
+        &self.stats
+    }
+
+    /// Clusters currently held in slots (ready).
+    pub fn resident(&self) -> usize {
+        self.units
+            .iter()
+            .filter(|r| matches!(r, Residency::Ready(_)))
+            .count()
+    }
+}

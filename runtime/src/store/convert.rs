@@ -1,0 +1,174 @@
+//! `conductor convert`: an ordinary GGUF model in, a neuron store out.
+
+use super::{
+    bundle_tensor_name, BundleLayout, StoreError, CRC_TENSOR, KEY_BUNDLE_NEURONS,
+    KEY_BUNDLE_STRIDE, KEY_FFN_TYPES, KEY_SOURCE_CHECKSUM, KEY_SOURCE_NAME, KEY_VERSION,
+    STORE_ALIGN, STORE_VERSION,
+};
+use crate::gguf::{Array, GgufWriter, Value};
+use crate::model::{LayerWeights, Model};
+use std::path::Path;
+
+/// What a conversion produced.
+#[derive(Clone, Debug)]
+pub struct ConvertSummary {
+    pub layout: BundleLayout,
+    /// Bytes of tensors kept as they were (embeddings, attention, norms, output).
+    pub resident_bytes: u64,
+    /// Bytes of all layers' bundles, padding included.
+    pub bundle_bytes: u64,
+    pub source_crc32: u32,
+}
+
+/// Converts the model at `src` into a neuron store at `dst` with `bundle_neurons` neurons per
+/// bundle. `dst` is written atomically and never over an existing file unless `overwrite`;
+/// `progress(done, total)` follows the bytes written.
+pub fn convert(
+    src: &Path,
+    dst: &Path,
+    bundle_neurons: u32,
+    overwrite: bool,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<ConvertSummary, StoreError> {
+    let refuse = |why: String| StoreError::Output {
+        path: dst.display().to_string(),
+        why,
+    };
+    if let (Ok(a), Ok(b)) = (src.canonicalize(), dst.canonicalize()) {
+        if a == b {
+            return Err(refuse("it is the model being converted".into()));
+        }
+    }
+    if dst.exists() && !overwrite {
+        return Err(refuse("the file exists (pass --force to replace it)".into()));
+    }
+    let model = Model::load(src)?;
+    if let Some(store) = &model.store {
+        return Err(StoreError::AlreadyStore {
+            path: src.display().to_string(),
+            source_name: store.source_name.clone(),
+        });
+    }
+    let file = model.file();
+    let source_crc32 = crc32fast::hash(file.file_bytes());
+    let c = &model.config;
+    let first = &model.layers[0];
+    let types = [first.gate.ty, first.up.ty, first.down.ty];
+    for l in &model.layers {
+        if [l.gate.ty, l.up.ty, l.down.ty] != types {
+            return Err(StoreError::Layout(format!(
+                "layers quantize their FFN differently ({} vs {}); the store needs one layout",
+                l.gate.name, first.gate.name
+            )));
+        }
+    }
+    let layout = BundleLayout::new(c.n_embd, c.n_ff, types, bundle_neurons)?;
+
+    let ffn_names: Vec<String> = (0..c.n_layer)
+        .flat_map(|l| {
+            ["ffn_gate", "ffn_up", "ffn_down"].map(|t| format!("blk.{l}.{t}.weight"))
+        })
+        .collect();
+    let mut w = GgufWriter::new();
+    w.add_metadata("general.alignment", Value::U32(STORE_ALIGN as u32))?;
+    for (k, v) in file.metadata() {
+        if k != "general.alignment" {
+            w.add_metadata(k.clone(), v.clone())?;
+        }
+    }
+    w.add_metadata(KEY_VERSION, Value::U32(STORE_VERSION))?;
+    w.add_metadata(KEY_BUNDLE_NEURONS, Value::U32(bundle_neurons))?;
+    w.add_metadata(KEY_BUNDLE_STRIDE, Value::U64(layout.stride))?;
+    w.add_metadata(KEY_SOURCE_CHECKSUM, Value::U32(source_crc32))?;
+    let source_name = src
+        .file_name()
+        .map_or_else(|| src.display().to_string(), |n| n.to_string_lossy().into_owned());
+    w.add_metadata(KEY_SOURCE_NAME, Value::String(source_name))?;
+    w.add_metadata(
+        KEY_FFN_TYPES,
+        Value::Array(Array::U32(types.iter().map(|t| t.id()).collect())),
+    )?;
+    let resident: Vec<_> = file
+        .tensors()
+        .iter()
+        .filter(|t| !ffn_names.contains(&t.name))
+        .collect();
+    let mut resident_bytes = 0;
+    for t in &resident {
+        w.add_tensor_info(t.name.clone(), t.dims.clone(), t.ty)?;
+        resident_bytes += t.n_bytes;
+    }
+    for l in 0..c.n_layer {
+        w.add_tensor_info(
+            bundle_tensor_name(l),
+            vec![layout.stride, u64::from(layout.n_bundles)],
+            crate::quant::GgmlType::I8,
+        )?;
+    }
+    let n_crc = c.n_layer as u64 * u64::from(layout.n_bundles);
+    w.add_tensor_info(CRC_TENSOR, vec![n_crc], crate::quant::GgmlType::I32)?;
+
+    let bundle_bytes = layout.layer_bytes() * u64::from(c.n_layer);
+    let total = resident_bytes + bundle_bytes;
+    let mut done = 0;
+    progress(0, total);
+    w.write_file_atomic_with(dst, |stream| -> Result<(), StoreError> {
+        for t in &resident {
+            stream.write_chunk(file.tensor_data(t))?;
+            done += t.n_bytes;
+            progress(done, total);
+        }
+        let mut crcs = Vec::with_capacity(n_crc as usize * 4);
+        let mut bundle = vec![0u8; layout.stride as usize];
+        for l in &model.layers {
+            for b in 0..layout.n_bundles {
+                let len = fill_bundle(&model, l, &layout, b, &mut bundle);
+                crcs.extend_from_slice(&crc32fast::hash(&bundle[..len]).to_le_bytes());
+                stream.write_chunk(&bundle)?;
+            }
+            done += layout.layer_bytes();
+            progress(done, total);
+        }
+        stream.write_chunk(&crcs)?;
+        Ok(())
+    })?;
+    Ok(ConvertSummary {
+        layout,
+        resident_bytes,
+        bundle_bytes,
+        source_crc32,
+    })
+}
+
+/// Writes bundle `b` of layer `l` into `out` (zero-padded to the stride); returns the payload
+/// length.
+fn fill_bundle(
+    model: &Model,
+    l: &LayerWeights,
+    layout: &BundleLayout,
+    b: u32,
+    out: &mut [u8],
+) -> usize {
+    out.fill(0);
+    let neurons = layout.neurons_of(b);
+    let rows = neurons.start as usize..neurons.end as usize;
+    let mut at = 0;
+    for t in [&l.gate, &l.up] {
+        let src = model.rows(t, rows.clone()).data;
+        out[at..at + src.len()].copy_from_slice(src);
+        at += src.len();
+    }
+    // The down projection's columns `rows`: whole blocks of each of its rows.
+    let down = model.mat(&l.down);
+    let row = down.stride();
+    let per_block = l.down.ty.type_size() as usize;
+    let block = l.down.ty.block_size();
+    let (from, to) = (rows.start / block * per_block, rows.end / block * per_block);
+    for r in 0..down.rows {
+        let src = &down.data[r * row + from..r * row + to];
+        out[at..at + src.len()].copy_from_slice(src);
+        at += src.len();
+    }
+    debug_assert_eq!(at, layout.payload_bytes(neurons.len() as u32));
+    at
+}

@@ -1,0 +1,321 @@
+//! The neuron store: a GGUF file laid out for reading FFN neurons from storage in bundles.
+//!
+//! `conductor convert` writes it from an ordinary model. Everything but the FFN matrices is
+//! copied as it was; each layer's FFN becomes one tensor `blk.N.ffn_bundles` of *bundles*, one
+//! per cluster of `bundle_neurons` neurons (a multiple of the down projection's block size):
+//!
+//! ```text
+//! bundle b, neurons i = b*m .. b*m + m:
+//!   [gate rows i (m rows)] [up rows i (m rows)] [down block-column i (n_embd rows of m columns)]
+//!   [zero padding to a multiple of 4096 bytes]
+//! ```
+//!
+//! The down block-column is the down matrix's columns `i` cut out row by row: whole quant blocks
+//! are moved, never re-quantized, so a store computes exactly what its source does. Bundles start
+//! at multiples of 4096 bytes from a 4096-aligned data section, so one `O_DIRECT` read fetches
+//! a cluster straight into a cache slot. Each bundle's CRC-32 is kept in `conductor.bundle_crc`
+//! and checked whenever a bundle comes from storage.
+
+mod convert;
+
+pub use convert::{convert, ConvertSummary};
+
+use crate::gguf::{GgufError, GgufFile};
+use crate::quant::{row_bytes, GgmlType, MatRef};
+
+/// Format version of the bundle layout this build reads and writes.
+pub const STORE_VERSION: u32 = 1;
+/// Alignment of the data section and of every bundle.
+pub const STORE_ALIGN: u64 = 4096;
+
+pub const KEY_VERSION: &str = "conductor.store.version";
+pub const KEY_BUNDLE_NEURONS: &str = "conductor.store.bundle_neurons";
+pub const KEY_BUNDLE_STRIDE: &str = "conductor.store.bundle_stride";
+pub const KEY_SOURCE_CHECKSUM: &str = "conductor.store.source_crc32";
+pub const KEY_SOURCE_NAME: &str = "conductor.store.source_name";
+pub const KEY_FFN_TYPES: &str = "conductor.store.ffn_types";
+pub const CRC_TENSOR: &str = "conductor.bundle_crc";
+
+/// The name of layer `layer`'s bundle tensor.
+pub fn bundle_tensor_name(layer: u32) -> String {
+    format!("blk.{layer}.ffn_bundles")
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error(transparent)]
+    Model(#[from] crate::model::ModelError),
+    #[error("{path} is already a neuron store (converted from {source_name})")]
+    AlreadyStore { path: String, source_name: String },
+    #[error("neuron store format version {found}; this build reads version {STORE_VERSION}: convert the model again with this build")]
+    Version { found: u32 },
+    #[error("neuron store metadata `{key}`: {why}")]
+    BadMetadata { key: &'static str, why: String },
+    #[error("bundle size {neurons} neurons is not a positive multiple of the down projection's block size {granule}")]
+    BundleSize { neurons: u32, granule: u32 },
+    #[error("neuron store: {0}")]
+    Layout(String),
+    #[error("bundle {bundle} of layer {layer} (neurons {first}..{end}) fails its checksum: the store is corrupt or was modified; convert the model again")]
+    Checksum {
+        layer: u32,
+        bundle: u32,
+        first: u32,
+        end: u32,
+    },
+    #[error("refusing to write {path}: {why}")]
+    Output { path: String, why: String },
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+/// Where each part of a bundle lies, for one model.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BundleLayout {
+    /// Neurons per bundle (the last bundle of a layer may have fewer).
+    pub neurons: u32,
+    /// Bundles per layer.
+    pub n_bundles: u32,
+    /// Bytes from one bundle to the next (a multiple of [`STORE_ALIGN`]).
+    pub stride: u64,
+    pub n_embd: u32,
+    pub n_ff: u32,
+    pub gate_ty: GgmlType,
+    pub up_ty: GgmlType,
+    pub down_ty: GgmlType,
+}
+
+impl BundleLayout {
+    /// The layout for a model's FFN, with `neurons` per bundle.
+    pub fn new(
+        n_embd: u32,
+        n_ff: u32,
+        [gate_ty, up_ty, down_ty]: [GgmlType; 3],
+        neurons: u32,
+    ) -> Result<BundleLayout, StoreError> {
+        let granule = down_ty.block_size() as u32;
+        if neurons == 0 || neurons % granule != 0 || n_ff % granule != 0 {
+            return Err(StoreError::BundleSize { neurons, granule });
+        }
+        for (what, ty, cols) in [("gate", gate_ty, n_embd), ("up", up_ty, n_embd)] {
+            if row_bytes(ty, cols as usize).is_err() {
+                return Err(StoreError::Layout(format!(
+                    "{what} rows of {cols} values do not fit whole {ty} blocks"
+                )));
+            }
+        }
+        let mut layout = BundleLayout {
+            neurons,
+            n_bundles: n_ff.div_ceil(neurons),
+            stride: 0,
+            n_embd,
+            n_ff,
+            gate_ty,
+            up_ty,
+            down_ty,
+        };
+        layout.stride = (layout.payload_bytes(neurons) as u64).div_ceil(STORE_ALIGN) * STORE_ALIGN;
+        Ok(layout)
+    }
+
+    fn gate_row(&self) -> usize {
+        row_bytes(self.gate_ty, self.n_embd as usize).unwrap_or(0)
+    }
+
+    fn up_row(&self) -> usize {
+        row_bytes(self.up_ty, self.n_embd as usize).unwrap_or(0)
+    }
+
+    /// Bytes of one down row's slice of `m` columns.
+    fn down_slice(&self, m: u32) -> usize {
+        row_bytes(self.down_ty, m as usize).unwrap_or(0)
+    }
+
+    /// Bytes of a bundle of `m` neurons without padding.
+    pub fn payload_bytes(&self, m: u32) -> usize {
+        let m_ = m as usize;
+        m_ * (self.gate_row() + self.up_row()) + self.n_embd as usize * self.down_slice(m)
+    }
+
+    /// The neurons of bundle `b`.
+    pub fn neurons_of(&self, b: u32) -> std::ops::Range<u32> {
+        let start = b * self.neurons;
+        start..(start + self.neurons).min(self.n_ff)
+    }
+
+    /// Bytes of one layer's bundle tensor.
+    pub fn layer_bytes(&self) -> u64 {
+        self.stride * u64::from(self.n_bundles)
+    }
+
+    /// The gate rows, up rows and down block-column of bundle `b`, from its bytes (at least
+    /// [`BundleLayout::payload_bytes`] long).
+    pub fn split<'a>(&self, b: u32, bytes: &'a [u8]) -> BundleRef<'a> {
+        let m = self.neurons_of(b).len();
+        let (g, u) = (m * self.gate_row(), m * self.up_row());
+        let d = self.n_embd as usize * self.down_slice(m as u32);
+        BundleRef {
+            gate: MatRef {
+                ty: self.gate_ty,
+                data: &bytes[..g],
+                rows: m,
+                cols: self.n_embd as usize,
+            },
+            up: MatRef {
+                ty: self.up_ty,
+                data: &bytes[g..g + u],
+                rows: m,
+                cols: self.n_embd as usize,
+            },
+            down: MatRef {
+                ty: self.down_ty,
+                data: &bytes[g + u..g + u + d],
+                rows: self.n_embd as usize,
+                cols: m,
+            },
+        }
+    }
+}
+
+/// One bundle's three matrices.
+pub struct BundleRef<'a> {
+    /// `m` rows of `n_embd`.
+    pub gate: MatRef<'a>,
+    /// `m` rows of `n_embd`.
+    pub up: MatRef<'a>,
+    /// `n_embd` rows of `m`: the down projection restricted to the bundle's neurons.
+    pub down: MatRef<'a>,
+}
+
+/// What a store's metadata says about it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreInfo {
+    pub layout: BundleLayout,
+    /// CRC-32 of the file it was converted from.
+    pub source_crc32: u32,
+    pub source_name: String,
+    /// CRC-32 of every bundle, `[layer][bundle]`.
+    pub bundle_crc: Vec<u32>,
+}
+
+impl StoreInfo {
+    /// Reads the store metadata of `file`; `None` when it is an ordinary model.
+    pub fn from_gguf(file: &GgufFile, n_embd: u32, n_ff: u32, n_layer: u32) -> Result<Option<StoreInfo>, StoreError> {
+        let Some(version) = file.get_u32(KEY_VERSION)? else {
+            return Ok(None);
+        };
+        if version != STORE_VERSION {
+            return Err(StoreError::Version { found: version });
+        }
+        let need_u32 = |key: &'static str| -> Result<u32, StoreError> {
+            file.get_u32(key)?.ok_or(StoreError::BadMetadata {
+                key,
+                why: "missing".into(),
+            })
+        };
+        let neurons = need_u32(KEY_BUNDLE_NEURONS)?;
+        let stride = file.get_u64(KEY_BUNDLE_STRIDE)?.ok_or(StoreError::BadMetadata {
+            key: KEY_BUNDLE_STRIDE,
+            why: "missing".into(),
+        })?;
+        let source_crc32 = need_u32(KEY_SOURCE_CHECKSUM)?;
+        let source_name = file.get_str(KEY_SOURCE_NAME)?.unwrap_or("?").to_string();
+        let types = match file.get_array(KEY_FFN_TYPES)? {
+            Some(crate::gguf::Array::U32(v)) if v.len() == 3 => v.clone(),
+            _ => {
+                return Err(StoreError::BadMetadata {
+                    key: KEY_FFN_TYPES,
+                    why: "expected 3 ggml type ids (gate, up, down)".into(),
+                })
+            }
+        };
+        let mut tys = [GgmlType::F32; 3];
+        for (t, id) in tys.iter_mut().zip(&types) {
+            *t = GgmlType::from_id(*id).ok_or(StoreError::BadMetadata {
+                key: KEY_FFN_TYPES,
+                why: format!("unknown ggml type id {id}"),
+            })?;
+            if !t.is_supported() {
+                return Err(StoreError::BadMetadata {
+                    key: KEY_FFN_TYPES,
+                    why: format!("type {t} cannot be computed with"),
+                });
+            }
+        }
+        let layout = BundleLayout::new(n_embd, n_ff, tys, neurons)?;
+        if layout.stride != stride {
+            return Err(StoreError::BadMetadata {
+                key: KEY_BUNDLE_STRIDE,
+                why: format!(
+                    "{stride} bytes, but bundles of {neurons} neurons of this model take {}: the store was made for another model",
+                    layout.stride
+                ),
+            });
+        }
+        if file.alignment() % STORE_ALIGN != 0 {
+            return Err(StoreError::Layout(format!(
+                "general.alignment is {}, not a multiple of {STORE_ALIGN}",
+                file.alignment()
+            )));
+        }
+        let n = n_layer as usize * layout.n_bundles as usize;
+        let crc = file
+            .tensor(CRC_TENSOR)
+            .ok_or_else(|| StoreError::Layout(format!("tensor `{CRC_TENSOR}` is missing")))?;
+        if crc.ty != GgmlType::I32 || crc.dims != [n as u64] {
+            return Err(StoreError::Layout(format!(
+                "tensor `{CRC_TENSOR}` is {} {:?}, expected I32 [{n}]",
+                crc.ty, crc.dims
+            )));
+        }
+        let bundle_crc = file
+            .tensor_data(crc)
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        for l in 0..n_layer {
+            let name = bundle_tensor_name(l);
+            let t = file
+                .tensor(&name)
+                .ok_or_else(|| StoreError::Layout(format!("tensor `{name}` is missing")))?;
+            let expected = [layout.stride, u64::from(layout.n_bundles)];
+            if t.ty != GgmlType::I8 || t.dims != expected {
+                return Err(StoreError::Layout(format!(
+                    "tensor `{name}` is {} {:?}, expected I8 {expected:?}: the store was made for another model",
+                    t.ty, t.dims
+                )));
+            }
+            if (file.data_offset() + t.offset) % STORE_ALIGN != 0 {
+                return Err(StoreError::Layout(format!(
+                    "tensor `{name}` does not start on a {STORE_ALIGN}-byte boundary"
+                )));
+            }
+        }
+        Ok(Some(StoreInfo {
+            layout,
+            source_crc32,
+            source_name,
+            bundle_crc,
+        }))
+    }
+
+    /// Checks bundle `b` of `layer` against its recorded CRC-32.
+    pub fn check_bundle(&self, layer: u32, b: u32, payload: &[u8]) -> Result<(), StoreError> {
+        let i = layer as usize * self.layout.n_bundles as usize + b as usize;
+        let expected = self.bundle_crc.get(i).copied();
+        if expected != Some(crc32fast::hash(payload)) {
+            let n = self.layout.neurons_of(b);
+            return Err(StoreError::Checksum {
+                layer,
+                bundle: b,
+                first: n.start,
+                end: n.end,
+            });
+        }
+        Ok(())
+    }
+}

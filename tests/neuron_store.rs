@@ -1,0 +1,291 @@
+//! The neuron store and the neuron cache end to end, on a generated model: conversion, outputs
+//! bit-identical for every cache size, policy and pipeline depth (inline and actors), and the
+//! bad inputs (another version, corrupt bundles, a file truncated while running, overwriting).
+
+use conductor::actors::{ActorDriver, ActorOptions};
+use conductor::runtime::cache::{CachePlan, CachePolicy};
+use conductor::runtime::exec::{Driver, InlineDriver, Serial, Session, StepError};
+use conductor::runtime::model::Model;
+use conductor::runtime::plan::{ExecutionPlan, Topology};
+use conductor::runtime::quant::Kernels;
+use conductor::runtime::store::{convert, StoreError};
+use conductor::runtime::synthetic::{synthetic_model, SyntheticSpec};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+fn spec() -> SyntheticSpec {
+    SyntheticSpec {
+        n_layer: 3,
+        n_embd: 128,
+        n_ff: 512,
+        n_head: 4,
+        n_head_kv: 2,
+        seed: 7,
+        ..SyntheticSpec::default()
+    }
+}
+
+struct Files {
+    dir: PathBuf,
+}
+
+impl Files {
+    fn new(tag: &str) -> Files {
+        let dir = std::env::temp_dir().join(format!("conductor-store-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Files { dir }
+    }
+
+    fn source(&self) -> PathBuf {
+        let path = self.dir.join("model.gguf");
+        if !path.exists() {
+            let bytes = synthetic_model(&spec()).unwrap().to_bytes().unwrap();
+            std::fs::write(&path, bytes).unwrap();
+        }
+        path
+    }
+
+    fn store(&self, neurons: u32) -> PathBuf {
+        let path = self.dir.join(format!("store-{neurons}.gguf"));
+        if !path.exists() {
+            convert(&self.source(), &path, neurons, false, &mut |_, _| {}).unwrap();
+        }
+        path
+    }
+}
+
+impl Drop for Files {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+const PROMPT: [u32; 9] = [3, 17, 42, 5, 99, 120, 7, 250, 31];
+
+/// Logits of a prompt step and four decode steps (greedy), as bits.
+fn run(driver: &mut dyn Driver) -> Result<Vec<Vec<u32>>, StepError> {
+    let model = Arc::clone(driver.model());
+    let mut session = Session::new(&model, 64);
+    let mut out = Vec::new();
+    let mut logits = driver.eval_last(&mut session, &PROMPT)?.to_vec();
+    for _ in 0..4 {
+        out.push(logits.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+        let next = logits
+            .iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .map(|(i, _)| i as u32)
+            .unwrap();
+        logits = driver.eval_last(&mut session, &[next])?.to_vec();
+    }
+    out.push(logits.iter().map(|x| x.to_bits()).collect());
+    Ok(out)
+}
+
+fn plan_with(cache: Option<CachePlan>) -> ExecutionPlan {
+    let mut plan = ExecutionPlan::default();
+    plan.cache = cache;
+    plan.prefill_max_tokens = 4; // several prefill steps, each streaming the FFN
+    plan
+}
+
+fn inline(path: &Path, cache: Option<CachePlan>) -> InlineDriver<Serial> {
+    let model = if cache.is_some() {
+        Model::load_resident(path).unwrap()
+    } else {
+        Model::load(path).unwrap()
+    };
+    InlineDriver::new(Arc::new(model), &plan_with(cache), Kernels::best(), Serial).unwrap()
+}
+
+fn cache(slots: u32, hot: u32, policy: CachePolicy, max_loads: u32) -> Option<CachePlan> {
+    Some(CachePlan {
+        slots,
+        hot_slots: hot,
+        policy,
+        max_loads,
+    })
+}
+
+#[test]
+fn a_store_decodes_like_its_source_and_every_cache_gives_the_same_bits() {
+    let files = Files::new("bits");
+    let source = Model::load(&files.source()).unwrap();
+    let store_path = files.store(64);
+    let store = Model::load(&store_path).unwrap();
+    assert!(store.store.is_some() && source.store.is_none());
+    // 3 layers x 8 bundles of 64 neurons.
+    assert_eq!(store.store.as_ref().unwrap().layout.n_bundles, 8);
+
+    let plan = plan_with(None);
+    let mut original = InlineDriver::new(Arc::new(source), &plan, Kernels::best(), Serial).unwrap();
+    let reference = run(&mut inline(&store_path, None)).unwrap();
+    let from_source = run(&mut original).unwrap();
+    // Decode steps compute exactly the source's arithmetic (whole quant blocks are moved, the
+    // same kernels run); the prompt step batches the down projection, so it may differ in the
+    // last bits.
+    let close = |a: &[u32], b: &[u32]| {
+        a.iter().zip(b).all(|(x, y)| {
+            (f32::from_bits(*x) - f32::from_bits(*y)).abs() <= 1e-3 * (1.0 + f32::from_bits(*y).abs())
+        })
+    };
+    assert!(close(&reference[0], &from_source[0]), "prompt logits drift");
+
+    let n_units = 3 * 8;
+    for (slots, hot, policy, loads) in [
+        (1, 0, CachePolicy::Lru, 1),
+        (2, 0, CachePolicy::Segmented, 1),
+        (5, 3, CachePolicy::Segmented, 2),
+        (9, 4, CachePolicy::Lru, 4),
+        (12, 11, CachePolicy::Segmented, 3),
+        (n_units, n_units, CachePolicy::Segmented, 8),
+        (n_units + 5, 0, CachePolicy::Lru, 16),
+    ] {
+        let got = run(&mut inline(&store_path, cache(slots, hot, policy, loads))).unwrap();
+        assert_eq!(
+            got, reference,
+            "slots {slots} hot {hot} {policy:?} loads {loads}"
+        );
+    }
+}
+
+#[test]
+fn the_actor_driver_pipelines_loads_with_the_same_bits() {
+    let files = Files::new("actors");
+    let store_path = files.store(64);
+    let reference = run(&mut inline(&store_path, None)).unwrap();
+    for (slots, hot, loads) in [(2, 0, 1), (7, 4, 3), (24, 24, 4)] {
+        let model = Arc::new(Model::load_resident(&store_path).unwrap());
+        let mut d = ActorDriver::new(
+            model,
+            &plan_with(cache(slots, hot, CachePolicy::Segmented, loads)),
+            Kernels::best(),
+            ActorOptions {
+                threads: Some(2),
+                topology: Some(Topology::uniform(2)),
+                no_pinning: true,
+                model_path: Some(store_path.clone()),
+            },
+        )
+        .unwrap();
+        assert_eq!(run(&mut d).unwrap(), reference, "slots {slots} hot {hot}");
+    }
+}
+
+#[test]
+fn hot_clusters_stay_and_cold_ones_stream() {
+    let files = Files::new("stats");
+    let store_path = files.store(64);
+    // 3 layers x 8 clusters = 24 per step; the prompt runs as steps of 4, 4 and 1 tokens,
+    // then 4 decode steps: 7 steps, each touching every cluster once, in order.
+    let steps = 7;
+    let total = |d: &InlineDriver<Serial>| {
+        let s = d.cache_stats().unwrap();
+        (
+            s.iter().map(|l| l.hits).sum::<u64>(),
+            s.iter().map(|l| l.misses).sum::<u64>(),
+            s.iter().map(|l| l.evictions).sum::<u64>(),
+        )
+    };
+    let mut segmented = inline(&store_path, cache(10, 6, CachePolicy::Segmented, 2));
+    run(&mut segmented).unwrap();
+    // 6 hot clusters hit on every step after the first; the 18 cold ones cycle through 4 slots
+    // and never survive until their next use.
+    let (hits, misses, evictions) = total(&segmented);
+    assert_eq!(hits, 6 * (steps - 1));
+    assert_eq!(hits + misses, 24 * steps);
+    assert_eq!(evictions, misses - 6 - 4, "every miss but the hot ones' and the first 4 cold ones evicts");
+    // One LRU over the same 10 slots: a cyclic scan larger than the cache never hits.
+    let mut lru = inline(&store_path, cache(10, 0, CachePolicy::Lru, 2));
+    run(&mut lru).unwrap();
+    assert_eq!(total(&lru).0, 0);
+    // Everything fits: only the first step misses.
+    let mut all = inline(&store_path, cache(24, 24, CachePolicy::Segmented, 2));
+    run(&mut all).unwrap();
+    assert_eq!(total(&all), (24 * (steps - 1), 24, 0));
+}
+
+#[test]
+fn bad_stores_are_refused_with_a_reason() {
+    let files = Files::new("bad");
+    let store_path = files.store(64);
+
+    // Converting a store again, or writing over an existing file, or over the source.
+    let again = files.dir.join("again.gguf");
+    let err = convert(&store_path, &again, 64, false, &mut |_, _| {}).unwrap_err();
+    assert!(matches!(err, StoreError::AlreadyStore { .. }), "{err}");
+    assert!(!again.exists());
+    let err = convert(&files.source(), &store_path, 64, false, &mut |_, _| {}).unwrap_err();
+    assert!(err.to_string().contains("exists"), "{err}");
+    let err = convert(&files.source(), &files.source(), 64, true, &mut |_, _| {}).unwrap_err();
+    assert!(err.to_string().contains("being converted"), "{err}");
+    let err = convert(&files.source(), &files.dir.join("x.gguf"), 48, false, &mut |_, _| {})
+        .unwrap_err();
+    assert!(matches!(err, StoreError::BundleSize { .. }), "{err}");
+
+    // A flipped byte inside a bundle: loading whole finds it; a cached run names the layer.
+    let bytes = std::fs::read(&store_path).unwrap();
+    let model = Model::load(&store_path).unwrap();
+    let range = model.layers[1].bundles.clone().unwrap();
+    let mut corrupt = bytes.clone();
+    corrupt[range.start + 100] ^= 0x55;
+    let corrupt_path = files.dir.join("corrupt.gguf");
+    std::fs::write(&corrupt_path, &corrupt).unwrap();
+    let err = Model::load(&corrupt_path).err().expect("checksum failure");
+    assert!(err.to_string().contains("layer 1"), "{err}");
+    let mut d = inline(&corrupt_path, cache(2, 0, CachePolicy::Lru, 1));
+    let err = run(&mut d).unwrap_err();
+    assert!(err.to_string().contains("layer 1 neurons 0..64"), "{err}");
+
+    // Another format version.
+    let mut w = conductor::runtime::gguf::GgufWriter::from_file(
+        &conductor::runtime::gguf::GgufFile::open(&store_path).unwrap(),
+    )
+    .unwrap();
+    w.set_alignment(4096).unwrap();
+    let mut meta: Vec<_> = w.metadata().to_vec();
+    for (k, v) in meta.iter_mut() {
+        if k == "conductor.store.version" {
+            *v = conductor::runtime::gguf::Value::U32(99);
+        }
+    }
+    let mut w2 = conductor::runtime::gguf::GgufWriter::new();
+    for (k, v) in meta {
+        w2.add_metadata(k, v).unwrap();
+    }
+    let file = conductor::runtime::gguf::GgufFile::open(&store_path).unwrap();
+    for t in file.tensors() {
+        w2.add_tensor(t.name.clone(), t.dims.clone(), t.ty, file.tensor_data(t).to_vec())
+            .unwrap();
+    }
+    let old = files.dir.join("old.gguf");
+    w2.write_file_atomic(&old).unwrap();
+    let err = Model::load(&old).err().expect("version refused");
+    assert!(err.to_string().contains("version 99"), "{err}");
+}
+
+#[test]
+fn a_store_truncated_while_running_fails_the_request_and_the_engine_recovers() {
+    let files = Files::new("trunc");
+    let store_path = files.store(64);
+    let copy = files.dir.join("victim.gguf");
+    std::fs::copy(&store_path, &copy).unwrap();
+    let mut d = inline(&copy, cache(3, 0, CachePolicy::Lru, 1));
+    let model = Arc::clone(d.model());
+    let mut session = Session::new(&model, 64);
+    d.eval_last(&mut session, &PROMPT).unwrap();
+    // Cut the file inside the last layer's bundles.
+    let last = model.layers[2].bundles.clone().unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(&copy).unwrap();
+    f.set_len(last.start as u64 + 1000).unwrap();
+    let err = d.eval_last(&mut session, &[5]).unwrap_err();
+    assert!(
+        err.to_string().contains("layer 2") && err.to_string().contains("truncated"),
+        "{err}"
+    );
+    assert_eq!(session.n_past(), PROMPT.len(), "the failed step left no token");
+    // Restore the file: the same driver serves the next request.
+    std::fs::copy(&store_path, &copy).unwrap();
+    d.eval_last(&mut session, &[5]).unwrap();
+}
