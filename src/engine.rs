@@ -3,6 +3,7 @@
 use crate::fetch;
 use conductor_actors::{ActorDriver, ActorOptions, PoolConfig, SetupError, WorkerPool};
 use conductor_runtime::exec::{Driver, InlineDriver, Session, StepError};
+use conductor_runtime::cache::{split_budget, BudgetSplit, CachePolicy, CacheReport, MemoryBudget};
 use conductor_runtime::model::{Model, ModelError};
 use conductor_runtime::plan::{ExecutionPlan, Topology};
 use conductor_runtime::quant::Kernels;
@@ -37,6 +38,8 @@ pub enum Error {
     Setup(#[from] SetupError),
     #[error("traces are recorded by the actor driver (this engine runs the inline driver)")]
     NoTrace,
+    #[error(transparent)]
+    Budget(#[from] conductor_runtime::cache::BudgetError),
     #[error("the prompt is empty")]
     EmptyPrompt,
     #[error("nothing to generate: the number of tokens to predict must be at least 1")]
@@ -56,6 +59,9 @@ pub enum DriverKind {
 /// Builds an [`Engine`].
 pub struct EngineBuilder {
     model: Option<PathBuf>,
+    memory: Option<MemoryBudget>,
+    context: Option<usize>,
+    cache_policy: CachePolicy,
     threads: Option<usize>,
     plan: Option<ExecutionPlan>,
     kernels: Kernels,
@@ -74,6 +80,26 @@ impl EngineBuilder {
 
     /// Compute threads of each processor group whose plan does not fix them (default: one
     /// per core of the group).
+    /// Bounds what the process holds (the model must be a neuron store): resident weights,
+    /// KV cache and scratch first, the neuron cache gets the rest.
+    pub fn memory(mut self, budget: MemoryBudget) -> Self {
+        self.memory = Some(budget);
+        self
+    }
+
+    /// Context the memory budget reserves KV cache for (default 1024 tokens), and the default
+    /// size of sessions under a budget.
+    pub fn context(mut self, n_ctx: usize) -> Self {
+        self.context = Some(n_ctx.max(1));
+        self
+    }
+
+    /// How the neuron cache shares its slots (default: segmented, hot and cold).
+    pub fn cache_policy(mut self, policy: CachePolicy) -> Self {
+        self.cache_policy = policy;
+        self
+    }
+
     pub fn threads(mut self, threads: usize) -> Self {
         self.threads = Some(threads.max(1));
         self
@@ -128,16 +154,39 @@ impl EngineBuilder {
             path: path.clone(),
             source,
         };
-        let model = Arc::new(Model::load(&path).map_err(load)?);
+        let model = match self.memory {
+            Some(_) => Model::load_resident(&path, true).map_err(load)?,
+            None => Model::load(&path).map_err(load)?,
+        };
+        let model = Arc::new(model);
         let tokenizer = Tokenizer::from_gguf(model.file())?;
         let topology = self
             .topology
             .take()
             .unwrap_or_else(conductor_actors::detect_topology);
-        let plan = self
+        let mut plan = self
             .plan
             .take()
             .unwrap_or_else(|| ExecutionPlan::for_topology(&topology));
+        let mut budget = None;
+        if let Some(memory) = self.memory {
+            // Prefill under a budget in steps of at most 128 tokens: its scratch is part of
+            // the fixed segment.
+            plan.prefill_max_tokens = plan.prefill_max_tokens.min(128);
+            let n_ctx = self.context.unwrap_or(1024);
+            let file_len = model.file().file_bytes().len() as u64;
+            let split = split_budget(
+                &model,
+                memory.bytes(file_len),
+                n_ctx as u32,
+                plan.prefill_max_tokens,
+                self.cache_policy,
+            )?;
+            plan.cache = Some(split.plan.clone());
+            plan.decode.output_rows = split.output_rows;
+            plan.prefill.output_rows = split.output_rows;
+            budget = Some((split, n_ctx));
+        }
         let (driver, threads) = match self.driver {
             DriverKind::Inline => {
                 let threads = self
@@ -166,6 +215,7 @@ impl EngineBuilder {
             threads,
             path,
             load_time: started.elapsed(),
+            budget,
         })
     }
 }
@@ -228,12 +278,17 @@ pub struct Engine {
     threads: usize,
     path: PathBuf,
     load_time: Duration,
+    /// How the memory budget was split, and the context it reserved.
+    budget: Option<(BudgetSplit, usize)>,
 }
 
 impl Engine {
     pub fn builder() -> EngineBuilder {
         EngineBuilder {
             model: None,
+            memory: None,
+            context: None,
+            cache_policy: CachePolicy::default(),
             threads: None,
             plan: None,
             kernels: Kernels::best(),
@@ -241,6 +296,19 @@ impl Engine {
             topology: None,
             pin_threads: true,
             say: Box::new(|line| eprintln!("{line}")),
+        }
+    }
+
+    /// How the memory budget was split (engines built with one).
+    pub fn budget(&self) -> Option<&BudgetSplit> {
+        self.budget.as_ref().map(|(b, _)| b)
+    }
+
+    /// The neuron cache's counters (engines with a memory budget).
+    pub fn cache_report(&self) -> Option<CacheReport> {
+        match &self.driver {
+            AnyDriver::Inline(d) => d.cache_report(),
+            AnyDriver::Actors(d) => d.cache_report(),
         }
     }
 
@@ -296,7 +364,11 @@ impl Engine {
 
     /// A new session with room for `n_ctx` tokens (default: the model's training context).
     pub fn session(&self, n_ctx: Option<usize>) -> Session {
-        let n_ctx = n_ctx.unwrap_or(self.model.config.n_ctx_train as usize);
+        let default = match &self.budget {
+            Some((_, n)) => *n,
+            None => self.model.config.n_ctx_train as usize,
+        };
+        let n_ctx = n_ctx.unwrap_or(default);
         Session::new(&self.model, n_ctx.max(1))
     }
 

@@ -91,12 +91,26 @@ fn plan_with(cache: Option<CachePlan>) -> ExecutionPlan {
 }
 
 fn inline(path: &Path, cache: Option<CachePlan>) -> InlineDriver<Serial> {
+    let stream = cache.as_ref().is_some_and(|c| c.stream_output);
     let model = if cache.is_some() {
-        Model::load_resident(path).unwrap()
+        Model::load_resident(path, stream).unwrap()
     } else {
         Model::load(path).unwrap()
     };
-    InlineDriver::new(Arc::new(model), &plan_with(cache), Kernels::best(), Serial).unwrap()
+    let mut plan = plan_with(cache);
+    if stream {
+        // 320 vocabulary rows of 136 bytes in clusters of 60: 6 clusters, the last short.
+        plan.decode.output_rows = 60;
+        plan.prefill.output_rows = 60;
+    }
+    InlineDriver::new(Arc::new(model), &plan, Kernels::best(), Serial).unwrap()
+}
+
+fn streaming(slots: u32, hot: u32, policy: CachePolicy, max_loads: u32) -> Option<CachePlan> {
+    cache(slots, hot, policy, max_loads).map(|c| CachePlan {
+        stream_output: true,
+        ..c
+    })
 }
 
 fn cache(slots: u32, hot: u32, policy: CachePolicy, max_loads: u32) -> Option<CachePlan> {
@@ -105,6 +119,7 @@ fn cache(slots: u32, hot: u32, policy: CachePolicy, max_loads: u32) -> Option<Ca
         hot_slots: hot,
         policy,
         max_loads,
+        stream_output: false,
     })
 }
 
@@ -148,6 +163,15 @@ fn a_store_decodes_like_its_source_and_every_cache_gives_the_same_bits() {
             "slots {slots} hot {hot} {policy:?} loads {loads}"
         );
     }
+    // The output projection and the embeddings stream too (24 FFN + 6 output units).
+    for (slots, hot, policy, loads) in [
+        (1, 0, CachePolicy::Lru, 1),
+        (4, 2, CachePolicy::Segmented, 2),
+        (30, 30, CachePolicy::Segmented, 4),
+    ] {
+        let got = run(&mut inline(&store_path, streaming(slots, hot, policy, loads))).unwrap();
+        assert_eq!(got, reference, "streaming: slots {slots} hot {hot} {policy:?}");
+    }
 }
 
 #[test]
@@ -155,11 +179,17 @@ fn the_actor_driver_pipelines_loads_with_the_same_bits() {
     let files = Files::new("actors");
     let store_path = files.store(64);
     let reference = run(&mut inline(&store_path, None)).unwrap();
-    for (slots, hot, loads) in [(2, 0, 1), (7, 4, 3), (24, 24, 4)] {
-        let model = Arc::new(Model::load_resident(&store_path).unwrap());
+    for (slots, hot, loads, stream) in [(2, 0, 1, false), (7, 4, 3, true), (30, 30, 4, true)] {
+        let model = Arc::new(Model::load_resident(&store_path, stream).unwrap());
+        let mut plan = plan_with(cache(slots, hot, CachePolicy::Segmented, loads));
+        if stream {
+            plan.cache.as_mut().unwrap().stream_output = true;
+            plan.decode.output_rows = 60;
+            plan.prefill.output_rows = 60;
+        }
         let mut d = ActorDriver::new(
             model,
-            &plan_with(cache(slots, hot, CachePolicy::Segmented, loads)),
+            &plan,
             Kernels::best(),
             ActorOptions {
                 threads: Some(2),

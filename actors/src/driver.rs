@@ -24,8 +24,10 @@ use crate::group::{Compute, CpuGroup, GroupCore, InjectPanic, Npu};
 use crate::host::{Host, HostConfig, DEFAULT_SPIN};
 use crate::pool::{PoolConfig, WorkerPool};
 use crate::scheduler::{
-    Recording, RunStep, SchedulerActor, SchedulerArgs, StartRecording, TakeRecording,
+    Recording, RunStep, SchedulerActor, SchedulerArgs, StartRecording, TakeCacheStats,
+    TakeRecording,
 };
+use conductor_runtime::cache::CacheReport;
 use crate::step::{write, Counters, StepShared};
 use crate::storage::{ReadAt, Storage, StorageArgs, StorageError, StorageFile};
 use conductor_runtime::exec::{
@@ -231,7 +233,8 @@ impl ActorDriver {
                 .collect(),
             epoch: Instant::now(),
             recording: AtomicBool::new(false),
-            cache: open_cache(&model, plan)?.map(|(arena, file)| (arena, Arc::new(file))),
+            cache: open_cache(&model, plan, scheduler.unit_map())?
+                .map(|(arena, file)| (arena, Arc::new(file))),
             counters: Counters::default(),
         });
         if let Some((arena, _)) = &shared.cache {
@@ -298,6 +301,27 @@ impl ActorDriver {
         );
         self.healthy = true;
         Ok(())
+    }
+
+    /// The neuron cache's counters, bytes read and time spent (plans with a cache).
+    pub fn cache_report(&self) -> Option<CacheReport> {
+        self.shared.cache.as_ref()?;
+        let (tx, rx) = sync_channel(1);
+        self.actors
+            .scheduler
+            .tell(TakeCacheStats(tx))
+            .try_send()
+            .ok()?;
+        let layers = rx.recv().ok()?;
+        let c = &self.shared.counters;
+        let get = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        Some(CacheReport {
+            layers,
+            loads: get(&c.loads),
+            bytes_read: get(&c.io_bytes),
+            io_ns: get(&c.io_ns),
+            decode_compute_ns: get(&c.decode_compute_ns),
+        })
     }
 
     /// Starts recording a trace of every event, command, activation set and timed span.

@@ -216,9 +216,10 @@ impl Message<LoadCluster> for Storage {
         c.io_ns
             .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
         if result.is_ok() {
-            c.io_bytes.fetch_add(file.read_bytes(), Ordering::Relaxed);
+            c.io_bytes
+                .fetch_add(file.read_bytes(msg.layer, msg.cluster), Ordering::Relaxed);
             c.loads.fetch_add(1, Ordering::Relaxed);
-            self.bytes_read += file.read_bytes();
+            self.bytes_read += file.read_bytes(msg.layer, msg.cluster);
         }
         let finished_ns = if timed { shared.now_ns() } else { 0 };
         let _ = scheduler

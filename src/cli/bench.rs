@@ -7,6 +7,7 @@
 use super::{parse_list, EngineArgs, ModelArgs, NumList};
 use anyhow::{bail, Result};
 use clap::Args;
+use conductor::runtime::cache::CacheReport;
 use conductor::Engine;
 use serde_json::json;
 use std::time::Instant;
@@ -45,6 +46,35 @@ struct Measured {
     n_prompt: usize,
     n_gen: usize,
     samples: Vec<f64>,
+    /// What the neuron cache did during the measured runs (engines with a memory budget).
+    cache: Option<CacheDelta>,
+}
+
+/// The cache counters over the measured repetitions, per token.
+struct CacheDelta {
+    hit_rate: f64,
+    bytes_per_token: f64,
+    io_ms_per_token: f64,
+    compute_ms_per_token: f64,
+}
+
+impl CacheDelta {
+    fn between(before: &CacheReport, after: &CacheReport, tokens: f64) -> CacheDelta {
+        let hits = (after.hits() - before.hits()) as f64;
+        let misses = (after.misses() - before.misses()) as f64;
+        CacheDelta {
+            hit_rate: if hits + misses > 0.0 {
+                hits / (hits + misses)
+            } else {
+                0.0
+            },
+            bytes_per_token: (after.bytes_read - before.bytes_read) as f64 / tokens,
+            io_ms_per_token: (after.io_ns - before.io_ns) as f64 / 1e6 / tokens,
+            compute_ms_per_token: (after.decode_compute_ns - before.decode_compute_ns) as f64
+                / 1e6
+                / tokens,
+        }
+    }
 }
 
 /// Deterministic pseudo-random token ids (the content does not change the work done).
@@ -122,10 +152,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     let mut printed_header = false;
     for &t in &threads {
+        let mut engine_args = args.engine.clone();
+        let longest = tests.iter().map(|&(p, g)| p.max(g)).max().unwrap_or(1);
+        engine_args.context.get_or_insert(longest);
         let model = ModelArgs {
             model: args.model.clone(),
             threads: Some(t),
-            engine: args.engine.clone(),
+            engine: engine_args,
         };
         let mut engine = model.load(t)?;
         if args.trace_out.is_some() {
@@ -147,10 +180,16 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 }
             };
             measure(&mut engine, 0)?; // warm-up
+            let before = engine.cache_report();
             let mut samples = Vec::with_capacity(args.repetitions);
             for rep in 0..args.repetitions {
                 samples.push(measure(&mut engine, rep as u64 + 1)?);
             }
+            let tokens = ((p + g) * args.repetitions) as f64;
+            let cache = match (before, engine.cache_report()) {
+                (Some(b), Some(a)) => Some(CacheDelta::between(&b, &a, tokens)),
+                _ => None,
+            };
             let m = Measured {
                 test: if p > 0 {
                     format!("pp{p}")
@@ -161,6 +200,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 n_prompt: p,
                 n_gen: g,
                 samples,
+                cache,
             };
             report(&args, &engine, &m, &mut printed_header);
         }
@@ -201,6 +241,14 @@ fn report(args: &BenchArgs, engine: &Engine, m: &Measured, printed_header: &mut 
             "params": params,
             "isa": isa,
             "driver": format!("{:?}", engine.driver_kind()).to_lowercase(),
+            "memory_budget_bytes": engine.budget().map(|b| b.budget),
+            "cache": m.cache.as_ref().map(|c| json!({
+                "hit_rate": c.hit_rate,
+                "bytes_read_per_token": c.bytes_per_token,
+                "io_ms_per_token": c.io_ms_per_token,
+                "decode_compute_ms_per_token": c.compute_ms_per_token,
+                "ms_per_token": 1000.0 / med,
+            })),
         });
         println!("{line}");
         return;
@@ -222,6 +270,18 @@ fn report(args: &BenchArgs, engine: &Engine, m: &Measured, printed_header: &mut 
         min,
         max
     );
+    if let Some(c) = &m.cache {
+        let wall = 1000.0 / med;
+        println!(
+            "|   cache | hit rate {:.1}% | {:.2} MiB read/token | I/O {:.2} ms/token | compute {:.2} ms/token | wall {:.2} ms/token | I/O wait {:.0}% |",
+            c.hit_rate * 100.0,
+            c.bytes_per_token / (1024.0 * 1024.0),
+            c.io_ms_per_token,
+            c.compute_ms_per_token,
+            wall,
+            (1.0 - c.compute_ms_per_token / wall).max(0.0) * 100.0
+        );
+    }
 }
 
 fn engine_isa() -> &'static str {

@@ -1,5 +1,6 @@
 //! Command-line interface, modelled on llama.cpp's tools so their users feel at home.
 
+mod convert;
 mod bench;
 mod check_refs;
 mod perplexity;
@@ -9,6 +10,7 @@ mod simulate;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use conductor::runtime::cache::{CachePolicy, MemoryBudget};
 use conductor::fetch;
 use conductor::runtime::plan::ExecutionPlan;
 use conductor::{DriverKind, Engine};
@@ -41,6 +43,8 @@ enum Command {
     Simulate(simulate::SimulateArgs),
     /// Measure this machine into a hardware profile (TOML).
     ProfileHw(profile_hw::ProfileHwArgs),
+    /// Convert a model into a neuron store (bundled FFN neurons, for --memory budgets).
+    Convert(convert::ConvertArgs),
 }
 
 #[derive(Args)]
@@ -92,6 +96,26 @@ pub struct EngineArgs {
     /// machine's core classes.
     #[arg(long = "plan")]
     pub plan: Option<PathBuf>,
+    /// Memory budget for everything the process holds: bytes (48MiB, 100MB, 52428800) or a
+    /// share of the model file (50%). Needs a neuron store (`conductor convert`).
+    #[arg(long = "memory")]
+    pub memory: Option<MemoryBudget>,
+    /// How the neuron cache shares its slots under --memory.
+    #[arg(long = "cache-policy", value_enum, default_value_t = CachePolicyArg::Segmented)]
+    pub cache_policy: CachePolicyArg,
+    /// Context the budget reserves KV cache for (set by each command from its own sizes).
+    #[arg(skip)]
+    pub context: Option<usize>,
+}
+
+/// How the neuron cache shares its slots.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum CachePolicyArg {
+    /// Hot clusters keep reserved slots; the rest stream through a small LRU segment.
+    #[default]
+    Segmented,
+    /// One LRU over every slot (the baseline).
+    Lru,
 }
 
 impl EngineArgs {
@@ -132,10 +156,37 @@ pub fn load_engine(model: Option<&Path>, threads: usize, engine: &EngineArgs) ->
     if let Some(plan) = engine.plan()? {
         builder = builder.plan(plan);
     }
+    if let Some(memory) = engine.memory {
+        builder = builder
+            .memory(memory)
+            .cache_policy(match engine.cache_policy {
+                CachePolicyArg::Segmented => CachePolicy::Segmented,
+                CachePolicyArg::Lru => CachePolicy::Lru,
+            });
+    }
+    if let Some(n_ctx) = engine.context {
+        builder = builder.context(n_ctx);
+    }
     if let Some(path) = model {
         builder = builder.model(path);
     }
-    Ok(builder.build()?)
+    let engine = builder.build()?;
+    if let Some(b) = engine.budget() {
+        let mib = |x: u64| x as f64 / (1 << 20) as f64;
+        eprintln!(
+            "memory: budget {:.1} MiB = resident weights {:.1} + KV {:.1} + scratch {:.1} + runtime {:.1} + neuron cache {:.1} ({} slots, {} hot; the FFN is {:.1} MiB)",
+            mib(b.budget),
+            mib(b.resident_weights),
+            mib(b.kv_cache),
+            mib(b.scratch),
+            mib(b.runtime_overhead),
+            mib(b.cache),
+            b.plan.slots,
+            b.plan.hot_slots,
+            mib(b.ffn_bytes)
+        );
+    }
+    Ok(engine)
 }
 
 /// Writes a trace for `--trace-out`: the replayable binary trace, and beside it (`.json`) the
@@ -163,6 +214,7 @@ pub fn save_trace(trace: &conductor::runtime::trace::Trace, path: &Path) -> Resu
 pub fn dispatch(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Run(args) => run::run(args),
+        Command::Convert(args) => convert::run(args),
         Command::Fetch(args) => {
             let path = fetch::ensure_default_model(&mut |line| {
                 if !args.print_path {

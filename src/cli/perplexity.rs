@@ -43,7 +43,11 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     }
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("cannot read {}", args.file.display()))?;
-    let mut engine = args.model.load(args.model.threads())?;
+    let mut model_args = args.model.clone();
+    if model_args.engine.context.is_none() {
+        model_args.engine.context = Some(args.ctx_size);
+    }
+    let mut engine = model_args.load(model_args.threads())?;
     let tokenizer = engine.tokenizer();
     let add_bos = tokenizer.add_bos();
     let bos = tokenizer.bos();

@@ -84,7 +84,11 @@ pub fn run(args: RunArgs) -> Result<()> {
     sampling.validate()?;
 
     let started = Instant::now();
-    let mut engine = args.model.load(args.model.threads())?;
+    let mut model_args = args.model.clone();
+    if model_args.engine.context.is_none() {
+        model_args.engine.context = args.ctx_size;
+    }
+    let mut engine = model_args.load(model_args.threads())?;
     let load_time = started.elapsed();
     let text = if args.chat {
         let template = engine.tokenizer().chat_template()?;

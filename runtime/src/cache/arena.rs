@@ -6,6 +6,8 @@
 //! only after the scheduler has seen it loaded. Each slot sits behind its own `RwLock`, so a
 //! bug in that protocol can never turn into a torn read: at worst a wait.
 
+use super::{Extent, UnitMap};
+use std::ops::Range;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -42,30 +44,41 @@ impl SlotBuf {
     }
 }
 
-/// The slots and the cluster → slot table.
+/// The slots and the unit → slot table.
 pub struct SlotArena {
     slot_bytes: usize,
     slots: Vec<RwLock<SlotBuf>>,
-    n_clusters: u32,
-    /// `[layer][cluster]` → slot, or `NONE`.
+    map: UnitMap,
+    /// Unit → slot, or `NONE`.
     table: Vec<AtomicU32>,
+    /// Where each unit's bytes lie inside its slot (reads start on aligned offsets).
+    data: Vec<Range<usize>>,
 }
 
 impl SlotArena {
-    /// `n_slots` slots of `slot_bytes` (rounded up to [`SLOT_ALIGN`]) for a model of `n_layer`
-    /// layers of `n_clusters` FFN clusters.
-    pub fn new(n_slots: u32, slot_bytes: usize, n_layer: u32, n_clusters: u32) -> SlotArena {
-        let slot_bytes = slot_bytes.div_ceil(SLOT_ALIGN) * SLOT_ALIGN;
+    /// `n_slots` slots for the units of `map`, whose reads `extents` describe.
+    pub fn new(n_slots: u32, map: &UnitMap, extents: &[Extent]) -> SlotArena {
+        let longest = extents.iter().map(|e| e.len).max().unwrap_or(0);
+        let slot_bytes = longest.div_ceil(SLOT_ALIGN) * SLOT_ALIGN;
         SlotArena {
             slot_bytes,
             slots: (0..n_slots)
                 .map(|_| RwLock::new(SlotBuf::new(slot_bytes)))
                 .collect(),
-            n_clusters,
-            table: (0..n_layer * n_clusters)
-                .map(|_| AtomicU32::new(NONE))
-                .collect(),
+            map: map.clone(),
+            table: (0..map.n_units()).map(|_| AtomicU32::new(NONE)).collect(),
+            data: extents.iter().map(|e| e.data.clone()).collect(),
         }
+    }
+
+    /// Whether clusters of `phase` are read from slots.
+    pub fn streams(&self, phase: crate::neuron::Phase) -> bool {
+        self.map.streams(phase)
+    }
+
+    /// Where the bytes of `(layer, cluster)` lie in its slot.
+    pub fn data_range(&self, layer: u32, cluster: u32) -> Range<usize> {
+        self.data[self.unit(layer, cluster)].clone()
     }
 
     pub fn n_slots(&self) -> u32 {
@@ -82,7 +95,7 @@ impl SlotArena {
     }
 
     fn unit(&self, layer: u32, cluster: u32) -> usize {
-        (layer * self.n_clusters + cluster) as usize
+        self.map.unit(layer, cluster) as usize
     }
 
     /// Records that `slot` now holds `(layer, cluster)`, and that `evicted` (its previous

@@ -3,6 +3,9 @@
 //!
 //! Segments (PowerInfer-2's segmented neuron cache):
 //! - *hot*: slots reserved for clusters the plan marks hot. Loaded on first use, never evicted.
+//! A unit is one FFN cluster (a store's bundle) or, when the output projection streams too, one
+//! cluster of its rows; [`UnitMap`] numbers them.
+//!
 //! - *cold*: every other cluster competes for the remaining slots; the victim is the slot
 //!   released longest ago (LRU) among slots no step is using.
 //!
@@ -11,6 +14,7 @@
 //! cold, the baseline the segmented policy is measured against.
 
 use serde::{Deserialize, Serialize};
+use super::UnitMap;
 use std::collections::BTreeSet;
 
 /// How slots are shared between clusters.
@@ -35,6 +39,10 @@ pub struct CachePlan {
     pub policy: CachePolicy,
     /// Loads the scheduler keeps in flight ahead of compute (the pipeline's depth).
     pub max_loads: u32,
+    /// The output projection streams through the cache too (its clusters are then sized to a
+    /// slot); otherwise it stays resident.
+    #[serde(default)]
+    pub stream_output: bool,
 }
 
 /// Counters of one layer.
@@ -72,9 +80,9 @@ struct Slot {
     stamp: u64,
 }
 
-/// Which cluster (unit = `layer * n_clusters + cluster`) is where.
+/// Which unit (see [`UnitMap`]) is where.
 pub struct CacheDirectory {
-    n_clusters: u32,
+    map: UnitMap,
     units: Vec<Residency>,
     /// The reserved slot of each hot unit.
     hot_slot: Vec<Option<u32>>,
@@ -86,11 +94,11 @@ pub struct CacheDirectory {
 }
 
 impl CacheDirectory {
-    /// A directory for `n_layer` layers of `n_clusters` clusters. Hot slots go to the first
-    /// clusters of every layer, spread evenly over layers (until an activation profile ranks
+    /// A directory for the units of `map`. Hot slots go to units in `map`'s hot order (every
+    /// layer's first clusters, round-robin over layers: until an activation profile ranks
     /// neurons, every neuron is as hot as any other).
-    pub fn new(plan: &CachePlan, n_layer: u32, n_clusters: u32) -> CacheDirectory {
-        let n_units = n_layer * n_clusters;
+    pub fn new(plan: &CachePlan, map: &UnitMap) -> CacheDirectory {
+        let n_units = map.n_units();
         let mut hot = match plan.policy {
             CachePolicy::Segmented => plan.hot_slots.min(plan.slots).min(n_units),
             CachePolicy::Lru => 0,
@@ -100,16 +108,8 @@ impl CacheDirectory {
             hot = hot.saturating_sub(1);
         }
         let mut hot_slot = vec![None; n_units as usize];
-        let mut next = 0;
-        // Round-robin over layers, cluster by cluster.
-        'outer: for c in 0..n_clusters {
-            for l in 0..n_layer {
-                if next == hot {
-                    break 'outer;
-                }
-                hot_slot[(l * n_clusters + c) as usize] = Some(next);
-                next += 1;
-            }
+        for (slot, unit) in map.hot_order().into_iter().take(hot as usize).enumerate() {
+            hot_slot[unit as usize] = Some(slot as u32);
         }
         let slots: Vec<Slot> = (0..plan.slots)
             .map(|s| Slot {
@@ -121,23 +121,23 @@ impl CacheDirectory {
             .collect();
         let evictable = (hot..plan.slots).map(|s| (0, s)).collect();
         CacheDirectory {
-            n_clusters,
+            map: map.clone(),
             units: vec![Residency::Absent; n_units as usize],
             hot_slot,
             slots,
             evictable,
             clock: 0,
-            stats: vec![LayerCacheStats::default(); n_layer as usize],
+            stats: vec![LayerCacheStats::default(); map.n_layer as usize + 1],
         }
     }
 
     fn unit(&self, layer: u32, cluster: u32) -> usize {
-        (layer * self.n_clusters + cluster) as usize
+        self.map.unit(layer, cluster) as usize
     }
 
-    /// (layer, cluster) of a unit index.
+    /// (layer, cluster) of a unit index (`n_layer` is the output projection).
     pub fn split_unit(&self, unit: u32) -> (u32, u32) {
-        (unit / self.n_clusters, unit % self.n_clusters)
+        self.map.layer_cluster(unit)
     }
 
     /// Pins `(layer, cluster)` for use by the current step: a hit, a load to issue, or `Full`
@@ -233,7 +233,7 @@ impl CacheDirectory {
         }
     }
 
-    /// Counters per layer.
+    /// Counters per layer (the last entry is the output projection).
     pub fn stats(&self) -> &[LayerCacheStats] {
         &self.stats
     }

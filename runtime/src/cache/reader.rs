@@ -1,46 +1,104 @@
-//! Reading bundles from a neuron store into cache slots: one positional read per cluster,
-//! `O_DIRECT` when the file system allows, retried once, checked against its CRC-32.
+//! Reading units from a neuron store into cache slots: one positional read per unit, on
+//! `O_DIRECT` when the file system allows, retried once, bundles checked against their CRC-32.
 
+use super::UnitMap;
 use crate::model::Model;
-use crate::store::{BundleLayout, StoreInfo};
+use crate::store::StoreInfo;
 use std::fs::File;
+use std::ops::Range;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-/// A cluster that could not be loaded. Names the layer and neurons, and why.
+/// Alignment of reads (what `O_DIRECT` asks of offsets and lengths).
+const READ_ALIGN: u64 = 4096;
+
+/// A unit that could not be loaded: which layer and neurons (or output rows), and why.
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
-#[error("loading layer {layer} neurons {first}..{end} from {path}: {why}")]
+#[error("loading {what} from {path}: {why}")]
 pub struct LoadError {
-    pub layer: u32,
-    pub first: u32,
-    pub end: u32,
+    /// `layer 3 neurons 0..128` or `output rows 0..224`.
+    pub what: String,
     pub path: String,
     pub why: String,
 }
 
-/// A neuron store opened for bundle reads.
+/// How one unit is read: `len` bytes at `offset` (both aligned), its data at `data` within
+/// the slot, and the bundle whose checksum covers it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Extent {
+    pub offset: u64,
+    pub len: usize,
+    pub data: Range<usize>,
+    pub what: String,
+    /// (layer, bundle) of a store bundle, checked on every read.
+    pub bundle: Option<(u32, u32)>,
+}
+
+/// The reads of every unit of `map` in `model` (a neuron store); output clusters hold
+/// `output_rows` rows of the output projection.
+pub fn unit_extents(model: &Model, map: &UnitMap, output_rows: u32) -> Vec<Extent> {
+    let mut out = Vec::with_capacity(map.n_units() as usize);
+    let Some(store) = &model.store else {
+        return out;
+    };
+    let layout = &store.layout;
+    for (l, layer) in model.layers.iter().enumerate() {
+        let base = layer.bundles.as_ref().map_or(0, |r| r.start as u64);
+        for b in 0..map.ffn_clusters {
+            let neurons = layout.neurons_of(b);
+            out.push(Extent {
+                offset: base + u64::from(b) * layout.stride,
+                len: layout.stride as usize,
+                data: 0..layout.payload_bytes(neurons.len() as u32),
+                what: format!("layer {l} neurons {}..{}", neurons.start, neurons.end),
+                bundle: Some((l as u32, b)),
+            });
+        }
+    }
+    let t = &model.output;
+    let rb = t.row_bytes() as u64;
+    for c in 0..map.output_clusters {
+        let first = u64::from(c * output_rows);
+        let end_row = (first + u64::from(output_rows)).min(t.rows as u64);
+        let start = t.bytes.start as u64 + first * rb;
+        let end = t.bytes.start as u64 + end_row * rb;
+        let offset = start / READ_ALIGN * READ_ALIGN;
+        let stop = end.div_ceil(READ_ALIGN) * READ_ALIGN;
+        out.push(Extent {
+            offset,
+            len: (stop - offset) as usize,
+            data: (start - offset) as usize..(end - offset) as usize,
+            what: format!("output rows {first}..{end_row}"),
+            bundle: None,
+        });
+    }
+    out
+}
+
+/// A neuron store opened for unit reads.
 pub struct BundleFile {
     path: PathBuf,
     file: File,
     direct: bool,
-    layout: BundleLayout,
     store: StoreInfo,
-    /// File offset of each layer's first bundle.
-    layer_offsets: Vec<u64>,
+    map: UnitMap,
+    extents: Vec<Extent>,
 }
 
 impl BundleFile {
-    /// Opens the store `model` was loaded from, with `O_DIRECT` if `direct` and the file
-    /// system accepts it. `None` when the model is not a store.
-    pub fn open(path: &Path, model: &Model, direct: bool) -> std::io::Result<Option<BundleFile>> {
+    /// Opens the store `model` was loaded from for the units `extents` describe, with
+    /// `O_DIRECT` if `direct` and the file system accepts it. `None` when the model is not a
+    /// store.
+    pub fn open(
+        path: &Path,
+        model: &Model,
+        map: &UnitMap,
+        extents: Vec<Extent>,
+        direct: bool,
+    ) -> std::io::Result<Option<BundleFile>> {
         let Some(store) = model.store.clone() else {
             return Ok(None);
         };
-        let layer_offsets = model
-            .layers
-            .iter()
-            .map(|l| l.bundles.as_ref().map_or(0, |r| r.start as u64))
-            .collect();
         let mut opened = None;
         if direct {
             let flags = rustix::fs::OFlags::DIRECT.bits() as i32;
@@ -60,9 +118,9 @@ impl BundleFile {
             path: path.to_path_buf(),
             file,
             direct,
-            layout: store.layout.clone(),
             store,
-            layer_offsets,
+            map: map.clone(),
+            extents,
         }))
     }
 
@@ -71,49 +129,50 @@ impl BundleFile {
         self.direct
     }
 
-    /// Bytes one cluster's read transfers.
-    pub fn read_bytes(&self) -> u64 {
-        self.layout.stride
+    /// Bytes the read of `(layer, cluster)` transfers.
+    pub fn read_bytes(&self, layer: u32, cluster: u32) -> u64 {
+        let u = self.map.unit(layer, cluster) as usize;
+        self.extents.get(u).map_or(0, |e| e.len as u64)
     }
 
-    /// Reads cluster (bundle) `cluster` of `layer` into `dst` (at least the bundle stride long,
-    /// aligned for `O_DIRECT`), retrying once; checks its checksum.
+    /// Reads unit `(layer, cluster)` (`layer == n_layer`: the output projection) into `dst`,
+    /// a slot (aligned for `O_DIRECT`), retrying once; checks a bundle's checksum.
     pub fn load(&self, layer: u32, cluster: u32, dst: &mut [u8]) -> Result<(), LoadError> {
-        let neurons = self.layout.neurons_of(cluster);
+        let u = self.map.unit(layer, cluster) as usize;
+        let Some(e) = self.extents.get(u).filter(|_| layer <= self.map.n_layer) else {
+            return Err(LoadError {
+                what: format!("layer {layer} cluster {cluster}"),
+                path: self.path.display().to_string(),
+                why: "no such unit in this store".into(),
+            });
+        };
         let fail = |why: String| LoadError {
-            layer,
-            first: neurons.start,
-            end: neurons.end,
+            what: e.what.clone(),
             path: self.path.display().to_string(),
             why,
         };
-        let Some(&base) = self.layer_offsets.get(layer as usize) else {
-            return Err(fail(format!("the store has {} layers", self.layer_offsets.len())));
-        };
-        if cluster >= self.layout.n_bundles {
-            return Err(fail(format!("a layer has {} bundles", self.layout.n_bundles)));
+        if dst.len() < e.len {
+            return Err(fail(format!("slot of {} bytes < read of {}", dst.len(), e.len)));
         }
-        let stride = self.layout.stride as usize;
-        if dst.len() < stride {
-            return Err(fail(format!("slot of {} bytes < bundle stride {stride}", dst.len())));
-        }
-        let offset = base + u64::from(cluster) * self.layout.stride;
-        let payload = self.layout.payload_bytes(neurons.len() as u32);
         let mut last = String::new();
         for _attempt in 0..2 {
-            match read_full(&self.file, &mut dst[..stride], offset) {
-                Ok(got) if got >= payload => {
+            match read_full(&self.file, &mut dst[..e.len], e.offset) {
+                Ok(got) if got >= e.data.end => {
+                    let Some((l, b)) = e.bundle else {
+                        return Ok(());
+                    };
                     return self
                         .store
-                        .check_bundle(layer, cluster, &dst[..payload])
-                        .map_err(|e| fail(e.to_string()));
+                        .check_bundle(l, b, &dst[e.data.clone()])
+                        .map_err(|err| fail(err.to_string()));
                 }
                 Ok(got) => {
                     last = format!(
-                        "read of {stride} bytes at offset {offset} returned {got} (file truncated?)"
+                        "read of {} bytes at offset {} returned {got} (file truncated?)",
+                        e.len, e.offset
                     )
                 }
-                Err(e) => last = format!("read of {stride} bytes at offset {offset}: {e}"),
+                Err(err) => last = format!("read of {} bytes at offset {}: {err}", e.len, e.offset),
             }
         }
         Err(fail(format!("{last}, twice")))

@@ -446,10 +446,31 @@ impl StepState {
                 let n = self.rows_in(work.phase);
                 let mut outs = row_blocks(buf, clusters, n, w.rows);
                 let act = acts.get(w.ty);
+                // A streamed output projection: cluster `first + i` is in its cache slot.
+                let streamed = self
+                    .cache
+                    .as_deref()
+                    .filter(|a| work.phase == Phase::OutputRows && a.streams(Phase::OutputRows));
+                let first = work.clusters.start;
+                let layer_index = work.layer;
                 runner.run(&mut outs, &|_, i, out| {
                     let rows = units(&clusters[i]);
                     let m = rows.len();
-                    cx.project(model.rows(w, rows), act, n, out, m);
+                    let Some(arena) = streamed else {
+                        return cx.project(model.rows(w, rows), act, n, out, m);
+                    };
+                    let c = first + i as u32;
+                    let slot = arena.slot_of(layer_index, c).unwrap_or_else(|| {
+                        panic!("output cluster {c} computed before it was loaded")
+                    });
+                    let guard = arena.read(slot);
+                    let mat = MatRef {
+                        ty: w.ty,
+                        data: &guard.bytes()[arena.data_range(layer_index, c)],
+                        rows: m,
+                        cols: w.cols,
+                    };
+                    cx.project(mat, act, n, out, m);
                 });
             }
             Phase::FfnGateUpRows => {
@@ -505,7 +526,7 @@ impl StepState {
                                 panic!("layer {layer_index} cluster {bundle} computed before it was loaded")
                             });
                             slot_guard = arena.read(slot);
-                            slot_guard.bytes()
+                            &slot_guard.bytes()[arena.data_range(layer_index, bundle)]
                         }
                         None => model.bundle_bytes(layer_index as usize, bundle),
                     };

@@ -7,7 +7,7 @@
 //! here, on the one runner: the inline driver is the reference for numerics.
 
 use super::{ClusterRunner, Driver, GroupOutput, Session, StepError, StepState, WholeMatmul};
-use crate::cache::{BundleFile, SlotArena};
+use crate::cache::{unit_extents, BundleFile, SlotArena, UnitMap};
 use crate::model::Model;
 use crate::plan::ExecutionPlan;
 use crate::quant::Kernels;
@@ -18,6 +18,9 @@ pub struct InlineDriver<R: ClusterRunner> {
     model: Arc<Model>,
     /// A store's cache slots and the file its bundles are read from (plans with a cache).
     cache: Option<(Arc<SlotArena>, BundleFile)>,
+    /// Units read so far, and their bytes.
+    loads: u64,
+    bytes_read: u64,
     scheduler: Scheduler,
     state: StepState,
     outputs: Vec<Mutex<GroupOutput>>,
@@ -35,11 +38,13 @@ impl<R: ClusterRunner> InlineDriver<R> {
     ) -> Result<Self, ScheduleError> {
         let shape = model.shape();
         let scheduler = Scheduler::new(&shape, plan)?;
-        let cache = open_cache(&model, plan)?;
+        let cache = open_cache(&model, plan, scheduler.unit_map())?;
         let mut state = StepState::new(kernels);
         state.set_cache(cache.as_ref().map(|(arena, _)| Arc::clone(arena)));
         Ok(InlineDriver {
             cache,
+            loads: 0,
+            bytes_read: 0,
             outputs: (0..scheduler.n_groups())
                 .map(|_| Mutex::default())
                 .collect(),
@@ -60,6 +65,19 @@ impl<R: ClusterRunner> InlineDriver<R> {
     /// The neuron cache's counters per layer (plans with a cache).
     pub fn cache_stats(&self) -> Option<&[crate::cache::LayerCacheStats]> {
         self.scheduler.cache_stats()
+    }
+
+    /// The cache's counters and the bytes read (plans with a cache).
+    pub fn cache_report(&self) -> Option<crate::cache::CacheReport> {
+        self.cache.as_ref()?;
+        let layers = self.scheduler.cache_stats()?.to_vec();
+        Some(crate::cache::CacheReport {
+            layers,
+            loads: self.loads,
+            bytes_read: self.bytes_read,
+            io_ns: 0,
+            decode_compute_ns: 0,
+        })
     }
 
     pub fn runner(&self) -> &R {
@@ -145,6 +163,8 @@ impl<R: ClusterRunner> InlineDriver<R> {
                         self.scheduler.abort();
                         return Err(e.into());
                     }
+                    self.loads += 1;
+                    self.bytes_read += file.read_bytes(layer, cluster);
                     let event = Event::Loaded {
                         step,
                         layer,
@@ -161,12 +181,14 @@ impl<R: ClusterRunner> InlineDriver<R> {
     }
 }
 
-/// The slots and bundle file a plan with a cache needs (`None` without one).
+/// The slots and bundle file a plan with a cache needs (`None` without one); `map` is the
+/// scheduler's ([`Scheduler::unit_map`]).
 pub fn open_cache(
     model: &Model,
     plan: &ExecutionPlan,
+    map: Option<&UnitMap>,
 ) -> Result<Option<(Arc<SlotArena>, BundleFile)>, ScheduleError> {
-    let (Some(c), Some(store)) = (&plan.cache, &model.store) else {
+    let (Some(c), Some(map)) = (&plan.cache, map) else {
         return Ok(None);
     };
     let io = |why: String| ScheduleError::Plan(crate::plan::PlanError::Parse(why));
@@ -174,16 +196,11 @@ pub fn open_cache(
         .path
         .as_deref()
         .ok_or_else(|| io("the neuron cache needs the store's file path".into()))?;
-    let file = BundleFile::open(path, model, plan.storage.direct_io)
+    let extents = unit_extents(model, map, plan.decode.output_rows);
+    let arena = SlotArena::new(c.slots, map, &extents);
+    let file = BundleFile::open(path, model, map, extents, plan.storage.direct_io)
         .map_err(|e| io(format!("cannot open {}: {e}", path.display())))?
         .ok_or(ScheduleError::CacheWithoutStore)?;
-    let layout = &store.layout;
-    let arena = SlotArena::new(
-        c.slots,
-        layout.stride as usize,
-        model.config.n_layer,
-        layout.n_bundles,
-    );
     Ok(Some((Arc::new(arena), file)))
 }
 

@@ -7,7 +7,9 @@ use crate::store::{bundle_tensor_name, BundleRef, StoreInfo};
 use crate::plan::{ModelDescription, ModelShape, WeightTypes};
 use crate::quant::{dequantize_row, GgmlType, MatRef};
 use std::ops::Range;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::sync::Mutex;
 
 /// A 2-D weight matrix inside the model file: `rows` rows of `cols` elements.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -62,6 +64,14 @@ pub struct Model {
     pub resident_only: bool,
     /// The file it was loaded from, if any.
     pub path: Option<std::path::PathBuf>,
+    /// Token embeddings read from the file per token (they are not in memory).
+    embd_rows: Option<RowReader>,
+}
+
+/// Reads rows of a tensor from the model file (one small read each, through the page cache).
+struct RowReader {
+    file: std::fs::File,
+    scratch: Mutex<Vec<u8>>,
 }
 
 impl Model {
@@ -74,46 +84,52 @@ impl Model {
     }
 
     /// Opens a neuron store keeping only its resident tensors in owned memory: the bundles stay
-    /// on storage, for the neuron cache to read. An ordinary model loads as [`Model::load`].
-    pub fn load_resident(path: &Path) -> Result<Model, ModelError> {
-        let probe = GgufFile::open(path)?;
-        let Some(first_bundle) = probe
-            .tensors()
-            .iter()
-            .filter(|t| t.name.ends_with(".ffn_bundles"))
-            .map(|t| probe.data_offset() + t.offset)
-            .min()
-        else {
-            drop(probe);
-            return Model::load(path);
-        };
-        let len = probe.file_bytes().len();
-        // The bundles' checksums come after the bundles: read them too.
-        let crc = probe.tensor(crate::store::CRC_TENSOR).map(|t| {
-            let start = (probe.data_offset() + t.offset) as usize;
-            start..start + t.n_bytes as usize
-        });
-        drop(probe);
-        // A zeroed buffer of the file's size is committed only where written: the header and
-        // resident tensors, which the store keeps before every bundle, and the checksums.
-        let mut bytes = vec![0u8; len];
+    /// on storage, for the neuron cache to read. With `stream_output`, the token embeddings and
+    /// the output projection stay there too (embedding rows are read per token, the output
+    /// projection streams through the cache). An ordinary model loads as [`Model::load`].
+    pub fn load_resident(path: &Path, stream_output: bool) -> Result<Model, ModelError> {
         let io = |source| crate::gguf::GgufError::Io {
             op: "read",
             path: path.display().to_string(),
             source,
         };
+        let probe = GgufFile::open(path)?;
+        if !probe.tensors().iter().any(|t| t.name.ends_with(".ffn_bundles")) {
+            drop(probe);
+            return Model::load(path);
+        }
+        let len = probe.file_bytes().len();
+        let streamed = |name: &str| {
+            stream_output && (name == "token_embd.weight" || name == "output.weight")
+                || name.ends_with(".ffn_bundles")
+        };
+        let ranges: Vec<Range<usize>> = std::iter::once(0..probe.data_offset() as usize)
+            .chain(probe.tensors().iter().filter(|t| !streamed(&t.name)).map(|t| {
+                let start = (probe.data_offset() + t.offset) as usize;
+                start..start + t.n_bytes as usize
+            }))
+            .collect();
+        drop(probe);
+        // A zeroed buffer of the file's size is committed only where written: the header and
+        // the resident tensors (and the bundles' checksums).
+        let mut bytes = vec![0u8; len];
         let file = std::fs::File::open(path).map_err(io)?;
-        let head = first_bundle as usize;
-        for range in std::iter::once(0..head).chain(crc) {
+        for range in ranges {
             if range.end > len {
                 break; // a truncated file: the GGUF parser says what is missing
             }
-            std::os::unix::fs::FileExt::read_exact_at(&file, &mut bytes[range.clone()], range.start as u64)
+            file.read_exact_at(&mut bytes[range.clone()], range.start as u64)
                 .map_err(io)?;
         }
         let mut model = Model::from_gguf(GgufFile::from_bytes(bytes)?)?;
         model.resident_only = true;
         model.path = Some(path.to_path_buf());
+        if stream_output {
+            model.embd_rows = Some(RowReader {
+                file,
+                scratch: Mutex::new(Vec::new()),
+            });
+        }
         Ok(model)
     }
 
@@ -218,6 +234,7 @@ impl Model {
             store,
             resident_only: false,
             path: None,
+            embd_rows: None,
         })
     }
 
@@ -271,6 +288,22 @@ impl Model {
                 token,
                 n_vocab: self.config.n_vocab,
             });
+        }
+        if let Some(reader) = &self.embd_rows {
+            let t = &self.tok_embd;
+            let rb = t.row_bytes();
+            let mut buf = reader.scratch.lock().unwrap_or_else(|e| e.into_inner());
+            buf.resize(rb, 0);
+            let offset = (t.bytes.start + token as usize * rb) as u64;
+            reader.file.read_exact_at(&mut buf, offset).map_err(|source| {
+                crate::gguf::GgufError::Io {
+                    op: "read an embedding row of",
+                    path: self.path.as_deref().map_or(String::new(), |p| p.display().to_string()),
+                    source,
+                }
+            })?;
+            dequantize_row(t.ty, &buf, out)?;
+            return Ok(());
         }
         let row = self.rows(&self.tok_embd, token as usize..token as usize + 1);
         dequantize_row(row.ty, row.data, out)?;

@@ -12,7 +12,7 @@ mod program;
 
 pub use program::{split_by_weight, PhaseClusters, Program, StepShape};
 
-use crate::cache::{Acquired, CacheDirectory, LayerCacheStats};
+use crate::cache::{Acquired, CacheDirectory, LayerCacheStats, UnitMap};
 use crate::neuron::Phase;
 use crate::plan::{ExecutionPlan, ModelShape, PlanError, Share};
 use serde::{Deserialize, Serialize};
@@ -151,9 +151,11 @@ struct CacheFlow {
     directory: CacheDirectory,
     max_loads: u32,
     loads_in_flight: u32,
-    n_clusters: u32,
-    /// Next unit (`layer * n_clusters + cluster`) to acquire.
+    map: UnitMap,
+    /// Next unit (in [`UnitMap`] order, the order a step needs them) to acquire, and the end of
+    /// this step's units.
     cursor: u32,
+    cursor_end: u32,
     units: Vec<UnitState>,
     /// Scratch: units a pump found ready.
     newly_ready: Vec<u32>,
@@ -206,14 +208,31 @@ impl Scheduler {
             None => None,
             Some(_) if shape.ffn_bundle == 0 => return Err(ScheduleError::CacheWithoutStore),
             Some(c) => {
-                let n_clusters = shape.n_ff.div_ceil(shape.ffn_bundle);
-                let n_units = (shape.n_layer * n_clusters) as usize;
+                let output_clusters = |sizes: &crate::plan::ClusterSizes| {
+                    shape.n_vocab.div_ceil(sizes.output_rows.max(1))
+                };
+                if c.stream_output && plan.decode.output_rows != plan.prefill.output_rows {
+                    return Err(ScheduleError::Plan(PlanError::Parse(
+                        "a streamed output projection needs decode.output_rows == prefill.output_rows".into(),
+                    )));
+                }
+                let map = UnitMap {
+                    n_layer: shape.n_layer,
+                    ffn_clusters: shape.n_ff.div_ceil(shape.ffn_bundle),
+                    output_clusters: if c.stream_output {
+                        output_clusters(&plan.decode)
+                    } else {
+                        0
+                    },
+                };
+                let n_units = map.n_units() as usize;
                 Some(CacheFlow {
-                    directory: CacheDirectory::new(c, shape.n_layer, n_clusters),
+                    directory: CacheDirectory::new(c, &map),
                     max_loads: c.max_loads,
                     loads_in_flight: 0,
-                    n_clusters,
+                    map,
                     cursor: n_units as u32,
+                    cursor_end: n_units as u32,
                     units: vec![UnitState::NotAcquired; n_units],
                     newly_ready: Vec::new(),
                 })
@@ -282,6 +301,11 @@ impl Scheduler {
         }
     }
 
+    /// How the cache numbers its units, if the plan has a cache.
+    pub fn unit_map(&self) -> Option<&UnitMap> {
+        self.cache.as_ref().map(|c| &c.map)
+    }
+
     /// The neuron cache's counters per layer, if the plan has a cache.
     pub fn cache_stats(&self) -> Option<&[LayerCacheStats]> {
         self.cache.as_ref().map(|c| c.directory.stats())
@@ -341,6 +365,7 @@ impl Scheduler {
             });
         }
         let shape = self.shape_for(request.n_tokens);
+        let request_wants_logits = request.wants_logits();
         self.in_flight = Some(InFlight {
             request,
             shape,
@@ -349,9 +374,15 @@ impl Scheduler {
             outstanding: Vec::with_capacity(self.n_groups),
             waiting: 0,
         });
+        let wants_logits = request_wants_logits;
         if let Some(cache) = self.cache.as_mut() {
             cache.units.fill(UnitState::NotAcquired);
             cache.cursor = 0;
+            cache.cursor_end = if wants_logits {
+                cache.map.n_units()
+            } else {
+                cache.map.n_ffn_units()
+            };
         }
         self.issue_current_phase(out);
         Ok(())
@@ -382,7 +413,7 @@ impl Scheduler {
             return Err(ScheduleError::UnexpectedCompletion(work));
         };
         flight.outstanding.swap_remove(position);
-        if let (Some(cache), Phase::FfnNeurons) = (self.cache.as_mut(), work.phase) {
+        if let Some(cache) = self.cache.as_mut().filter(|c| c.map.streams(work.phase)) {
             for c in work.clusters.clone() {
                 cache.directory.release(work.layer, c);
             }
@@ -439,7 +470,7 @@ impl Scheduler {
         let phase = layout.phase;
         flight.outstanding.clear();
         flight.waiting = 0;
-        if let (Some(cache), Phase::FfnNeurons) = (self.cache.as_mut(), phase) {
+        if let Some(cache) = self.cache.as_mut().filter(|c| c.map.streams(phase)) {
             // Runs of clusters whose bundles are in go out at once; the rest when they land.
             for (xpu, range) in &layout.parts {
                 let mut run_start = None;
@@ -509,10 +540,12 @@ impl Scheduler {
         let (Some(flight), Some(cache)) = (self.in_flight.as_mut(), self.cache.as_mut()) else {
             return Err(unexpected);
         };
-        if flight.request.step != step
-            || layer >= cache.units.len() as u32 / cache.n_clusters
-            || cluster >= cache.n_clusters
-        {
+        let clusters = if layer == cache.map.n_layer {
+            cache.map.output_clusters
+        } else {
+            cache.map.ffn_clusters
+        };
+        if flight.request.step != step || layer > cache.map.n_layer || cluster >= clusters {
             return Err(unexpected);
         }
         let u = cache.unit(layer, cluster);
@@ -553,7 +586,7 @@ fn dispatch_if_current(
     out: &mut Vec<Command>,
 ) {
     let current = program.phase_layout_at(flight.phase_index);
-    if flight.layer != layer || current.phase != Phase::FfnNeurons {
+    if flight.layer != layer || !cache.map.streams(current.phase) {
         return;
     }
     let Some((xpu, _)) = current.parts.iter().find(|(_, r)| r.contains(&cluster)) else {
@@ -569,7 +602,7 @@ fn dispatch_if_current(
             step: flight.request.step,
             shape: flight.shape,
             layer,
-            phase: Phase::FfnNeurons,
+            phase: current.phase,
             clusters: cluster..cluster + 1,
         },
     });
@@ -577,13 +610,12 @@ fn dispatch_if_current(
 
 impl CacheFlow {
     fn unit(&self, layer: u32, cluster: u32) -> usize {
-        (layer * self.n_clusters + cluster) as usize
+        self.map.unit(layer, cluster) as usize
     }
 
     /// Acquires clusters in step order while slots and the load depth allow; issues the loads.
     fn pump(&mut self, step: StepId, ready: &mut Vec<u32>, out: &mut Vec<Command>) {
-        while (self.cursor as usize) < self.units.len() && self.loads_in_flight < self.max_loads
-        {
+        while self.cursor < self.cursor_end && self.loads_in_flight < self.max_loads {
             let (layer, cluster) = self.directory.split_unit(self.cursor);
             let u = self.cursor as usize;
             match self.directory.acquire(layer, cluster) {

@@ -1,0 +1,180 @@
+//! Splitting a memory budget: the fixed segment first, the neuron cache gets the rest.
+
+use super::{CachePlan, CachePolicy, SLOT_ALIGN};
+use crate::model::Model;
+
+/// A memory budget as the user writes it: bytes (`48MiB`, `100MB`, `52428800`) or a share of the
+/// model file (`50%`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum MemoryBudget {
+    Bytes(u64),
+    PercentOfModel(f64),
+}
+
+impl std::str::FromStr for MemoryBudget {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<MemoryBudget, String> {
+        let t = s.trim();
+        let bad = || format!("`{s}` is not a memory size (examples: 48MiB, 100MB, 52428800, 50%)");
+        if let Some(p) = t.strip_suffix('%') {
+            let v: f64 = p.trim().parse().map_err(|_| bad())?;
+            if !(v > 0.0 && v <= 1000.0) {
+                return Err(format!("`{s}`: a percentage must be above 0"));
+            }
+            return Ok(MemoryBudget::PercentOfModel(v));
+        }
+        let digits = t
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(t.len());
+        let (num, unit) = t.split_at(digits);
+        let v: f64 = num.parse().map_err(|_| bad())?;
+        let scale = match unit.trim().to_ascii_lowercase().as_str() {
+            "" | "b" => 1.0,
+            "k" | "kb" => 1e3,
+            "kib" => 1024.0,
+            "m" | "mb" => 1e6,
+            "mib" => 1024.0 * 1024.0,
+            "g" | "gb" => 1e9,
+            "gib" => 1024.0 * 1024.0 * 1024.0,
+            _ => return Err(bad()),
+        };
+        let bytes = v * scale;
+        if !(bytes >= 1.0 && bytes < 1e18) {
+            return Err(bad());
+        }
+        Ok(MemoryBudget::Bytes(bytes as u64))
+    }
+}
+
+impl MemoryBudget {
+    /// The budget in bytes for a model file of `file_bytes`.
+    pub fn bytes(self, file_bytes: u64) -> u64 {
+        match self {
+            MemoryBudget::Bytes(b) => b,
+            MemoryBudget::PercentOfModel(p) => (file_bytes as f64 * p / 100.0) as u64,
+        }
+    }
+}
+
+/// Memory the process needs besides weights, KV cache and scratch: code, the tokenizer's
+/// tables, thread stacks, allocator slack (measured on SmolLM2: peak RSS of runs against what
+/// the engine itself accounts for).
+pub const RUNTIME_OVERHEAD: u64 = 20 << 20;
+
+/// Loads the scheduler keeps in flight by default: enough to keep one issuer busy.
+pub const DEFAULT_MAX_LOADS: u32 = 4;
+
+/// How a budget was spent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BudgetSplit {
+    pub budget: u64,
+    /// Header, embeddings, attention, norms: read into memory at load.
+    pub resident_weights: u64,
+    pub kv_cache: u64,
+    /// Activations, logits and per-worker buffers of a step.
+    pub scratch: u64,
+    pub runtime_overhead: u64,
+    /// What is left for the neuron cache's slots.
+    pub cache: u64,
+    pub plan: CachePlan,
+    /// Bytes of all FFN bundles: what would fit to hold the whole FFN.
+    pub ffn_bytes: u64,
+    /// Rows per cluster of the streamed output projection (the plan's `output_rows`).
+    pub output_rows: u32,
+}
+
+/// Why a budget cannot work.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum BudgetError {
+    #[error("--memory needs a neuron store (make one with `conductor convert -m MODEL -o STORE.gguf`)")]
+    NotAStore,
+    #[error("a memory budget of {budget} MiB is below what this model needs besides what streams from storage: {fixed} MiB (resident weights {weights} MiB, KV cache {kv} MiB for {n_ctx} tokens, scratch {scratch} MiB, runtime {runtime} MiB) plus two cache slots ({slots} MiB); give at least {need} MiB", budget = mib(*budget), fixed = mib(*fixed), weights = mib(*weights), kv = mib(*kv), scratch = mib(*scratch), runtime = mib(*runtime), slots = mib(*slots), need = mib(*fixed + *slots).ceil())]
+    TooSmall {
+        budget: u64,
+        fixed: u64,
+        weights: u64,
+        kv: u64,
+        scratch: u64,
+        runtime: u64,
+        slots: u64,
+        n_ctx: u32,
+    },
+}
+
+fn mib(b: u64) -> f64 {
+    (b as f64 / (1 << 20) as f64 * 10.0).round() / 10.0
+}
+
+/// Splits `budget` bytes for a store `model` run with `n_ctx` tokens of context and prefill
+/// steps of `prefill_tokens`: the fixed segment, then slots for the cache (hot segment as large
+/// as possible, a cold segment of a few slots for the clusters that stream).
+pub fn split_budget(
+    model: &Model,
+    budget: u64,
+    n_ctx: u32,
+    prefill_tokens: u32,
+    policy: CachePolicy,
+) -> Result<BudgetSplit, BudgetError> {
+    let store = model.store.as_ref().ok_or(BudgetError::NotAStore)?;
+    let c = &model.config;
+    let layout = &store.layout;
+    let file = model.file();
+    // Bundles, token embeddings and the output projection stream; the rest is read at load.
+    let streamed = |name: &str| {
+        name.ends_with(".ffn_bundles") || name == "token_embd.weight" || name == "output.weight"
+    };
+    let resident_weights = file.data_offset()
+        + file
+            .tensors()
+            .iter()
+            .filter(|t| !streamed(&t.name))
+            .map(|t| t.n_bytes)
+            .sum::<u64>();
+    let ffn_bytes = layout.layer_bytes() * u64::from(c.n_layer);
+    let kv_cache = u64::from(c.n_layer) * 2 * u64::from(c.kv_dim()) * u64::from(n_ctx) * 2;
+    let (embd, ff) = (u64::from(c.n_embd), u64::from(c.n_ff));
+    let per_token = 8 * embd + 2 * u64::from(c.q_dim()) + 2 * u64::from(c.kv_dim()) + 2 * ff;
+    let scratch = u64::from(prefill_tokens) * per_token * 4 + u64::from(c.n_vocab) * 4 * 2;
+    let fixed = resident_weights + kv_cache + scratch + RUNTIME_OVERHEAD;
+    // Output clusters as large as a bundle's slot allows, alignment slack included.
+    let row = model.output.row_bytes() as u64;
+    let output_rows = ((layout.stride.saturating_sub(2 * SLOT_ALIGN as u64)) / row.max(1))
+        .clamp(1, u64::from(c.n_vocab)) as u32;
+    let slot = layout.stride + SLOT_ALIGN as u64;
+    let n_units = c.n_layer * layout.n_bundles + c.n_vocab.div_ceil(output_rows);
+    if budget < fixed + 2 * slot {
+        return Err(BudgetError::TooSmall {
+            budget,
+            fixed,
+            weights: resident_weights,
+            kv: kv_cache,
+            scratch,
+            runtime: RUNTIME_OVERHEAD,
+            slots: 2 * slot,
+            n_ctx,
+        });
+    }
+    let cache = budget - fixed;
+    let slots = ((cache / slot) as u32).min(n_units);
+    // Enough cold slots for the loads in flight and the clusters being computed.
+    let cold = (2 * DEFAULT_MAX_LOADS).min(slots.saturating_sub(1)).max(1);
+    let hot_slots = if slots >= n_units { n_units } else { slots - cold };
+    Ok(BudgetSplit {
+        budget,
+        resident_weights,
+        kv_cache,
+        scratch,
+        runtime_overhead: RUNTIME_OVERHEAD,
+        cache,
+        plan: CachePlan {
+            slots,
+            hot_slots,
+            policy,
+            max_loads: DEFAULT_MAX_LOADS,
+            stream_output: true,
+        },
+        ffn_bytes,
+        output_rows,
+    })
+}

@@ -1,0 +1,122 @@
+use super::*;
+
+fn plan(slots: u32, hot: u32, policy: CachePolicy) -> CachePlan {
+    CachePlan {
+        slots,
+        hot_slots: hot,
+        policy,
+        max_loads: 2,
+        stream_output: false,
+    }
+}
+
+fn map(n_layer: u32, ffn_clusters: u32) -> UnitMap {
+    UnitMap {
+        n_layer,
+        ffn_clusters,
+        output_clusters: 0,
+    }
+}
+
+#[test]
+fn hot_clusters_are_never_evicted_and_cold_ones_go_least_recently_used_first() {
+    // 2 layers x 4 clusters; 3 hot slots (L0C0, L1C0, L0C1), 2 cold.
+    let mut d = CacheDirectory::new(&plan(5, 3, CachePolicy::Segmented), &map(2, 4));
+    for (l, c) in [(0, 0), (1, 0), (0, 1)] {
+        assert!(matches!(d.acquire(l, c), Acquired::Load { evicted: None, .. }));
+        assert!(d.loaded(l, c));
+        d.release(l, c);
+    }
+    // Cold: L0C2 then L0C3 fill the two cold slots; L1C1 evicts the older, L0C2.
+    for (l, c) in [(0, 2), (0, 3)] {
+        assert!(matches!(d.acquire(l, c), Acquired::Load { evicted: None, .. }));
+        d.loaded(l, c);
+        d.release(l, c);
+    }
+    let unit = |l: u32, c: u32| l * 4 + c;
+    assert_eq!(
+        d.acquire(1, 1),
+        Acquired::Load {
+            slot: 3,
+            evicted: Some(unit(0, 2))
+        }
+    );
+    // Both cold slots are now pinned or... L1C1 pinned, L0C3 free: L1C2 evicts L0C3.
+    assert!(matches!(d.acquire(1, 2), Acquired::Load { evicted: Some(u), .. } if u == unit(0, 3)));
+    // Nothing left to evict while both are pinned.
+    assert_eq!(d.acquire(1, 3), Acquired::Full);
+    // Hot ones still hit.
+    for (l, c) in [(0, 0), (1, 0), (0, 1)] {
+        assert_eq!(d.acquire(l, c), Acquired::Hit);
+    }
+    assert_eq!(d.stats()[0].evictions + d.stats()[1].evictions, 2);
+}
+
+#[test]
+fn a_hit_refreshes_recency_and_abort_frees_loading_slots() {
+    let mut d = CacheDirectory::new(&plan(2, 0, CachePolicy::Lru), &map(1, 4));
+    for c in [0, 1] {
+        d.acquire(0, c);
+        d.loaded(0, c);
+        d.release(0, c);
+    }
+    // Touch 0 again: now 1 is the least recently used.
+    assert_eq!(d.acquire(0, 0), Acquired::Hit);
+    d.release(0, 0);
+    assert_eq!(
+        d.acquire(0, 2),
+        Acquired::Load {
+            slot: 1,
+            evicted: Some(1)
+        }
+    );
+    d.abort();
+    assert!(!d.is_ready(0, 2), "a load in flight is forgotten");
+    assert!(d.is_ready(0, 0), "a completed load survives an abort");
+    // The slot of the forgotten load is reused first.
+    assert!(matches!(d.acquire(0, 3), Acquired::Load { slot: 1, evicted: None }));
+}
+
+#[test]
+fn a_cache_with_every_slot_hot_keeps_one_cold_slot_when_clusters_remain() {
+    let mut d = CacheDirectory::new(&plan(2, 2, CachePolicy::Segmented), &map(1, 4));
+    // L0C0 is hot (slot 0); the others share slot 1.
+    for c in 0..4 {
+        assert!(!matches!(d.acquire(0, c), Acquired::Full), "cluster {c}");
+        d.loaded(0, c);
+        d.release(0, c);
+    }
+}
+
+#[test]
+fn budgets_parse_in_the_units_people_write() {
+    let p = |s: &str| s.parse::<MemoryBudget>();
+    assert_eq!(p("48MiB"), Ok(MemoryBudget::Bytes(48 << 20)));
+    assert_eq!(p("100MB"), Ok(MemoryBudget::Bytes(100_000_000)));
+    assert_eq!(p("52428800"), Ok(MemoryBudget::Bytes(52_428_800)));
+    assert_eq!(p("1.5GiB"), Ok(MemoryBudget::Bytes(3 << 29)));
+    assert_eq!(p("50%"), Ok(MemoryBudget::PercentOfModel(50.0)));
+    assert_eq!(MemoryBudget::PercentOfModel(25.0).bytes(1000), 250);
+    for bad in ["", "lots", "-5MB", "0%", "12XB", "0"] {
+        assert!(p(bad).is_err(), "{bad}");
+    }
+}
+
+#[test]
+fn units_follow_the_order_a_step_needs_them() {
+    let m = UnitMap {
+        n_layer: 2,
+        ffn_clusters: 3,
+        output_clusters: 4,
+    };
+    assert_eq!(m.n_units(), 10);
+    for u in 0..m.n_units() {
+        let (l, c) = m.layer_cluster(u);
+        assert_eq!(m.unit(l, c), u);
+    }
+    assert_eq!(m.layer_cluster(7), (2, 1), "output clusters come last, as layer n_layer");
+    let mut hot = m.hot_order();
+    assert_eq!(&hot[..3], &[0, 3, 6], "first cluster of every layer, then of the output");
+    hot.sort_unstable();
+    assert_eq!(hot, (0..10).collect::<Vec<_>>());
+}

@@ -1,0 +1,74 @@
+//! `conductor convert`: a model in, a neuron store out (see `docs/formats.md`).
+
+use anyhow::{Context, Result};
+use clap::Args;
+use conductor::runtime::store::convert;
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(Args)]
+pub struct ConvertArgs {
+    /// The GGUF model to convert (default: SmolLM2-135M-Instruct Q4_1, fetched on first use).
+    #[arg(short = 'm', long = "model")]
+    model: Option<PathBuf>,
+    /// Where to write the neuron store (never over an existing file without --force).
+    #[arg(short = 'o', long = "output")]
+    output: PathBuf,
+    /// Neurons per bundle: one FFN cluster, one read (a multiple of the down projection's
+    /// block size).
+    #[arg(long = "bundle-neurons", default_value_t = 128)]
+    bundle_neurons: u32,
+    /// Replace the output file if it exists.
+    #[arg(long = "force")]
+    force: bool,
+}
+
+pub fn run(args: ConvertArgs) -> Result<()> {
+    let source = match args.model {
+        Some(p) => p,
+        None => conductor::fetch::ensure_default_model(&mut |s| eprintln!("{s}"))?,
+    };
+    std::fs::metadata(&source)
+        .with_context(|| format!("cannot read model file {}", source.display()))?;
+    let started = Instant::now();
+    let mut last_pct = u64::MAX;
+    let mut progress = |done: u64, total: u64| {
+        let pct = done * 100 / total.max(1);
+        if pct != last_pct {
+            last_pct = pct;
+            let filled = (pct / 4) as usize;
+            eprint!(
+                "\rconvert: [{}{}] {pct:3}% {:.1}/{:.1} MiB",
+                "#".repeat(filled),
+                " ".repeat(25 - filled),
+                done as f64 / (1 << 20) as f64,
+                total as f64 / (1 << 20) as f64
+            );
+            let _ = std::io::stderr().flush();
+        }
+    };
+    let summary = convert(
+        &source,
+        &args.output,
+        args.bundle_neurons,
+        args.force,
+        &mut progress,
+    )
+    .with_context(|| format!("converting {}", source.display()))?;
+    eprintln!();
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    let l = &summary.layout;
+    eprintln!(
+        "convert: wrote {} in {:.1} s: resident {:.1} MiB, bundles {:.1} MiB ({} per layer of {} neurons, {} bytes each with padding), source crc32 {:08x}",
+        args.output.display(),
+        started.elapsed().as_secs_f64(),
+        mib(summary.resident_bytes),
+        mib(summary.bundle_bytes),
+        l.n_bundles,
+        l.neurons,
+        l.stride,
+        summary.source_crc32
+    );
+    Ok(())
+}
