@@ -61,6 +61,7 @@ pub struct EngineBuilder {
     model: Option<PathBuf>,
     memory: Option<MemoryBudget>,
     context: Option<usize>,
+    io_threads: Option<u32>,
     cache_policy: CachePolicy,
     threads: Option<usize>,
     plan: Option<ExecutionPlan>,
@@ -91,6 +92,12 @@ impl EngineBuilder {
     /// size of sessions under a budget.
     pub fn context(mut self, n_ctx: usize) -> Self {
         self.context = Some(n_ctx.max(1));
+        self
+    }
+
+    /// Threads issuing reads of the model file (default: the plan's, 1 as on a phone).
+    pub fn io_threads(mut self, n: u32) -> Self {
+        self.io_threads = Some(n.max(1));
         self
     }
 
@@ -168,6 +175,9 @@ impl EngineBuilder {
             .plan
             .take()
             .unwrap_or_else(|| ExecutionPlan::for_topology(&topology));
+        if let Some(n) = self.io_threads {
+            plan.storage.io_threads = n;
+        }
         let mut budget = None;
         if let Some(memory) = self.memory {
             // Prefill under a budget in steps of at most 128 tokens: its scratch is part of
@@ -288,6 +298,7 @@ impl Engine {
             model: None,
             memory: None,
             context: None,
+            io_threads: None,
             cache_policy: CachePolicy::default(),
             threads: None,
             plan: None,

@@ -93,7 +93,8 @@ impl GroupRef {
 struct Actors {
     scheduler: ActorRef<SchedulerActor>,
     groups: Vec<GroupRef>,
-    storage: ActorRef<Storage>,
+    /// One per I/O thread of the plan; the first also serves [`ReadAt`].
+    storage: Vec<ActorRef<Storage>>,
 }
 
 impl Actors {
@@ -102,7 +103,9 @@ impl Actors {
         for g in &self.groups {
             g.kill();
         }
-        self.storage.kill();
+        for s in &self.storage {
+            s.kill();
+        }
     }
 }
 
@@ -121,7 +124,8 @@ pub struct ActorDriver {
     shared: Arc<StepShared>,
     actors: Actors,
     hosts: Vec<ComputeHost>,
-    storage_host: Host,
+    /// One host per I/O thread of the plan.
+    storage_hosts: Vec<Host>,
     storage_path: Option<PathBuf>,
     max_step_tokens: usize,
     next_step: StepId,
@@ -212,15 +216,19 @@ impl ActorDriver {
                 pool: Arc::new(pool?),
             });
         }
-        let (storage_host, ()) = Host::start(
-            HostConfig {
-                name: "storage".into(),
-                cores: Vec::new(),
-                spin: DEFAULT_SPIN,
-            },
-            runtime.handle().clone(),
-            || (),
-        )?;
+        let mut storage_hosts = Vec::new();
+        for i in 0..plan.storage.io_threads.max(1) {
+            let (host, ()) = Host::start(
+                HostConfig {
+                    name: format!("storage{i}"),
+                    cores: Vec::new(),
+                    spin: DEFAULT_SPIN,
+                },
+                runtime.handle().clone(),
+                || (),
+            )?;
+            storage_hosts.push(host);
+        }
 
         let shared = Arc::new(StepShared {
             model: Arc::clone(&model),
@@ -247,7 +255,7 @@ impl ActorDriver {
             &placed,
             &group_hosts,
             &hosts,
-            &storage_host,
+            &storage_hosts,
             plan,
             open_storage(&storage_path, plan)?,
         );
@@ -260,7 +268,7 @@ impl ActorDriver {
             shared,
             actors,
             hosts,
-            storage_host,
+            storage_hosts,
             storage_path,
             next_step: 0,
             logits: Vec::new(),
@@ -295,7 +303,7 @@ impl ActorDriver {
             &self.placed,
             &self.group_hosts,
             &self.hosts,
-            &self.storage_host,
+            &self.storage_hosts,
             &self.plan,
             storage,
         );
@@ -358,8 +366,7 @@ impl ActorDriver {
             actor: "storage".into(),
             why: "not running".into(),
         };
-        self.actors
-            .storage
+        self.actors.storage[0]
             .tell(ReadAt {
                 offset,
                 len,
@@ -469,7 +476,7 @@ fn start_actors(
     placed: &[PlacedGroup],
     group_hosts: &[usize],
     hosts: &[ComputeHost],
-    storage_host: &Host,
+    storage_hosts: &[Host],
     plan: &ExecutionPlan,
     storage: Option<StorageFile>,
 ) -> Actors {
@@ -511,15 +518,21 @@ fn start_actors(
         .group_index(&plan.decode_on[0].group)
         .expect("validated plan");
     let scheduler_host = &hosts[group_hosts[decode_group]].host;
-    let storage = spawn_on(
-        storage_host,
-        prepare::<Storage>(),
-        StorageArgs {
-            file: storage,
-            shared: Some(Arc::clone(shared)),
-            scheduler: Some(scheduler_ref.clone()),
-        },
-    );
+    let mut file = storage;
+    let storage: Vec<ActorRef<Storage>> = storage_hosts
+        .iter()
+        .map(|host| {
+            spawn_on(
+                host,
+                prepare::<Storage>(),
+                StorageArgs {
+                    file: file.take(),
+                    shared: Some(Arc::clone(shared)),
+                    scheduler: Some(scheduler_ref.clone()),
+                },
+            )
+        })
+        .collect();
     spawn_on(
         scheduler_host,
         prepared_scheduler,

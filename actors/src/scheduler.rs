@@ -84,7 +84,9 @@ pub struct SchedulerActor {
     shared: Arc<StepShared>,
     /// Group names and mailboxes, by `XpuId`.
     groups: Vec<(String, Recipient<Compute>)>,
-    storage: ActorRef<Storage>,
+    /// The I/O threads' storage actors; loads go round-robin.
+    storage: Vec<ActorRef<Storage>>,
+    next_io: usize,
     flight: Option<Flight>,
     commands: Vec<Command>,
     recording: Option<Recording>,
@@ -94,7 +96,7 @@ pub struct SchedulerArgs {
     pub(crate) scheduler: Scheduler,
     pub(crate) shared: Arc<StepShared>,
     pub(crate) groups: Vec<(String, Recipient<Compute>)>,
-    pub(crate) storage: ActorRef<Storage>,
+    pub(crate) storage: Vec<ActorRef<Storage>>,
 }
 
 impl SchedulerActor {
@@ -176,14 +178,20 @@ impl SchedulerActor {
                     self.fail(StepError::NoCache);
                     return false;
                 };
-                arena.assign(layer, cluster, slot, evicted);
+                let generation = arena.assign(layer, cluster, slot, evicted);
                 let load = LoadCluster {
                     step,
                     layer,
                     cluster,
                     slot,
+                    generation,
                 };
-                if self.storage.tell(load).try_send().is_err() {
+                self.next_io = (self.next_io + 1) % self.storage.len().max(1);
+                let sent = self
+                    .storage
+                    .get(self.next_io)
+                    .is_some_and(|s| s.tell(load).try_send().is_ok());
+                if !sent {
                     self.fail(StepError::Actor {
                         actor: "storage".into(),
                         why: "not running".into(),
@@ -231,6 +239,7 @@ impl Actor for SchedulerActor {
             shared: args.shared,
             groups: args.groups,
             storage: args.storage,
+            next_io: 0,
             flight: None,
             commands: Vec::new(),
             recording: None,

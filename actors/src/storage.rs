@@ -182,6 +182,9 @@ pub struct LoadCluster {
     pub layer: u32,
     pub cluster: u32,
     pub slot: u32,
+    /// The slot's generation when the load was decided: a load overtaken by a newer one for
+    /// the same slot (after a failed step, with several I/O threads) reads nothing.
+    pub generation: u64,
 }
 
 impl Actor for Storage {
@@ -211,7 +214,12 @@ impl Message<LoadCluster> for Storage {
         let timed = shared.recording.load(Ordering::Relaxed);
         let started_ns = if timed { shared.now_ns() } else { 0 };
         let started = Instant::now();
-        let result = file.load(msg.layer, msg.cluster, arena.write(msg.slot).bytes_mut());
+        let mut slot = arena.write(msg.slot);
+        if arena.generation(msg.slot) != msg.generation {
+            return; // stale: the slot was given to another unit since
+        }
+        let result = file.load(msg.layer, msg.cluster, slot.bytes_mut());
+        drop(slot);
         let c = &shared.counters;
         c.io_ns
             .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);

@@ -17,7 +17,7 @@ pub struct ConvertArgs {
     output: PathBuf,
     /// Neurons per bundle: one FFN cluster, one read (a multiple of the down projection's
     /// block size).
-    #[arg(long = "bundle-neurons", default_value_t = 128)]
+    #[arg(long = "bundle-neurons", default_value_t = 256)]
     bundle_neurons: u32,
     /// Replace the output file if it exists.
     #[arg(long = "force")]

@@ -103,6 +103,9 @@ pub struct EngineArgs {
     /// How the neuron cache shares its slots under --memory.
     #[arg(long = "cache-policy", value_enum, default_value_t = CachePolicyArg::Segmented)]
     pub cache_policy: CachePolicyArg,
+    /// Threads issuing reads of the model file under --memory (default: the plan's, 1).
+    #[arg(long = "io-threads")]
+    pub io_threads: Option<u32>,
     /// Context the budget reserves KV cache for (set by each command from its own sizes).
     #[arg(skip)]
     pub context: Option<usize>,
@@ -163,6 +166,12 @@ pub fn load_engine(model: Option<&Path>, threads: usize, engine: &EngineArgs) ->
                 CachePolicyArg::Segmented => CachePolicy::Segmented,
                 CachePolicyArg::Lru => CachePolicy::Lru,
             });
+    }
+    if let Some(n) = engine.io_threads {
+        if n == 0 {
+            bail!("--io-threads must be at least 1");
+        }
+        builder = builder.io_threads(n);
     }
     if let Some(n_ctx) = engine.context {
         builder = builder.context(n_ctx);

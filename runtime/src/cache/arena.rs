@@ -8,7 +8,7 @@
 
 use super::{Extent, UnitMap};
 use std::ops::Range;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// Alignment of slots (what `O_DIRECT` asks of buffers).
@@ -53,6 +53,8 @@ pub struct SlotArena {
     table: Vec<AtomicU32>,
     /// Where each unit's bytes lie inside its slot (reads start on aligned offsets).
     data: Vec<Range<usize>>,
+    /// Bumped each time a slot is given to a unit.
+    generations: Vec<AtomicU64>,
 }
 
 impl SlotArena {
@@ -68,6 +70,7 @@ impl SlotArena {
             map: map.clone(),
             table: (0..map.n_units()).map(|_| AtomicU32::new(NONE)).collect(),
             data: extents.iter().map(|e| e.data.clone()).collect(),
+            generations: (0..n_slots).map(|_| AtomicU64::new(0)).collect(),
         }
     }
 
@@ -99,12 +102,18 @@ impl SlotArena {
     }
 
     /// Records that `slot` now holds `(layer, cluster)`, and that `evicted` (its previous
-    /// cluster, if any) no longer has a slot.
-    pub fn assign(&self, layer: u32, cluster: u32, slot: u32, evicted: Option<(u32, u32)>) {
+    /// cluster, if any) no longer has a slot. Returns the slot's new generation.
+    pub fn assign(&self, layer: u32, cluster: u32, slot: u32, evicted: Option<(u32, u32)>) -> u64 {
         if let Some((l, c)) = evicted {
             self.table[self.unit(l, c)].store(NONE, Ordering::Release);
         }
         self.table[self.unit(layer, cluster)].store(slot, Ordering::Release);
+        self.generations[slot as usize].fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    /// How many times `slot` was given to a unit.
+    pub fn generation(&self, slot: u32) -> u64 {
+        self.generations[slot as usize].load(Ordering::Acquire)
     }
 
     /// Forgets that `(layer, cluster)` has a slot (its load failed).

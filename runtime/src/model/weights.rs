@@ -121,6 +121,9 @@ impl Model {
             file.read_exact_at(&mut bytes[range.clone()], range.start as u64)
                 .map_err(io)?;
         }
+        // What was read is in owned memory now: let the kernel drop the file's cached pages,
+        // which would otherwise count against a memory limit until reclaimed.
+        let _ = rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::DontNeed);
         let mut model = Model::from_gguf(GgufFile::from_bytes(bytes)?)?;
         model.resident_only = true;
         model.path = Some(path.to_path_buf());

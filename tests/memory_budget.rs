@@ -1,0 +1,118 @@
+//! `--memory` on the default model: a run inside a Linux memory cgroup set to the budget plus
+//! a small margin completes, its peak RSS stays under the budget, and a budget below the fixed
+//! segment is refused with how much is needed.
+
+mod common;
+
+use conductor::runtime::store::convert;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const MARGIN: u64 = 4 << 20;
+
+fn conductor() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_conductor"))
+}
+
+fn store(tag: &str) -> (PathBuf, PathBuf) {
+    let dir = std::env::temp_dir().join(format!("conductor-budget-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("smollm2-store.gguf");
+    convert(&common::default_model(), &path, 256, true, &mut |_, _| {}).unwrap();
+    (dir, path)
+}
+
+/// A fresh memory cgroup limited to `limit` bytes: (directory, file to write a pid into,
+/// file holding the peak usage). `None` where this machine gives us none (not root, no
+/// memory controller).
+fn memory_cgroup(limit: u64) -> Option<(PathBuf, PathBuf, PathBuf)> {
+    let name = format!("conductor-test-{}", std::process::id());
+    let v1 = Path::new("/sys/fs/cgroup/memory");
+    if v1.join("memory.limit_in_bytes").exists() {
+        let dir = v1.join(&name);
+        std::fs::create_dir(&dir).ok()?;
+        std::fs::write(dir.join("memory.limit_in_bytes"), limit.to_string()).ok()?;
+        let _ = std::fs::write(dir.join("memory.memsw.limit_in_bytes"), limit.to_string());
+        return Some((dir.clone(), dir.join("cgroup.procs"), dir.join("memory.max_usage_in_bytes")));
+    }
+    let v2 = Path::new("/sys/fs/cgroup");
+    let controllers = std::fs::read_to_string(v2.join("cgroup.controllers")).ok()?;
+    if !controllers.split_whitespace().any(|c| c == "memory") {
+        return None;
+    }
+    let _ = std::fs::write(v2.join("cgroup.subtree_control"), "+memory");
+    let dir = v2.join(&name);
+    std::fs::create_dir(&dir).ok()?;
+    std::fs::write(dir.join("memory.max"), limit.to_string()).ok()?;
+    let _ = std::fs::write(dir.join("memory.swap.max"), "0");
+    Some((dir.clone(), dir.join("cgroup.procs"), dir.join("memory.peak")))
+}
+
+#[test]
+fn a_budgeted_run_completes_inside_a_cgroup_of_that_size() {
+    let (dir, store) = store("cgroup");
+    let store_bytes = std::fs::metadata(&store).unwrap().len();
+    let budget = store_bytes / 2;
+    let limit = budget + MARGIN;
+    let Some((cgroup, procs, peak_file)) = memory_cgroup(limit) else {
+        eprintln!("no writable memory cgroup on this machine (needs root and cgroup v1 or v2 with the memory controller): the cgroup part of this test did not run");
+        std::fs::remove_dir_all(&dir).unwrap();
+        return;
+    };
+    let shell = format!(
+        "echo $$ > {} && exec {} bench -m {} --memory 50% -t 2 -p 16 -n 16 -r 1 --json",
+        procs.display(),
+        env!("CARGO_BIN_EXE_conductor"),
+        store.display()
+    );
+    let out = Command::new("sh").arg("-c").arg(&shell).output().unwrap();
+    let peak: Option<u64> = std::fs::read_to_string(&peak_file)
+        .ok()
+        .and_then(|s| s.trim().parse().ok());
+    let _ = std::fs::remove_dir(&cgroup);
+    std::fs::remove_dir_all(&dir).unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "killed or failed under {limit} bytes: {stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let mut lines = 0;
+    for line in stdout.lines().filter(|l| l.starts_with('{')) {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        let rss = v["peak_rss_bytes"].as_u64().unwrap();
+        assert_eq!(v["memory_budget_bytes"].as_u64(), Some(budget));
+        assert!(rss <= budget, "peak RSS {rss} over the budget {budget}");
+        assert!(v["cache"]["bytes_read_per_token"].as_f64().unwrap() > 0.0);
+        lines += 1;
+    }
+    assert_eq!(lines, 2, "{stdout}");
+    if let Some(peak) = peak {
+        assert!(peak <= limit, "cgroup peak {peak} over its limit {limit}");
+    }
+}
+
+#[test]
+fn a_budget_below_the_fixed_segment_says_how_much_is_needed() {
+    let (dir, store) = store("small");
+    let out = conductor()
+        .args(["run", "-m"])
+        .arg(&store)
+        .args(["--memory", "16MiB", "-p", "hello", "-n", "4"])
+        .output()
+        .unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("memory budget of 16 MiB") && stderr.contains("give at least"),
+        "{stderr}"
+    );
+    // An ordinary model cannot run under a budget: the error names the way out.
+    let out = conductor()
+        .args(["run", "-m"])
+        .arg(common::default_model())
+        .args(["--memory", "50%", "-p", "hello", "-n", "4"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("conductor convert"), "{stderr}");
+}
