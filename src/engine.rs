@@ -165,8 +165,10 @@ impl EngineBuilder {
             Some(_) => Model::load_resident(&path, true).map_err(load)?,
             None => Model::load(&path).map_err(load)?,
         };
-        let model = Arc::new(model);
+        let mut model = model;
         let tokenizer = Tokenizer::from_gguf(model.file())?;
+        model.release_tokenizer_metadata();
+        let model = Arc::new(model);
         let topology = self
             .topology
             .take()
@@ -180,9 +182,9 @@ impl EngineBuilder {
         }
         let mut budget = None;
         if let Some(memory) = self.memory {
-            // Prefill under a budget in steps of at most 128 tokens: its scratch is part of
+            // Prefill under a budget in steps of at most 64 tokens: its scratch is part of
             // the fixed segment.
-            plan.prefill_max_tokens = plan.prefill_max_tokens.min(128);
+            plan.prefill_max_tokens = plan.prefill_max_tokens.min(64);
             let n_ctx = self.context.unwrap_or(1024);
             let file_len = model.file().file_bytes().len() as u64;
             let split = split_budget(

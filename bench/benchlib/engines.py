@@ -127,9 +127,9 @@ def parse_llama_completion_perf(stderr: str) -> dict:
 # ---------------------------------------------------------------- Conductor
 
 def conductor_bench_cmd(conductor: Path, model: Path, prompts: list[int], gens: list[int], threads: list[int],
-                        reps: int) -> list[str]:
+                        reps: int, extra: list[str] | None = None) -> list[str]:
     return [str(conductor), "bench", "-m", str(model), "-p", join_ints(prompts), "-n", join_ints(gens),
-            "-t", join_ints(threads), "-r", str(reps), "--json"]
+            "-t", join_ints(threads), "-r", str(reps), "--json", *(extra or [])]
 
 
 def parse_conductor_bench(stdout: str) -> list[Throughput]:
@@ -159,12 +159,14 @@ def parse_conductor_bench(stdout: str) -> list[Throughput]:
             samples = [median]
         results.append(Throughput(test=test, threads=threads, samples=samples, low=min(low, *samples),
                                   high=max(high, *samples),
-                                  extra={"median": median, "peak_rss_bytes": obj.get("peak_rss_bytes")}))
+                                  extra={"median": median, "peak_rss_bytes": obj.get("peak_rss_bytes"),
+                                         "cache": obj.get("cache")}))
     if not results:
         raise BenchError(f"conductor bench --json printed no result lines; it printed:\n{stdout[-2000:]}")
     return results
 
 
-def conductor_decode_cmd(conductor: Path, model: Path, prompt: str, n_gen: int, threads: int) -> list[str]:
+def conductor_decode_cmd(conductor: Path, model: Path, prompt: str, n_gen: int, threads: int,
+                         extra: list[str] | None = None) -> list[str]:
     return [str(conductor), "run", "-m", str(model), "-p", prompt, "-n", str(n_gen), "-t", str(threads),
-            "--temp", "0", "--ignore-eos"]
+            "--temp", "0", "--ignore-eos", *(extra or [])]

@@ -3,7 +3,7 @@
 use anyhow::{Context, Result};
 use clap::Args;
 use conductor::runtime::store::convert;
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -33,18 +33,22 @@ pub fn run(args: ConvertArgs) -> Result<()> {
         .with_context(|| format!("cannot read model file {}", source.display()))?;
     let started = Instant::now();
     let mut last_pct = u64::MAX;
+    // A bar redrawn in place on a terminal; a line per quarter in a log.
+    let step = if std::io::stderr().is_terminal() { 1 } else { 25 };
     let mut progress = |done: u64, total: u64| {
-        let pct = done * 100 / total.max(1);
+        let pct = done * 100 / total.max(1) / step * step;
         if pct != last_pct {
             last_pct = pct;
             let filled = (pct / 4) as usize;
+            let (start, end) = if step == 1 { ("\r", "") } else { ("", "\n") };
             eprint!(
-                "\rconvert: [{}{}] {pct:3}% {:.1}/{:.1} MiB",
+                "{start}convert: [{}{}] {pct:3}% {:.1}/{:.1} MiB{end}",
                 "#".repeat(filled),
                 " ".repeat(25 - filled),
                 done as f64 / (1 << 20) as f64,
                 total as f64 / (1 << 20) as f64
             );
+            let _ = end;
             let _ = std::io::stderr().flush();
         }
     };
@@ -56,7 +60,9 @@ pub fn run(args: ConvertArgs) -> Result<()> {
         &mut progress,
     )
     .with_context(|| format!("converting {}", source.display()))?;
-    eprintln!();
+    if std::io::stderr().is_terminal() {
+        eprintln!();
+    }
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     let l = &summary.layout;
     eprintln!(

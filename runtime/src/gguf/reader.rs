@@ -104,6 +104,19 @@ impl GgufFile {
         })
     }
 
+    /// Empties the arrays under `keys` (they read as empty arrays of their type afterwards):
+    /// frees what was parsed once its consumer copied it (the tokenizer's vocabulary, merges and
+    /// scores are several MiB for a 49k-token vocabulary).
+    pub fn release_arrays(&mut self, keys: &[&str]) {
+        for (k, v) in &mut self.metadata {
+            if let Value::Array(a) = v {
+                if keys.contains(&k.as_str()) {
+                    a.clear();
+                }
+            }
+        }
+    }
+
     /// The format version (2 or 3).
     pub fn version(&self) -> u32 {
         self.version

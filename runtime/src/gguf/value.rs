@@ -179,6 +179,25 @@ macro_rules! array_accessors {
 }
 
 impl Array {
+    /// Removes every element and frees their memory; the element type stays.
+    pub fn clear(&mut self) {
+        match self {
+            Array::U8(v) => *v = Vec::new(),
+            Array::I8(v) => *v = Vec::new(),
+            Array::U16(v) => *v = Vec::new(),
+            Array::I16(v) => *v = Vec::new(),
+            Array::U32(v) => *v = Vec::new(),
+            Array::I32(v) => *v = Vec::new(),
+            Array::U64(v) => *v = Vec::new(),
+            Array::I64(v) => *v = Vec::new(),
+            Array::F32(v) => *v = Vec::new(),
+            Array::F64(v) => *v = Vec::new(),
+            Array::Bool(v) => *v = Vec::new(),
+            Array::String(v) => *v = Vec::new(),
+            Array::Array(v) => *v = Vec::new(),
+        }
+    }
+
     /// Number of elements.
     pub fn len(&self) -> usize {
         match self {

@@ -245,6 +245,17 @@ impl Model {
         &self.file
     }
 
+    /// Frees the tokenizer's arrays in the parsed metadata, once a tokenizer was built from
+    /// them (they are the bulk of a GGUF header).
+    pub fn release_tokenizer_metadata(&mut self) {
+        self.file.release_arrays(&[
+            "tokenizer.ggml.tokens",
+            "tokenizer.ggml.merges",
+            "tokenizer.ggml.scores",
+            "tokenizer.ggml.token_type",
+        ]);
+    }
+
     /// The whole matrix.
     pub fn mat(&self, t: &TensorRef) -> MatRef<'_> {
         self.rows(t, 0..t.rows)

@@ -359,3 +359,433 @@ proptest! {
         prop_assert_eq!(replayed, cmds);
     }
 }
+
+// ---- The neuron cache ----
+
+use crate::cache::{CachePlan, CachePolicy};
+
+/// The test model as a neuron store: its FFN clusters are bundles of `ffn_bundle` neurons.
+fn store_shape(n_layer: u32, ffn_bundle: u32) -> ModelShape {
+    ModelShape {
+        n_layer,
+        ffn_bundle,
+        ..shape()
+    }
+}
+
+/// The slot `CacheDirectory::new` reserves for each hot unit, and how many slots are hot.
+fn hot_slots_of(cache: &CachePlan, map: &UnitMap) -> (Vec<Option<u32>>, u32) {
+    let n_units = map.n_units();
+    let mut hot = match cache.policy {
+        CachePolicy::Segmented => cache.hot_slots.min(cache.slots).min(n_units),
+        CachePolicy::Lru => 0,
+    };
+    if hot < n_units && hot == cache.slots {
+        hot = hot.saturating_sub(1);
+    }
+    let mut slot_of = vec![None; n_units as usize];
+    for (slot, unit) in map.hot_order().into_iter().take(hot as usize).enumerate() {
+        slot_of[unit as usize] = Some(slot as u32);
+    }
+    (slot_of, hot)
+}
+
+/// Drives `steps` one after the other through a scheduler whose plan has a neuron cache,
+/// delivering the outstanding completions (`ClusterDone` and `Loaded`) in the order `picks`
+/// chooses (each pick selects one of them). Rebuilds the cache's contents from the `Load`
+/// commands alone and checks, at every command:
+/// - phases run in program order, every cluster of every phase is computed exactly once, and a
+///   phase is finished only when all of its clusters are done;
+/// - a streamed cluster (FFN, and the output projection when it streams) is computed only while
+///   its bundle is in: loaded (`Loaded` received) and not evicted since;
+/// - a load is for a unit the step needs, not resident, not yet loaded or computed in this
+///   step, into a slot no other load in flight uses, names as evicted what the slot held,
+///   evicts no unit that this step loaded or is computing and has not finished, keeps hot units
+///   in their reserved slots, and at most `max_loads` loads are in flight;
+/// - every step ends (no deadlock: something is always in flight until `StepDone`) with no
+///   load in flight, and every unit it loaded computed;
+/// - at the end, the cache's counters agree: hits + misses = streamed units the steps needed,
+///   misses = loads, evictions = loads that evicted something (per layer).
+///
+/// Returns every command and every event fed, in order.
+fn run_cached_steps(
+    s: &mut Scheduler,
+    plan: &ExecutionPlan,
+    steps: &[StepRequest],
+    picks: &[usize],
+) -> (Vec<Command>, Vec<Event>) {
+    let cache = plan.cache.clone().expect("a plan with a cache");
+    let map = s.unit_map().expect("a scheduler with a cache").clone();
+    let n_units = map.n_units() as usize;
+    let n_layer = map.n_layer;
+    let (hot_slot, n_hot) = hot_slots_of(&cache, &map);
+    let mut slot_owner: Vec<Option<u32>> = vec![None; cache.slots as usize];
+    let mut resident = vec![false; n_units];
+    let mut loading: Vec<(u32, u32)> = Vec::new();
+    let mut needed = vec![0u64; n_layer as usize + 1];
+    let mut loads = vec![0u64; n_layer as usize + 1];
+    let mut evictions = vec![0u64; n_layer as usize + 1];
+
+    let mut all = Vec::new();
+    let mut events = Vec::new();
+    let mut pick = picks.iter().cycle();
+    for req in steps {
+        let shape = s.shape_for(req.n_tokens);
+        let program = Arc::clone(s.program(shape));
+        let on = match shape {
+            StepShape::Decode => &plan.decode_on,
+            StepShape::Prefill => &plan.prefill_on,
+        };
+        let allowed: Vec<XpuId> = on
+            .iter()
+            .map(|sh| XpuId(plan.group_index(&sh.group).unwrap() as u8))
+            .collect();
+        let mut expected = Vec::new();
+        for layer in 0..n_layer {
+            for p in &program.layer_phases {
+                expected.push((layer, p.phase, p.clusters.len() as u32));
+            }
+        }
+        if req.wants_logits() {
+            expected.push((
+                n_layer,
+                Phase::OutputRows,
+                program.output.clusters.len() as u32,
+            ));
+        }
+        // Every FFN phase streams: its clusters are the bundles the cache numbers.
+        assert_eq!(
+            program.clusters(Phase::FfnNeurons).len() as u32,
+            map.ffn_clusters
+        );
+        for n in needed.iter_mut().take(n_layer as usize) {
+            *n += u64::from(map.ffn_clusters);
+        }
+        if map.output_clusters > 0 {
+            assert_eq!(program.output.clusters.len() as u32, map.output_clusters);
+            if req.wants_logits() {
+                needed[n_layer as usize] += u64::from(map.output_clusters);
+            }
+        }
+
+        let mut pos = 0;
+        let mut seen = vec![false; expected[0].2 as usize];
+        let mut computing: Vec<ClusterWork> = Vec::new();
+        // Per unit, in this step: a Load was issued; it is loaded-or-loading or computing and
+        // not done yet; it was computed.
+        let mut loaded_now = vec![false; n_units];
+        let mut held = vec![false; n_units];
+        let mut computed = vec![false; n_units];
+        let mut pending: Vec<Event> = Vec::new();
+        let mut done = false;
+
+        let first = Event::StepRequested(req.clone());
+        events.push(first.clone());
+        let mut out = Vec::new();
+        s.on_event(first, &mut out).unwrap();
+        loop {
+            for cmd in out.drain(..) {
+                assert!(!done, "{cmd:?} after StepDone");
+                match &cmd {
+                    Command::Compute { xpu, work } => {
+                        assert!(allowed.contains(xpu), "{xpu:?} has no share of {shape:?}");
+                        let &(layer, phase, n) = expected
+                            .get(pos)
+                            .unwrap_or_else(|| panic!("{work:?} after the last phase"));
+                        assert_eq!(
+                            (work.step, work.shape, work.layer, work.phase),
+                            (req.step, shape, layer, phase),
+                            "compute out of phase order"
+                        );
+                        assert!(!work.clusters.is_empty() && work.clusters.end <= n);
+                        for c in work.clusters.clone() {
+                            assert!(
+                                !seen[c as usize],
+                                "cluster {c} of {phase:?} layer {layer} computed twice"
+                            );
+                            seen[c as usize] = true;
+                            if map.streams(phase) {
+                                let u = map.unit(layer, c) as usize;
+                                assert!(
+                                    resident[u],
+                                    "layer {layer} cluster {c} computed while its bundle is not in"
+                                );
+                                held[u] = true;
+                            }
+                        }
+                        computing.push(work.clone());
+                        pending.push(Event::ClusterDone(work.clone()));
+                    }
+                    Command::FinishPhase { .. } => {
+                        let &(layer, phase, _) = expected
+                            .get(pos)
+                            .unwrap_or_else(|| panic!("{cmd:?} after the last phase"));
+                        assert_eq!(
+                            cmd,
+                            Command::FinishPhase {
+                                step: req.step,
+                                shape,
+                                layer,
+                                phase
+                            }
+                        );
+                        assert!(
+                            seen.iter().all(|&x| x),
+                            "{phase:?} of layer {layer} finished incomplete"
+                        );
+                        assert!(computing.is_empty(), "finished with work in flight");
+                        pos += 1;
+                        seen = vec![false; expected.get(pos).map_or(0, |e| e.2) as usize];
+                    }
+                    Command::StepDone { step } => {
+                        assert_eq!(*step, req.step);
+                        assert_eq!(pos, expected.len(), "step done before its last phase");
+                        assert!(computing.is_empty() && loading.is_empty());
+                        assert!(held.iter().all(|&h| !h));
+                        assert!((0..n_units).all(|u| !loaded_now[u] || computed[u]));
+                        done = true;
+                    }
+                    &Command::Load {
+                        step,
+                        layer,
+                        cluster,
+                        slot,
+                        evicted,
+                    } => {
+                        assert_eq!(step, req.step);
+                        let needs = if layer < n_layer {
+                            cluster < map.ffn_clusters
+                        } else {
+                            layer == n_layer
+                                && req.wants_logits()
+                                && cluster < map.output_clusters
+                        };
+                        assert!(needs, "{cmd:?}: the step does not need that unit");
+                        let u = map.unit(layer, cluster) as usize;
+                        assert!(!loaded_now[u], "{cmd:?}: loaded twice in one step");
+                        assert!(!computed[u], "{cmd:?}: loaded after it was computed");
+                        assert!(!resident[u], "{cmd:?}: the unit is in already");
+                        assert!(slot < cache.slots, "{cmd:?}: no such slot");
+                        assert!(
+                            loading.iter().all(|&(_, s)| s != slot),
+                            "{cmd:?}: another load in flight targets that slot"
+                        );
+                        let victim = evicted.map(|(l, c)| map.unit(l, c));
+                        assert_eq!(
+                            slot_owner[slot as usize], victim,
+                            "{cmd:?}: evicted is not what the slot held"
+                        );
+                        match hot_slot[u] {
+                            Some(h) => assert_eq!(slot, h, "{cmd:?}: hot unit out of its slot"),
+                            None => assert!(slot >= n_hot, "{cmd:?}: cold unit in a hot slot"),
+                        }
+                        if let Some(v) = victim {
+                            let v = v as usize;
+                            assert!(
+                                !held[v],
+                                "{cmd:?}: evicts a unit this step still needs after acquiring it"
+                            );
+                            assert!(hot_slot[v].is_none(), "{cmd:?}: evicts a hot unit");
+                            resident[v] = false;
+                            evictions[layer as usize] += 1;
+                        }
+                        slot_owner[slot as usize] = Some(u as u32);
+                        loaded_now[u] = true;
+                        held[u] = true;
+                        loading.push((u as u32, slot));
+                        assert!(
+                            loading.len() <= cache.max_loads as usize,
+                            "more than {} loads in flight",
+                            cache.max_loads
+                        );
+                        loads[layer as usize] += 1;
+                        pending.push(Event::Loaded {
+                            step,
+                            layer,
+                            cluster,
+                        });
+                    }
+                }
+                all.push(cmd);
+            }
+            if done {
+                break;
+            }
+            assert!(
+                !pending.is_empty(),
+                "deadlock: step {} waits with nothing in flight",
+                req.step
+            );
+            let i = pick.next().copied().unwrap_or(0) % pending.len();
+            let event = pending.swap_remove(i);
+            match &event {
+                Event::Loaded { layer, cluster, .. } => {
+                    let u = map.unit(*layer, *cluster);
+                    let at = loading.iter().position(|&(v, _)| v == u).unwrap();
+                    let (_, slot) = loading.swap_remove(at);
+                    assert_eq!(slot_owner[slot as usize], Some(u));
+                    resident[u as usize] = true;
+                }
+                Event::ClusterDone(work) => {
+                    let at = computing.iter().position(|w| w == work).unwrap();
+                    computing.swap_remove(at);
+                    if map.streams(work.phase) {
+                        for c in work.clusters.clone() {
+                            let u = map.unit(work.layer, c) as usize;
+                            held[u] = false;
+                            computed[u] = true;
+                        }
+                    }
+                }
+                Event::StepRequested(_) => unreachable!(),
+            }
+            events.push(event.clone());
+            s.on_event(event, &mut out).unwrap();
+        }
+        assert!(!s.is_busy());
+    }
+
+    let stats = s.cache_stats().expect("a scheduler with a cache");
+    assert_eq!(stats.len(), n_layer as usize + 1);
+    for (l, st) in stats.iter().enumerate() {
+        assert_eq!(
+            st.hits + st.misses,
+            needed[l],
+            "layer {l}: hits + misses are not the units needed"
+        );
+        assert_eq!(st.misses, loads[l], "layer {l}: misses are not the loads");
+        assert_eq!(st.evictions, evictions[l], "layer {l}: evictions");
+    }
+    (all, events)
+}
+
+/// A plan for the store model with a cache; both shapes cut the output projection alike.
+fn cached_plan(base: ExecutionPlan, output_rows: u32, cache: CachePlan) -> ExecutionPlan {
+    let mut plan = base;
+    plan.decode.output_rows = output_rows;
+    plan.prefill.output_rows = output_rows;
+    plan.cache = Some(cache);
+    plan
+}
+
+#[test]
+fn a_cache_holding_every_unit_loads_nothing_after_the_first_step() {
+    // 2 layers of 5 bundles of 32 neurons, and an output projection of 2 clusters of 50 rows:
+    // 12 units.
+    let model = store_shape(2, 32);
+    for (policy, slots) in [
+        (CachePolicy::Segmented, 12),
+        (CachePolicy::Segmented, 16),
+        (CachePolicy::Lru, 12),
+    ] {
+        let cache = CachePlan {
+            slots,
+            hot_slots: slots,
+            policy,
+            max_loads: 3,
+            stream_output: true,
+        };
+        let plan = cached_plan(ExecutionPlan::default(), 50, cache);
+        let mut s = Scheduler::new(&model, &plan).unwrap();
+        assert_eq!(s.unit_map().unwrap().n_units(), 12);
+        // A prefill step with logits, then decode steps with and without.
+        let steps = [request(1, 6, 5), request(2, 1, 0), request(3, 1, 1)];
+        let (cmds, _) = run_cached_steps(&mut s, &plan, &steps, &[0, 3, 1]);
+        let first_done = cmds
+            .iter()
+            .position(|c| matches!(c, Command::StepDone { .. }))
+            .unwrap();
+        let is_load = |c: &&Command| matches!(c, Command::Load { .. });
+        let loads: Vec<&Command> = cmds[..first_done].iter().filter(is_load).collect();
+        assert_eq!(loads.len(), 12, "{policy:?} {slots}: the first step loads every unit");
+        assert!(loads
+            .iter()
+            .all(|c| matches!(c, Command::Load { evicted: None, .. })));
+        assert_eq!(
+            cmds[first_done..].iter().filter(is_load).count(),
+            0,
+            "{policy:?} {slots}: a later step loaded"
+        );
+        let stats = s.cache_stats().unwrap();
+        let hits: u64 = stats.iter().map(|l| l.hits).sum();
+        let misses: u64 = stats.iter().map(|l| l.misses).sum();
+        assert_eq!((hits, misses), (10 + 10 + 2, 12));
+        assert_eq!(stats[0].misses, 5);
+        assert_eq!(stats[2].misses, 2);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(96))]
+
+    /// Several steps (prefill and decode, with and without logits) through a scheduler with a
+    /// random neuron cache, completing computes and loads in a random order: see
+    /// [`run_cached_steps`] for what is checked. Replaying the same events on a fresh scheduler
+    /// gives the identical commands.
+    #[test]
+    fn cached_steps_keep_the_invariants_in_any_completion_order(
+        decode in sizes(),
+        prefill in sizes(),
+        output_rows in 20u32..120,
+        n_groups in 1usize..4,
+        decode_mask in 1u32..8,
+        prefill_mask in 1u32..8,
+        weights in prop::collection::vec(1u32..5, 3),
+        n_layer in 1u32..4,
+        ffn_bundle in 24u32..170,
+        slots_pick in 0u32..64,
+        hot_pick in 0u32..64,
+        lru in any::<bool>(),
+        max_loads in 1u32..=6,
+        stream_output in any::<bool>(),
+        steps in prop::collection::vec((any::<bool>(), 2u32..12, 0u32..3), 1..6),
+        picks in prop::collection::vec(0usize..32, 1..96),
+    ) {
+        let model = store_shape(n_layer, ffn_bundle);
+        let ffn_clusters = model.n_ff.div_ceil(ffn_bundle);
+        let output_clusters = if stream_output { model.n_vocab.div_ceil(output_rows) } else { 0 };
+        let n_units = n_layer * ffn_clusters + output_clusters;
+        let slots = 1 + slots_pick % (n_units + 2);
+        let cache = CachePlan {
+            slots,
+            hot_slots: hot_pick % (slots + 1),
+            policy: if lru { CachePolicy::Lru } else { CachePolicy::Segmented },
+            max_loads,
+            stream_output,
+        };
+        let base = ExecutionPlan {
+            decode,
+            prefill,
+            ..multi_group_plan(n_groups, decode_mask, prefill_mask, &weights)
+        };
+        let plan = cached_plan(base, output_rows, cache);
+        let mut n_past = 0;
+        let steps: Vec<StepRequest> = steps
+            .iter()
+            .enumerate()
+            .map(|(i, &(is_decode, prefill_tokens, logits))| {
+                let n_tokens = if is_decode { 1 } else { prefill_tokens };
+                let logits_from = match logits {
+                    0 => n_tokens,
+                    1 => n_tokens - 1,
+                    _ => 0,
+                };
+                let req = StepRequest { step: i as StepId + 1, n_tokens, n_past, logits_from };
+                n_past += n_tokens;
+                req
+            })
+            .collect();
+        let mut s = Scheduler::new(&model, &plan).unwrap();
+        prop_assert_eq!(s.unit_map().unwrap().n_units(), n_units);
+        let (cmds, events) = run_cached_steps(&mut s, &plan, &steps, &picks);
+
+        // Replay: the recorded events fed to a fresh scheduler give the identical commands.
+        let mut fresh = Scheduler::new(&model, &plan).unwrap();
+        let mut replayed = Vec::new();
+        for e in events {
+            fresh.on_event(e, &mut replayed).unwrap();
+        }
+        prop_assert_eq!(replayed, cmds);
+        prop_assert_eq!(fresh.cache_stats(), s.cache_stats());
+    }
+}
