@@ -182,21 +182,8 @@ impl EngineBuilder {
         }
         let mut budget = None;
         if let Some(memory) = self.memory {
-            // Prefill under a budget in steps of at most 64 tokens: its scratch is part of
-            // the fixed segment.
-            plan.prefill_max_tokens = plan.prefill_max_tokens.min(64);
             let n_ctx = self.context.unwrap_or(1024);
-            let file_len = model.file().file_bytes().len() as u64;
-            let split = split_budget(
-                &model,
-                memory.bytes(file_len),
-                n_ctx as u32,
-                plan.prefill_max_tokens,
-                self.cache_policy,
-            )?;
-            plan.cache = Some(split.plan.clone());
-            plan.decode.output_rows = split.output_rows;
-            plan.prefill.output_rows = split.output_rows;
+            let split = apply_budget(&model, &mut plan, memory, n_ctx, self.cache_policy)?;
             budget = Some((split, n_ctx));
         }
         let (driver, threads) = match self.driver {
@@ -230,6 +217,33 @@ impl EngineBuilder {
             budget,
         })
     }
+}
+
+/// Fits `plan` to a memory budget for a neuron store `model` with `n_ctx` tokens of context:
+/// prefill in steps of at most 64 tokens (their scratch is part of the fixed segment), the
+/// budget split into resident weights, KV cache, scratch, runtime and cache slots, the output
+/// projection streamed in clusters sized to a slot. What the engine does with `--memory`, and
+/// what `conductor simulate --memory` predicts.
+pub fn apply_budget(
+    model: &Model,
+    plan: &mut ExecutionPlan,
+    memory: MemoryBudget,
+    n_ctx: usize,
+    policy: CachePolicy,
+) -> Result<BudgetSplit, conductor_runtime::cache::BudgetError> {
+    plan.prefill_max_tokens = plan.prefill_max_tokens.min(64);
+    let file_len = model.file().file_bytes().len() as u64;
+    let split = split_budget(
+        model,
+        memory.bytes(file_len),
+        n_ctx as u32,
+        plan.prefill_max_tokens,
+        policy,
+    )?;
+    plan.cache = Some(split.plan.clone());
+    plan.decode.output_rows = split.output_rows;
+    plan.prefill.output_rows = split.output_rows;
+    Ok(split)
 }
 
 /// Generation settings.

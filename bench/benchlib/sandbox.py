@@ -28,11 +28,12 @@ _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 
           "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
 
 
-def parse_memory_limit(text: str, model_bytes: int) -> int:
+def parse_memory_limit(text: str, model_bytes: int, minimum: int = 4 << 20) -> int:
     """'50%' (of the model file), '123456' (bytes), '512MiB', '1.5G', ... -> bytes.
 
     K/M/G are binary (1024-based) whether or not an `i` is written: these are
-    memory sizes, and cgroup limits are page-granular anyway.
+    memory sizes, and cgroup limits are page-granular anyway. Sizes below
+    `minimum` are refused (no engine starts in less than 4 MiB).
     """
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(%|[a-zA-Z]*)\s*", text)
     if not m:
@@ -44,7 +45,7 @@ def parse_memory_limit(text: str, model_bytes: int) -> int:
         limit = int(value * _UNITS[unit])
     else:
         raise BenchError(f"--memory {text!r}: unknown unit {m.group(2)!r} (use %, B, KiB, MiB, GiB)")
-    if limit < 4 << 20:
+    if limit < minimum:
         raise BenchError(f"--memory {text!r} is {limit} bytes; below 4 MiB no engine can even start")
     return limit
 

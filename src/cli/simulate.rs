@@ -9,6 +9,9 @@ use super::{parse_list, NumList};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use conductor::fetch;
+use conductor::apply_budget;
+use conductor::runtime::cache::{CachePolicy, MemoryBudget};
+use conductor::runtime::model::Model;
 use conductor::runtime::plan::{ExecutionPlan, HardwareProfile, ModelDescription, Topology};
 use conductor::runtime::trace::Trace;
 use conductor_simulator::{
@@ -32,6 +35,12 @@ pub struct SimulateArgs {
     /// Execution plan (default: the one the engine would fit to the profile's machine).
     #[arg(long = "plan")]
     plan: Option<PathBuf>,
+    /// Predict a run under this memory budget (as `run --memory`; needs -m with a neuron store).
+    #[arg(long = "memory", requires = "model")]
+    memory: Option<MemoryBudget>,
+    /// I/O threads (as `--io-threads`).
+    #[arg(long = "io-threads")]
+    io_threads: Option<u32>,
     /// Prompt length (0: no prompt test).
     #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
     n_prompt: u32,
@@ -62,10 +71,29 @@ pub fn run(args: SimulateArgs) -> Result<()> {
     let profile_path = args.profile.as_ref().expect("clap requires --profile");
     let profile = HardwareProfile::from_file(profile_path)?;
     let model = model_description(&args)?;
-    let plan = match &args.plan {
+    let mut plan = match &args.plan {
         Some(path) => ExecutionPlan::from_file(path)?,
         None => ExecutionPlan::for_topology(&Topology::of_profile(&profile)),
     };
+    if let Some(n) = args.io_threads {
+        if n == 0 {
+            bail!("--io-threads must be at least 1");
+        }
+        plan.storage.io_threads = n;
+    }
+    if let (Some(memory), Some(path)) = (args.memory, &args.model) {
+        let store = Model::load_resident(path, true)
+            .with_context(|| format!("cannot load {}", path.display()))?;
+        let n_ctx = args.n_prompt.max(args.n_gen).max(1);
+        let split = apply_budget(&store, &mut plan, memory, n_ctx, CachePolicy::Segmented)?;
+        eprintln!(
+            "memory: budget {:.1} MiB: {} cache slots ({} hot), output in clusters of {} rows",
+            split.budget as f64 / (1 << 20) as f64,
+            split.plan.slots,
+            split.plan.hot_slots,
+            split.output_rows
+        );
+    }
     if args.n_prompt == 0 && args.n_gen == 0 {
         bail!("nothing to simulate: give a prompt length (-p) or a generation length (-n) above 0");
     }
