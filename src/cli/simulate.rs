@@ -85,7 +85,7 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         let store = Model::load_resident(path, true)
             .with_context(|| format!("cannot load {}", path.display()))?;
         let n_ctx = args.n_prompt.max(args.n_gen).max(1);
-        let split = apply_budget(&store, &mut plan, memory, n_ctx, CachePolicy::Segmented)?;
+        let split = apply_budget(&store, &mut plan, memory, n_ctx as usize, CachePolicy::Segmented)?;
         eprintln!(
             "memory: budget {:.1} MiB: {} cache slots ({} hot), output in clusters of {} rows",
             split.budget as f64 / (1 << 20) as f64,

@@ -556,9 +556,7 @@ fn run_cached_steps(
                         let needs = if layer < n_layer {
                             cluster < map.ffn_clusters
                         } else {
-                            layer == n_layer
-                                && req.wants_logits()
-                                && cluster < map.output_clusters
+                            layer == n_layer && req.wants_logits() && cluster < map.output_clusters
                         };
                         assert!(needs, "{cmd:?}: the step does not need that unit");
                         let u = map.unit(layer, cluster) as usize;
@@ -697,7 +695,11 @@ fn a_cache_holding_every_unit_loads_nothing_after_the_first_step() {
             .unwrap();
         let is_load = |c: &&Command| matches!(c, Command::Load { .. });
         let loads: Vec<&Command> = cmds[..first_done].iter().filter(is_load).collect();
-        assert_eq!(loads.len(), 12, "{policy:?} {slots}: the first step loads every unit");
+        assert_eq!(
+            loads.len(),
+            12,
+            "{policy:?} {slots}: the first step loads every unit"
+        );
         assert!(loads
             .iter()
             .all(|c| matches!(c, Command::Load { evicted: None, .. })));
@@ -716,7 +718,7 @@ fn a_cache_holding_every_unit_loads_nothing_after_the_first_step() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(96))]
+    #![proptest_config(ProptestConfig::with_cases(128))]
 
     /// Several steps (prefill and decode, with and without logits) through a scheduler with a
     /// random neuron cache, completing computes and loads in a random order: see
