@@ -2,8 +2,8 @@
 
 use crate::fetch;
 use conductor_actors::{ActorDriver, ActorOptions, PoolConfig, SetupError, WorkerPool};
-use conductor_runtime::exec::{Driver, InlineDriver, Session, StepError};
 use conductor_runtime::cache::{split_budget, BudgetSplit, CachePolicy, CacheReport, MemoryBudget};
+use conductor_runtime::exec::{Driver, InlineDriver, Session, StepError};
 use conductor_runtime::model::{Model, ModelError};
 use conductor_runtime::plan::{ExecutionPlan, Topology};
 use conductor_runtime::quant::Kernels;

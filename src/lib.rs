@@ -26,7 +26,6 @@ pub mod fetch;
 pub use conductor_actors as actors;
 pub use conductor_runtime as runtime;
 pub use engine::{
-    apply_budget,
-    DriverKind, Engine, EngineBuilder, Error, GenerateOptions, GenerationStats, Piece, StopReason,
-    TokenStream,
+    apply_budget, DriverKind, Engine, EngineBuilder, Error, GenerateOptions, GenerationStats,
+    Piece, StopReason, TokenStream,
 };

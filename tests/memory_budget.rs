@@ -33,7 +33,11 @@ fn memory_cgroup(limit: u64) -> Option<(PathBuf, PathBuf, PathBuf)> {
         std::fs::create_dir(&dir).ok()?;
         std::fs::write(dir.join("memory.limit_in_bytes"), limit.to_string()).ok()?;
         let _ = std::fs::write(dir.join("memory.memsw.limit_in_bytes"), limit.to_string());
-        return Some((dir.clone(), dir.join("cgroup.procs"), dir.join("memory.max_usage_in_bytes")));
+        return Some((
+            dir.clone(),
+            dir.join("cgroup.procs"),
+            dir.join("memory.max_usage_in_bytes"),
+        ));
     }
     let v2 = Path::new("/sys/fs/cgroup");
     let controllers = std::fs::read_to_string(v2.join("cgroup.controllers")).ok()?;
@@ -45,7 +49,11 @@ fn memory_cgroup(limit: u64) -> Option<(PathBuf, PathBuf, PathBuf)> {
     std::fs::create_dir(&dir).ok()?;
     std::fs::write(dir.join("memory.max"), limit.to_string()).ok()?;
     let _ = std::fs::write(dir.join("memory.swap.max"), "0");
-    Some((dir.clone(), dir.join("cgroup.procs"), dir.join("memory.peak")))
+    Some((
+        dir.clone(),
+        dir.join("cgroup.procs"),
+        dir.join("memory.peak"),
+    ))
 }
 
 #[test]
@@ -72,7 +80,10 @@ fn a_budgeted_run_completes_inside_a_cgroup_of_that_size() {
     let _ = std::fs::remove_dir(&cgroup);
     std::fs::remove_dir_all(&dir).unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "killed or failed under {limit} bytes: {stderr}");
+    assert!(
+        out.status.success(),
+        "killed or failed under {limit} bytes: {stderr}"
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     let mut lines = 0;
     for line in stdout.lines().filter(|l| l.starts_with('{')) {

@@ -31,7 +31,8 @@ struct Files {
 
 impl Files {
     fn new(tag: &str) -> Files {
-        let dir = std::env::temp_dir().join(format!("conductor-store-{tag}-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("conductor-store-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         Files { dir }
@@ -84,10 +85,11 @@ fn run(driver: &mut dyn Driver) -> Result<Vec<Vec<u32>>, StepError> {
 }
 
 fn plan_with(cache: Option<CachePlan>) -> ExecutionPlan {
-    let mut plan = ExecutionPlan::default();
-    plan.cache = cache;
-    plan.prefill_max_tokens = 4; // several prefill steps, each streaming the FFN
-    plan
+    ExecutionPlan {
+        cache,
+        prefill_max_tokens: 4, // several prefill steps, each streaming the FFN
+        ..ExecutionPlan::default()
+    }
 }
 
 fn inline(path: &Path, cache: Option<CachePlan>) -> InlineDriver<Serial> {
@@ -142,7 +144,8 @@ fn a_store_decodes_like_its_source_and_every_cache_gives_the_same_bits() {
     // last bits.
     let close = |a: &[u32], b: &[u32]| {
         a.iter().zip(b).all(|(x, y)| {
-            (f32::from_bits(*x) - f32::from_bits(*y)).abs() <= 1e-3 * (1.0 + f32::from_bits(*y).abs())
+            (f32::from_bits(*x) - f32::from_bits(*y)).abs()
+                <= 1e-3 * (1.0 + f32::from_bits(*y).abs())
         })
     };
     assert!(close(&reference[0], &from_source[0]), "prompt logits drift");
@@ -169,8 +172,15 @@ fn a_store_decodes_like_its_source_and_every_cache_gives_the_same_bits() {
         (4, 2, CachePolicy::Segmented, 2),
         (30, 30, CachePolicy::Segmented, 4),
     ] {
-        let got = run(&mut inline(&store_path, streaming(slots, hot, policy, loads))).unwrap();
-        assert_eq!(got, reference, "streaming: slots {slots} hot {hot} {policy:?}");
+        let got = run(&mut inline(
+            &store_path,
+            streaming(slots, hot, policy, loads),
+        ))
+        .unwrap();
+        assert_eq!(
+            got, reference,
+            "streaming: slots {slots} hot {hot} {policy:?}"
+        );
     }
 }
 
@@ -225,7 +235,11 @@ fn hot_clusters_stay_and_cold_ones_stream() {
     let (hits, misses, evictions) = total(&segmented);
     assert_eq!(hits, 6 * (steps - 1));
     assert_eq!(hits + misses, 24 * steps);
-    assert_eq!(evictions, misses - 6 - 4, "every miss but the hot ones' and the first 4 cold ones evicts");
+    assert_eq!(
+        evictions,
+        misses - 6 - 4,
+        "every miss but the hot ones' and the first 4 cold ones evicts"
+    );
     // One LRU over the same 10 slots: a cyclic scan larger than the cache never hits.
     let mut lru = inline(&store_path, cache(10, 0, CachePolicy::Lru, 2));
     run(&mut lru).unwrap();
@@ -250,8 +264,14 @@ fn bad_stores_are_refused_with_a_reason() {
     assert!(err.to_string().contains("exists"), "{err}");
     let err = convert(&files.source(), &files.source(), 64, true, &mut |_, _| {}).unwrap_err();
     assert!(err.to_string().contains("being converted"), "{err}");
-    let err = convert(&files.source(), &files.dir.join("x.gguf"), 48, false, &mut |_, _| {})
-        .unwrap_err();
+    let err = convert(
+        &files.source(),
+        &files.dir.join("x.gguf"),
+        48,
+        false,
+        &mut |_, _| {},
+    )
+    .unwrap_err();
     assert!(matches!(err, StoreError::BundleSize { .. }), "{err}");
 
     // A flipped byte inside a bundle: loading whole finds it; a cached run names the layer.
@@ -286,8 +306,13 @@ fn bad_stores_are_refused_with_a_reason() {
     }
     let file = conductor::runtime::gguf::GgufFile::open(&store_path).unwrap();
     for t in file.tensors() {
-        w2.add_tensor(t.name.clone(), t.dims.clone(), t.ty, file.tensor_data(t).to_vec())
-            .unwrap();
+        w2.add_tensor(
+            t.name.clone(),
+            t.dims.clone(),
+            t.ty,
+            file.tensor_data(t).to_vec(),
+        )
+        .unwrap();
     }
     let old = files.dir.join("old.gguf");
     w2.write_file_atomic(&old).unwrap();
@@ -314,7 +339,11 @@ fn a_store_truncated_while_running_fails_the_request_and_the_engine_recovers() {
         err.to_string().contains("layer 2") && err.to_string().contains("truncated"),
         "{err}"
     );
-    assert_eq!(session.n_past(), PROMPT.len(), "the failed step left no token");
+    assert_eq!(
+        session.n_past(),
+        PROMPT.len(),
+        "the failed step left no token"
+    );
     // Restore the file: the same driver serves the next request.
     std::fs::copy(&store_path, &copy).unwrap();
     d.eval_last(&mut session, &[5]).unwrap();

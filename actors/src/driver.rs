@@ -27,9 +27,9 @@ use crate::scheduler::{
     Recording, RunStep, SchedulerActor, SchedulerArgs, StartRecording, TakeCacheStats,
     TakeRecording,
 };
-use conductor_runtime::cache::CacheReport;
 use crate::step::{write, Counters, StepShared};
 use crate::storage::{ReadAt, Storage, StorageArgs, StorageError, StorageFile};
+use conductor_runtime::cache::CacheReport;
 use conductor_runtime::exec::{
     open_cache, DenseBackend, Driver, GroupOutput, Session, StepError, StepState, WholeMatmul,
 };

@@ -7,10 +7,10 @@
 //! make that protocol safe instead of trusted. Poisoned locks (a panicking actor) are taken
 //! over: the step fails anyway, and the next step rewrites everything it reads.
 
+use conductor_runtime::cache::{BundleFile, SlotArena};
 use conductor_runtime::exec::{GroupOutput, StepState};
 use conductor_runtime::model::{KvCache, Model};
 use conductor_runtime::schedule::{Program, StepShape};
-use conductor_runtime::cache::{BundleFile, SlotArena};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Instant;

@@ -12,15 +12,15 @@ use crate::scheduler::{ClusterLoaded, SchedulerActor};
 use crate::step::StepShared;
 use conductor_runtime::schedule::StepId;
 use kameo::actor::{Actor, ActorRef};
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
-use std::time::Instant;
 use kameo::error::Infallible;
 use kameo::message::{Context, Message};
 use std::fs::File;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::SyncSender;
+use std::sync::Arc;
+use std::time::Instant;
 
 /// Alignment of `O_DIRECT` offsets, lengths and buffers (the logical block size of any
 /// device we run on divides it).

@@ -13,8 +13,8 @@
 //! messages sent at the host's time, `StepDone` ending the step, whereupon the next step of the
 //! workload is requested at once.
 
-use crate::devices::storage::{Access, StorageModel};
 use crate::devices::host::{FinishModel, MessageModel};
+use crate::devices::storage::{Access, StorageModel};
 use crate::devices::{GroupModel, ModelCosts, StepCtx};
 use crate::report::StepTiming;
 use crate::workload::{PlannedStep, Workload};
@@ -411,11 +411,10 @@ impl<'a> Engine<'a> {
                     // and its completion travels back as a message.
                     let bytes = self.machine.bundle_bytes;
                     let read = self.machine.storage.submit(t, bytes, Access::Random);
-                    let latency = self.machine.messages.latency_ns(
-                        false,
-                        read.end_ns,
-                        self.host_free[sched],
-                    );
+                    let latency =
+                        self.machine
+                            .messages
+                            .latency_ns(false, read.end_ns, self.host_free[sched]);
                     self.recorder.span(
                         "storage",
                         |_| format!("L{layer} load {cluster}"),

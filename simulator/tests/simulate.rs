@@ -56,6 +56,7 @@ fn the_trace_holds_every_event_and_its_commands() {
             Command::Compute { .. } => computes += 1,
             Command::FinishPhase { .. } => finishes += 1,
             Command::StepDone { .. } => done += 1,
+            Command::Load { .. } => panic!("a plan without a cache loads nothing"),
         }
     }
     assert_eq!(done, 4);
@@ -354,4 +355,44 @@ fn a_group_listed_twice_is_refused_naming_the_field() {
     let w = workload("llama-2-7b", 0, 2);
     let err = conductor_simulator::simulate(&pc(), &plan, &w, &SimOptions::lean()).unwrap_err();
     assert!(err.to_string().contains("decode_on[1].group"), "{err}");
+}
+
+#[test]
+fn a_neuron_store_under_a_cache_reads_what_it_misses_and_waits_for_it() {
+    use conductor_runtime::cache::{CachePlan, CachePolicy};
+    let mut w = workload("smollm2-135m", 8, 6);
+    w.model.shape.ffn_bundle = 256; // a neuron store: 6 bundles per layer, 180 units
+    let in_memory = run(&pc(), &ExecutionPlan::default(), &w);
+    assert_eq!(in_memory.bytes_read, 0);
+    let mut plan = ExecutionPlan::default();
+    let mut report = |slots: u32, hot: u32| {
+        plan.cache = Some(CachePlan {
+            slots,
+            hot_slots: hot,
+            policy: CachePolicy::Segmented,
+            max_loads: 4,
+            stream_output: false,
+        });
+        run(&pc(), &plan, &w)
+    };
+    let all = report(180, 180);
+    let half = report(90, 82);
+    // Everything fits: each unit is read once (the first step), then hits.
+    assert_eq!(all.cache_misses, 180);
+    assert_eq!(all.cache_hits, 180 * 6);
+    // Half: 82 hot units hit after the first step, the other 98 stream on every step.
+    assert_eq!(half.cache_hits, 82 * 6);
+    assert_eq!(half.cache_misses, 82 + 98 * 7);
+    assert!(half.bytes_read > all.bytes_read);
+    assert!(half.decode_ns_per_token > all.decode_ns_per_token);
+    assert!(half.decode_ns_per_token > in_memory.decode_ns_per_token);
+    // Every load is a Loaded event back: the trace replays the cache too.
+    let loads = half
+        .trace
+        .records
+        .iter()
+        .flat_map(|r| &r.commands)
+        .filter(|c| matches!(c, Command::Load { .. }))
+        .count() as u64;
+    assert_eq!(loads, half.cache_misses);
 }

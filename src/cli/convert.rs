@@ -34,7 +34,11 @@ pub fn run(args: ConvertArgs) -> Result<()> {
     let started = Instant::now();
     let mut last_pct = u64::MAX;
     // A bar redrawn in place on a terminal; a line per quarter in a log.
-    let step = if std::io::stderr().is_terminal() { 1 } else { 25 };
+    let step = if std::io::stderr().is_terminal() {
+        1
+    } else {
+        25
+    };
     let mut progress = |done: u64, total: u64| {
         let pct = done * 100 / total.max(1) / step * step;
         if pct != last_pct {

@@ -1,8 +1,8 @@
 //! Command-line interface, modelled on llama.cpp's tools so their users feel at home.
 
-mod convert;
 mod bench;
 mod check_refs;
+mod convert;
 mod perplexity;
 mod profile_hw;
 mod run;
@@ -10,8 +10,8 @@ mod simulate;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use conductor::runtime::cache::{CachePolicy, MemoryBudget};
 use conductor::fetch;
+use conductor::runtime::cache::{CachePolicy, MemoryBudget};
 use conductor::runtime::plan::ExecutionPlan;
 use conductor::{DriverKind, Engine};
 use std::path::{Path, PathBuf};

@@ -123,7 +123,10 @@ impl SlotArena {
 
     /// The slot holding `(layer, cluster)`, if any.
     pub fn slot_of(&self, layer: u32, cluster: u32) -> Option<u32> {
-        let s = self.table.get(self.unit(layer, cluster))?.load(Ordering::Acquire);
+        let s = self
+            .table
+            .get(self.unit(layer, cluster))?
+            .load(Ordering::Acquire);
         (s != NONE).then_some(s)
     }
 

@@ -40,7 +40,7 @@ impl std::str::FromStr for MemoryBudget {
             _ => return Err(bad()),
         };
         let bytes = v * scale;
-        if !(bytes >= 1.0 && bytes < 1e18) {
+        if !(1.0..1e18).contains(&bytes) {
             return Err(bad());
         }
         Ok(MemoryBudget::Bytes(bytes as u64))
@@ -88,7 +88,9 @@ pub struct BudgetSplit {
 /// Why a budget cannot work.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum BudgetError {
-    #[error("--memory needs a neuron store (make one with `conductor convert -m MODEL -o STORE.gguf`)")]
+    #[error(
+        "--memory needs a neuron store (make one with `conductor convert -m MODEL -o STORE.gguf`)"
+    )]
     NotAStore,
     #[error("a memory budget of {budget} MiB is below what this model needs besides what streams from storage: {fixed} MiB (resident weights {weights} MiB, KV cache {kv} MiB for {n_ctx} tokens, scratch {scratch} MiB, runtime {runtime} MiB) plus two cache slots ({slots} MiB); give at least {need} MiB", budget = mib(*budget), fixed = mib(*fixed), weights = mib(*weights), kv = mib(*kv), scratch = mib(*scratch), runtime = mib(*runtime), slots = mib(*slots), need = mib(*fixed + *slots).ceil())]
     TooSmall {
@@ -162,7 +164,11 @@ pub fn split_budget(
     let slots = ((cache / slot) as u32).min(n_units);
     // Enough cold slots for the loads in flight and the clusters being computed.
     let cold = (2 * DEFAULT_MAX_LOADS).min(slots.saturating_sub(1)).max(1);
-    let hot_slots = if slots >= n_units { n_units } else { slots - cold };
+    let hot_slots = if slots >= n_units {
+        n_units
+    } else {
+        slots - cold
+    };
     Ok(BudgetSplit {
         budget,
         resident_weights,

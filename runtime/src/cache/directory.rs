@@ -3,18 +3,18 @@
 //!
 //! Segments (PowerInfer-2's segmented neuron cache):
 //! - *hot*: slots reserved for clusters the plan marks hot. Loaded on first use, never evicted.
-//! A unit is one FFN cluster (a store's bundle) or, when the output projection streams too, one
-//! cluster of its rows; [`UnitMap`] numbers them.
-//!
 //! - *cold*: every other cluster competes for the remaining slots; the victim is the slot
 //!   released longest ago (LRU) among slots no step is using.
 //!
-//! The fixed segment (embeddings, attention, norms, KV cache) is not managed here: it is
+//! A unit is one FFN cluster (a store's bundle) or, when the output projection streams too,
+//! one cluster of its rows; [`UnitMap`] numbers them.
+//!
+//! The fixed segment (attention, norms, KV cache, scratch) is not managed here: it is
 //! resident for the whole run. With [`CachePolicy::Lru`] there is no hot segment: every slot is
 //! cold, the baseline the segmented policy is measured against.
 
-use serde::{Deserialize, Serialize};
 use super::UnitMap;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 
 /// How slots are shared between clusters.

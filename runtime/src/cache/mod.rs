@@ -13,8 +13,10 @@ mod budget;
 mod directory;
 mod reader;
 
-pub use budget::{split_budget, BudgetError, BudgetSplit, MemoryBudget, DEFAULT_MAX_LOADS, RUNTIME_OVERHEAD};
 pub use arena::{SlotArena, SlotBuf, SLOT_ALIGN};
+pub use budget::{
+    split_budget, BudgetError, BudgetSplit, MemoryBudget, DEFAULT_MAX_LOADS, RUNTIME_OVERHEAD,
+};
 pub use directory::{Acquired, CacheDirectory, CachePlan, CachePolicy, LayerCacheStats};
 pub use reader::{unit_extents, BundleFile, Extent, LoadError};
 

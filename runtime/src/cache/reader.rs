@@ -1,5 +1,6 @@
 //! Reading units from a neuron store into cache slots: one positional read per unit, on
-//! `O_DIRECT` when the file system allows, retried once, bundles checked against their CRC-32.
+//! `O_DIRECT` when the file system allows, retried once; a bundle's CRC-32 is checked the first
+//! time it is read.
 
 use super::UnitMap;
 use crate::model::Model;
@@ -8,6 +9,7 @@ use std::fs::File;
 use std::ops::Range;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Alignment of reads (what `O_DIRECT` asks of offsets and lengths).
 const READ_ALIGN: u64 = 4096;
@@ -83,6 +85,9 @@ pub struct BundleFile {
     store: StoreInfo,
     map: UnitMap,
     extents: Vec<Extent>,
+    /// Bundles whose checksum a read already confirmed: later reads of the same bytes are only
+    /// checked for length (a CRC of every read costs a tenth of the I/O time).
+    verified: Vec<AtomicBool>,
 }
 
 impl BundleFile {
@@ -120,6 +125,7 @@ impl BundleFile {
             direct,
             store,
             map: map.clone(),
+            verified: extents.iter().map(|_| AtomicBool::new(false)).collect(),
             extents,
         }))
     }
@@ -152,7 +158,11 @@ impl BundleFile {
             why,
         };
         if dst.len() < e.len {
-            return Err(fail(format!("slot of {} bytes < read of {}", dst.len(), e.len)));
+            return Err(fail(format!(
+                "slot of {} bytes < read of {}",
+                dst.len(),
+                e.len
+            )));
         }
         let mut last = String::new();
         for _attempt in 0..2 {
@@ -161,10 +171,14 @@ impl BundleFile {
                     let Some((l, b)) = e.bundle else {
                         return Ok(());
                     };
-                    return self
-                        .store
+                    if self.verified[u].load(Ordering::Relaxed) {
+                        return Ok(());
+                    }
+                    self.store
                         .check_bundle(l, b, &dst[e.data.clone()])
-                        .map_err(|err| fail(err.to_string()));
+                        .map_err(|err| fail(err.to_string()))?;
+                    self.verified[u].store(true, Ordering::Relaxed);
+                    return Ok(());
                 }
                 Ok(got) => {
                     last = format!(

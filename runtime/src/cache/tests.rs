@@ -23,13 +23,19 @@ fn hot_clusters_are_never_evicted_and_cold_ones_go_least_recently_used_first() {
     // 2 layers x 4 clusters; 3 hot slots (L0C0, L1C0, L0C1), 2 cold.
     let mut d = CacheDirectory::new(&plan(5, 3, CachePolicy::Segmented), &map(2, 4));
     for (l, c) in [(0, 0), (1, 0), (0, 1)] {
-        assert!(matches!(d.acquire(l, c), Acquired::Load { evicted: None, .. }));
+        assert!(matches!(
+            d.acquire(l, c),
+            Acquired::Load { evicted: None, .. }
+        ));
         assert!(d.loaded(l, c));
         d.release(l, c);
     }
     // Cold: L0C2 then L0C3 fill the two cold slots; L1C1 evicts the older, L0C2.
     for (l, c) in [(0, 2), (0, 3)] {
-        assert!(matches!(d.acquire(l, c), Acquired::Load { evicted: None, .. }));
+        assert!(matches!(
+            d.acquire(l, c),
+            Acquired::Load { evicted: None, .. }
+        ));
         d.loaded(l, c);
         d.release(l, c);
     }
@@ -74,7 +80,13 @@ fn a_hit_refreshes_recency_and_abort_frees_loading_slots() {
     assert!(!d.is_ready(0, 2), "a load in flight is forgotten");
     assert!(d.is_ready(0, 0), "a completed load survives an abort");
     // The slot of the forgotten load is reused first.
-    assert!(matches!(d.acquire(0, 3), Acquired::Load { slot: 1, evicted: None }));
+    assert!(matches!(
+        d.acquire(0, 3),
+        Acquired::Load {
+            slot: 1,
+            evicted: None
+        }
+    ));
 }
 
 #[test]
@@ -114,9 +126,17 @@ fn units_follow_the_order_a_step_needs_them() {
         let (l, c) = m.layer_cluster(u);
         assert_eq!(m.unit(l, c), u);
     }
-    assert_eq!(m.layer_cluster(7), (2, 1), "output clusters come last, as layer n_layer");
+    assert_eq!(
+        m.layer_cluster(7),
+        (2, 1),
+        "output clusters come last, as layer n_layer"
+    );
     let mut hot = m.hot_order();
-    assert_eq!(&hot[..3], &[0, 3, 6], "first cluster of every layer, then of the output");
+    assert_eq!(
+        &hot[..3],
+        &[0, 3, 6],
+        "first cluster of every layer, then of the output"
+    );
     hot.sort_unstable();
     assert_eq!(hot, (0..10).collect::<Vec<_>>());
 }

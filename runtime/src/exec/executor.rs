@@ -75,8 +75,11 @@ impl FfnCluster<'_> {
         }
         s.h_act.resize(h_bytes, 0);
         for t in 0..n {
-            cx.kernels
-                .quantize_activations(self.down.ty, &s.gate[t * m..(t + 1) * m], &mut s.h_act);
+            cx.kernels.quantize_activations(
+                self.down.ty,
+                &s.gate[t * m..(t + 1) * m],
+                &mut s.h_act,
+            );
             cx.kernels.matvec(
                 self.down,
                 self.down_cols.clone(),

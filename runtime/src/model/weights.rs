@@ -3,9 +3,9 @@
 use super::config::{Architecture, ModelConfig};
 use super::ModelError;
 use crate::gguf::GgufFile;
-use crate::store::{bundle_tensor_name, BundleRef, StoreInfo};
 use crate::plan::{ModelDescription, ModelShape, WeightTypes};
 use crate::quant::{dequantize_row, GgmlType, MatRef};
+use crate::store::{bundle_tensor_name, BundleRef, StoreInfo};
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -94,7 +94,11 @@ impl Model {
             source,
         };
         let probe = GgufFile::open(path)?;
-        if !probe.tensors().iter().any(|t| t.name.ends_with(".ffn_bundles")) {
+        if !probe
+            .tensors()
+            .iter()
+            .any(|t| t.name.ends_with(".ffn_bundles"))
+        {
             drop(probe);
             return Model::load(path);
         }
@@ -104,10 +108,16 @@ impl Model {
                 || name.ends_with(".ffn_bundles")
         };
         let ranges: Vec<Range<usize>> = std::iter::once(0..probe.data_offset() as usize)
-            .chain(probe.tensors().iter().filter(|t| !streamed(&t.name)).map(|t| {
-                let start = (probe.data_offset() + t.offset) as usize;
-                start..start + t.n_bytes as usize
-            }))
+            .chain(
+                probe
+                    .tensors()
+                    .iter()
+                    .filter(|t| !streamed(&t.name))
+                    .map(|t| {
+                        let start = (probe.data_offset() + t.offset) as usize;
+                        start..start + t.n_bytes as usize
+                    }),
+            )
             .collect();
         drop(probe);
         // A zeroed buffer of the file's size is committed only where written: the header and
@@ -143,7 +153,9 @@ impl Model {
         };
         let layout = &store.layout;
         for (l, layer) in self.layers.iter().enumerate() {
-            let Some(range) = &layer.bundles else { continue };
+            let Some(range) = &layer.bundles else {
+                continue;
+            };
             let bytes = &self.file.file_bytes()[range.clone()];
             for b in 0..layout.n_bundles {
                 let at = b as usize * layout.stride as usize;
@@ -281,11 +293,16 @@ impl Model {
 
     /// The bytes of bundle `b` of layer `l` of a store loaded whole ([`Model::load`]).
     pub fn bundle_bytes(&self, l: usize, b: u32) -> &[u8] {
-        assert!(!self.resident_only, "the store's bundles are on storage, not in memory");
+        assert!(
+            !self.resident_only,
+            "the store's bundles are on storage, not in memory"
+        );
         let store = self.store.as_ref().expect("a neuron store");
         let range = self.layers[l].bundles.as_ref().expect("a neuron store");
         let at = range.start + b as usize * store.layout.stride as usize;
-        let len = store.layout.payload_bytes(store.layout.neurons_of(b).len() as u32);
+        let len = store
+            .layout
+            .payload_bytes(store.layout.neurons_of(b).len() as u32);
         &self.file.file_bytes()[at..at + len]
     }
 
@@ -309,13 +326,17 @@ impl Model {
             let mut buf = reader.scratch.lock().unwrap_or_else(|e| e.into_inner());
             buf.resize(rb, 0);
             let offset = (t.bytes.start + token as usize * rb) as u64;
-            reader.file.read_exact_at(&mut buf, offset).map_err(|source| {
-                crate::gguf::GgufError::Io {
+            reader
+                .file
+                .read_exact_at(&mut buf, offset)
+                .map_err(|source| crate::gguf::GgufError::Io {
                     op: "read an embedding row of",
-                    path: self.path.as_deref().map_or(String::new(), |p| p.display().to_string()),
+                    path: self
+                        .path
+                        .as_deref()
+                        .map_or(String::new(), |p| p.display().to_string()),
                     source,
-                }
-            })?;
+                })?;
             dequantize_row(t.ty, &buf, out)?;
             return Ok(());
         }

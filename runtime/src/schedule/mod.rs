@@ -65,7 +65,11 @@ pub enum Event {
     /// A processor group finished the clusters of a [`Command::Compute`].
     ClusterDone(ClusterWork),
     /// The bundle of FFN cluster `cluster` of `layer` is in the slot a [`Command::Load`] named.
-    Loaded { step: StepId, layer: u32, cluster: u32 },
+    Loaded {
+        step: StepId,
+        layer: u32,
+        cluster: u32,
+    },
 }
 
 /// What to do next. Commands of one batch are carried out in order; `Compute` may run
@@ -119,8 +123,14 @@ pub enum ScheduleError {
     TooManyGroups(usize),
     #[error("the plan has a neuron cache, but the model is not a neuron store (make one with `conductor convert`)")]
     CacheWithoutStore,
-    #[error("load completion for layer {layer} cluster {cluster} of step {step}, which is not loading")]
-    UnexpectedLoad { step: StepId, layer: u32, cluster: u32 },
+    #[error(
+        "load completion for layer {layer} cluster {cluster} of step {step}, which is not loading"
+    )]
+    UnexpectedLoad {
+        step: StepId,
+        layer: u32,
+        cluster: u32,
+    },
 }
 
 struct InFlight {

@@ -40,7 +40,9 @@ pub fn convert(
         }
     }
     if dst.exists() && !overwrite {
-        return Err(refuse("the file exists (pass --force to replace it)".into()));
+        return Err(refuse(
+            "the file exists (pass --force to replace it)".into(),
+        ));
     }
     let model = Model::load(src)?;
     if let Some(store) = &model.store {
@@ -65,9 +67,7 @@ pub fn convert(
     let layout = BundleLayout::new(c.n_embd, c.n_ff, types, bundle_neurons)?;
 
     let ffn_names: Vec<String> = (0..c.n_layer)
-        .flat_map(|l| {
-            ["ffn_gate", "ffn_up", "ffn_down"].map(|t| format!("blk.{l}.{t}.weight"))
-        })
+        .flat_map(|l| ["ffn_gate", "ffn_up", "ffn_down"].map(|t| format!("blk.{l}.{t}.weight")))
         .collect();
     let mut w = GgufWriter::new();
     w.add_metadata("general.alignment", Value::U32(STORE_ALIGN as u32))?;
@@ -80,9 +80,10 @@ pub fn convert(
     w.add_metadata(KEY_BUNDLE_NEURONS, Value::U32(bundle_neurons))?;
     w.add_metadata(KEY_BUNDLE_STRIDE, Value::U64(layout.stride))?;
     w.add_metadata(KEY_SOURCE_CHECKSUM, Value::U32(source_crc32))?;
-    let source_name = src
-        .file_name()
-        .map_or_else(|| src.display().to_string(), |n| n.to_string_lossy().into_owned());
+    let source_name = src.file_name().map_or_else(
+        || src.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
     w.add_metadata(KEY_SOURCE_NAME, Value::String(source_name))?;
     w.add_metadata(
         KEY_FFN_TYPES,
@@ -161,7 +162,7 @@ fn fill_bundle(
     // The down projection's columns `rows`: whole blocks of each of its rows.
     let down = model.mat(&l.down);
     let row = down.stride();
-    let per_block = l.down.ty.type_size() as usize;
+    let per_block = l.down.ty.type_size();
     let block = l.down.ty.block_size();
     let (from, to) = (rows.start / block * per_block, rows.end / block * per_block);
     for r in 0..down.rows {

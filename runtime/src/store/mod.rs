@@ -98,7 +98,7 @@ impl BundleLayout {
         neurons: u32,
     ) -> Result<BundleLayout, StoreError> {
         let granule = down_ty.block_size() as u32;
-        if neurons == 0 || neurons % granule != 0 || n_ff % granule != 0 {
+        if neurons == 0 || !neurons.is_multiple_of(granule) || !n_ff.is_multiple_of(granule) {
             return Err(StoreError::BundleSize { neurons, granule });
         }
         for (what, ty, cols) in [("gate", gate_ty, n_embd), ("up", up_ty, n_embd)] {
@@ -204,7 +204,12 @@ pub struct StoreInfo {
 
 impl StoreInfo {
     /// Reads the store metadata of `file`; `None` when it is an ordinary model.
-    pub fn from_gguf(file: &GgufFile, n_embd: u32, n_ff: u32, n_layer: u32) -> Result<Option<StoreInfo>, StoreError> {
+    pub fn from_gguf(
+        file: &GgufFile,
+        n_embd: u32,
+        n_ff: u32,
+        n_layer: u32,
+    ) -> Result<Option<StoreInfo>, StoreError> {
         let Some(version) = file.get_u32(KEY_VERSION)? else {
             return Ok(None);
         };
@@ -218,10 +223,12 @@ impl StoreInfo {
             })
         };
         let neurons = need_u32(KEY_BUNDLE_NEURONS)?;
-        let stride = file.get_u64(KEY_BUNDLE_STRIDE)?.ok_or(StoreError::BadMetadata {
-            key: KEY_BUNDLE_STRIDE,
-            why: "missing".into(),
-        })?;
+        let stride = file
+            .get_u64(KEY_BUNDLE_STRIDE)?
+            .ok_or(StoreError::BadMetadata {
+                key: KEY_BUNDLE_STRIDE,
+                why: "missing".into(),
+            })?;
         let source_crc32 = need_u32(KEY_SOURCE_CHECKSUM)?;
         let source_name = file.get_str(KEY_SOURCE_NAME)?.unwrap_or("?").to_string();
         let types = match file.get_array(KEY_FFN_TYPES)? {
@@ -256,7 +263,7 @@ impl StoreInfo {
                 ),
             });
         }
-        if file.alignment() % STORE_ALIGN != 0 {
+        if !file.alignment().is_multiple_of(STORE_ALIGN) {
             return Err(StoreError::Layout(format!(
                 "general.alignment is {}, not a multiple of {STORE_ALIGN}",
                 file.alignment()
@@ -289,7 +296,7 @@ impl StoreInfo {
                     t.ty, t.dims
                 )));
             }
-            if (file.data_offset() + t.offset) % STORE_ALIGN != 0 {
+            if !(file.data_offset() + t.offset).is_multiple_of(STORE_ALIGN) {
                 return Err(StoreError::Layout(format!(
                     "tensor `{name}` does not start on a {STORE_ALIGN}-byte boundary"
                 )));
