@@ -122,6 +122,7 @@ fn cache(slots: u32, hot: u32, policy: CachePolicy, max_loads: u32) -> Option<Ca
         policy,
         max_loads,
         stream_output: false,
+        coalesce: max_loads.div_ceil(2),
     })
 }
 

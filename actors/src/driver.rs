@@ -326,6 +326,7 @@ impl ActorDriver {
         Some(CacheReport {
             layers,
             loads: get(&c.loads),
+            reads: get(&c.reads),
             bytes_read: get(&c.io_bytes),
             io_ns: get(&c.io_ns),
             decode_compute_ns: get(&c.decode_compute_ns),

@@ -9,7 +9,7 @@
 
 use crate::group::Compute;
 use crate::step::{write, StepShared};
-use crate::storage::{LoadCluster, Storage};
+use crate::storage::{LoadClusters, LoadItem, Storage};
 use conductor_runtime::cache::{LayerCacheStats, LoadError};
 use conductor_runtime::exec::StepError;
 use conductor_runtime::schedule::{
@@ -39,7 +39,7 @@ pub struct ClusterDone {
     pub finished_ns: u64,
 }
 
-/// The storage actor finished (or failed) a [`crate::storage::LoadCluster`].
+/// The storage actor finished (or failed) one unit of a [`LoadClusters`].
 pub struct ClusterLoaded {
     pub step: StepId,
     pub layer: u32,
@@ -87,6 +87,8 @@ pub struct SchedulerActor {
     /// The I/O threads' storage actors; loads go round-robin.
     storage: Vec<ActorRef<Storage>>,
     next_io: usize,
+    /// Loads of the command batch being carried out, merged while they continue each other.
+    pending_loads: Option<LoadClusters>,
     flight: Option<Flight>,
     commands: Vec<Command>,
     recording: Option<Recording>,
@@ -116,12 +118,38 @@ impl SchedulerActor {
             });
         }
         let mut commands = std::mem::take(&mut self.commands);
+        let mut ok = true;
         for command in commands.drain(..) {
             if !self.carry_out(command) {
+                ok = false;
                 break;
             }
         }
+        if ok {
+            self.flush_loads();
+        } else {
+            self.pending_loads = None;
+        }
         self.commands = commands;
+    }
+
+    /// Sends the loads gathered so far to the next storage actor. False if none runs.
+    fn flush_loads(&mut self) -> bool {
+        let Some(loads) = self.pending_loads.take() else {
+            return true;
+        };
+        self.next_io = (self.next_io + 1) % self.storage.len().max(1);
+        let sent = self
+            .storage
+            .get(self.next_io)
+            .is_some_and(|s| s.tell(loads).try_send().is_ok());
+        if !sent {
+            self.fail(StepError::Actor {
+                actor: "storage".into(),
+                why: "not running".into(),
+            });
+        }
+        sent
     }
 
     /// Returns false when the step failed.
@@ -174,30 +202,35 @@ impl SchedulerActor {
                 slot,
                 evicted,
             } => {
-                let Some((arena, _)) = &self.shared.cache else {
+                let Some((arena, file)) = &self.shared.cache else {
                     self.fail(StepError::NoCache);
                     return false;
                 };
                 let generation = arena.assign(layer, cluster, slot, evicted);
-                let load = LoadCluster {
-                    step,
+                let item = LoadItem {
                     layer,
                     cluster,
                     slot,
                     generation,
                 };
-                self.next_io = (self.next_io + 1) % self.storage.len().max(1);
-                let sent = self
-                    .storage
-                    .get(self.next_io)
-                    .is_some_and(|s| s.tell(load).try_send().is_ok());
-                if !sent {
-                    self.fail(StepError::Actor {
-                        actor: "storage".into(),
-                        why: "not running".into(),
-                    });
+                // Merge into the pending read when it continues it in the file.
+                if let Some(pending) = self.pending_loads.as_mut() {
+                    let last = pending.items.last().map(|i| (i.layer, i.cluster));
+                    let joins = pending.step == step
+                        && pending.items.len() < self.scheduler.coalesce() as usize
+                        && last.is_some_and(|l| file.contiguous(l, (layer, cluster)));
+                    if joins {
+                        pending.items.push(item);
+                        return true;
+                    }
+                }
+                if !self.flush_loads() {
                     return false;
                 }
+                self.pending_loads = Some(LoadClusters {
+                    step,
+                    items: vec![item],
+                });
             }
             Command::StepDone { step } => {
                 if let Some(flight) = self.flight.take() {
@@ -240,6 +273,7 @@ impl Actor for SchedulerActor {
             groups: args.groups,
             storage: args.storage,
             next_io: 0,
+            pending_loads: None,
             flight: None,
             commands: Vec::new(),
             recording: None,

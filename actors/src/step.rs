@@ -43,8 +43,10 @@ pub struct Counters {
     pub io_ns: AtomicU64,
     /// Bytes read into cache slots.
     pub io_bytes: AtomicU64,
-    /// Bundles read.
+    /// Units read.
     pub loads: AtomicU64,
+    /// Read requests (adjacent units merged into one read count once).
+    pub reads: AtomicU64,
 }
 
 impl StepShared {

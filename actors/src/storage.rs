@@ -5,8 +5,9 @@
 //! file and serves [`ReadAt`] requests on its own host thread, bypassing the page cache with
 //! `O_DIRECT` when the plan asks and the file system allows. A read that fails or comes back
 //! short is retried once, then reported with the offset and length. The scheduler
-//! routes the cold neurons' bundles through it: [`LoadCluster`] reads one FFN cluster's bundle
-//! straight into its cache slot and tells the scheduler.
+//! routes the cold neurons' bundles through it: a load reads one FFN cluster's bundle
+//! straight into its cache slot and tells the scheduler; [`LoadClusters`] carries several
+//! adjacent ones, fetched with one vectored read.
 
 use crate::scheduler::{ClusterLoaded, SchedulerActor};
 use crate::step::StepShared;
@@ -175,16 +176,21 @@ pub struct StorageArgs {
     pub(crate) scheduler: Option<ActorRef<SchedulerActor>>,
 }
 
-/// Read FFN cluster `cluster` of `layer` into cache slot `slot` (the scheduler's `Load`);
-/// answered with [`ClusterLoaded`] to the scheduler.
-pub struct LoadCluster {
-    pub step: StepId,
+/// One unit of a [`LoadClusters`]: read `(layer, cluster)` into cache slot `slot`.
+pub struct LoadItem {
     pub layer: u32,
     pub cluster: u32,
     pub slot: u32,
     /// The slot's generation when the load was decided: a load overtaken by a newer one for
     /// the same slot (after a failed step, with several I/O threads) reads nothing.
     pub generation: u64,
+}
+
+/// Read these units (the scheduler's `Load`s; adjacent ones in the file, so one vectored read
+/// fetches them all) and answer each with a [`ClusterLoaded`] to the scheduler.
+pub struct LoadClusters {
+    pub step: StepId,
+    pub items: Vec<LoadItem>,
 }
 
 impl Actor for Storage {
@@ -201,10 +207,10 @@ impl Actor for Storage {
     }
 }
 
-impl Message<LoadCluster> for Storage {
+impl Message<LoadClusters> for Storage {
     type Reply = ();
 
-    async fn handle(&mut self, msg: LoadCluster, _: &mut Context<Self, ()>) {
+    async fn handle(&mut self, msg: LoadClusters, _: &mut Context<Self, ()>) {
         let (Some(shared), Some(scheduler)) = (&self.shared, &self.scheduler) else {
             return;
         };
@@ -214,32 +220,54 @@ impl Message<LoadCluster> for Storage {
         let timed = shared.recording.load(Ordering::Relaxed);
         let started_ns = if timed { shared.now_ns() } else { 0 };
         let started = Instant::now();
-        let mut slot = arena.write(msg.slot);
-        if arena.generation(msg.slot) != msg.generation {
-            return; // stale: the slot was given to another unit since
+        // Lock slots in increasing order of index: two storage threads (a stale read and a
+        // new one) never wait on each other in opposite orders.
+        let mut order: Vec<usize> = (0..msg.items.len()).collect();
+        order.sort_by_key(|&i| msg.items[i].slot);
+        let mut locked: Vec<Option<_>> = msg.items.iter().map(|_| None).collect();
+        for i in order {
+            locked[i] = Some(arena.write(msg.items[i].slot));
         }
-        let result = file.load(msg.layer, msg.cluster, slot.bytes_mut());
-        drop(slot);
+        let mut guards: Vec<_> = locked.into_iter().flatten().collect();
+        if msg
+            .items
+            .iter()
+            .any(|it| arena.generation(it.slot) != it.generation)
+        {
+            return; // stale: a slot was given to another unit since
+        }
+        let mut units: Vec<(u32, u32, &mut [u8])> = msg
+            .items
+            .iter()
+            .zip(guards.iter_mut())
+            .map(|(it, g)| (it.layer, it.cluster, g.bytes_mut()))
+            .collect();
+        let results = file.load_run(&mut units);
+        drop(units);
+        drop(guards);
         let c = &shared.counters;
         c.io_ns
             .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        if result.is_ok() {
-            c.io_bytes
-                .fetch_add(file.read_bytes(msg.layer, msg.cluster), Ordering::Relaxed);
-            c.loads.fetch_add(1, Ordering::Relaxed);
-            self.bytes_read += file.read_bytes(msg.layer, msg.cluster);
-        }
+        c.reads.fetch_add(1, Ordering::Relaxed);
         let finished_ns = if timed { shared.now_ns() } else { 0 };
-        let _ = scheduler
-            .tell(ClusterLoaded {
-                step: msg.step,
-                layer: msg.layer,
-                cluster: msg.cluster,
-                result,
-                started_ns,
-                finished_ns,
-            })
-            .try_send();
+        for (it, result) in msg.items.iter().zip(results) {
+            if result.is_ok() {
+                let bytes = file.read_bytes(it.layer, it.cluster);
+                c.io_bytes.fetch_add(bytes, Ordering::Relaxed);
+                c.loads.fetch_add(1, Ordering::Relaxed);
+                self.bytes_read += bytes;
+            }
+            let _ = scheduler
+                .tell(ClusterLoaded {
+                    step: msg.step,
+                    layer: it.layer,
+                    cluster: it.cluster,
+                    result,
+                    started_ns,
+                    finished_ns,
+                })
+                .try_send();
+        }
     }
 }
 

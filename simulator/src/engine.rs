@@ -383,6 +383,7 @@ impl<'a> Engine<'a> {
         }
         let mut step_done = None;
         let mut landed = Vec::new();
+        let mut loads: Vec<(u64, u64, u32, u32)> = Vec::new();
         for command in &self.commands {
             match command {
                 Command::Compute { xpu, work } => self.sends.push((*xpu, work.clone(), t)),
@@ -406,30 +407,7 @@ impl<'a> Engine<'a> {
                     layer,
                     cluster,
                     ..
-                } => {
-                    // One issuer on its own host: the read starts when the device is free,
-                    // and its completion travels back as a message.
-                    let bytes = self.machine.bundle_bytes;
-                    let read = self.machine.storage.submit(t, bytes, Access::Random);
-                    let latency =
-                        self.machine
-                            .messages
-                            .latency_ns(false, read.end_ns, self.host_free[sched]);
-                    self.recorder.span(
-                        "storage",
-                        |_| format!("L{layer} load {cluster}"),
-                        read.start_ns,
-                        read.end_ns,
-                    );
-                    landed.push((
-                        read.end_ns + latency,
-                        Event::Loaded {
-                            step: *step,
-                            layer: *layer,
-                            cluster: *cluster,
-                        },
-                    ));
-                }
+                } => loads.push((t, *step, *layer, *cluster)),
                 Command::StepDone { step } => {
                     self.timings.push(StepTiming {
                         step: *step,
@@ -453,6 +431,7 @@ impl<'a> Engine<'a> {
         self.scheduler_busy_ns += t - t0;
         self.host_free[sched] = t;
 
+        self.submit_loads(&loads, &mut landed);
         for (at, event) in landed {
             self.push(at, PendingKind::Arrive(event));
         }
@@ -465,6 +444,55 @@ impl<'a> Engine<'a> {
             self.request_next_step(done);
         }
         Ok(())
+    }
+
+    /// The loads of one command batch, merged as the actor driver merges them (adjacent
+    /// bundles, at most the plan's `coalesce` per read): one issuer on its own host, a read
+    /// starts when the device is free and its completion travels back as messages.
+    fn submit_loads(&mut self, loads: &[(u64, u64, u32, u32)], landed: &mut Vec<(u64, Event)>) {
+        let sched = self.machine.sched_host;
+        let coalesce = self.scheduler.coalesce().max(1) as usize;
+        let Some(map) = self.scheduler.unit_map().cloned() else {
+            return;
+        };
+        let mut i = 0;
+        while i < loads.len() {
+            let (t, step, layer, cluster) = loads[i];
+            let mut end = i + 1;
+            while end < loads.len()
+                && end - i < coalesce
+                && loads[end].1 == step
+                && map.adjacent(
+                    map.unit(loads[end - 1].2, loads[end - 1].3),
+                    map.unit(loads[end].2, loads[end].3),
+                )
+            {
+                end += 1;
+            }
+            let bytes = self.machine.bundle_bytes * (end - i) as u64;
+            let read = self.machine.storage.submit(t, bytes, Access::Random);
+            let latency =
+                self.machine
+                    .messages
+                    .latency_ns(false, read.end_ns, self.host_free[sched]);
+            self.recorder.span(
+                "storage",
+                |_| format!("L{layer} load {cluster} (+{})", end - i - 1),
+                read.start_ns,
+                read.end_ns,
+            );
+            for &(_, step, layer, cluster) in &loads[i..end] {
+                landed.push((
+                    read.end_ns + latency,
+                    Event::Loaded {
+                        step,
+                        layer,
+                        cluster,
+                    },
+                ));
+            }
+            i = end;
+        }
     }
 
     /// A `Compute` message sent at `sent`: the group computes once the message has arrived

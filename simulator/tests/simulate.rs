@@ -372,6 +372,7 @@ fn a_neuron_store_under_a_cache_reads_what_it_misses_and_waits_for_it() {
             policy: CachePolicy::Segmented,
             max_loads: 4,
             stream_output: false,
+            coalesce: 1,
         });
         run(&pc(), &plan, &w)
     };

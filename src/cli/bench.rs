@@ -56,6 +56,8 @@ struct CacheDelta {
     bytes_per_token: f64,
     io_ms_per_token: f64,
     compute_ms_per_token: f64,
+    /// Units per read request (adjacent bundles merged).
+    units_per_read: f64,
 }
 
 impl CacheDelta {
@@ -69,6 +71,8 @@ impl CacheDelta {
                 0.0
             },
             bytes_per_token: (after.bytes_read - before.bytes_read) as f64 / tokens,
+            units_per_read: (after.loads - before.loads) as f64
+                / ((after.reads - before.reads) as f64).max(1.0),
             io_ms_per_token: (after.io_ns - before.io_ns) as f64 / 1e6 / tokens,
             compute_ms_per_token: (after.decode_compute_ns - before.decode_compute_ns) as f64
                 / 1e6
@@ -248,6 +252,7 @@ fn report(args: &BenchArgs, engine: &Engine, m: &Measured, printed_header: &mut 
                 "io_ms_per_token": c.io_ms_per_token,
                 "decode_compute_ms_per_token": c.compute_ms_per_token,
                 "ms_per_token": 1000.0 / med,
+                "units_per_read": c.units_per_read,
             })),
         });
         println!("{line}");
@@ -273,9 +278,10 @@ fn report(args: &BenchArgs, engine: &Engine, m: &Measured, printed_header: &mut 
     if let Some(c) = &m.cache {
         let wall = 1000.0 / med;
         println!(
-            "|   cache | hit rate {:.1}% | {:.2} MiB read/token | I/O {:.2} ms/token | compute {:.2} ms/token | wall {:.2} ms/token | I/O wait {:.0}% |",
+            "|   cache | hit rate {:.1}% | {:.2} MiB read/token ({:.1} units per read) | I/O {:.2} ms/token | compute {:.2} ms/token | wall {:.2} ms/token | I/O wait {:.0}% |",
             c.hit_rate * 100.0,
             c.bytes_per_token / (1024.0 * 1024.0),
+            c.units_per_read,
             c.io_ms_per_token,
             c.compute_ms_per_token,
             wall,

@@ -66,6 +66,13 @@ pub const RUNTIME_OVERHEAD: u64 = 19 << 20;
 /// Loads the scheduler keeps in flight by default: enough to keep one issuer busy.
 pub const DEFAULT_MAX_LOADS: u32 = 4;
 
+/// Adjacent bundles merged into one read by default: none. Merging (a vectored read into
+/// several slots, `CachePlan::coalesce`) measured no faster on the build machine's disk than
+/// one read per bundle (SmolLM2 at 50%: 1.7 bundles per read, 103 against 102 ms of I/O per
+/// token), while one bigger bundle per read is (`--bundle-neurons 512`): see
+/// docs/benchmarks.md.
+pub const DEFAULT_COALESCE: u32 = 1;
+
 /// How a budget was spent.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BudgetSplit {
@@ -163,7 +170,7 @@ pub fn split_budget(
     let cache = budget - fixed;
     let slots = ((cache / slot) as u32).min(n_units);
     // Enough cold slots for the loads in flight and the clusters being computed.
-    let cold = (2 * DEFAULT_MAX_LOADS).min(slots.saturating_sub(1)).max(1);
+    let cold = (DEFAULT_MAX_LOADS + 2).min(slots.saturating_sub(1)).max(1);
     let hot_slots = if slots >= n_units {
         n_units
     } else {
@@ -182,6 +189,7 @@ pub fn split_budget(
             policy,
             max_loads: DEFAULT_MAX_LOADS,
             stream_output: true,
+            coalesce: DEFAULT_COALESCE,
         },
         ffn_bytes,
         output_rows,

@@ -43,6 +43,14 @@ pub struct CachePlan {
     /// slot); otherwise it stays resident.
     #[serde(default)]
     pub stream_output: bool,
+    /// Adjacent FFN bundles read in one request, at most (the scheduler issues loads in groups
+    /// of this many when it can; drivers merge adjacent ones). 1: every bundle its own read.
+    #[serde(default = "one")]
+    pub coalesce: u32,
+}
+
+fn one() -> u32 {
+    1
 }
 
 /// Counters of one layer.

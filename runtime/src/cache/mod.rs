@@ -64,6 +64,12 @@ impl UnitMap {
         }
     }
 
+    /// Whether unit `b` is the FFN bundle right after unit `a` in the store (bundles of all
+    /// layers lie back to back, layer after layer): one read can fetch both.
+    pub fn adjacent(&self, a: u32, b: u32) -> bool {
+        b == a + 1 && b < self.n_ffn_units()
+    }
+
     /// The (layer, cluster) of a unit (`n_layer` for the output projection).
     pub fn layer_cluster(&self, unit: u32) -> (u32, u32) {
         if unit >= self.n_ffn_units() {
@@ -97,8 +103,9 @@ impl UnitMap {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CacheReport {
     pub layers: Vec<LayerCacheStats>,
-    /// Bundles read, and their bytes.
+    /// Units read, the read requests that fetched them (adjacent units merge), and their bytes.
     pub loads: u64,
+    pub reads: u64,
     pub bytes_read: u64,
     /// Time the storage issuer spent reading (0 where the driver does not time it).
     pub io_ns: u64,

@@ -193,6 +193,68 @@ impl BundleFile {
     }
 }
 
+impl BundleFile {
+    /// Whether units `a` and `b` (as `(layer, cluster)`) lie back to back in the file, so that
+    /// one read fetches both.
+    pub fn contiguous(&self, a: (u32, u32), b: (u32, u32)) -> bool {
+        let (ua, ub) = (
+            self.map.unit(a.0, a.1) as usize,
+            self.map.unit(b.0, b.1) as usize,
+        );
+        match (self.extents.get(ua), self.extents.get(ub)) {
+            (Some(x), Some(y)) => x.offset + x.len as u64 == y.offset,
+            _ => false,
+        }
+    }
+
+    /// Reads units that lie back to back (see [`BundleFile::contiguous`]) with one vectored
+    /// read, each into its slot. When that read fails or comes back short, or a checksum
+    /// fails, every unit is read again on its own (with [`BundleFile::load`]'s retry and
+    /// errors): the result is the same as loading them one by one.
+    pub fn load_run(&self, units: &mut [(u32, u32, &mut [u8])]) -> Vec<Result<(), LoadError>> {
+        if units.len() > 1 && self.read_run(units) {
+            return units.iter().map(|_| Ok(())).collect();
+        }
+        units
+            .iter_mut()
+            .map(|(layer, cluster, dst)| self.load(*layer, *cluster, dst))
+            .collect()
+    }
+
+    /// One vectored read of a run; true when every unit arrived whole and checked.
+    fn read_run(&self, units: &mut [(u32, u32, &mut [u8])]) -> bool {
+        let mut extents = Vec::with_capacity(units.len());
+        for (layer, cluster, dst) in units.iter() {
+            let u = self.map.unit(*layer, *cluster) as usize;
+            match self.extents.get(u) {
+                Some(e) if dst.len() >= e.len => extents.push((u, e)),
+                _ => return false,
+            }
+        }
+        let total: usize = extents.iter().map(|(_, e)| e.len).sum();
+        let mut bufs: Vec<std::io::IoSliceMut<'_>> = units
+            .iter_mut()
+            .zip(&extents)
+            .map(|((_, _, dst), (_, e))| std::io::IoSliceMut::new(&mut dst[..e.len]))
+            .collect();
+        let got = rustix::io::preadv(&self.file, &mut bufs, extents[0].1.offset).unwrap_or(0);
+        drop(bufs);
+        if got < total {
+            return false;
+        }
+        for ((_, _, dst), (u, e)) in units.iter().zip(&extents) {
+            let Some((l, b)) = e.bundle else { continue };
+            if !self.verified[*u].load(Ordering::Relaxed) {
+                if self.store.check_bundle(l, b, &dst[e.data.clone()]).is_err() {
+                    return false;
+                }
+                self.verified[*u].store(true, Ordering::Relaxed);
+            }
+        }
+        true
+    }
+}
+
 /// Reads until `buf` is full or the file ends; returns the bytes read.
 fn read_full(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
     let mut done = 0;

@@ -7,6 +7,7 @@ fn plan(slots: u32, hot: u32, policy: CachePolicy) -> CachePlan {
         policy,
         max_loads: 2,
         stream_output: false,
+        coalesce: 1,
     }
 }
 

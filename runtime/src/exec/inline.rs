@@ -74,6 +74,7 @@ impl<R: ClusterRunner> InlineDriver<R> {
         Some(crate::cache::CacheReport {
             layers,
             loads: self.loads,
+            reads: self.loads,
             bytes_read: self.bytes_read,
             io_ns: 0,
             decode_compute_ns: 0,

@@ -160,6 +160,7 @@ enum UnitState {
 struct CacheFlow {
     directory: CacheDirectory,
     max_loads: u32,
+    coalesce: u32,
     loads_in_flight: u32,
     map: UnitMap,
     /// Next unit (in [`UnitMap`] order, the order a step needs them) to acquire, and the end of
@@ -239,6 +240,7 @@ impl Scheduler {
                 Some(CacheFlow {
                     directory: CacheDirectory::new(c, &map),
                     max_loads: c.max_loads,
+                    coalesce: c.coalesce.max(1),
                     loads_in_flight: 0,
                     map,
                     cursor: n_units as u32,
@@ -309,6 +311,11 @@ impl Scheduler {
             cache.loads_in_flight = 0;
             cache.cursor = cache.units.len() as u32;
         }
+    }
+
+    /// At most how many adjacent loads a driver may merge into one read (1 without a cache).
+    pub fn coalesce(&self) -> u32 {
+        self.cache.as_ref().map_or(1, |c| c.coalesce)
     }
 
     /// How the cache numbers its units, if the plan has a cache.
@@ -625,6 +632,12 @@ impl CacheFlow {
 
     /// Acquires clusters in step order while slots and the load depth allow; issues the loads.
     fn pump(&mut self, step: StepId, ready: &mut Vec<u32>, out: &mut Vec<Command>) {
+        // Start loading only with room for a whole group of adjacent reads (or when nothing
+        // is in flight), so drivers can merge them into one request.
+        let room = self.max_loads.saturating_sub(self.loads_in_flight);
+        if self.loads_in_flight > 0 && room < self.coalesce.min(self.max_loads) {
+            return;
+        }
         while self.cursor < self.cursor_end && self.loads_in_flight < self.max_loads {
             let (layer, cluster) = self.directory.split_unit(self.cursor);
             let u = self.cursor as usize;

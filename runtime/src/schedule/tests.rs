@@ -682,6 +682,7 @@ fn a_cache_holding_every_unit_loads_nothing_after_the_first_step() {
             policy,
             max_loads: 3,
             stream_output: true,
+            coalesce: 2,
         };
         let plan = cached_plan(ExecutionPlan::default(), 50, cache);
         let mut s = Scheduler::new(&model, &plan).unwrap();
@@ -739,6 +740,7 @@ proptest! {
         hot_pick in 0u32..64,
         lru in any::<bool>(),
         max_loads in 1u32..=6,
+        coalesce in 1u32..=5,
         stream_output in any::<bool>(),
         steps in prop::collection::vec((any::<bool>(), 2u32..12, 0u32..3), 1..6),
         picks in prop::collection::vec(0usize..32, 1..96),
@@ -754,6 +756,7 @@ proptest! {
             policy: if lru { CachePolicy::Lru } else { CachePolicy::Segmented },
             max_loads,
             stream_output,
+            coalesce,
         };
         let base = ExecutionPlan {
             decode,
