@@ -11,12 +11,13 @@
 
 use crate::scheduler::{ClusterLoaded, SchedulerActor};
 use crate::step::StepShared;
+use conductor_runtime::cache::read_full;
 use conductor_runtime::schedule::StepId;
 use kameo::actor::{Actor, ActorRef};
 use kameo::error::Infallible;
 use kameo::message::{Context, Message};
 use std::fs::File;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::SyncSender;
@@ -142,20 +143,6 @@ impl StorageFile {
         }
         Ok(buf[skip..skip + len].to_vec())
     }
-}
-
-/// Reads until `buf` is full or the file ends; returns the bytes read.
-fn read_full(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
-    let mut done = 0;
-    while done < buf.len() {
-        match file.read_at(&mut buf[done..], offset + done as u64) {
-            Ok(0) => break,
-            Ok(n) => done += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(done)
 }
 
 /// The storage actor.

@@ -255,8 +255,9 @@ impl BundleFile {
     }
 }
 
-/// Reads until `buf` is full or the file ends; returns the bytes read.
-fn read_full(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+/// Reads until `buf` is full or the file ends (retrying interrupted reads); returns the bytes
+/// read.
+pub fn read_full(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
     let mut done = 0;
     while done < buf.len() {
         match file.read_at(&mut buf[done..], offset + done as u64) {
