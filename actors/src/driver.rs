@@ -313,7 +313,7 @@ impl ActorDriver {
 
     /// The neuron cache's counters, bytes read and time spent (plans with a cache).
     pub fn cache_report(&self) -> Option<CacheReport> {
-        self.shared.cache.as_ref()?;
+        let (_, file) = self.shared.cache.as_ref()?;
         let (tx, rx) = sync_channel(1);
         self.actors
             .scheduler
@@ -324,6 +324,7 @@ impl ActorDriver {
         let c = &self.shared.counters;
         let get = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
         Some(CacheReport {
+            layer_bytes: file.layer_bytes(&layers),
             layers,
             loads: get(&c.loads),
             reads: get(&c.reads),

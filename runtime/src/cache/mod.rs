@@ -103,6 +103,8 @@ impl UnitMap {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CacheReport {
     pub layers: Vec<LayerCacheStats>,
+    /// Bytes read per layer (the last entry: the output projection).
+    pub layer_bytes: Vec<u64>,
     /// Units read, the read requests that fetched them (adjacent units merge), and their bytes.
     pub loads: u64,
     pub reads: u64,

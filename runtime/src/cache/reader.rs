@@ -135,6 +135,15 @@ impl BundleFile {
         self.direct
     }
 
+    /// Bytes read per layer (the output projection last) for these counters.
+    pub fn layer_bytes(&self, stats: &[super::LayerCacheStats]) -> Vec<u64> {
+        stats
+            .iter()
+            .enumerate()
+            .map(|(l, s)| s.misses * self.read_bytes(l as u32, 0))
+            .collect()
+    }
+
     /// Bytes the read of `(layer, cluster)` transfers.
     pub fn read_bytes(&self, layer: u32, cluster: u32) -> u64 {
         let u = self.map.unit(layer, cluster) as usize;

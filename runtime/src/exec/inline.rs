@@ -69,9 +69,10 @@ impl<R: ClusterRunner> InlineDriver<R> {
 
     /// The cache's counters and the bytes read (plans with a cache).
     pub fn cache_report(&self) -> Option<crate::cache::CacheReport> {
-        self.cache.as_ref()?;
+        let (_, file) = self.cache.as_ref()?;
         let layers = self.scheduler.cache_stats()?.to_vec();
         Some(crate::cache::CacheReport {
+            layer_bytes: file.layer_bytes(&layers),
             layers,
             loads: self.loads,
             reads: self.loads,
