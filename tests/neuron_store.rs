@@ -211,6 +211,9 @@ fn the_actor_driver_pipelines_loads_with_the_same_bits() {
         )
         .unwrap();
         assert_eq!(run(&mut d).unwrap(), reference, "slots {slots} hot {hot}");
+        let report = d.cache_report().unwrap();
+        assert!(report.loads > 0 && report.reads > 0 && report.reads <= report.loads);
+        assert_eq!(report.layer_bytes.iter().sum::<u64>(), report.bytes_read);
     }
 }
 
@@ -289,34 +292,25 @@ fn bad_stores_are_refused_with_a_reason() {
     let err = run(&mut d).unwrap_err();
     assert!(err.to_string().contains("layer 1 neurons 0..64"), "{err}");
 
-    // Another format version.
-    let mut w = conductor::runtime::gguf::GgufWriter::from_file(
-        &conductor::runtime::gguf::GgufFile::open(&store_path).unwrap(),
-    )
-    .unwrap();
-    w.set_alignment(4096).unwrap();
-    let mut meta: Vec<_> = w.metadata().to_vec();
-    for (k, v) in meta.iter_mut() {
-        if k == "conductor.store.version" {
-            *v = conductor::runtime::gguf::Value::U32(99);
-        }
+    // Another format version: the same store with its version key changed (the writer keeps
+    // the store's 4096 alignment, carried by `general.alignment`).
+    use conductor::runtime::gguf::{GgufFile, GgufWriter, Value};
+    let file = GgufFile::open(&store_path).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in file.metadata() {
+        let v = match k.as_str() {
+            "conductor.store.version" => Value::U32(99),
+            _ => v.clone(),
+        };
+        w.add_metadata(k.clone(), v).unwrap();
     }
-    let mut w2 = conductor::runtime::gguf::GgufWriter::new();
-    for (k, v) in meta {
-        w2.add_metadata(k, v).unwrap();
-    }
-    let file = conductor::runtime::gguf::GgufFile::open(&store_path).unwrap();
     for t in file.tensors() {
-        w2.add_tensor(
-            t.name.clone(),
-            t.dims.clone(),
-            t.ty,
-            file.tensor_data(t).to_vec(),
-        )
-        .unwrap();
+        let data = file.tensor_data(t).to_vec();
+        w.add_tensor(t.name.clone(), t.dims.clone(), t.ty, data)
+            .unwrap();
     }
     let old = files.dir.join("old.gguf");
-    w2.write_file_atomic(&old).unwrap();
+    w.write_file_atomic(&old).unwrap();
     let err = Model::load(&old).err().expect("version refused");
     assert!(err.to_string().contains("version 99"), "{err}");
 }

@@ -243,7 +243,7 @@ impl ActorDriver {
             recording: AtomicBool::new(false),
             cache: open_cache(&model, plan, scheduler.unit_map())?
                 .map(|(arena, file)| (arena, Arc::new(file))),
-            counters: Counters::default(),
+            counters: Counters::new(model.config.n_layer),
         });
         if let Some((arena, _)) = &shared.cache {
             write(&shared.state).set_cache(Some(Arc::clone(arena)));
@@ -313,7 +313,7 @@ impl ActorDriver {
 
     /// The neuron cache's counters, bytes read and time spent (plans with a cache).
     pub fn cache_report(&self) -> Option<CacheReport> {
-        let (_, file) = self.shared.cache.as_ref()?;
+        self.shared.cache.as_ref()?;
         let (tx, rx) = sync_channel(1);
         self.actors
             .scheduler
@@ -324,7 +324,7 @@ impl ActorDriver {
         let c = &self.shared.counters;
         let get = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
         Some(CacheReport {
-            layer_bytes: file.layer_bytes(&layers),
+            layer_bytes: c.layer_bytes.iter().map(get).collect(),
             layers,
             loads: get(&c.loads),
             reads: get(&c.reads),

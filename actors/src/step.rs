@@ -35,7 +35,6 @@ pub(crate) struct StepShared {
 }
 
 /// Where the time of steps went, summed since the driver started.
-#[derive(Default)]
 pub struct Counters {
     /// Nanoseconds groups spent computing decode clusters.
     pub decode_compute_ns: AtomicU64,
@@ -47,6 +46,22 @@ pub struct Counters {
     pub loads: AtomicU64,
     /// Read requests (adjacent units merged into one read count once).
     pub reads: AtomicU64,
+    /// Bytes read per layer (the output projection last).
+    pub layer_bytes: Vec<AtomicU64>,
+}
+
+impl Counters {
+    /// Zeroed counters for a model of `n_layer` layers.
+    pub fn new(n_layer: u32) -> Counters {
+        Counters {
+            decode_compute_ns: AtomicU64::new(0),
+            io_ns: AtomicU64::new(0),
+            io_bytes: AtomicU64::new(0),
+            loads: AtomicU64::new(0),
+            reads: AtomicU64::new(0),
+            layer_bytes: (0..=n_layer).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
 }
 
 impl StepShared {

@@ -11,13 +11,12 @@
 
 use crate::scheduler::{ClusterLoaded, SchedulerActor};
 use crate::step::StepShared;
-use conductor_runtime::cache::read_full;
+use conductor_runtime::cache::{open_for_reads, read_full};
 use conductor_runtime::schedule::StepId;
 use kameo::actor::{Actor, ActorRef};
 use kameo::error::Infallible;
 use kameo::message::{Context, Message};
 use std::fs::File;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::SyncSender;
@@ -74,26 +73,11 @@ impl StorageFile {
             path: path.to_path_buf(),
             source,
         };
-        if direct {
-            let flags = rustix::fs::OFlags::DIRECT.bits() as i32;
-            if let Ok(file) = std::fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(flags)
-                .open(path)
-            {
-                return Ok(StorageFile {
-                    path: path.to_path_buf(),
-                    file,
-                    direct: true,
-                });
-            }
-            // tmpfs and some others refuse O_DIRECT: fall back to the page cache.
-        }
-        let file = File::open(path).map_err(open_err)?;
+        let (file, direct) = open_for_reads(path, direct).map_err(open_err)?;
         Ok(StorageFile {
             path: path.to_path_buf(),
             file,
-            direct: false,
+            direct,
         })
     }
 
@@ -241,6 +225,9 @@ impl Message<LoadClusters> for Storage {
             if result.is_ok() {
                 let bytes = file.read_bytes(it.layer, it.cluster);
                 c.io_bytes.fetch_add(bytes, Ordering::Relaxed);
+                if let Some(l) = c.layer_bytes.get(it.layer as usize) {
+                    l.fetch_add(bytes, Ordering::Relaxed);
+                }
                 c.loads.fetch_add(1, Ordering::Relaxed);
                 self.bytes_read += bytes;
             }

@@ -46,7 +46,6 @@ impl SlotBuf {
 
 /// The slots and the unit → slot table.
 pub struct SlotArena {
-    slot_bytes: usize,
     slots: Vec<RwLock<SlotBuf>>,
     map: UnitMap,
     /// Unit → slot, or `NONE`.
@@ -63,7 +62,6 @@ impl SlotArena {
         let longest = extents.iter().map(|e| e.len).max().unwrap_or(0);
         let slot_bytes = longest.div_ceil(SLOT_ALIGN) * SLOT_ALIGN;
         SlotArena {
-            slot_bytes,
             slots: (0..n_slots)
                 .map(|_| RwLock::new(SlotBuf::new(slot_bytes)))
                 .collect(),
@@ -82,19 +80,6 @@ impl SlotArena {
     /// Where the bytes of `(layer, cluster)` lie in its slot.
     pub fn data_range(&self, layer: u32, cluster: u32) -> Range<usize> {
         self.data[self.unit(layer, cluster)].clone()
-    }
-
-    pub fn n_slots(&self) -> u32 {
-        self.slots.len() as u32
-    }
-
-    pub fn slot_bytes(&self) -> usize {
-        self.slot_bytes
-    }
-
-    /// Memory the slots take.
-    pub fn bytes(&self) -> u64 {
-        self.slots.len() as u64 * (self.slot_bytes + SLOT_ALIGN) as u64
     }
 
     fn unit(&self, layer: u32, cluster: u32) -> usize {

@@ -130,15 +130,13 @@ pub fn split_budget(
     let c = &model.config;
     let layout = &store.layout;
     let file = model.file();
-    // Bundles, token embeddings and the output projection stream; the rest is read at load.
-    let streamed = |name: &str| {
-        name.ends_with(".ffn_bundles") || name == "token_embd.weight" || name == "output.weight"
-    };
+    // Bundles, token embeddings and the output projection stream (as `Model::load_resident`
+    // with `stream_output` leaves them); the rest is read at load.
     let resident_weights = file.data_offset()
         + file
             .tensors()
             .iter()
-            .filter(|t| !streamed(&t.name))
+            .filter(|t| !crate::store::stays_on_storage(&t.name, true))
             .map(|t| t.n_bytes)
             .sum::<u64>();
     let ffn_bytes = layout.layer_bytes() * u64::from(c.n_layer);

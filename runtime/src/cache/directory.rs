@@ -245,12 +245,4 @@ impl CacheDirectory {
     pub fn stats(&self) -> &[LayerCacheStats] {
         &self.stats
     }
-
-    /// Clusters currently held in slots (ready).
-    pub fn resident(&self) -> usize {
-        self.units
-            .iter()
-            .filter(|r| matches!(r, Residency::Ready(_)))
-            .count()
-    }
 }

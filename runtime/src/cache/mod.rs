@@ -18,7 +18,7 @@ pub use budget::{
     split_budget, BudgetError, BudgetSplit, MemoryBudget, DEFAULT_MAX_LOADS, RUNTIME_OVERHEAD,
 };
 pub use directory::{Acquired, CacheDirectory, CachePlan, CachePolicy, LayerCacheStats};
-pub use reader::{read_full, unit_extents, BundleFile, Extent, LoadError};
+pub use reader::{open_for_reads, read_full, unit_extents, BundleFile, Extent, LoadError};
 
 #[cfg(test)]
 mod tests;

@@ -81,7 +81,6 @@ pub fn unit_extents(model: &Model, map: &UnitMap, output_rows: u32) -> Vec<Exten
 pub struct BundleFile {
     path: PathBuf,
     file: File,
-    direct: bool,
     store: StoreInfo,
     map: UnitMap,
     extents: Vec<Extent>,
@@ -104,44 +103,15 @@ impl BundleFile {
         let Some(store) = model.store.clone() else {
             return Ok(None);
         };
-        let mut opened = None;
-        if direct {
-            let flags = rustix::fs::OFlags::DIRECT.bits() as i32;
-            // tmpfs and some others refuse O_DIRECT: fall back to the page cache.
-            opened = std::fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(flags)
-                .open(path)
-                .ok()
-                .map(|f| (f, true));
-        }
-        let (file, direct) = match opened {
-            Some(o) => o,
-            None => (File::open(path)?, false),
-        };
+        let (file, _) = open_for_reads(path, direct)?;
         Ok(Some(BundleFile {
             path: path.to_path_buf(),
             file,
-            direct,
             store,
             map: map.clone(),
             verified: extents.iter().map(|_| AtomicBool::new(false)).collect(),
             extents,
         }))
-    }
-
-    /// Whether reads bypass the page cache.
-    pub fn is_direct(&self) -> bool {
-        self.direct
-    }
-
-    /// Bytes read per layer (the output projection last) for these counters.
-    pub fn layer_bytes(&self, stats: &[super::LayerCacheStats]) -> Vec<u64> {
-        stats
-            .iter()
-            .enumerate()
-            .map(|(l, s)| s.misses * self.read_bytes(l as u32, 0))
-            .collect()
     }
 
     /// Bytes the read of `(layer, cluster)` transfers.
@@ -262,6 +232,23 @@ impl BundleFile {
         }
         true
     }
+}
+
+/// Opens `path` for reading, with `O_DIRECT` if `direct` and the file system accepts it (tmpfs
+/// and some others refuse it: the page cache then serves the reads). Returns the file and
+/// whether its reads bypass the page cache.
+pub fn open_for_reads(path: &Path, direct: bool) -> std::io::Result<(File, bool)> {
+    if direct {
+        let flags = rustix::fs::OFlags::DIRECT.bits() as i32;
+        if let Ok(file) = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(flags)
+            .open(path)
+        {
+            return Ok((file, true));
+        }
+    }
+    Ok((File::open(path)?, false))
 }
 
 /// Reads until `buf` is full or the file ends (retrying interrupted reads); returns the bytes

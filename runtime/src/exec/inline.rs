@@ -21,6 +21,8 @@ pub struct InlineDriver<R: ClusterRunner> {
     /// Units read so far, and their bytes.
     loads: u64,
     bytes_read: u64,
+    /// Bytes read per layer (the output projection last).
+    layer_bytes: Vec<u64>,
     scheduler: Scheduler,
     state: StepState,
     outputs: Vec<Mutex<GroupOutput>>,
@@ -45,6 +47,7 @@ impl<R: ClusterRunner> InlineDriver<R> {
             cache,
             loads: 0,
             bytes_read: 0,
+            layer_bytes: vec![0; model.config.n_layer as usize + 1],
             outputs: (0..scheduler.n_groups())
                 .map(|_| Mutex::default())
                 .collect(),
@@ -69,10 +72,10 @@ impl<R: ClusterRunner> InlineDriver<R> {
 
     /// The cache's counters and the bytes read (plans with a cache).
     pub fn cache_report(&self) -> Option<crate::cache::CacheReport> {
-        let (_, file) = self.cache.as_ref()?;
+        self.cache.as_ref()?;
         let layers = self.scheduler.cache_stats()?.to_vec();
         Some(crate::cache::CacheReport {
-            layer_bytes: file.layer_bytes(&layers),
+            layer_bytes: self.layer_bytes.clone(),
             layers,
             loads: self.loads,
             reads: self.loads,
@@ -166,7 +169,9 @@ impl<R: ClusterRunner> InlineDriver<R> {
                         return Err(e.into());
                     }
                     self.loads += 1;
-                    self.bytes_read += file.read_bytes(layer, cluster);
+                    let bytes = file.read_bytes(layer, cluster);
+                    self.bytes_read += bytes;
+                    self.layer_bytes[layer as usize] += bytes;
                     let event = Event::Loaded {
                         step,
                         layer,

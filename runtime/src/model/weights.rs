@@ -5,7 +5,7 @@ use super::ModelError;
 use crate::gguf::GgufFile;
 use crate::plan::{ModelDescription, ModelShape, WeightTypes};
 use crate::quant::{dequantize_row, GgmlType, MatRef};
-use crate::store::{bundle_tensor_name, BundleRef, StoreInfo};
+use crate::store::{bundle_tensor_name, stays_on_storage, StoreInfo};
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -103,16 +103,12 @@ impl Model {
             return Model::load(path);
         }
         let len = probe.file_bytes().len();
-        let streamed = |name: &str| {
-            stream_output && (name == "token_embd.weight" || name == "output.weight")
-                || name.ends_with(".ffn_bundles")
-        };
         let ranges: Vec<Range<usize>> = std::iter::once(0..probe.data_offset() as usize)
             .chain(
                 probe
                     .tensors()
                     .iter()
-                    .filter(|t| !streamed(&t.name))
+                    .filter(|t| !stays_on_storage(&t.name, stream_output))
                     .map(|t| {
                         let start = (probe.data_offset() + t.offset) as usize;
                         start..start + t.n_bytes as usize
@@ -304,12 +300,6 @@ impl Model {
             .layout
             .payload_bytes(store.layout.neurons_of(b).len() as u32);
         &self.file.file_bytes()[at..at + len]
-    }
-
-    /// Bundle `b` of layer `l` of a store loaded whole.
-    pub fn bundle(&self, l: usize, b: u32) -> BundleRef<'_> {
-        let store = self.store.as_ref().expect("a neuron store");
-        store.layout.split(b, self.bundle_bytes(l, b))
     }
 
     /// Writes the embedding of `token` into `out` (`n_embd` values).

@@ -36,6 +36,13 @@ pub const KEY_SOURCE_NAME: &str = "conductor.store.source_name";
 pub const KEY_FFN_TYPES: &str = "conductor.store.ffn_types";
 pub const CRC_TENSOR: &str = "conductor.bundle_crc";
 
+/// Whether a store's tensor `name` stays on storage under a memory budget: the bundles always,
+/// the token embeddings and output projection when the output streams too.
+pub fn stays_on_storage(name: &str, stream_output: bool) -> bool {
+    name.ends_with(".ffn_bundles")
+        || stream_output && (name == "token_embd.weight" || name == "output.weight")
+}
+
 /// The name of layer `layer`'s bundle tensor.
 pub fn bundle_tensor_name(layer: u32) -> String {
     format!("blk.{layer}.ffn_bundles")
