@@ -4,9 +4,12 @@
 //!
 //! ```sh
 //! cargo run --release --example synthetic_model -- -o wide.gguf --layers 16 --embd 1024 --ff 8192
+//! # A ReLU model where about 10% of FFN neurons fire per token (~90% natural sparsity):
+//! cargo run --release --example synthetic_model -- -o relu.gguf --relu-active 0.1
 //! ```
 
 use clap::Parser;
+use conductor::runtime::model::FfnActivation;
 use conductor::runtime::quant::GgmlType;
 use conductor::runtime::synthetic::{synthetic_model, SyntheticSpec};
 use std::path::PathBuf;
@@ -29,6 +32,9 @@ struct Args {
     vocab: u32,
     #[arg(long, default_value_t = 7)]
     seed: u64,
+    /// A ReLU model in which about this share of FFN neurons fires per token (e.g. 0.1).
+    #[arg(long)]
+    relu_active: Option<f32>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -45,6 +51,12 @@ fn main() -> anyhow::Result<()> {
         embd_type: GgmlType::Q8_0,
         tied_output: true,
         seed: a.seed,
+        activation: if a.relu_active.is_some() {
+            FfnActivation::Relu
+        } else {
+            FfnActivation::Silu
+        },
+        relu_active_share: a.relu_active,
         ..SyntheticSpec::default()
     };
     synthetic_model(&spec)?.write_file_atomic(&a.output)?;

@@ -6,9 +6,13 @@ use conductor_runtime::cache::{split_budget, BudgetSplit, CachePolicy, CacheRepo
 use conductor_runtime::exec::{Driver, InlineDriver, Session, StepError};
 use conductor_runtime::model::{Model, ModelError};
 use conductor_runtime::plan::{ExecutionPlan, Topology};
+use conductor_runtime::quant::GgmlType;
 use conductor_runtime::quant::Kernels;
 use conductor_runtime::sample::{Sampler, SamplingError, SamplingParams};
 use conductor_runtime::schedule::ScheduleError;
+use conductor_runtime::sparse::powerinfer::read_powerinfer;
+use conductor_runtime::sparse::profile::{ModelIdentity, ModelProfile};
+use conductor_runtime::sparse::{SparseError, SparseFfn, SparsityMode};
 use conductor_runtime::tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
 use conductor_runtime::trace::Trace;
 use std::ops::ControlFlow;
@@ -44,6 +48,130 @@ pub enum Error {
     EmptyPrompt,
     #[error("nothing to generate: the number of tokens to predict must be at least 1")]
     NothingToGenerate,
+    #[error(transparent)]
+    Sparse(#[from] SparseError),
+    #[error("--sparsity {mode} needs an activation profile of the model: none at {} (make one with `conductor profile -m MODEL`)", path.display())]
+    NoProfile { mode: &'static str, path: PathBuf },
+    #[error("probes see the inline driver's tensors (this engine runs the actor driver)")]
+    NoProbe,
+}
+
+/// Which FFN neurons decode computes ([`EngineBuilder::sparsity`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SparsitySettings {
+    /// `None`: the shipped default ([`DEFAULT_SPARSITY_MODE`] at [`DEFAULT_SPARSITY`] when the
+    /// model has an activation profile, dense otherwise).
+    pub mode: Option<SparsityMode>,
+    /// Target share of FFN neurons skipped (default [`DEFAULT_SPARSITY`]).
+    pub target: Option<f32>,
+    /// The activation profile (default: `MODEL.profile` beside the model file).
+    pub profile: Option<PathBuf>,
+    /// Sparse decode for prompt tokens too: every step runs in decode shape (how perplexity
+    /// measures what sparse decode computes). Default: prompts are prefilled densely.
+    pub all_tokens: bool,
+    /// Format of the transposed down projection sparse decode reads (default
+    /// [`DEFAULT_SPARSE_DOWN_TYPE`]).
+    pub down_type: Option<GgmlType>,
+}
+
+/// Format of the transposed down projection: re-quantized from the model's down projection
+/// once at load (see docs/benchmarks.md for what each costs in perplexity).
+pub const DEFAULT_SPARSE_DOWN_TYPE: GgmlType = GgmlType::Q8_0;
+
+/// The sparsity mode `--sparsity default` picks for a ReLU model whose profile has no
+/// predictors (with predictors it is [`SparsityMode::Predictor`]). SwiGLU models decode densely
+/// by default: at the sparsity their quality allows, sparse decode is slower than dense on the
+/// machines measured (docs/benchmarks.md).
+pub const DEFAULT_SPARSITY_MODE: SparsityMode = SparsityMode::Threshold;
+/// The target sparsity of `--sparsity threshold|predictor` on SwiGLU models when none is given:
+/// the most that stays within +3% perplexity on SmolLM2 (docs/benchmarks.md). ReLU models
+/// default to their natural zeros (target 0: lossless).
+pub const DEFAULT_SPARSITY: f32 = 0.3;
+
+/// Resolves `settings` for `model` (loaded from `path`): the sparse-decode data, or `None`
+/// for dense decode.
+fn resolve_sparsity(
+    model: &Model,
+    path: &std::path::Path,
+    settings: &SparsitySettings,
+    say: &mut dyn FnMut(&str),
+) -> Result<Option<SparseFfn>, Error> {
+    let profile_path = settings
+        .profile
+        .clone()
+        .unwrap_or_else(|| ModelProfile::default_path(path));
+    let relu = model.config.activation == conductor_runtime::model::FfnActivation::Relu;
+    let target = settings
+        .target
+        .unwrap_or(if relu { 0.0 } else { DEFAULT_SPARSITY });
+    let mode = match settings.mode {
+        Some(SparsityMode::Dense) => return Ok(None),
+        Some(mode) => mode,
+        None => {
+            // The default: sparse for profiled ReLU models and PowerInfer files, dense (quietly)
+            // otherwise.
+            if model.store.is_some() || !relu {
+                return Ok(None);
+            }
+            DEFAULT_SPARSITY_MODE
+        }
+    };
+    // A PowerInfer file brings its own predictors and transposed down projection.
+    if mode == SparsityMode::Predictor || settings.mode.is_none() {
+        let c = &model.config;
+        let pi = read_powerinfer(
+            model.file(),
+            None,
+            c.n_embd as usize,
+            c.n_ff as usize,
+            c.n_layer as usize,
+        )
+        .map_err(SparseError::from)?;
+        if let Some(pi) = pi.filter(|p| p.has_predictors()) {
+            let down_type = settings.down_type.unwrap_or(DEFAULT_SPARSE_DOWN_TYPE);
+            let sparse = SparseFfn::from_powerinfer(model, pi, down_type)?;
+            say(&format!(
+                "sparsity: predictor (the PowerInfer file's own predictors), +{:.1} MiB",
+                sparse.bytes() as f64 / (1 << 20) as f64
+            ));
+            return Ok(Some(sparse));
+        }
+    }
+    if settings.mode.is_none() && !profile_path.exists() {
+        return Ok(None);
+    }
+    if !profile_path.exists() {
+        return Err(Error::NoProfile {
+            mode: mode.name(),
+            path: profile_path,
+        });
+    }
+    let profile =
+        ModelProfile::load(&profile_path, &ModelIdentity::of(model)).map_err(SparseError::from)?;
+    let mode = match (settings.mode, &profile.predictors) {
+        (None, Some(_)) if relu => SparsityMode::Predictor,
+        (None, _) => DEFAULT_SPARSITY_MODE,
+        _ => mode,
+    };
+    if let (SparsityMode::Predictor, Some(p)) = (mode, &profile.predictors) {
+        if target + 1e-6 < p.sparsity {
+            say(&format!(
+                "sparsity: the predictors were trained for {:.0}% sparsity; at {:.0}% they miss more of the neurons the threshold keeps",
+                p.sparsity * 100.0,
+                target * 100.0
+            ));
+        }
+    }
+    let down_type = settings.down_type.unwrap_or(DEFAULT_SPARSE_DOWN_TYPE);
+    let sparse = SparseFfn::build(model, &profile, mode, target, down_type)?;
+    say(&format!(
+        "sparsity: {} at {:.0}% of FFN neurons skipped ({}, +{:.1} MiB for transposed down projections and predictors)",
+        mode.name(),
+        target * 100.0,
+        profile_path.display(),
+        sparse.bytes() as f64 / (1 << 20) as f64
+    ));
+    Ok(Some(sparse))
 }
 
 /// Which driver carries out the scheduler's commands.
@@ -69,6 +197,7 @@ pub struct EngineBuilder {
     driver: DriverKind,
     topology: Option<Topology>,
     pin_threads: bool,
+    sparsity: SparsitySettings,
     say: Box<dyn FnMut(&str)>,
 }
 
@@ -139,6 +268,13 @@ impl EngineBuilder {
         self
     }
 
+    /// Sparse decode: mode, target sparsity, activation profile (default: see
+    /// [`SparsitySettings`]).
+    pub fn sparsity(mut self, settings: SparsitySettings) -> Self {
+        self.sparsity = settings;
+        self
+    }
+
     /// Kernels to use (default: the best this CPU supports).
     pub fn kernels(mut self, kernels: Kernels) -> Self {
         self.kernels = kernels;
@@ -166,9 +302,9 @@ impl EngineBuilder {
             None => Model::load(&path).map_err(load)?,
         };
         let mut model = model;
+        model.sparse = resolve_sparsity(&model, &path, &self.sparsity, &mut *self.say)?;
         let tokenizer = Tokenizer::from_gguf(model.file())?;
         model.release_tokenizer_metadata();
-        let model = Arc::new(model);
         let topology = self
             .topology
             .take()
@@ -177,8 +313,17 @@ impl EngineBuilder {
             .plan
             .take()
             .unwrap_or_else(|| ExecutionPlan::for_topology(&topology));
+        // Decode streams each FFN cluster's down projection as one contiguous block-column
+        // (a copy of the down projections, laid out once here).
+        if self.memory.is_none() {
+            model.cluster_down_projections(plan.decode.ffn_neurons as usize);
+        }
+        let model = Arc::new(model);
         if let Some(n) = self.io_threads {
             plan.storage.io_threads = n;
+        }
+        if model.sparse.is_some() && self.sparsity.all_tokens {
+            plan.decode_max_tokens = plan.decode_max_tokens.max(plan.prefill_max_tokens);
         }
         let mut budget = None;
         if let Some(memory) = self.memory {
@@ -322,6 +467,7 @@ impl Engine {
             driver: DriverKind::default(),
             topology: None,
             pin_threads: true,
+            sparsity: SparsitySettings::default(),
             say: Box::new(|line| eprintln!("{line}")),
         }
     }
@@ -370,6 +516,28 @@ impl Engine {
             AnyDriver::Actors(d) => Some(d),
             AnyDriver::Inline(_) => None,
         }
+    }
+
+    /// Installs a probe that sees intermediate tensors by llama.cpp's names (inline driver
+    /// only): what `conductor profile` records activations with.
+    pub fn set_probe(
+        &mut self,
+        probe: Option<conductor_runtime::exec::Probe>,
+    ) -> Result<(), Error> {
+        match &mut self.driver {
+            AnyDriver::Inline(d) => {
+                d.set_probe(probe);
+                Ok(())
+            }
+            AnyDriver::Actors(_) => Err(Error::NoProbe),
+        }
+    }
+
+    /// Sparse decode's counters since the last call: (share of FFN gate rows computed, share
+    /// of neurons active); `None` when decode is dense or nothing ran.
+    pub fn take_sparsity_stats(&self) -> Option<(f64, f64)> {
+        let sparse = self.model.sparse.as_ref()?;
+        sparse.stats.take()
     }
 
     /// Starts recording a trace (actor driver only).

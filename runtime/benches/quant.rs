@@ -6,6 +6,10 @@
 //! * `hot`: the same matrix again and again (it stays in L1/L2 when small).
 //! * `stream`: rotates through copies totalling ~96 MB, the weight bytes one decode token reads
 //!   for SmolLM2-135M, so weights come from L3/DRAM as in real decoding.
+//!
+//! `axpy_rows` (sparse FFN down projection over the transposed matrix) is shown next to the dense
+//! `matvec` of the down projection it replaces; its GB/s counts the weight bytes of the active
+//! rows only.
 
 use conductor_runtime::quant::{activation_type, GgmlType, Kernels, MatRef};
 use std::hint::black_box;
@@ -127,6 +131,8 @@ fn main() {
         }
     }
 
+    sparse_down(&kernels, &want);
+
     println!(
         "\n{:<34} {:>9} {:>10} {:>9} {:>11}",
         "matmul (rows x cols x tokens)", "isa", "ms/call", "GMAC/s", "GMAC/s@min"
@@ -224,6 +230,126 @@ fn main() {
                 w.len() as f64 / secs / 1e9,
                 (rows * cols) as f64 / secs / 1e9,
                 (rows * cols) as f64 / min / 1e9
+            );
+        }
+    }
+}
+
+/// (median, 10th percentile) seconds of single calls of `f` over `calls` calls. For kernels of
+/// tens of microseconds this is robust on a loaded machine: a call preempted mid-way lands in
+/// the tail instead of inflating a whole batch.
+fn per_call_secs(mut f: impl FnMut(), calls: usize) -> (f64, f64) {
+    for _ in 0..calls / 10 + 1 {
+        f();
+    }
+    let mut v: Vec<f64> = (0..calls)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64()
+        })
+        .collect();
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    (v[v.len() / 2], v[v.len() / 10])
+}
+
+/// Sparse FFN decode: `axpy_rows` of 768 of 1536 neurons over a transposed 1536 x 576 down
+/// projection, and the dense 576 x 1536 Q4_1 `matvec` it replaces.
+fn sparse_down(kernels: &[Kernels], want: &dyn Fn(&str) -> bool) {
+    let (n_ff, n_embd, active) = (1536, 576, 768);
+    println!(
+        "\n{:<34} {:>9} {:>10} {:>9} {:>11}",
+        "sparse down (per call)", "isa", "us median", "GB/s", "GB/s@p10"
+    );
+    // A sorted random half of the neurons (as a predictor's top-k would give).
+    let mut s = 0x9E37_79B9_7F4A_7C15u64;
+    let mut idx: Vec<u32> = (0..n_ff as u32).collect();
+    for i in (1..idx.len()).rev() {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        idx.swap(i, (s % (i as u64 + 1)) as usize);
+    }
+    let mut neurons = idx[..active].to_vec();
+    neurons.sort_unstable();
+    let coefs = data(8, active);
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::Q4_0] {
+        let w = quantized(ty, n_ff, n_embd, 9);
+        let row = w.len() / n_ff;
+        let copies = (96 << 20) / w.len() + 1;
+        let stream: Vec<Vec<u8>> = (0..copies).map(|_| w.clone()).collect();
+        for mode in ["hot", "stream"] {
+            let name = format!("axpy_rows {ty} {active}/{n_ff}x{n_embd} {mode}");
+            if !want(&name) {
+                continue;
+            }
+            for k in kernels {
+                let mut out = vec![0f32; n_embd];
+                let mut i = 0;
+                let (secs, p10) = per_call_secs(
+                    || {
+                        let data = if mode == "hot" {
+                            &w
+                        } else {
+                            i = (i + 1) % stream.len();
+                            &stream[i]
+                        };
+                        let m = MatRef::new(ty, data, n_ff, n_embd).unwrap();
+                        k.axpy_rows(m, black_box(&neurons), black_box(&coefs), &mut out);
+                        black_box(&out);
+                    },
+                    2000,
+                );
+                let bytes = (active * row) as f64;
+                println!(
+                    "{:<34} {:>9} {:>10.2} {:>9.2} {:>11.2}",
+                    name,
+                    k.isa().name(),
+                    secs * 1e6,
+                    bytes / secs / 1e9,
+                    bytes / p10 / 1e9
+                );
+            }
+        }
+    }
+    // The dense down projection: n_embd rows of n_ff.
+    let ty = GgmlType::Q4_1;
+    let w = quantized(ty, n_embd, n_ff, 10);
+    let x = data(11, n_ff);
+    let copies = (96 << 20) / w.len() + 1;
+    let stream: Vec<Vec<u8>> = (0..copies).map(|_| w.clone()).collect();
+    for mode in ["hot", "stream"] {
+        let name = format!("dense matvec {ty} {n_embd}x{n_ff} {mode}");
+        if !want(&name) {
+            continue;
+        }
+        for k in kernels {
+            let at = activation_type(ty);
+            let mut a = vec![0u8; at.bytes_for(n_ff as u64).unwrap() as usize];
+            k.quantize_activations(ty, &x, &mut a);
+            let mut out = vec![0f32; n_embd];
+            let mut i = 0;
+            let (secs, p10) = per_call_secs(
+                || {
+                    let data = if mode == "hot" {
+                        &w
+                    } else {
+                        i = (i + 1) % stream.len();
+                        &stream[i]
+                    };
+                    let m = MatRef::new(ty, data, n_embd, n_ff).unwrap();
+                    k.matvec(m, 0..n_ff, black_box(&a), &mut out);
+                    black_box(&out);
+                },
+                2000,
+            );
+            println!(
+                "{:<34} {:>9} {:>10.2} {:>9.2} {:>11.2}",
+                name,
+                k.isa().name(),
+                secs * 1e6,
+                w.len() as f64 / secs / 1e9,
+                w.len() as f64 / p10 / 1e9
             );
         }
     }

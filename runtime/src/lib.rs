@@ -13,6 +13,7 @@ pub mod plan;
 pub mod quant;
 pub mod sample;
 pub mod schedule;
+pub mod sparse;
 pub mod store;
 pub mod synthetic;
 pub mod tokenizer;

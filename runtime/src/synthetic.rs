@@ -27,6 +27,11 @@ pub struct SyntheticSpec {
     /// Use the embeddings as the output projection.
     pub tied_output: bool,
     pub activation: FfnActivation,
+    /// ReLU models: the share of FFN neurons that should fire per token (e.g. 0.1 for the
+    /// ~90% natural sparsity of ReluLLaMA-like models). Every token embedding gets a large
+    /// constant in dimension 0 and every gate row a negative weight there, which shifts
+    /// gate · x below zero for all but about this share. `None`: unshifted (about half fire).
+    pub relu_active_share: Option<f32>,
     pub seed: u64,
 }
 
@@ -45,6 +50,7 @@ impl Default for SyntheticSpec {
             embd_type: GgmlType::Q8_0,
             tied_output: true,
             activation: FfnActivation::Silu,
+            relu_active_share: None,
             seed: 1,
         }
     }
@@ -109,11 +115,35 @@ pub fn synthetic_model(spec: &SyntheticSpec) -> Result<GgufWriter, GgufError> {
     add_vocab(&mut w, spec.n_vocab)?;
 
     let mut noise = Noise(spec.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    // The shift of `relu_active_share`: dimension 0 of every embedding holds SHIFT_DIM and the
+    // other dimensions ~N(0, 1); after the RMS norm x0 = SHIFT_DIM / rms and the rest of
+    // gate · x is ~N(0, (n_embd − 1) / n_embd / rms²) (gate rows ~N(0, 1 / n_embd)). A weight
+    // −w0 on dimension 0 with w0 · x0 = z · that deviation leaves a share p above zero, z the
+    // normal quantile (from a logistic approximation).
+    const SHIFT_DIM: f32 = 24.0;
+    let shift = spec.relu_active_share.map(|p| {
+        let p = p.clamp(0.001, 0.999);
+        let z = ((1.0 - p) / p).ln() / 1.702;
+        let embd = spec.n_embd as f32;
+        z * ((embd - 1.0) / embd).sqrt() / SHIFT_DIM
+    });
     let mut matrix =
         |w: &mut GgufWriter, name: &str, rows: u32, cols: u32, ty: GgmlType, std: f32| {
-            let values: Vec<f32> = (0..rows as usize * cols as usize)
+            let mut values: Vec<f32> = (0..rows as usize * cols as usize)
                 .map(|_| noise.normal(std))
                 .collect();
+            if let Some(w0) = shift {
+                let first_column = match name {
+                    "token_embd.weight" => Some(SHIFT_DIM),
+                    _ if name.ends_with("ffn_gate.weight") => Some(-w0),
+                    _ => None,
+                };
+                if let Some(v) = first_column {
+                    for row in values.chunks_exact_mut(cols as usize) {
+                        row[0] = v;
+                    }
+                }
+            }
             let row_bytes = ty.bytes_for(cols as u64).expect("whole blocks") as usize;
             let mut data = vec![0u8; row_bytes * rows as usize];
             for (src, dst) in values
@@ -135,6 +165,9 @@ pub fn synthetic_model(spec: &SyntheticSpec) -> Result<GgufWriter, GgufError> {
     // Scales keep activations O(1) through the layers (≈ 1/sqrt(fan-in)).
     let s_in = 1.0 / (embd as f32).sqrt();
     let s_ff = 1.0 / (ff as f32).sqrt();
+    // With the ReLU shift, layers add less to the residual stream, so the shifted dimension
+    // keeps its share of the norm (and the sparsity stays near its target) through depth.
+    let out_scale = if shift.is_some() { 0.2 } else { 1.0 };
     matrix(
         &mut w,
         "token_embd.weight",
@@ -154,7 +187,14 @@ pub fn synthetic_model(spec: &SyntheticSpec) -> Result<GgufWriter, GgufError> {
         matrix(&mut w, &n("attn_q.weight"), q, embd, wt, s_in)?;
         matrix(&mut w, &n("attn_k.weight"), kv, embd, wt, s_in)?;
         matrix(&mut w, &n("attn_v.weight"), kv, embd, wt, s_in)?;
-        matrix(&mut w, &n("attn_output.weight"), embd, q, wt, s_in)?;
+        matrix(
+            &mut w,
+            &n("attn_output.weight"),
+            embd,
+            q,
+            wt,
+            s_in * out_scale,
+        )?;
         if arch == "qwen2" {
             for (t, len) in [("attn_q.bias", q), ("attn_k.bias", kv), ("attn_v.bias", kv)] {
                 let b = (0..len).map(|j| ((j % 7) as f32 - 3.0) * 0.05).collect();
@@ -164,7 +204,14 @@ pub fn synthetic_model(spec: &SyntheticSpec) -> Result<GgufWriter, GgufError> {
         vector(&mut w, &n("ffn_norm.weight"), ones(embd))?;
         matrix(&mut w, &n("ffn_gate.weight"), ff, embd, wt, s_in)?;
         matrix(&mut w, &n("ffn_up.weight"), ff, embd, wt, s_in)?;
-        matrix(&mut w, &n("ffn_down.weight"), embd, ff, wt, s_ff)?;
+        matrix(
+            &mut w,
+            &n("ffn_down.weight"),
+            embd,
+            ff,
+            wt,
+            s_ff * out_scale,
+        )?;
     }
     vector(&mut w, "output_norm.weight", vec![1.0; embd as usize])?;
     if !spec.tied_output {

@@ -48,6 +48,9 @@ struct Measured {
     samples: Vec<f64>,
     /// What the neuron cache did during the measured runs (engines with a memory budget).
     cache: Option<CacheDelta>,
+    /// Sparse decode over the measured runs: (share of FFN gate rows computed, share of
+    /// neurons active).
+    sparsity: Option<(f64, f64)>,
 }
 
 /// The cache counters over the measured repetitions, per token.
@@ -185,6 +188,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             };
             measure(&mut engine, 0)?; // warm-up
             let before = engine.cache_report();
+            engine.take_sparsity_stats();
             let mut samples = Vec::with_capacity(args.repetitions);
             for rep in 0..args.repetitions {
                 samples.push(measure(&mut engine, rep as u64 + 1)?);
@@ -205,6 +209,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 n_gen: g,
                 samples,
                 cache,
+                sparsity: engine.take_sparsity_stats(),
             };
             report(&args, &engine, &m, &mut printed_header);
         }
@@ -254,6 +259,12 @@ fn report(args: &BenchArgs, engine: &Engine, m: &Measured, printed_header: &mut 
                 "ms_per_token": 1000.0 / med,
                 "units_per_read": c.units_per_read,
             })),
+            "sparsity": m.sparsity.map(|(gate, active)| json!({
+                "mode": model.sparse.as_ref().map(|s| s.mode.name()),
+                "target": model.sparse.as_ref().map(|s| s.sparsity),
+                "gate_rows_computed": gate,
+                "neurons_active": active,
+            })),
         });
         println!("{line}");
         return;
@@ -275,6 +286,15 @@ fn report(args: &BenchArgs, engine: &Engine, m: &Measured, printed_header: &mut 
         min,
         max
     );
+    if let (Some((gate, active)), Some(sparse)) = (m.sparsity, model.sparse.as_ref()) {
+        println!(
+            "|   sparsity | {} at {:.0}% | gate rows computed {:.1}% | neurons active {:.1}% (decode steps) |",
+            sparse.mode.name(),
+            sparse.sparsity * 100.0,
+            gate * 100.0,
+            active * 100.0
+        );
+    }
     if let Some(c) = &m.cache {
         let wall = 1000.0 / med;
         println!(

@@ -4,6 +4,7 @@ mod bench;
 mod check_refs;
 mod convert;
 mod perplexity;
+mod profile;
 mod profile_hw;
 mod run;
 mod simulate;
@@ -13,7 +14,9 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use conductor::fetch;
 use conductor::runtime::cache::{CachePolicy, MemoryBudget};
 use conductor::runtime::plan::ExecutionPlan;
-use conductor::{DriverKind, Engine};
+use conductor::runtime::quant::GgmlType;
+use conductor::runtime::sparse::SparsityMode;
+use conductor::{DriverKind, Engine, SparsitySettings};
 use std::path::{Path, PathBuf};
 
 #[derive(Parser)]
@@ -45,6 +48,9 @@ enum Command {
     ProfileHw(profile_hw::ProfileHwArgs),
     /// Convert a model into a neuron store (bundled FFN neurons, for --memory budgets).
     Convert(convert::ConvertArgs),
+    /// Profile a model's FFN activations over text: sparsity thresholds, hot neurons,
+    /// predictors (for --sparsity).
+    Profile(profile::ProfileArgs),
 }
 
 #[derive(Args)]
@@ -106,9 +112,77 @@ pub struct EngineArgs {
     /// Threads issuing reads of the model file under --memory (default: the plan's, 1).
     #[arg(long = "io-threads")]
     pub io_threads: Option<u32>,
+    /// Which FFN neurons decode computes: `dense` (all), `threshold` (gate rows of all,
+    /// up/down of those whose |act(gate)| passes the layer's threshold), `predictor` (gate
+    /// rows only of the neurons the layer's predictor names, then the threshold), `default`
+    /// (with an activation profile: threshold at 30% for SwiGLU models, the natural zeros with
+    /// predictors for ReLU models; dense without a profile).
+    #[arg(long = "sparsity", value_enum, default_value_t = SparsityArg::Default)]
+    pub sparsity: SparsityArg,
+    /// Target share of FFN neurons skipped: 0.3 or 30% (default 30% for SwiGLU models, 0 =
+    /// the natural zeros for ReLU models).
+    #[arg(long = "target-sparsity", value_parser = parse_share)]
+    pub target_sparsity: Option<f32>,
+    /// Activation profile (default: MODEL.profile beside the model; `conductor profile`).
+    #[arg(long = "sparse-profile")]
+    pub sparse_profile: Option<PathBuf>,
+    /// Format of the transposed down projection sparse decode reads (q8_0, q4_1, q4_0, f16).
+    #[arg(long = "sparse-down-type", value_parser = parse_down_type)]
+    pub sparse_down_type: Option<GgmlType>,
+    /// Sparse decode for every token, prompt included (set by `perplexity`, which measures
+    /// the quality of what sparse decode computes).
+    #[arg(skip)]
+    pub sparse_all_tokens: bool,
     /// Context the budget reserves KV cache for (set by each command from its own sizes).
     #[arg(skip)]
     pub context: Option<usize>,
+}
+
+/// Which FFN neurons decode computes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum SparsityArg {
+    Dense,
+    Threshold,
+    Predictor,
+    /// The shipped default: sparse with an activation profile, dense without.
+    #[default]
+    Default,
+}
+
+impl SparsityArg {
+    fn mode(self) -> Option<SparsityMode> {
+        match self {
+            SparsityArg::Dense => Some(SparsityMode::Dense),
+            SparsityArg::Threshold => Some(SparsityMode::Threshold),
+            SparsityArg::Predictor => Some(SparsityMode::Predictor),
+            SparsityArg::Default => None,
+        }
+    }
+}
+
+fn parse_down_type(s: &str) -> Result<GgmlType, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "q8_0" => Ok(GgmlType::Q8_0),
+        "q4_1" => Ok(GgmlType::Q4_1),
+        "q4_0" => Ok(GgmlType::Q4_0),
+        "f16" => Ok(GgmlType::F16),
+        "f32" => Ok(GgmlType::F32),
+        _ => Err(format!("`{s}`: one of q8_0, q4_1, q4_0, f16, f32")),
+    }
+}
+
+/// A share: `0.5` or `50%`, within 0..=1.
+pub fn parse_share(s: &str) -> Result<f32, String> {
+    let t = s.trim();
+    let v = match t.strip_suffix('%') {
+        Some(p) => p.trim().parse::<f32>().map(|v| v / 100.0),
+        None => t.parse::<f32>(),
+    }
+    .map_err(|_| format!("`{s}` is not a share (0.5 or 50%)"))?;
+    if !(0.0..=1.0).contains(&v) {
+        return Err(format!("`{s}` is outside 0..=100%"));
+    }
+    Ok(v)
 }
 
 /// How the neuron cache shares its slots.
@@ -176,6 +250,13 @@ pub fn load_engine(model: Option<&Path>, threads: usize, engine: &EngineArgs) ->
     if let Some(n_ctx) = engine.context {
         builder = builder.context(n_ctx);
     }
+    builder = builder.sparsity(SparsitySettings {
+        mode: engine.sparsity.mode(),
+        target: engine.target_sparsity,
+        profile: engine.sparse_profile.clone(),
+        all_tokens: engine.sparse_all_tokens,
+        down_type: engine.sparse_down_type,
+    });
     if let Some(path) = model {
         builder = builder.model(path);
     }
@@ -238,6 +319,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
         Command::Bench(args) => bench::run(args),
         Command::Simulate(args) => simulate::run(args),
         Command::ProfileHw(args) => profile_hw::run(args),
+        Command::Profile(args) => profile::run(args),
     }
 }
 

@@ -47,6 +47,8 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     if model_args.engine.context.is_none() {
         model_args.engine.context = Some(args.ctx_size);
     }
+    // Sparse decode is measured on every token, not only on those a prompt would leave to it.
+    model_args.engine.sparse_all_tokens = true;
     let mut engine = model_args.load(model_args.threads())?;
     let tokenizer = engine.tokenizer();
     let add_bos = tokenizer.add_bos();

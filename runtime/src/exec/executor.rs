@@ -23,8 +23,11 @@ use crate::model::ops::{gated_activation, rms_norm, RopeTable};
 use crate::model::{KvCache, Model, ModelError, TensorRef};
 use crate::neuron::Phase;
 use crate::quant::{activation_type, GgmlType, Kernels, MatRef};
-use crate::schedule::{ClusterWork, Program, StepRequest, XpuId};
+use crate::schedule::{ClusterWork, Program, StepRequest, StepShape, XpuId};
+use crate::sparse::predictor::PredictorScratch;
+use crate::sparse::{SparseFfn, SparsityMode};
 use std::ops::Range;
+use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 
 /// One FFN cluster's weights: gate and up rows of its neurons, and the down projection whose
@@ -90,6 +93,137 @@ impl FfnCluster<'_> {
     }
 }
 
+/// Sparse decode of FFN neurons `neurons` (cluster `cluster`) of layer `l` for `n` tokens:
+/// gate rows (all of the cluster, or only those the predictor named), the threshold on the
+/// score, then up rows of the active neurons, and their down columns: an axpy over rows of the
+/// transposed down projection when few fire, the cluster's down block-column times the sparse
+/// activations when many do. `out[t][..n_embd]` is the partial down projection. Which path runs
+/// depends on the data only, never on threads or timing.
+#[allow(clippy::too_many_arguments)]
+fn sparse_ffn_cluster(
+    cx: Compute<'_>,
+    model: &Model,
+    sparse: &SparseFfn,
+    l: usize,
+    cluster: usize,
+    neurons: Range<usize>,
+    acts: &Activations,
+    predicted: Option<&[u64]>,
+    n: usize,
+    s: &mut WorkerScratch,
+    out: &mut [f32],
+) {
+    let w = &model.layers[l];
+    let layer = &sparse.layers[l];
+    let embd = model.config.n_embd as usize;
+    let m = neurons.len();
+    let (gate_ty, up_ty) = (w.gate.ty, w.up.ty);
+    let gate_all = acts.get(gate_ty);
+    let up_all = acts.get(up_ty);
+    let (gate_row, up_row) = (gate_all.len() / n, up_all.len() / n);
+    let gate = model.rows(&w.gate, neurons.clone());
+    let up = model.rows(&w.up, neurons.clone());
+    let (gate_stride, up_stride) = (w.gate.row_bytes(), w.up.row_bytes());
+    let down_t = layer.down_t.as_deref().map(|data| MatRef {
+        ty: sparse.down_type,
+        data,
+        rows: w.down.cols,
+        cols: embd,
+    });
+    let words = (model.config.n_ff as usize).div_ceil(64);
+    let mut gate_rows = 0u64;
+    s.gate.resize(m, 0.0);
+    for t in 0..n {
+        let act_gate = &gate_all[t * gate_row..(t + 1) * gate_row];
+        let act_up = &up_all[t * up_row..(t + 1) * up_row];
+        s.neurons.clear();
+        s.coefs.clear();
+        let consider = |s: &mut WorkerScratch, j: usize, g: f32| {
+            let a = sparse.activate(g);
+            if a.abs() * layer.importance[neurons.start + j] > layer.threshold {
+                s.neurons.push((neurons.start + j) as u32);
+                s.coefs.push(a);
+            }
+        };
+        match predicted {
+            None => {
+                cx.kernels.matvec(gate, 0..gate.cols, act_gate, &mut s.gate);
+                gate_rows += m as u64;
+                for j in 0..m {
+                    let g = s.gate[j];
+                    consider(s, j, g);
+                }
+            }
+            Some(bits) => {
+                let bits = &bits[t * words..(t + 1) * words];
+                for j in 0..m {
+                    let i = neurons.start + j;
+                    if bits[i / 64] >> (i % 64) & 1 == 0 {
+                        continue;
+                    }
+                    let row = &gate.data[j * gate_stride..(j + 1) * gate_stride];
+                    let g = cx.kernels.vec_dot(gate_ty, gate.cols, row, act_gate);
+                    gate_rows += 1;
+                    consider(s, j, g);
+                }
+            }
+        }
+        if s.neurons.len() * 2 > m {
+            // Most fire: the multi-row kernel over the whole cluster costs less than a dot
+            // product per active row (each the same bits as the row's own dot product).
+            s.up.resize(m, 0.0);
+            cx.kernels.matvec(up, 0..up.cols, act_up, &mut s.up);
+            for (k, &i) in s.neurons.iter().enumerate() {
+                s.coefs[k] *= s.up[i as usize - neurons.start];
+            }
+        } else {
+            for (k, &i) in s.neurons.iter().enumerate() {
+                let j = i as usize - neurons.start;
+                let row = &up.data[j * up_stride..(j + 1) * up_stride];
+                s.coefs[k] *= cx.kernels.vec_dot(up_ty, up.cols, row, act_up);
+            }
+        }
+        sparse
+            .stats
+            .active
+            .fetch_add(s.neurons.len() as u64, Ordering::Relaxed);
+        let out = &mut out[t * embd..(t + 1) * embd];
+        match &down_t {
+            // Few active: axpy over their rows of the transposed down projection.
+            Some(down_t) if s.neurons.len() * 5 < m * 2 => {
+                cx.kernels.axpy_rows(*down_t, &s.neurons, &s.coefs, out);
+            }
+            // Many: the cluster's down block-column times the activations with zeros where
+            // neurons did not fire (the dense kernel beats an axpy per neuron here).
+            _ => {
+                s.gate.iter_mut().for_each(|h| *h = 0.0);
+                for (&i, &c) in s.neurons.iter().zip(&s.coefs) {
+                    s.gate[i as usize - neurons.start] = c;
+                }
+                let h_bytes = activation_type(w.down.ty)
+                    .bytes_for(m as u64)
+                    .expect("cluster of whole blocks") as usize;
+                s.h_act.resize(h_bytes, 0);
+                cx.kernels
+                    .quantize_activations(w.down.ty, &s.gate, &mut s.h_act);
+                match &model.down_blocks {
+                    Some(d) => {
+                        let mat = d.cluster(model, l, cluster);
+                        cx.kernels.matvec(mat, 0..m, &s.h_act, out);
+                    }
+                    None => cx
+                        .kernels
+                        .matvec(model.mat(&w.down), neurons.clone(), &s.h_act, out),
+                }
+            }
+        }
+    }
+    sparse
+        .stats
+        .gate_rows
+        .fetch_add(gate_rows, Ordering::Relaxed);
+}
+
 /// Temporary vectors of one worker, reused across clusters so the hot path does not allocate.
 #[derive(Default)]
 struct WorkerScratch {
@@ -97,6 +231,9 @@ struct WorkerScratch {
     gate: Vec<f32>,
     up: Vec<f32>,
     h_act: Vec<u8>,
+    /// Sparse decode: the cluster's active neurons and their coefficients act(gate) · up.
+    neurons: Vec<u32>,
+    coefs: Vec<f32>,
 }
 
 /// A phase's input rows, quantized once into each activation format its weights need.
@@ -239,6 +376,10 @@ pub struct StepState {
     probe: Option<Probe>,
     /// The neuron cache's slots, when a store's FFN is read through it.
     cache: Option<std::sync::Arc<crate::cache::SlotArena>>,
+    /// Sparse decode with predictors: the predicted neurons of the current layer,
+    /// `[token][n_ff bits]`, and the predictor's scratch.
+    predicted: Vec<u64>,
+    predictor_scratch: PredictorScratch,
 }
 
 /// Receives intermediate tensors by llama.cpp's names (`attn_norm-3`, `ffn_out-3`, `l_out-3`,
@@ -268,6 +409,8 @@ impl StepState {
             logits: Vec::new(),
             probe: None,
             cache: None,
+            predicted: Vec::new(),
+            predictor_scratch: PredictorScratch::default(),
         }
     }
 
@@ -506,18 +649,63 @@ impl StepState {
                 );
                 let layer_index = work.layer;
                 let cache = self.cache.as_deref();
+                let sparse = model
+                    .sparse
+                    .as_ref()
+                    .filter(|_| program.shape == StepShape::Decode);
+                if let Some(sparse) = sparse {
+                    let neurons: usize = clusters.iter().map(|r| r.len()).sum();
+                    sparse
+                        .stats
+                        .neurons
+                        .fetch_add((n * neurons) as u64, Ordering::Relaxed);
+                }
+                let predicted = sparse
+                    .filter(|sp| sp.mode == SparsityMode::Predictor)
+                    .map(|_| self.predicted.as_slice());
                 runner.run(&mut outs, &|worker, i, out| {
                     let mut guard = scratch[worker].lock().unwrap_or_else(|e| e.into_inner());
                     let s = &mut *guard;
                     let neurons = units(&clusters[i]);
+                    if let Some(sparse) = sparse {
+                        let l = layer_index as usize;
+                        return sparse_ffn_cluster(
+                            cx,
+                            model,
+                            sparse,
+                            l,
+                            first + i,
+                            neurons,
+                            acts,
+                            predicted,
+                            n,
+                            s,
+                            out,
+                        );
+                    }
                     let Some(store) = &model.store else {
-                        let ffn = FfnCluster {
-                            gate: model.rows(&l.gate, neurons.clone()),
-                            up: model.rows(&l.up, neurons.clone()),
-                            down: model.mat(&l.down),
-                            down_cols: neurons,
+                        let (gate, up) = (
+                            model.rows(&l.gate, neurons.clone()),
+                            model.rows(&l.up, neurons.clone()),
+                        );
+                        // The cluster's own block-column when the down projection was
+                        // re-laid per cluster; otherwise slices of the file's rows.
+                        let ffn = match &model.down_blocks {
+                            Some(d) => FfnCluster {
+                                gate,
+                                up,
+                                down: d.cluster(model, layer_index as usize, first + i),
+                                down_cols: 0..neurons.len(),
+                            },
+                            None => FfnCluster {
+                                gate,
+                                up,
+                                down: model.mat(&l.down),
+                                down_cols: neurons,
+                            },
                         };
-                        return ffn.compute(cx, acts, c.activation, n, s, out, false);
+                        let batched = model.down_blocks.is_some();
+                        return ffn.compute(cx, acts, c.activation, n, s, out, batched);
                     };
                     // A store's cluster is bundle `first + i`: from its cache slot, or from
                     // the file in memory when the plan has no cache.
@@ -674,6 +862,9 @@ impl StepState {
                 self.emit(|| format!("attn_out-{l}"), Tensor::Delta, embd);
                 self.emit(|| format!("ffn_inp-{l}"), Tensor::X, embd);
                 self.prepare_ffn(model, l);
+                if program.shape == StepShape::Decode {
+                    self.predict_active(model, l);
+                }
             }
             Phase::FfnNeurons => {
                 self.delta.clear();
@@ -764,6 +955,38 @@ impl StepState {
         let types = [layer.gate.ty, layer.up.ty];
         self.acts
             .prepare(&self.kernels, &self.normed, c.n_embd as usize, &types);
+    }
+
+    /// Sparse decode with predictors: which neurons of layer `l` each token needs, from the
+    /// FFN input just normed.
+    fn predict_active(&mut self, model: &Model, l: usize) {
+        let Some(sparse) = model.sparse.as_ref() else {
+            return;
+        };
+        if sparse.mode != SparsityMode::Predictor {
+            return;
+        }
+        let Some(predictor) = sparse.layers[l].predictor.as_ref() else {
+            return;
+        };
+        let embd = model.config.n_embd as usize;
+        let words = (model.config.n_ff as usize).div_ceil(64);
+        let n = self.request.n_tokens as usize;
+        self.predicted.clear();
+        self.predicted.resize(n * words, 0);
+        let input = if sparse.predictor_sees_residual {
+            &self.x
+        } else {
+            &self.normed
+        };
+        for t in 0..n {
+            predictor.predict(
+                &self.kernels,
+                &input[t * embd..(t + 1) * embd],
+                &mut self.predictor_scratch,
+                &mut self.predicted[t * words..(t + 1) * words],
+            );
+        }
     }
 
     fn prepare_next_layer(&mut self, model: &Model, l: usize) {

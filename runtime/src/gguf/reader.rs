@@ -17,6 +17,11 @@ use crate::quant::GgmlType;
 /// The four bytes every GGUF file starts with.
 pub const MAGIC: [u8; 4] = *b"GGUF";
 
+/// The magic of PowerInfer's sparse-model files: a GGUF file whose first four bytes were
+/// overwritten with `PWRI` (PowerInfer's `convert-hf-to-powerinfer-gguf.py`; its ggml reader
+/// accepts both magics and reads the rest identically).
+pub const POWERINFER_MAGIC: [u8; 4] = *b"PWRI";
+
 /// Fewest bytes one metadata entry can take: key length, a 1-byte key, type id, a 1-byte value.
 const MIN_KV_BYTES: u64 = 8 + 1 + 4 + 1;
 /// Fewest bytes one tensor info can take: name length, empty name, n_dims, one dim, type, offset.
@@ -33,6 +38,8 @@ pub struct GgufFile {
     tensor_index: HashMap<String, usize>,
     alignment: u64,
     data_offset: u64,
+    /// The file starts with [`POWERINFER_MAGIC`] instead of [`MAGIC`].
+    powerinfer: bool,
 }
 
 enum Backing {
@@ -58,6 +65,7 @@ struct Header {
     tensor_index: HashMap<String, usize>,
     alignment: u64,
     data_offset: u64,
+    powerinfer: bool,
 }
 
 impl GgufFile {
@@ -101,7 +109,14 @@ impl GgufFile {
             tensor_index: h.tensor_index,
             alignment: h.alignment,
             data_offset: h.data_offset,
+            powerinfer: h.powerinfer,
         })
+    }
+
+    /// Whether the file carries PowerInfer's `PWRI` magic (PowerInfer reads its
+    /// `powerinfer.*` metadata only from such files).
+    pub fn is_powerinfer(&self) -> bool {
+        self.powerinfer
     }
 
     /// Empties the arrays under `keys` (they read as empty arrays of their type afterwards):
@@ -469,9 +484,10 @@ fn parse(buf: &[u8]) -> Result<Header, GgufError> {
         what: "magic".to_owned(),
     };
     let magic = cur.fixed::<4>()?;
-    if magic != MAGIC {
+    if magic != MAGIC && magic != POWERINFER_MAGIC {
         return Err(GgufError::BadMagic { found: magic });
     }
+    let powerinfer = magic == POWERINFER_MAGIC;
     cur.what = "version".to_owned();
     let version = cur.u32()?;
     // Byte-swapped small versions have their low 16 bits clear.
@@ -597,6 +613,7 @@ fn parse(buf: &[u8]) -> Result<Header, GgufError> {
         tensor_index,
         alignment,
         data_offset,
+        powerinfer,
     })
 }
 

@@ -519,6 +519,32 @@ fn wrong_magic() {
 }
 
 #[test]
+fn powerinfer_magic_reads_as_gguf() {
+    // PowerInfer's converter writes a GGUF file, then overwrites its first four bytes with
+    // `PWRI`: the rest must parse exactly as the GGUF original does.
+    let gguf = sample_writer().to_bytes().unwrap();
+    let mut pwri = gguf.clone();
+    pwri[..4].copy_from_slice(b"PWRI");
+    let (a, b) = (
+        GgufFile::from_bytes(gguf).unwrap(),
+        GgufFile::from_bytes(pwri).unwrap(),
+    );
+    assert!(!a.is_powerinfer());
+    assert!(b.is_powerinfer());
+    assert_eq!(a.version(), b.version());
+    assert_eq!(a.metadata(), b.metadata());
+    assert_eq!(a.tensors(), b.tensors());
+    assert_eq!(a.data_offset(), b.data_offset());
+    for t in a.tensors() {
+        assert_eq!(a.tensor_data(t), b.tensor_data(t));
+    }
+    // Other magics stay errors.
+    let mut bad = minimal().0;
+    bad[..4].copy_from_slice(b"PWRX");
+    assert_err!(GgufFile::from_bytes(bad), GgufError::BadMagic { found } if &found == b"PWRX");
+}
+
+#[test]
 fn big_endian_file() {
     let b = Raw::default()
         .bytes(b"GGUF")

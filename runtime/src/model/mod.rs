@@ -8,7 +8,7 @@ mod weights;
 
 pub use config::{Architecture, FfnActivation, ModelConfig, RopeConfig, RopeStyle};
 pub use kv_cache::KvCache;
-pub use weights::{LayerWeights, Model, TensorRef};
+pub use weights::{DownBlocks, LayerWeights, Model, TensorRef};
 
 use crate::gguf::GgufError;
 use crate::quant::{GgmlType, QuantError};

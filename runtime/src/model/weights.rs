@@ -66,6 +66,38 @@ pub struct Model {
     pub path: Option<std::path::PathBuf>,
     /// Token embeddings read from the file per token (they are not in memory).
     embd_rows: Option<RowReader>,
+    /// Sparse FFN decode (thresholds, predictors, transposed down projections), if enabled.
+    pub sparse: Option<crate::sparse::SparseFfn>,
+    /// The FFN down projections re-laid per neuron cluster ([`Model::cluster_down_projections`]).
+    pub down_blocks: Option<DownBlocks>,
+}
+
+/// Every layer's down projection cut into block-columns of `neurons` columns (one FFN neuron
+/// cluster each), each stored contiguously: `[cluster][n_embd rows][its blocks]`. A cluster's
+/// partial down projection then streams one contiguous matrix instead of short slices of every
+/// row; the dot products are the same blocks in the same order, so the results are the same
+/// bits.
+pub struct DownBlocks {
+    pub neurons: usize,
+    pub layers: Vec<Vec<u8>>,
+}
+
+impl DownBlocks {
+    /// Cluster `c`'s block-column of layer `l` as a matrix (`n_embd` rows).
+    pub fn cluster(&self, model: &Model, l: usize, c: usize) -> MatRef<'_> {
+        let down = &model.layers[l].down;
+        let start = c * self.neurons;
+        let cols = self.neurons.min(down.cols - start);
+        let block_bytes = down.ty.type_size();
+        let per_cluster = down.rows * self.neurons / down.ty.block_size() * block_bytes;
+        let len = down.rows * cols / down.ty.block_size() * block_bytes;
+        MatRef {
+            ty: down.ty,
+            data: &self.layers[l][c * per_cluster..c * per_cluster + len],
+            rows: down.rows,
+            cols,
+        }
+    }
 }
 
 /// Reads rows of a tensor from the model file (one small read each, through the page cache).
@@ -246,6 +278,8 @@ impl Model {
             resident_only: false,
             path: None,
             embd_rows: None,
+            sparse: None,
+            down_blocks: None,
         })
     }
 
@@ -357,10 +391,43 @@ impl Model {
         }
     }
 
-    /// The model's shape as the scheduler sees it.
+    /// The model's shape as the scheduler sees it. With [`DownBlocks`] (or a store's bundles)
+    /// the FFN runs as neuron clusters of that size in every step shape.
     pub fn shape(&self) -> ModelShape {
-        let bundle = self.store.as_ref().map_or(0, |s| s.layout.neurons);
+        let bundle = match (&self.store, &self.down_blocks) {
+            (Some(s), _) => s.layout.neurons,
+            (None, Some(d)) => d.neurons as u32,
+            (None, None) => 0,
+        };
         self.config.shape(self.ffn_granule(), bundle)
+    }
+
+    /// Re-lays every layer's down projection as block-columns of `neurons` columns
+    /// ([`DownBlocks`]), which decode and prefill then use instead of the file's row-major
+    /// matrix. `neurons` is rounded up to whole blocks. Not for neuron stores (their bundles
+    /// are laid out so already) nor models held resident-only.
+    pub fn cluster_down_projections(&mut self, neurons: usize) {
+        if self.store.is_some() || self.resident_only || self.layers.is_empty() {
+            return;
+        }
+        let granule = self.ffn_granule() as usize;
+        let m = neurons.max(1).div_ceil(granule) * granule;
+        let mut layers = Vec::with_capacity(self.layers.len());
+        for l in &self.layers {
+            let down = self.mat(&l.down);
+            let (bs, ts) = (l.down.ty.block_size(), l.down.ty.type_size());
+            let stride = l.down.row_bytes();
+            let mut out = Vec::with_capacity(down.data.len());
+            for start in (0..l.down.cols).step_by(m) {
+                let cols = m.min(l.down.cols - start);
+                let (from, len) = (start / bs * ts, cols / bs * ts);
+                for r in 0..l.down.rows {
+                    out.extend_from_slice(&down.data[r * stride + from..r * stride + from + len]);
+                }
+            }
+            layers.push(out);
+        }
+        self.down_blocks = Some(DownBlocks { neurons: m, layers });
     }
 
     /// The block size of the FFN down projection's type: FFN neuron clusters own whole blocks

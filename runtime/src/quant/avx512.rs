@@ -13,7 +13,11 @@
 //! support for their target features; all loads/stores are from fixed-size arrays or
 //! bounds-checked slices).
 
-use super::avx2::{entry_idot, matmul_impl, matvec_impl, vec_dot_impl, IDot, Rows, WeightBlock};
+use super::avx2::{
+    dm_chunk, entry_idot, matmul_impl, matvec_impl, vec_dot_impl, AxpyBlock, IDot, Rows,
+    WeightBlock, AXPY_CHUNK, AXPY_GROUP, AXPY_PREFETCH,
+};
+use super::blocks::{BlockQ4_0, BlockQ4_1, BlockQ8_0};
 use super::gemm::{f16f, tables, transpose8};
 use std::arch::x86_64::*;
 
@@ -154,5 +158,134 @@ pub(crate) unsafe fn matmul_packed16<W: WeightBlock>(
             t0 += 4;
         }
         r0 += 16;
+    }
+}
+
+// ---------------------------------------------------------------- sparse rows (axpy_rows)
+
+/// A 32-element weight block as `axpy_rows` reads it, 16 values per zmm: the same float steps
+/// as `avx2::AxpyBlock` and `scalar::axpy_rows` (exact `d * q`; Q4_1 `fma(d, q, m)`).
+pub(crate) trait AxpyBlock16: AxpyBlock {
+    /// The 32 values in element order; `d`, `m` the converted scale and min in every lane.
+    unsafe fn values16(&self, d: __m512, m: __m512) -> [__m512; 2];
+}
+
+/// 0.0, 1.0, ..., 15.0: the 16 values of a 4-bit quant.
+#[inline(always)]
+unsafe fn iota16() -> __m512 {
+    _mm512_setr_ps(
+        0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
+    )
+}
+
+/// The values of a 4-bit block through a 16-entry table: `table[q]` holds the value of quant q
+/// (computed with the scalar twin's float steps), and `vpermps` reads only the low 4 bits of
+/// each index lane, so the zero-extended bytes index their low nibble as they are.
+#[inline(always)]
+unsafe fn lookup4(qs: &[u8; 16], table: __m512) -> [__m512; 2] {
+    // SAFETY (load): reads exactly the 16 bytes of `qs`.
+    let x = _mm512_cvtepu8_epi32(_mm_loadu_si128(qs.as_ptr().cast()));
+    [
+        _mm512_permutexvar_ps(x, table),
+        _mm512_permutexvar_ps(_mm512_srli_epi32(x, 4), table),
+    ]
+}
+
+impl AxpyBlock16 for BlockQ8_0 {
+    #[inline(always)]
+    unsafe fn values16(&self, d: __m512, _m: __m512) -> [__m512; 2] {
+        let mut x = [d; 2];
+        for (h, x) in x.iter_mut().enumerate() {
+            // SAFETY: h < 2, so the 16 bytes at 16 * h are inside `qs` (32 bytes).
+            let q = _mm512_cvtepi8_epi32(_mm_loadu_si128(self.qs.as_ptr().add(16 * h).cast()));
+            *x = _mm512_mul_ps(d, _mm512_cvtepi32_ps(q));
+        }
+        x
+    }
+}
+
+impl AxpyBlock16 for BlockQ4_0 {
+    #[inline(always)]
+    unsafe fn values16(&self, d: __m512, _m: __m512) -> [__m512; 2] {
+        // table[q] = d * (q - 8): the exact (q - 8) as f32 times d, as the scalar twin.
+        let q8 = _mm512_sub_ps(iota16(), _mm512_set1_ps(8.0));
+        lookup4(&self.qs, _mm512_mul_ps(d, q8))
+    }
+}
+
+impl AxpyBlock16 for BlockQ4_1 {
+    #[inline(always)]
+    unsafe fn values16(&self, d: __m512, m: __m512) -> [__m512; 2] {
+        // table[q] = fma(d, q, m), as the scalar twin.
+        lookup4(&self.qs, _mm512_fmadd_ps(d, iota16(), m))
+    }
+}
+
+#[inline(always)]
+unsafe fn axpy_group16<B: AxpyBlock16, const G: usize>(
+    m: &Rows<'_>,
+    neurons: &[u32],
+    coefs: &[f32],
+    out: &mut [f32],
+) {
+    let rows: [&[B]; G] = std::array::from_fn(|j| m.row::<B>(neurons[j] as usize));
+    let c: [__m512; G] = std::array::from_fn(|j| _mm512_set1_ps(coefs[j]));
+    let nb = out.len() / 32;
+    let mut b0 = 0;
+    while b0 < nb {
+        let n = AXPY_CHUNK.min(nb - b0);
+        // Scales of the chunk as f32 pairs (d, m) per block: one conversion per row (see
+        // `avx2::AXPY_CHUNK`).
+        let mut f = [[0f32; 2 * AXPY_CHUNK]; G];
+        for (f, row) in f.iter_mut().zip(&rows) {
+            let v = _mm512_cvtph_ps(dm_chunk(row, b0, n));
+            // SAFETY: `f` has 16 floats. (Read back as broadcasts: a wide store then narrow
+            // loads inside it forward fine.)
+            _mm512_storeu_ps(f.as_mut_ptr(), v);
+        }
+        for (i, o) in out[32 * b0..32 * (b0 + n)].chunks_exact_mut(32).enumerate() {
+            let p = o.as_mut_ptr();
+            // SAFETY: `o` has exactly 32 elements: the loads/stores cover p[0..32].
+            let mut acc: [__m512; 2] = [_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16))];
+            for j in 0..G {
+                let (d, mn) = (_mm512_set1_ps(f[j][2 * i]), _mm512_set1_ps(f[j][2 * i + 1]));
+                let x = rows[j][b0 + i].values16(d, mn);
+                for h in 0..2 {
+                    acc[h] = _mm512_fmadd_ps(c[j], x[h], acc[h]);
+                }
+            }
+            // SAFETY: as above.
+            _mm512_storeu_ps(p, acc[0]);
+            _mm512_storeu_ps(p.add(16), acc[1]);
+        }
+        b0 += n;
+    }
+}
+
+/// `out = Σ_k coefs[k] · row(neurons[k])`, 512-bit twin of `avx2::axpy_rows_impl` (same lanes,
+/// same operations; bit-identical). Measured on Zen 4 (768 of 1536 rows of 576, hot): Q4_1
+/// 27 vs 31 us, Q4_0 25 vs 37 us, Q8_0 32 vs 33 us against the AVX2 path; the 4-bit gain is
+/// the table lookup (no int->float conversion and scale fma per element).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn axpy_rows<B: AxpyBlock16>(
+    m: Rows<'_>,
+    neurons: &[u32],
+    coefs: &[f32],
+    out: &mut [f32],
+) {
+    assert!(out.len() == 32 * m.nb && coefs.len() == neurons.len());
+    out.fill(0.0);
+    let n = neurons.len();
+    let mut k = 0;
+    while k + AXPY_GROUP <= n {
+        for &r in neurons.iter().skip(k + AXPY_PREFETCH).take(AXPY_GROUP) {
+            m.prefetch::<B>(r as usize, 1);
+        }
+        let ks = k..k + AXPY_GROUP;
+        axpy_group16::<B, AXPY_GROUP>(&m, &neurons[ks.clone()], &coefs[ks], out);
+        k += AXPY_GROUP;
+    }
+    for k in k..n {
+        axpy_group16::<B, 1>(&m, &neurons[k..k + 1], &coefs[k..k + 1], out);
     }
 }

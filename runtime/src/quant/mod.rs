@@ -14,6 +14,10 @@
 //!   second chain). All ISA paths, `vec_dot`, `matvec` and `matmul` reproduce those float steps,
 //!   so results are bit-identical across ISAs, across row groupings and token counts.
 //! * F32/F16 dots use 32 fma lanes with a fixed reduction tree (`scalar::dot_f32_lanes`).
+//! * [`Kernels::axpy_rows`] (sparse FFN decode) is defined by `scalar::axpy_rows`: per output
+//!   element one `fma(coef, x, acc)` per neuron in neuron order from +0.0, x exactly
+//!   `dequantize_row`'s value (computed as exact `d * q`, Q4_1 `fma(d, q, m)`); every ISA gives
+//!   the same bits.
 //!
 //! # ISA paths (files)
 //! * `scalar.rs`: portable reference; the only path on non-x86 targets (and with
@@ -212,6 +216,63 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Q
         }
     }
     Ok(())
+}
+
+/// The transpose of `w` (rows × cols) as a `cols × rows` matrix quantized row-wise in `ty`
+/// (Q8_0, Q4_0, Q4_1, F16 or F32): dequantize, transpose, quantize with [`quantize_row`].
+/// For the sparse FFN: the down projection (`n_embd` rows of `n_ff`) becomes one row of
+/// `n_embd` per neuron, the layout [`Kernels::axpy_rows`] reads.
+///
+/// Works in strips of output rows, so the scratch is O(strip * rows) floats, not the whole
+/// matrix. `w` may be of any type [`dequantize_row`] supports.
+///
+/// # Errors
+/// [`QuantError::Unsupported`] for another `ty` or an undequantizable `w.ty`,
+/// [`QuantError::NotBlockMultiple`] when `w.rows` (the new row length) is not a whole number of
+/// `ty` blocks, and any geometry error of `w` (as [`MatRef::new`]).
+pub fn transpose_requantize(w: MatRef<'_>, ty: GgmlType) -> Result<Vec<u8>, QuantError> {
+    if !matches!(
+        ty,
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::F16 | GgmlType::F32
+    ) {
+        return Err(QuantError::Unsupported {
+            ty,
+            op: "transpose_requantize",
+        });
+    }
+    let stride = w.validate()?;
+    let out_row = row_bytes(ty, w.rows)?;
+    let total = out_row.checked_mul(w.cols).ok_or(QuantError::Length {
+        what: "transpose_requantize output",
+        expected: usize::MAX,
+        got: 0,
+    })?;
+    let mut out = vec![0u8; total];
+    if w.rows == 0 || w.cols == 0 {
+        return Ok(out);
+    }
+    // Strip of input columns (output rows): block aligned for `w.ty`, at least 64 wide.
+    let bs = w.ty.block_size();
+    let strip = bs * 64usize.div_ceil(bs);
+    let mut src = vec![0f32; strip];
+    let mut t = vec![0f32; strip * w.rows];
+    for c0 in (0..w.cols).step_by(strip) {
+        let c1 = (c0 + strip).min(w.cols);
+        let n = c1 - c0;
+        let (b0, b1) = (row_bytes(w.ty, c0)?, row_bytes(w.ty, c1)?);
+        for r in 0..w.rows {
+            let row = &w.data[r * stride..(r + 1) * stride];
+            dequantize_row(w.ty, &row[b0..b1], &mut src[..n])?;
+            for (j, &v) in src[..n].iter().enumerate() {
+                t[j * w.rows + r] = v;
+            }
+        }
+        for j in 0..n {
+            let dst = &mut out[(c0 + j) * out_row..(c0 + j + 1) * out_row];
+            quantize_row(ty, &t[j * w.rows..(j + 1) * w.rows], dst)?;
+        }
+    }
+    Ok(out)
 }
 
 /// A row-major weight matrix in its file layout: `rows` rows of `cols` elements, row stride
@@ -667,6 +728,74 @@ impl Kernels {
             return unsafe { avx2::plain::dot_f32_f16(x, y) };
         }
         scalar::dot_f32_f16(x, y)
+    }
+
+    /// Sparse FFN decode: `out = Σ_k coefs[k] · row(neurons[k]) of w` (rows dequantized),
+    /// accumulated in k order; `out` is overwritten (the sum starts from +0.0). `w` is typically
+    /// a transposed down projection (one row of `n_embd` columns per FFN neuron, see
+    /// [`transpose_requantize`]). Supported types: Q8_0, Q4_0, Q4_1, F16, F32. A neuron may
+    /// repeat (each occurrence adds its term).
+    ///
+    /// Numerics (`scalar::axpy_rows`): per output element, `acc = fma(coefs[k], x, acc)` for k in
+    /// order, x exactly [`dequantize_row`]'s value of that weight; bit-identical across ISAs.
+    ///
+    /// # Panics
+    /// On a malformed `w` or an unsupported type, `coefs.len() != neurons.len()`, a neuron
+    /// `>= w.rows`, or `out.len() != w.cols`. (The neuron check is O(neurons); the work is
+    /// O(neurons * cols).)
+    pub fn axpy_rows(&self, w: MatRef<'_>, neurons: &[u32], coefs: &[f32], out: &mut [f32]) {
+        let stride = w.validate().unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            matches!(
+                w.ty,
+                GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::F16 | GgmlType::F32
+            ),
+            "axpy_rows: {} is not supported",
+            w.ty
+        );
+        assert_eq!(
+            coefs.len(),
+            neurons.len(),
+            "axpy_rows coefs/neurons lengths"
+        );
+        assert_eq!(out.len(), w.cols, "axpy_rows output length");
+        if let Some(&max) = neurons.iter().max() {
+            assert!(
+                (max as usize) < w.rows,
+                "axpy_rows: neuron {max} out of range 0..{}",
+                w.rows
+            );
+        }
+        #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
+        if self.isa != Isa::Scalar {
+            use avx2::plain;
+            let m = avx2::Rows {
+                data: w.data,
+                stride,
+                off: 0,
+                nb: w.cols / w.ty.block_size(),
+                rows: w.rows,
+            };
+            // SAFETY: the ISA was detected at construction (every SIMD ISA implies AVX2+FMA+F16C,
+            // and Avx512Vnni the AVX-512 features); `m` describes the validated matrix (rows are
+            // bounds-checked slices), `out` has `cols` elements and coefs match neurons.
+            unsafe {
+                if self.isa == Isa::Avx512Vnni {
+                    call32!(w.ty, avx512::axpy_rows(m, neurons, coefs, out));
+                }
+                call32!(w.ty, plain::axpy_rows(m, neurons, coefs, out));
+                match w.ty {
+                    GgmlType::F32 => {
+                        return plain::axpy_rows_f32(w.data, stride, neurons, coefs, out)
+                    }
+                    GgmlType::F16 => {
+                        return plain::axpy_rows_f16(w.data, stride, neurons, coefs, out)
+                    }
+                    _ => {}
+                }
+            }
+        }
+        scalar::axpy_rows(w.ty, w.data, stride, neurons, coefs, out)
     }
 
     /// `y[i] += a * x[i]` (one fma each) for an f16 row `x` (attention over an f16 V cache).

@@ -556,3 +556,91 @@ pub(crate) fn axpy_f16(a: f32, x: &[f16], y: &mut [f32]) {
         *o = a.mul_add(v.to_f32(), *o);
     }
 }
+
+// ---------------------------------------------------------------- sparse FFN rows (axpy_rows)
+
+/// `out = Σ_k coefs[k] · row(neurons[k])`, the definition every ISA reproduces bit for bit.
+///
+/// Float steps, per output element i (`out` is first set to +0.0):
+/// `for k in order: out[i] = fma(coefs[k], x, out[i])`, with x the weight value of row
+/// `neurons[k]`, column i:
+/// * Q8_0: `d * (q as f32)`; Q4_0: `d * ((q - 8) as f32)` (q - 8 in integers). Both products
+///   are exact (11 significant bits of the f16 scale times at most 8 bits of quant).
+/// * Q4_1: `fma(d, q as f32, m)`. Since `d * q` is exact this is the same value as ggml's (and
+///   [`dequantize_row`](super::dequantize_row)'s) `d * q + m` in two roundings, including for
+///   infinite or NaN scales (up to NaN payloads).
+/// * F16: the exact f32 of the half; F32: the value.
+///
+/// So x is exactly `dequantize_row`'s value and the result equals "dequantize each row, then one
+/// fma per element per neuron in neuron order" (the tests check this). The caller validated the geometry: `data` holds rows of `stride`
+/// bytes, every neuron indexes a row, `coefs.len() == neurons.len()`, and `out.len()` elements
+/// (a whole number of blocks) fill a row.
+pub(crate) fn axpy_rows(
+    ty: super::GgmlType,
+    data: &[u8],
+    stride: usize,
+    neurons: &[u32],
+    coefs: &[f32],
+    out: &mut [f32],
+) {
+    use super::GgmlType;
+    fn blocks<B: Block>(row: &[u8]) -> &[B] {
+        view::<B>(row).expect("whole blocks")
+    }
+    out.fill(0.0);
+    for (&n, &c) in neurons.iter().zip(coefs) {
+        let row = &data[n as usize * stride..][..stride];
+        match ty {
+            GgmlType::Q8_0 => {
+                for (b, o) in blocks::<BlockQ8_0>(row)
+                    .iter()
+                    .zip(out.chunks_exact_mut(32))
+                {
+                    let d = f16_le(b.d);
+                    for (o, &q) in o.iter_mut().zip(&b.qs) {
+                        *o = c.mul_add(d * q as i8 as f32, *o);
+                    }
+                }
+            }
+            GgmlType::Q4_0 => {
+                for (b, o) in blocks::<BlockQ4_0>(row)
+                    .iter()
+                    .zip(out.chunks_exact_mut(32))
+                {
+                    let d = f16_le(b.d);
+                    for j in 0..16 {
+                        let lo = d * ((b.qs[j] & 0xF) as i32 - 8) as f32;
+                        let hi = d * ((b.qs[j] >> 4) as i32 - 8) as f32;
+                        o[j] = c.mul_add(lo, o[j]);
+                        o[j + 16] = c.mul_add(hi, o[j + 16]);
+                    }
+                }
+            }
+            GgmlType::Q4_1 => {
+                for (b, o) in blocks::<BlockQ4_1>(row)
+                    .iter()
+                    .zip(out.chunks_exact_mut(32))
+                {
+                    let (d, m) = (f16_le(b.d), f16_le(b.m));
+                    for j in 0..16 {
+                        let lo = d.mul_add((b.qs[j] & 0xF) as f32, m);
+                        let hi = d.mul_add((b.qs[j] >> 4) as f32, m);
+                        o[j] = c.mul_add(lo, o[j]);
+                        o[j + 16] = c.mul_add(hi, o[j + 16]);
+                    }
+                }
+            }
+            GgmlType::F16 => {
+                for (i, o) in out.iter_mut().enumerate() {
+                    *o = c.mul_add(f16_at(row, i), *o);
+                }
+            }
+            GgmlType::F32 => {
+                for (i, o) in out.iter_mut().enumerate() {
+                    *o = c.mul_add(f32_at(row, i), *o);
+                }
+            }
+            ty => panic!("axpy_rows: {ty} is not supported"),
+        }
+    }
+}

@@ -1,0 +1,540 @@
+//! A model's activation profile: how its FFN neurons fire over calibration text.
+//!
+//! Sparsity here is CATS-style with a per-neuron weight: a neuron `j` is *active* for a token
+//! when its *score* |act(gate_j · x)| · importance_j is above its layer's threshold, where
+//! importance_j = mean |up_j · x| over the calibration tokens × ‖down column j‖₂ (what a unit
+//! of activation is worth at the FFN's output). The gate decides alone, so decode computes the
+//! gate row first and reads the up row and down column only of neurons that fire. A threshold
+//! of 0 keeps every neuron whose activation is not exactly zero: dense for SwiGLU models, the
+//! natural sparsity of ReLU models, and lossless for both.
+//!
+//! The profile tabulates each layer's threshold at a grid of target sparsities (the quantiles
+//! of |act(gate)| over the calibration tokens), the share of the FFN output's mass the active
+//! neurons carry at each, every neuron's activation frequency and mean magnitude at a reference
+//! sparsity (the hot/cold ranking), and optionally the layers' trained predictors.
+
+use super::predictor::Predictor;
+use crate::model::{FfnActivation, Model};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// Format version of profile files; bumped on any change of [`ModelProfile`].
+pub const PROFILE_VERSION: u32 = 1;
+const MAGIC: &[u8; 8] = b"CNDPROF\0";
+
+/// Target sparsities at which thresholds are tabulated: 0%, 5%, …, 95%, then 97.5% and 99%.
+pub fn sparsity_grid() -> Vec<f32> {
+    let mut grid: Vec<f32> = (0..20).map(|i| i as f32 * 0.05).collect();
+    grid.extend([0.975, 0.99]);
+    grid
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProfileError {
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{0}: not an activation profile (made by `conductor profile`)")]
+    NotAProfile(String),
+    #[error("{path}: profile format version {found}; this build reads version {} (run `conductor profile` again)", PROFILE_VERSION)]
+    Version { path: String, found: u32 },
+    #[error("{path}: damaged profile: {why}")]
+    Damaged { path: String, why: String },
+    #[error(
+        "the activation profile was made for another model ({profile}); this model is {model}"
+    )]
+    OtherModel { profile: String, model: String },
+    #[error("sparsity {0} is outside 0..=0.99")]
+    Sparsity(f32),
+}
+
+/// What identifies the model a profile belongs to: its shape and a checksum of its norm
+/// weights and of its first token embeddings (trained values every llama-family model can
+/// give, store or not).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelIdentity {
+    pub arch: String,
+    pub n_layer: u32,
+    pub n_embd: u32,
+    pub n_ff: u32,
+    pub relu: bool,
+    /// CRC-32 of the norm weights and the first 16 token embeddings (as f32).
+    pub norms_crc32: u32,
+}
+
+impl ModelIdentity {
+    pub fn of(model: &Model) -> ModelIdentity {
+        let mut crc = crc32fast::Hasher::new();
+        for l in &model.layers {
+            for v in l.attn_norm.iter().chain(&l.ffn_norm) {
+                crc.update(&v.to_le_bytes());
+            }
+        }
+        for v in &model.output_norm {
+            crc.update(&v.to_le_bytes());
+        }
+        let mut row = vec![0f32; model.config.n_embd as usize];
+        for token in 0..model.config.n_vocab.min(16) {
+            if model.embed(token, &mut row).is_ok() {
+                row.iter().for_each(|v| crc.update(&v.to_le_bytes()));
+            }
+        }
+        let c = &model.config;
+        ModelIdentity {
+            arch: c.arch_name.clone(),
+            n_layer: c.n_layer,
+            n_embd: c.n_embd,
+            n_ff: c.n_ff,
+            relu: c.activation == FfnActivation::Relu,
+            norms_crc32: crc.finalize(),
+        }
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{} with {} layers, n_embd {}, n_ff {}, norms CRC32 {:08x}",
+            self.arch, self.n_layer, self.n_embd, self.n_ff, self.norms_crc32
+        )
+    }
+
+    /// An error naming both models unless `model` is the one this identity describes.
+    pub fn check(&self, model: &ModelIdentity) -> Result<(), ProfileError> {
+        if self == model {
+            Ok(())
+        } else {
+            Err(ProfileError::OtherModel {
+                profile: self.describe(),
+                model: model.describe(),
+            })
+        }
+    }
+}
+
+/// One layer's statistics.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LayerProfile {
+    /// Per neuron: the weight of |act(gate)| in its score.
+    pub importance: Vec<f32>,
+    /// Threshold on the score at each sparsity of [`ModelProfile::grid`].
+    pub thresholds: Vec<f32>,
+    /// Share of the FFN output's mass (Σ |act(gate) · up| over neurons) that the active
+    /// neurons carry at each sparsity of the grid: how much of the up and down work a
+    /// gate-only decision keeps.
+    pub kept_mass: Vec<f32>,
+    /// Share of (token, neuron) activations that are exactly zero (ReLU's natural sparsity).
+    pub zero_fraction: f32,
+    /// Per neuron: share of tokens in which it is active at the reference sparsity.
+    pub frequency: Vec<f32>,
+    /// Per neuron: mean |act(gate)|.
+    pub mean_abs: Vec<f32>,
+}
+
+/// Trained predictors of every layer, for one target sparsity.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PredictorSet {
+    /// The sparsity whose active sets they were trained to predict.
+    pub sparsity: f32,
+    pub layers: Vec<Predictor>,
+    /// Held-out figures per layer: (recall, precision, predicted fraction).
+    pub held_out: Vec<(f32, f32, f32)>,
+}
+
+/// A model's activation profile (`conductor profile`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ModelProfile {
+    pub version: u32,
+    pub model: ModelIdentity,
+    /// Where the calibration text came from, and how many tokens were profiled.
+    pub calibration: String,
+    pub tokens: u64,
+    pub grid: Vec<f32>,
+    /// The sparsity `frequency` was counted at.
+    pub reference_sparsity: f32,
+    pub layers: Vec<LayerProfile>,
+    pub predictors: Option<PredictorSet>,
+}
+
+impl ModelProfile {
+    /// Layer `l`'s threshold for a target `sparsity`, interpolated linearly between grid points.
+    pub fn threshold(&self, l: usize, sparsity: f32) -> Result<f32, ProfileError> {
+        let last = *self.grid.last().unwrap_or(&0.0);
+        if !(0.0..=last).contains(&sparsity) {
+            return Err(ProfileError::Sparsity(sparsity));
+        }
+        Ok(interpolate(
+            &self.grid,
+            &self.layers[l].thresholds,
+            sparsity,
+        ))
+    }
+
+    /// Layer `l`'s neurons from most to least frequently active (ties: larger mean first).
+    pub fn hot_order(&self, l: usize) -> Vec<u32> {
+        let p = &self.layers[l];
+        let mut order: Vec<u32> = (0..p.frequency.len() as u32).collect();
+        order.sort_by(|&a, &b| {
+            let (a, b) = (a as usize, b as usize);
+            p.frequency[b]
+                .total_cmp(&p.frequency[a])
+                .then(p.mean_abs[b].total_cmp(&p.mean_abs[a]))
+                .then(a.cmp(&b))
+        });
+        order
+    }
+
+    /// The profile file next to a model: `MODEL.gguf.profile`.
+    pub fn default_path(model: &Path) -> std::path::PathBuf {
+        let mut name = model.as_os_str().to_os_string();
+        name.push(".profile");
+        name.into()
+    }
+
+    pub fn save(&self, path: &Path) -> Result<(), ProfileError> {
+        let io = |source| ProfileError::Io {
+            path: path.display().to_string(),
+            source,
+        };
+        let body = bincode::serde::encode_to_vec(self, bincode::config::standard())
+            .map_err(|e| io(std::io::Error::other(e.to_string())))?;
+        let mut bytes = Vec::with_capacity(body.len() + 16);
+        bytes.extend_from_slice(MAGIC);
+        bytes.extend_from_slice(&PROFILE_VERSION.to_le_bytes());
+        bytes.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
+        bytes.extend_from_slice(&body);
+        // Written beside and renamed, so a failure never leaves half a profile.
+        let tmp = path.with_extension("profile.tmp");
+        std::fs::write(&tmp, &bytes).map_err(io)?;
+        std::fs::rename(&tmp, path).map_err(io)
+    }
+
+    /// Reads a profile and checks it belongs to `model`.
+    pub fn load(path: &Path, model: &ModelIdentity) -> Result<ModelProfile, ProfileError> {
+        let name = path.display().to_string();
+        let bytes = std::fs::read(path).map_err(|source| ProfileError::Io {
+            path: name.clone(),
+            source,
+        })?;
+        let profile = ModelProfile::decode(&bytes, &name)?;
+        profile.model.check(model)?;
+        Ok(profile)
+    }
+
+    /// Parses a profile file's bytes (`name` for errors); checks its consistency.
+    pub fn decode(bytes: &[u8], name: &str) -> Result<ModelProfile, ProfileError> {
+        if bytes.len() < 16 || &bytes[..8] != MAGIC {
+            return Err(ProfileError::NotAProfile(name.into()));
+        }
+        let version = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
+        if version != PROFILE_VERSION {
+            return Err(ProfileError::Version {
+                path: name.into(),
+                found: version,
+            });
+        }
+        let damaged = |why: String| ProfileError::Damaged {
+            path: name.into(),
+            why,
+        };
+        let crc = u32::from_le_bytes(bytes[12..16].try_into().expect("4 bytes"));
+        let body = &bytes[16..];
+        if crc32fast::hash(body) != crc {
+            return Err(damaged("checksum mismatch".into()));
+        }
+        let limit = bincode::config::standard().with_limit::<{ 1 << 30 }>();
+        let (profile, _): (ModelProfile, usize) =
+            bincode::serde::decode_from_slice(body, limit).map_err(|e| damaged(e.to_string()))?;
+        profile.validate().map_err(damaged)?;
+        Ok(profile)
+    }
+
+    /// Every table has the sizes the model identity says.
+    fn validate(&self) -> Result<(), String> {
+        let m = &self.model;
+        if self.layers.len() != m.n_layer as usize {
+            return Err(format!(
+                "{} layers for a {}-layer model",
+                self.layers.len(),
+                m.n_layer
+            ));
+        }
+        if self.grid.is_empty() || self.grid.windows(2).any(|w| w[0] >= w[1]) {
+            return Err("the sparsity grid is not increasing".into());
+        }
+        for (l, p) in self.layers.iter().enumerate() {
+            if p.thresholds.len() != self.grid.len() || p.kept_mass.len() != self.grid.len() {
+                return Err(format!("layer {l}: tables do not match the grid"));
+            }
+            if p.frequency.len() != m.n_ff as usize
+                || p.mean_abs.len() != m.n_ff as usize
+                || p.importance.len() != m.n_ff as usize
+            {
+                return Err(format!("layer {l}: per-neuron tables are not n_ff long"));
+            }
+        }
+        if let Some(set) = &self.predictors {
+            if set.layers.len() != m.n_layer as usize {
+                return Err("predictors do not cover every layer".into());
+            }
+            for (l, p) in set.layers.iter().enumerate() {
+                p.validate(m.n_embd as usize, m.n_ff as usize)
+                    .map_err(|e| format!("predictor of layer {l}: {e}"))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The value of a table over `grid` at `sparsity`, linear between grid points and clamped to
+/// the grid's ends.
+pub fn interpolate(grid: &[f32], table: &[f32], sparsity: f32) -> f32 {
+    let i = grid.partition_point(|&g| g <= sparsity).max(1) - 1;
+    if i + 1 >= grid.len() {
+        return table[i];
+    }
+    let (g0, g1) = (grid[i], grid[i + 1]);
+    let w = ((sparsity - g0) / (g1 - g0)).clamp(0.0, 1.0);
+    table[i] + w * (table[i + 1] - table[i])
+}
+
+/// Per neuron: mean |up| over the tokens of `ups` (`[token][n_ff]`) × the norm of its down
+/// column (`down_norms`).
+pub fn importance(ups: &[f32], down_norms: &[f32]) -> Vec<f32> {
+    let n_ff = down_norms.len();
+    let mut sum = vec![0f64; n_ff];
+    let mut tokens = 0usize;
+    for row in ups.chunks_exact(n_ff.max(1)) {
+        tokens += 1;
+        for (s, u) in sum.iter_mut().zip(row) {
+            *s += u.abs() as f64;
+        }
+    }
+    sum.iter()
+        .zip(down_norms)
+        .map(|(s, d)| (s / tokens.max(1) as f64) as f32 * d)
+        .collect()
+}
+
+/// One layer's statistics from its activations `acts` (`[token][n_ff]`, act(gate)) and the
+/// matching up projections `ups`, with neuron frequencies counted at `reference_sparsity`.
+pub fn layer_profile(
+    acts: &[f32],
+    ups: &[f32],
+    importance: Vec<f32>,
+    grid: &[f32],
+    reference_sparsity: f32,
+) -> LayerProfile {
+    let n_ff = importance.len();
+    let n = acts.len();
+    let tokens = n / n_ff.max(1);
+    let score = |i: usize| acts[i].abs() * importance[i % n_ff];
+    let mut sorted: Vec<f32> = (0..n).map(score).collect();
+    sorted.sort_unstable_by(f32::total_cmp);
+    let quantile = |s: f32| -> f32 {
+        let k = ((s as f64) * n as f64).floor() as usize;
+        if k == 0 {
+            0.0
+        } else {
+            sorted[k.min(n) - 1].max(0.0)
+        }
+    };
+    let thresholds: Vec<f32> = grid.iter().map(|&s| quantile(s)).collect();
+    let zero_fraction = acts.iter().filter(|&&a| a == 0.0).count() as f32 / n.max(1) as f32;
+    // Mass per threshold: Σ |a·u| over values above each threshold, via the mass sorted by
+    // score.
+    let mut mass: Vec<(f32, f64)> = (0..n)
+        .map(|i| (score(i), (acts[i] * ups[i]).abs() as f64))
+        .collect();
+    mass.sort_unstable_by(|x, y| x.0.total_cmp(&y.0));
+    let total: f64 = mass.iter().map(|m| m.1).sum();
+    let kept_mass = thresholds
+        .iter()
+        .map(|&t| {
+            let from = mass.partition_point(|m| m.0 <= t);
+            let kept: f64 = mass[from..].iter().map(|m| m.1).sum();
+            if total > 0.0 {
+                (kept / total) as f32
+            } else {
+                1.0
+            }
+        })
+        .collect();
+    let reference = quantile(reference_sparsity);
+    let mut count = vec![0u32; n_ff];
+    let mut sum = vec![0f64; n_ff];
+    for row in acts.chunks_exact(n_ff) {
+        for (j, &a) in row.iter().enumerate() {
+            count[j] += u32::from(a.abs() * importance[j] > reference);
+            sum[j] += a.abs() as f64;
+        }
+    }
+    let per = tokens.max(1) as f64;
+    LayerProfile {
+        importance,
+        thresholds,
+        kept_mass,
+        zero_fraction,
+        frequency: count.iter().map(|&c| (c as f64 / per) as f32).collect(),
+        mean_abs: sum.iter().map(|&s| (s / per) as f32).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn identity() -> ModelIdentity {
+        ModelIdentity {
+            arch: "llama".into(),
+            n_layer: 2,
+            n_embd: 4,
+            n_ff: 8,
+            relu: false,
+            norms_crc32: 7,
+        }
+    }
+
+    fn profile() -> ModelProfile {
+        let grid = sparsity_grid();
+        let acts: Vec<f32> = (0..8 * 100)
+            .map(|i| ((i * 37) % 101) as f32 - 50.0)
+            .collect();
+        let ups = vec![1.0; acts.len()];
+        let layer = layer_profile(&acts, &ups, vec![1.0; 8], &grid, 0.5);
+        ModelProfile {
+            version: PROFILE_VERSION,
+            model: identity(),
+            calibration: "test".into(),
+            tokens: 100,
+            grid,
+            reference_sparsity: 0.5,
+            layers: vec![layer.clone(), layer],
+            predictors: None,
+        }
+    }
+
+    #[test]
+    fn thresholds_are_quantiles_of_the_magnitudes() {
+        // 1000 magnitudes 0.001 .. 1.0: the threshold at s leaves a share s at or below it.
+        let acts: Vec<f32> = (1..=1000).map(|i| i as f32 / 1000.0).collect();
+        let ups = vec![1.0; 1000];
+        let grid = sparsity_grid();
+        let p = layer_profile(&acts, &ups, vec![1.0; 10], &grid, 0.3);
+        for (&s, &t) in grid.iter().zip(&p.thresholds) {
+            let below = acts.iter().filter(|&&a| a <= t).count() as f32 / 1000.0;
+            assert!((below - s).abs() < 0.0015, "s {s}: {below} at or below {t}");
+        }
+        assert_eq!(p.thresholds[0], 0.0, "0% sparsity keeps everything");
+        // Frequencies at 30%: every neuron's values are spread evenly, ~70% active each.
+        for f in &p.frequency {
+            assert!((f - 0.7).abs() < 0.11, "{f}");
+        }
+        // Kept mass decreases with sparsity and is 1 at 0%.
+        assert_eq!(p.kept_mass[0], 1.0);
+        assert!(p.kept_mass.windows(2).all(|w| w[1] <= w[0]));
+    }
+
+    #[test]
+    fn importance_weights_the_score() {
+        // Two neurons with the same activations; the second matters 10x more at the output,
+        // so at 50% sparsity it is the one kept.
+        let acts: Vec<f32> = (0..200).map(|i| 1.0 + (i / 2) as f32 * 0.01).collect();
+        let ups: Vec<f32> = (0..200)
+            .map(|i| if i % 2 == 0 { 1.0 } else { -2.0 })
+            .collect();
+        let imp = importance(&ups, &[3.0, 5.0]);
+        assert_eq!(imp, vec![3.0, 10.0]);
+        let p = layer_profile(&acts, &ups, imp, &sparsity_grid(), 0.5);
+        assert_eq!(p.frequency, vec![0.0, 1.0]);
+    }
+
+    #[test]
+    fn relu_zeros_are_natural_sparsity() {
+        let acts: Vec<f32> = (0..1000)
+            .map(|i| if i % 10 == 0 { 1.0 + i as f32 } else { 0.0 })
+            .collect();
+        let ups = vec![1.0; 1000];
+        let p = layer_profile(&acts, &ups, vec![1.0; 10], &sparsity_grid(), 0.5);
+        assert!((p.zero_fraction - 0.9).abs() < 1e-6);
+        // Up to 90% the threshold stays at the natural zero; kept mass stays whole there.
+        assert_eq!(p.thresholds[18], 0.0);
+        assert_eq!(p.kept_mass[18], 1.0);
+        assert!(p.thresholds[19] > 0.0);
+    }
+
+    #[test]
+    fn interpolation_and_bounds() {
+        let p = profile();
+        let t40 = p.threshold(0, 0.40).unwrap();
+        let t45 = p.threshold(0, 0.45).unwrap();
+        let t425 = p.threshold(0, 0.425).unwrap();
+        assert!(t40 <= t425 && t425 <= t45);
+        assert!(matches!(
+            p.threshold(0, 1.5),
+            Err(ProfileError::Sparsity(_))
+        ));
+        assert!(matches!(
+            p.threshold(0, -0.1),
+            Err(ProfileError::Sparsity(_))
+        ));
+        assert_eq!(
+            p.threshold(1, 0.99).unwrap(),
+            *p.layers[1].thresholds.last().unwrap()
+        );
+    }
+
+    #[test]
+    fn hot_order_ranks_by_frequency() {
+        let mut p = profile();
+        p.layers[0].frequency = vec![0.1, 0.9, 0.5, 0.5, 0.0, 0.2, 0.3, 0.4];
+        p.layers[0].mean_abs = vec![0.0, 0.0, 1.0, 2.0, 0.0, 0.0, 0.0, 0.0];
+        assert_eq!(p.hot_order(0), vec![1, 3, 2, 7, 6, 5, 0, 4]);
+    }
+
+    #[test]
+    fn files_round_trip_and_reject_damage() {
+        let dir = std::env::temp_dir().join(format!("cnd-profile-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("m.gguf.profile");
+        let p = profile();
+        p.save(&path).unwrap();
+        let back = ModelProfile::load(&path, &identity()).unwrap();
+        assert_eq!(back.layers, p.layers);
+        // Another model.
+        let mut other = identity();
+        other.norms_crc32 = 8;
+        let e = ModelProfile::load(&path, &other).unwrap_err();
+        assert!(matches!(e, ProfileError::OtherModel { .. }), "{e}");
+        // A flipped byte, a truncation, another version, not a profile at all.
+        let bytes = std::fs::read(&path).unwrap();
+        let mut flipped = bytes.clone();
+        *flipped.last_mut().unwrap() ^= 1;
+        assert!(matches!(
+            ModelProfile::decode(&flipped, "x"),
+            Err(ProfileError::Damaged { .. })
+        ));
+        assert!(ModelProfile::decode(&bytes[..bytes.len() / 2], "x").is_err());
+        let mut v2 = bytes.clone();
+        v2[8] = 2;
+        assert!(matches!(
+            ModelProfile::decode(&v2, "x"),
+            Err(ProfileError::Version { found: 2, .. })
+        ));
+        assert!(matches!(
+            ModelProfile::decode(b"GGUF....0123456789", "x"),
+            Err(ProfileError::NotAProfile(_))
+        ));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn tables_of_the_wrong_size_are_damage() {
+        let mut p = profile();
+        p.layers[1].frequency.pop();
+        assert!(p.validate().is_err());
+        let mut p = profile();
+        p.layers.pop();
+        assert!(p.validate().is_err());
+    }
+}

@@ -1,0 +1,452 @@
+//! Sparse decode end to end on a generated model: profiling, thresholds that hit their target,
+//! outputs that do not depend on threads or driver, 0% sparsity close to dense, predictors
+//! that keep what the threshold keeps, and the bad inputs (another model's profile, no
+//! profile, no predictors, calibration text too short).
+
+use conductor::profile::{profile_model, ProfileOptions, ProfileRunError};
+use conductor::runtime::model::FfnActivation;
+use conductor::runtime::sparse::predictor::PredictorConfig;
+use conductor::runtime::sparse::profile::ModelProfile;
+use conductor::runtime::sparse::SparsityMode;
+use conductor::runtime::synthetic::{synthetic_model, SyntheticSpec};
+use conductor::{DriverKind, Engine, Error, SparsitySettings};
+use std::path::{Path, PathBuf};
+
+fn spec(seed: u64, activation: FfnActivation) -> SyntheticSpec {
+    SyntheticSpec {
+        n_layer: 3,
+        n_embd: 128,
+        n_ff: 512,
+        n_head: 4,
+        n_head_kv: 2,
+        n_ctx: 512,
+        seed,
+        activation,
+        ..SyntheticSpec::default()
+    }
+}
+
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(tag: &str) -> Dir {
+        let dir =
+            std::env::temp_dir().join(format!("conductor-sparse-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Dir(dir)
+    }
+
+    fn model(&self, name: &str, spec: &SyntheticSpec) -> PathBuf {
+        let path = self.0.join(name);
+        let bytes = synthetic_model(spec).unwrap().to_bytes().unwrap();
+        std::fs::write(&path, bytes).unwrap();
+        path
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Text of many different words, so every token position sees varied inputs.
+fn text(words: usize) -> String {
+    let mut x = 12345u64;
+    let mut out = String::new();
+    for _ in 0..words {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let len = 2 + (x % 6) as usize;
+        for k in 0..len {
+            out.push((b'a' + ((x >> (8 + 5 * k)) % 26) as u8) as char);
+        }
+        out.push(if x.is_multiple_of(11) { '.' } else { ' ' });
+    }
+    out
+}
+
+fn build(
+    path: &Path,
+    driver: DriverKind,
+    threads: usize,
+    sparsity: SparsitySettings,
+) -> Result<Engine, Error> {
+    Engine::builder()
+        .model(path)
+        .threads(threads)
+        .driver(driver)
+        .sparsity(sparsity)
+        .on_progress(|_| {})
+        .build()
+}
+
+fn settings(mode: SparsityMode, target: f32) -> SparsitySettings {
+    SparsitySettings {
+        mode: Some(mode),
+        target: Some(target),
+        profile: None,
+        all_tokens: false,
+        down_type: None,
+    }
+}
+
+fn quick_predictors() -> PredictorConfig {
+    PredictorConfig {
+        ranks: vec![32, 64],
+        ..PredictorConfig::default()
+    }
+}
+
+/// Profiles `model` (with predictors at 50%) and writes `MODEL.profile` beside it.
+fn profile(model: &Path) -> ModelProfile {
+    let mut engine = build(
+        model,
+        DriverKind::Inline,
+        2,
+        settings(SparsityMode::Dense, 0.0),
+    )
+    .unwrap();
+    let options = ProfileOptions {
+        ctx: 64,
+        max_tokens: 3072,
+        reference_sparsity: 0.5,
+        predictors: Some((0.5, quick_predictors())),
+        threads: 2,
+    };
+    let p = profile_model(&mut engine, &text(4000), "test", &options, &|_, _| {}).unwrap();
+    p.save(&ModelProfile::default_path(model)).unwrap();
+    p
+}
+
+/// Logits of every position of a greedy continuation: the prompt, then 12 decoded tokens.
+fn decode_logits(engine: &mut Engine) -> Vec<Vec<f32>> {
+    let prompt = engine.tokenize("the quick brown fox jumps over");
+    let mut session = engine.session(Some(128));
+    let mut all = Vec::new();
+    let mut logits = engine.eval_last(&mut session, &prompt).unwrap().to_vec();
+    for _ in 0..12 {
+        let next = argmax(&logits);
+        all.push(logits);
+        logits = engine.eval_last(&mut session, &[next]).unwrap().to_vec();
+    }
+    all.push(logits);
+    all
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    v.iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .map(|(i, _)| i as u32)
+        .unwrap()
+}
+
+#[test]
+fn sparse_decode_end_to_end() {
+    let dir = Dir::new("e2e");
+    let model = dir.model("m.gguf", &spec(3, FfnActivation::Silu));
+    let p = profile(&model);
+    assert_eq!(p.layers.len(), 3);
+    let set = p.predictors.as_ref().expect("predictors trained");
+    for (l, &(recall, precision, predicted)) in set.held_out.iter().enumerate() {
+        assert!(recall > 0.9, "layer {l}: held-out recall {recall}");
+        assert!(
+            precision > 0.5 && predicted < 0.95,
+            "layer {l}: {precision} {predicted}"
+        );
+    }
+
+    // Dense reference, then threshold decode at 0%: every neuron whose activation is not zero
+    // is kept, so only the arithmetic of the down projection differs.
+    let dense = decode_logits(
+        &mut build(
+            &model,
+            DriverKind::Inline,
+            1,
+            settings(SparsityMode::Dense, 0.0),
+        )
+        .unwrap(),
+    );
+    let mut zero = build(
+        &model,
+        DriverKind::Inline,
+        1,
+        settings(SparsityMode::Threshold, 0.0),
+    )
+    .unwrap();
+    let at_zero = decode_logits(&mut zero);
+    let (_, active) = zero.take_sparsity_stats().expect("sparse decode ran");
+    assert!(active > 0.999, "0% sparsity keeps every neuron: {active}");
+    for (d, s) in dense.iter().zip(&at_zero) {
+        let scale = d.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let diff = d.iter().zip(s).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(
+            diff <= 0.02 * scale,
+            "0% sparse vs dense: max diff {diff} (scale {scale})"
+        );
+    }
+
+    // Threshold at 50%: about half the neurons active in decode, and outputs change.
+    let mut half = build(
+        &model,
+        DriverKind::Inline,
+        1,
+        settings(SparsityMode::Threshold, 0.5),
+    )
+    .unwrap();
+    let at_half = decode_logits(&mut half);
+    let (gate, active) = half.take_sparsity_stats().unwrap();
+    assert_eq!(gate, 1.0, "threshold mode computes every gate row");
+    assert!(
+        (0.35..0.65).contains(&active),
+        "active share at 50%: {active}"
+    );
+    assert_ne!(at_half, at_zero);
+
+    // Bit-identical whatever the threads and the driver.
+    for mode in [SparsityMode::Threshold, SparsityMode::Predictor] {
+        let reference =
+            decode_logits(&mut build(&model, DriverKind::Inline, 1, settings(mode, 0.5)).unwrap());
+        for (driver, threads) in [
+            (DriverKind::Inline, 2),
+            (DriverKind::Actors, 1),
+            (DriverKind::Actors, 2),
+        ] {
+            let got =
+                decode_logits(&mut build(&model, driver, threads, settings(mode, 0.5)).unwrap());
+            assert!(
+                got == reference,
+                "{mode:?} on {driver:?} with {threads} threads differs"
+            );
+        }
+    }
+
+    // Predictor mode computes fewer gate rows and keeps nearly what the threshold keeps.
+    let mut pred = build(
+        &model,
+        DriverKind::Inline,
+        1,
+        settings(SparsityMode::Predictor, 0.5),
+    )
+    .unwrap();
+    let at_pred = decode_logits(&mut pred);
+    let (gate, active_pred) = pred.take_sparsity_stats().unwrap();
+    assert!(gate < 0.95, "the predictor skips gate rows: {gate}");
+    assert!(
+        active_pred <= active + 1e-9 && active_pred > 0.9 * active,
+        "{active_pred} vs {active}"
+    );
+    let agree = at_pred
+        .iter()
+        .zip(&at_half)
+        .filter(|(a, b)| argmax(a) == argmax(b))
+        .count();
+    assert!(
+        agree >= at_half.len() - 2,
+        "predictor and threshold agree on {agree} of {}",
+        at_half.len()
+    );
+
+    // SwiGLU models decode densely by default, profile or not: on this CPU the threshold path is
+    // slower than dense (docs/benchmarks.md), so sparsity is asked for explicitly.
+    let default = build(&model, DriverKind::Inline, 1, SparsitySettings::default()).unwrap();
+    assert!(
+        default.model().sparse.is_none(),
+        "a SwiGLU model is dense by default"
+    );
+}
+
+#[test]
+fn bad_profiles_and_texts_are_clear_errors() {
+    let dir = Dir::new("bad");
+    let model = dir.model("a.gguf", &spec(5, FfnActivation::Silu));
+    let other = dir.model("b.gguf", &spec(6, FfnActivation::Silu));
+
+    // No profile: the explicit modes say where they looked; the default is dense.
+    let e = build(
+        &model,
+        DriverKind::Inline,
+        1,
+        settings(SparsityMode::Threshold, 0.5),
+    )
+    .err()
+    .expect("no profile");
+    assert!(matches!(e, Error::NoProfile { .. }), "{e}");
+    assert!(e.to_string().contains("a.gguf.profile"), "{e}");
+    let dense = build(&model, DriverKind::Inline, 1, SparsitySettings::default()).unwrap();
+    assert!(dense.model().sparse.is_none());
+
+    // Empty text, text shorter than one context.
+    let mut engine = build(
+        &model,
+        DriverKind::Inline,
+        1,
+        settings(SparsityMode::Dense, 0.0),
+    )
+    .unwrap();
+    let options = ProfileOptions {
+        ctx: 64,
+        max_tokens: 256,
+        reference_sparsity: 0.5,
+        predictors: None,
+        threads: 1,
+    };
+    let e = profile_model(&mut engine, "", "empty", &options, &|_, _| {}).unwrap_err();
+    assert!(matches!(e, ProfileRunError::EmptyText), "{e}");
+    let e = profile_model(&mut engine, "a few words", "short", &options, &|_, _| {}).unwrap_err();
+    assert!(matches!(e, ProfileRunError::ShortText { .. }), "{e}");
+
+    // A profile without predictors: threshold works, predictor mode says what is missing.
+    let p = profile_model(&mut engine, &text(1500), "t", &options, &|_, _| {}).unwrap();
+    p.save(&ModelProfile::default_path(&model)).unwrap();
+    assert!(build(
+        &model,
+        DriverKind::Inline,
+        1,
+        settings(SparsityMode::Threshold, 0.3)
+    )
+    .is_ok());
+    let e = build(
+        &model,
+        DriverKind::Inline,
+        1,
+        settings(SparsityMode::Predictor, 0.3),
+    )
+    .err()
+    .expect("no predictors");
+    assert!(e.to_string().contains("no predictors"), "{e}");
+
+    // Another model's profile.
+    let e = build(
+        &other,
+        DriverKind::Inline,
+        1,
+        SparsitySettings {
+            profile: Some(ModelProfile::default_path(&model)),
+            ..settings(SparsityMode::Threshold, 0.5)
+        },
+    )
+    .err()
+    .expect("another model's profile");
+    assert!(e.to_string().contains("another model"), "{e}");
+
+    // A sparsity outside the table.
+    let e = build(
+        &model,
+        DriverKind::Inline,
+        1,
+        settings(SparsityMode::Threshold, 1.0),
+    )
+    .err()
+    .expect("100% sparsity");
+    assert!(e.to_string().contains("outside"), "{e}");
+}
+
+#[test]
+fn relu_model_natural_sparsity_and_predictors() {
+    let dir = Dir::new("relu");
+    let spec = SyntheticSpec {
+        relu_active_share: Some(0.1),
+        ..spec(9, FfnActivation::Relu)
+    };
+    let model = dir.model("relu.gguf", &spec);
+    let p = profile(&model);
+    for (l, layer) in p.layers.iter().enumerate() {
+        assert!(
+            (0.75..0.97).contains(&layer.zero_fraction),
+            "layer {l}: natural sparsity {}",
+            layer.zero_fraction
+        );
+    }
+    // The default for a ReLU model with predictors: the predictors at the natural zeros.
+    let mut engine = build(&model, DriverKind::Inline, 2, SparsitySettings::default()).unwrap();
+    let sparse = engine.model().sparse.as_ref().expect("sparse by default");
+    assert_eq!(
+        (sparse.mode, sparse.sparsity),
+        (SparsityMode::Predictor, 0.0)
+    );
+    let predicted = decode_logits(&mut engine);
+    let (gate, active) = engine.take_sparsity_stats().unwrap();
+    assert!(gate < 0.5, "the predictors name few neurons: {gate}");
+    assert!(active < 0.25 && active > 0.02, "active share {active}");
+    // Natural zeros are lossless: the threshold at 0 matches dense up to the down arithmetic,
+    // and the predictors keep the same greedy tokens.
+    let dense = decode_logits(
+        &mut build(
+            &model,
+            DriverKind::Inline,
+            1,
+            settings(SparsityMode::Dense, 0.0),
+        )
+        .unwrap(),
+    );
+    let zeros = decode_logits(
+        &mut build(
+            &model,
+            DriverKind::Inline,
+            1,
+            settings(SparsityMode::Threshold, 0.0),
+        )
+        .unwrap(),
+    );
+    for (d, s) in dense.iter().zip(&zeros) {
+        let scale = d.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let diff = d.iter().zip(s).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(
+            diff <= 0.02 * scale,
+            "natural zeros vs dense: {diff} (scale {scale})"
+        );
+    }
+    let agree = predicted
+        .iter()
+        .zip(&zeros)
+        .filter(|(a, b)| argmax(a) == argmax(b))
+        .count();
+    assert!(
+        agree >= zeros.len() - 1,
+        "predictors agree on {agree} of {}",
+        zeros.len()
+    );
+}
+
+#[test]
+fn powerinfer_files_run_with_their_own_predictors() {
+    use conductor::runtime::sparse::powerinfer::{write_powerinfer_test_files, PowerInferTestSpec};
+    let dir = Dir::new("powerinfer");
+    let spec = SyntheticSpec {
+        relu_active_share: Some(0.1),
+        ..spec(11, FfnActivation::Relu)
+    };
+    let model = dir.0.join("pi.gguf");
+    let pred = dir.0.join("pi.predictor.gguf");
+    write_powerinfer_test_files(&spec, &PowerInferTestSpec::default(), &model, &pred).unwrap();
+    // No profile next to the file: the default still turns the file's predictors on.
+    let mut engine = build(&model, DriverKind::Inline, 2, SparsitySettings::default()).unwrap();
+    let sparse = engine
+        .model()
+        .sparse
+        .as_ref()
+        .expect("a PowerInfer file is sparse by default");
+    assert_eq!(sparse.mode, SparsityMode::Predictor);
+    let first = decode_logits(&mut engine);
+    let (gate, active) = engine.take_sparsity_stats().unwrap();
+    assert!(gate < 1.0, "the predictors select a subset: {gate}");
+    assert!(active <= gate, "active {active} within predicted {gate}");
+    // Same numbers on another thread count and driver.
+    let again = decode_logits(
+        &mut build(&model, DriverKind::Actors, 1, SparsitySettings::default()).unwrap(),
+    );
+    assert_eq!(first, again);
+    // Asked for dense, the same file runs densely.
+    let dense = build(
+        &model,
+        DriverKind::Inline,
+        1,
+        settings(SparsityMode::Dense, 0.0),
+    )
+    .unwrap();
+    assert!(dense.model().sparse.is_none());
+}
