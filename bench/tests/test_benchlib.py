@@ -159,5 +159,40 @@ class RunMeasured(unittest.TestCase):
         self.assertIn("SIGILL", done.describe_failure())
 
 
+
+def load_script(name):
+    """A bench script without the .py suffix, as a module."""
+    import importlib.machinery
+    import importlib.util
+    path = Path(__file__).resolve().parents[1] / name
+    loader = importlib.machinery.SourceFileLoader(name.replace("-", "_"), str(path))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(module)
+    return module
+
+
+class SparseQuality(unittest.TestCase):
+    def setUp(self):
+        self.sq = load_script("sparse-quality")
+
+    def test_final_estimate_is_parsed_and_its_absence_is_an_error(self):
+        out = "[1]29.1,[2]30.0\nFinal estimate: PPL = 29.8413 +/- 0.54258\n"
+        self.assertEqual(self.sq.parse_ppl(out), (29.8413, 0.54258))
+        with self.assertRaises(BenchError):
+            self.sq.parse_ppl("perplexity: 0 chunks\n")
+
+    def test_table_is_relative_to_dense_and_plot_has_a_line_per_mode(self):
+        points = [{"mode": "dense", "sparsity": 0, "ppl": 20.0, "err": 0.5},
+                  {"mode": "threshold", "sparsity": 30, "ppl": 20.5, "err": 0.5},
+                  {"mode": "threshold", "sparsity": 50, "ppl": 22.0, "err": 0.6},
+                  {"mode": "predictor", "sparsity": 30, "ppl": 20.6, "err": 0.5}]
+        table = self.sq.table(points)
+        self.assertIn("| threshold | 30% | 20.5000 ± 0.5000 | +2.50% |", table)
+        self.assertIn("| threshold | 50% | 22.0000 ± 0.6000 | +10.00% |", table)
+        svg = self.sq.svg(points, "t")
+        self.assertEqual(svg.count("<polyline"), 2)
+        self.assertIn("dense +3%", svg)
+
+
 if __name__ == "__main__":
     unittest.main()

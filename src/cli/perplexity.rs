@@ -114,5 +114,12 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
         started.elapsed().as_secs_f64(),
         (n_chunk * n_ctx) as f64 / started.elapsed().as_secs_f64()
     );
+    if let Some((gate, active)) = engine.take_sparsity_stats() {
+        eprintln!(
+            "perplexity: sparse FFN: gate rows computed {:.1}%, neurons active {:.1}%",
+            gate * 100.0,
+            active * 100.0
+        );
+    }
     Ok(())
 }

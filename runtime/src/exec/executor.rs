@@ -93,7 +93,7 @@ impl FfnCluster<'_> {
     }
 }
 
-/// Sparse decode of FFN neurons `neurons` (cluster `cluster`) of layer `l` for `n` tokens:
+/// Sparse decode of FFN neurons `neurons` (one cluster) of layer `l` for `n` tokens:
 /// gate rows (all of the cluster, or only those the predictor named), the threshold on the
 /// score, then up rows of the active neurons, and their down columns: an axpy over rows of the
 /// transposed down projection when few fire, the cluster's down block-column times the sparse
@@ -105,7 +105,6 @@ fn sparse_ffn_cluster(
     model: &Model,
     sparse: &SparseFfn,
     l: usize,
-    cluster: usize,
     neurons: Range<usize>,
     acts: &Activations,
     predicted: Option<&[u64]>,
@@ -130,6 +129,10 @@ fn sparse_ffn_cluster(
         rows: w.down.cols,
         cols: embd,
     });
+    let down_blocks = model
+        .down_blocks
+        .as_ref()
+        .and_then(|d| d.columns(model, l, &neurons));
     let words = (model.config.n_ff as usize).div_ceil(64);
     let mut gate_rows = 0u64;
     s.gate.resize(m, 0.0);
@@ -206,11 +209,8 @@ fn sparse_ffn_cluster(
                 s.h_act.resize(h_bytes, 0);
                 cx.kernels
                     .quantize_activations(w.down.ty, &s.gate, &mut s.h_act);
-                match &model.down_blocks {
-                    Some(d) => {
-                        let mat = d.cluster(model, l, cluster);
-                        cx.kernels.matvec(mat, 0..m, &s.h_act, out);
-                    }
+                match &down_blocks {
+                    Some(mat) => cx.kernels.matvec(*mat, 0..m, &s.h_act, out),
                     None => cx
                         .kernels
                         .matvec(model.mat(&w.down), neurons.clone(), &s.h_act, out),
@@ -674,7 +674,6 @@ impl StepState {
                             model,
                             sparse,
                             l,
-                            first + i,
                             neurons,
                             acts,
                             predicted,
@@ -689,12 +688,16 @@ impl StepState {
                             model.rows(&l.up, neurons.clone()),
                         );
                         // The cluster's own block-column when the down projection was
-                        // re-laid per cluster; otherwise slices of the file's rows.
-                        let ffn = match &model.down_blocks {
-                            Some(d) => FfnCluster {
+                        // re-laid per decode cluster; otherwise slices of the file's rows.
+                        let blocks = model
+                            .down_blocks
+                            .as_ref()
+                            .and_then(|d| d.columns(model, layer_index as usize, &neurons));
+                        let ffn = match blocks {
+                            Some(down) => FfnCluster {
                                 gate,
                                 up,
-                                down: d.cluster(model, layer_index as usize, first + i),
+                                down,
                                 down_cols: 0..neurons.len(),
                             },
                             None => FfnCluster {
@@ -704,8 +707,7 @@ impl StepState {
                                 down_cols: neurons,
                             },
                         };
-                        let batched = model.down_blocks.is_some();
-                        return ffn.compute(cx, acts, c.activation, n, s, out, batched);
+                        return ffn.compute(cx, acts, c.activation, n, s, out, false);
                     };
                     // A store's cluster is bundle `first + i`: from its cache slot, or from
                     // the file in memory when the plan has no cache.

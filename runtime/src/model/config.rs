@@ -131,6 +131,9 @@ impl ModelConfig {
             }
         };
         let activation = match file.get_str(&key("activation_function"))? {
+            // PowerInfer's files (`PWRI` magic) name no activation: its sparse models
+            // (ReluLLaMA, ProSparse) are ReLU models, and its runtime computes them so.
+            None if file.is_powerinfer() => FfnActivation::Relu,
             None | Some("silu") | Some("swiglu") => FfnActivation::Silu,
             Some("relu") => FfnActivation::Relu,
             Some(other) => {

@@ -83,20 +83,26 @@ pub struct DownBlocks {
 }
 
 impl DownBlocks {
-    /// Cluster `c`'s block-column of layer `l` as a matrix (`n_embd` rows).
-    pub fn cluster(&self, model: &Model, l: usize, c: usize) -> MatRef<'_> {
+    /// The block-column of layer `l` holding exactly the down columns `neurons`, when they are
+    /// one cluster of this layout (a decode cluster cut with the same size); `None` otherwise,
+    /// and the caller reads slices of the file's rows instead.
+    pub fn columns(&self, model: &Model, l: usize, neurons: &Range<usize>) -> Option<MatRef<'_>> {
         let down = &model.layers[l].down;
-        let start = c * self.neurons;
-        let cols = self.neurons.min(down.cols - start);
+        let c = neurons.start / self.neurons;
+        let aligned = neurons.start % self.neurons == 0
+            && neurons.end == (neurons.start + self.neurons).min(down.cols);
+        if !aligned {
+            return None;
+        }
         let block_bytes = down.ty.type_size();
         let per_cluster = down.rows * self.neurons / down.ty.block_size() * block_bytes;
-        let len = down.rows * cols / down.ty.block_size() * block_bytes;
-        MatRef {
+        let len = down.rows * neurons.len() / down.ty.block_size() * block_bytes;
+        Some(MatRef {
             ty: down.ty,
             data: &self.layers[l][c * per_cluster..c * per_cluster + len],
             rows: down.rows,
-            cols,
-        }
+            cols: neurons.len(),
+        })
     }
 }
 
@@ -391,21 +397,17 @@ impl Model {
         }
     }
 
-    /// The model's shape as the scheduler sees it. With [`DownBlocks`] (or a store's bundles)
-    /// the FFN runs as neuron clusters of that size in every step shape.
+    /// The model's shape as the scheduler sees it (a store's FFN runs as its bundles).
     pub fn shape(&self) -> ModelShape {
-        let bundle = match (&self.store, &self.down_blocks) {
-            (Some(s), _) => s.layout.neurons,
-            (None, Some(d)) => d.neurons as u32,
-            (None, None) => 0,
-        };
+        let bundle = self.store.as_ref().map_or(0, |s| s.layout.neurons);
         self.config.shape(self.ffn_granule(), bundle)
     }
 
     /// Re-lays every layer's down projection as block-columns of `neurons` columns
-    /// ([`DownBlocks`]), which decode and prefill then use instead of the file's row-major
-    /// matrix. `neurons` is rounded up to whole blocks. Not for neuron stores (their bundles
-    /// are laid out so already) nor models held resident-only.
+    /// ([`DownBlocks`]), which decode clusters of that size then read instead of slices of the
+    /// file's rows (prefill keeps the whole matrix for its GEMM). `neurons` is rounded up to
+    /// whole blocks, as the scheduler cuts decode clusters (`cut_into_clusters`). Not for
+    /// neuron stores (their bundles are laid out so already) nor models held resident-only.
     pub fn cluster_down_projections(&mut self, neurons: usize) {
         if self.store.is_some() || self.resident_only || self.layers.is_empty() {
             return;

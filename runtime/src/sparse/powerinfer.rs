@@ -585,6 +585,20 @@ mod tests {
         }
     }
 
+    #[test]
+    fn powerinfer_files_without_an_activation_key_are_relu() {
+        // Our synthetic SiLU models write no activation key, like PowerInfer's converter.
+        let spec = SyntheticSpec {
+            activation: FfnActivation::Silu,
+            ..relu_spec()
+        };
+        let bytes = synthetic_model(&spec).unwrap().to_bytes().unwrap();
+        let plain = Model::from_gguf(open(&bytes)).unwrap();
+        assert_eq!(plain.config.activation, FfnActivation::Silu);
+        let pwri = Model::from_gguf(open(&with_magic(bytes))).unwrap();
+        assert_eq!(pwri.config.activation, FfnActivation::Relu);
+    }
+
     fn open(bytes: &[u8]) -> GgufFile {
         GgufFile::from_bytes(bytes.to_vec()).unwrap()
     }

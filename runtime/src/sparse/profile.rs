@@ -528,6 +528,56 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// A profile with predictors (n_embd 32, the smallest a predictor serves).
+    fn profile_with_predictors() -> ModelProfile {
+        let mut p = profile();
+        p.model.n_embd = 32;
+        let (e, f, r) = (32, 8, 32);
+        let w = |n: usize| (0..n).map(|i| ((i * 7) % 13) as f32 / 13.0 - 0.5).collect();
+        let fc1: Vec<f32> = w(r * e);
+        let fc2: Vec<f32> = w(f * r);
+        let pred =
+            Predictor::from_weights(e, f, r, &fc1, vec![0.1; r], &fc2, vec![0.0; f], 0.0).unwrap();
+        p.predictors = Some(PredictorSet {
+            sparsity: 0.5,
+            layers: vec![pred.clone(), pred],
+            held_out: vec![(0.99, 0.5, 0.6); 2],
+        });
+        p
+    }
+
+    proptest::proptest! {
+        /// Hostile profile files: any bytes after a valid header and checksum (so the decoder
+        /// itself sees them) give a profile that passes its checks or an error, never a panic;
+        /// a profile that loads answers every lookup.
+        #[test]
+        fn hostile_profiles_never_panic(
+            edits in proptest::collection::vec((0usize..1 << 16, proptest::prelude::any::<u8>()), 1..8),
+            cut in 0usize..1 << 16,
+        ) {
+            let dir = std::env::temp_dir().join(format!("cnd-profile-prop-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let path = dir.join("p.profile");
+            profile_with_predictors().save(&path).unwrap();
+            let bytes = std::fs::read(&path).unwrap();
+            let mut body = bytes[16..].to_vec();
+            for (at, value) in edits {
+                let n = body.len();
+                body[at % n] = value;
+            }
+            body.truncate(body.len() - cut % (body.len() / 4 + 1));
+            let mut file = bytes[..12].to_vec();
+            file.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
+            file.extend_from_slice(&body);
+            if let Ok(p) = ModelProfile::decode(&file, "mutated") {
+                for l in 0..p.layers.len() {
+                    let _ = p.threshold(l, 0.5);
+                    let _ = p.hot_order(l);
+                }
+            }
+        }
+    }
+
     #[test]
     fn tables_of_the_wrong_size_are_damage() {
         let mut p = profile();
