@@ -59,8 +59,9 @@ pub enum Error {
 /// Which FFN neurons decode computes ([`EngineBuilder::sparsity`]).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SparsitySettings {
-    /// `None`: the shipped default ([`DEFAULT_SPARSITY_MODE`] at [`DEFAULT_SPARSITY`] when the
-    /// model has an activation profile, dense otherwise).
+    /// `None`: the shipped default: dense for SwiGLU models and neuron stores; for a ReLU
+    /// model its natural zeros ([`SparsityMode::Predictor`] when its profile has predictors,
+    /// [`DEFAULT_SPARSITY_MODE`] when not), or a PowerInfer file's own predictors.
     pub mode: Option<SparsityMode>,
     /// Target share of FFN neurons skipped (default [`DEFAULT_SPARSITY`]).
     pub target: Option<f32>,

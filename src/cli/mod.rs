@@ -115,8 +115,9 @@ pub struct EngineArgs {
     /// Which FFN neurons decode computes: `dense` (all), `threshold` (gate rows of all,
     /// up/down of those whose |act(gate)| passes the layer's threshold), `predictor` (gate
     /// rows only of the neurons the layer's predictor names, then the threshold), `default`
-    /// (with an activation profile: threshold at 30% for SwiGLU models, the natural zeros with
-    /// predictors for ReLU models; dense without a profile).
+    /// (dense for SwiGLU models such as SmolLM2 and for neuron stores; for ReLU models with an
+    /// activation profile, their natural zeros with the profile's predictors, or threshold
+    /// without; a PowerInfer file's own predictors).
     #[arg(long = "sparsity", value_enum, default_value_t = SparsityArg::Default)]
     pub sparsity: SparsityArg,
     /// Target share of FFN neurons skipped: 0.3 or 30% (default 30% for SwiGLU models, 0 =
@@ -144,7 +145,8 @@ pub enum SparsityArg {
     Dense,
     Threshold,
     Predictor,
-    /// The shipped default: sparse with an activation profile, dense without.
+    /// The shipped default: dense for SwiGLU models, sparse for profiled ReLU models and
+    /// PowerInfer files.
     #[default]
     Default,
 }

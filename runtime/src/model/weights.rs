@@ -89,7 +89,7 @@ impl DownBlocks {
     pub fn columns(&self, model: &Model, l: usize, neurons: &Range<usize>) -> Option<MatRef<'_>> {
         let down = &model.layers[l].down;
         let c = neurons.start / self.neurons;
-        let aligned = neurons.start % self.neurons == 0
+        let aligned = neurons.start.is_multiple_of(self.neurons)
             && neurons.end == (neurons.start + self.neurons).min(down.cols);
         if !aligned {
             return None;
