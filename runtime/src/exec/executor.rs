@@ -122,7 +122,6 @@ fn sparse_ffn_cluster(
     let (gate_row, up_row) = (gate_all.len() / n, up_all.len() / n);
     let gate = model.rows(&w.gate, neurons.clone());
     let up = model.rows(&w.up, neurons.clone());
-    let (gate_stride, up_stride) = (w.gate.row_bytes(), w.up.row_bytes());
     let down_t = layer.down_t.as_deref().map(|data| MatRef {
         ty: sparse.down_type,
         data,
@@ -159,14 +158,17 @@ fn sparse_ffn_cluster(
             }
             Some(bits) => {
                 let bits = &bits[t * words..(t + 1) * words];
-                for j in 0..m {
-                    let i = neurons.start + j;
-                    if bits[i / 64] >> (i % 64) & 1 == 0 {
-                        continue;
-                    }
-                    let row = &gate.data[j * gate_stride..(j + 1) * gate_stride];
-                    let g = cx.kernels.vec_dot(gate_ty, gate.cols, row, act_gate);
-                    gate_rows += 1;
+                s.picks.clear();
+                s.picks.extend((0..m as u32).filter(|&j| {
+                    let i = neurons.start + j as usize;
+                    bits[i / 64] >> (i % 64) & 1 == 1
+                }));
+                gate_rows += s.picks.len() as u64;
+                s.picked.resize(s.picks.len(), 0.0);
+                cx.kernels
+                    .matvec_rows(gate, &s.picks, act_gate, &mut s.picked);
+                for k in 0..s.picks.len() {
+                    let (j, g) = (s.picks[k] as usize, s.picked[k]);
                     consider(s, j, g);
                 }
             }
@@ -180,10 +182,13 @@ fn sparse_ffn_cluster(
                 s.coefs[k] *= s.up[i as usize - neurons.start];
             }
         } else {
-            for (k, &i) in s.neurons.iter().enumerate() {
-                let j = i as usize - neurons.start;
-                let row = &up.data[j * up_stride..(j + 1) * up_stride];
-                s.coefs[k] *= cx.kernels.vec_dot(up_ty, up.cols, row, act_up);
+            let first = neurons.start as u32;
+            s.picks.clear();
+            s.picks.extend(s.neurons.iter().map(|&i| i - first));
+            s.picked.resize(s.picks.len(), 0.0);
+            cx.kernels.matvec_rows(up, &s.picks, act_up, &mut s.picked);
+            for (c, &u) in s.coefs.iter_mut().zip(&s.picked) {
+                *c *= u;
             }
         }
         sparse
@@ -234,6 +239,9 @@ struct WorkerScratch {
     /// Sparse decode: the cluster's active neurons and their coefficients act(gate) · up.
     neurons: Vec<u32>,
     coefs: Vec<f32>,
+    /// Sparse decode: rows of the cluster picked for a product, and their dot products.
+    picks: Vec<u32>,
+    picked: Vec<f32>,
 }
 
 /// A phase's input rows, quantized once into each activation format its weights need.

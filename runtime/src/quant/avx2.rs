@@ -387,6 +387,32 @@ pub(crate) unsafe fn matvec_impl<W: WeightBlock, V: IDot>(
     }
 }
 
+/// Sparse decode: the rows `pick` (any order, repeats allowed) times one activation vector,
+/// 4 picked rows per pass: `out[k]` = dot(row `pick[k]`). Each lane is the same arithmetic as
+/// the row's own [`vec_dot_impl`], so the results are the same bits.
+#[inline(always)]
+pub(crate) unsafe fn matvec_rows_impl<W: WeightBlock, V: IDot>(
+    m: Rows<'_>,
+    pick: &[u32],
+    act: &[W::Act],
+    out: &mut [f32],
+) {
+    assert!(out.len() >= pick.len() && act.len() >= m.nb);
+    let mut k = 0;
+    while k < pick.len() {
+        let n = (pick.len() - k).min(4);
+        for &r in pick.iter().skip(k + 4 * 4).take(4) {
+            m.prefetch::<W>(r as usize, 1);
+        }
+        let rows: [&[W]; 4] = std::array::from_fn(|j| m.row::<W>(pick[k + j.min(n - 1)] as usize));
+        let [v] = tile::<W, V, 4, 1>(rows, [act], m.nb);
+        let mut tmp = [0f32; 4];
+        store_lanes::<4>(v, &mut tmp);
+        out[k..k + n].copy_from_slice(&tmp[..n]);
+        k += n;
+    }
+}
+
 /// Prefill shape: 4 rows x 4 tokens tiles, weight blocks unpacked once per 4 tokens.
 /// `acts` holds `n_tokens` rows of `nb` activation blocks.
 #[inline(always)]
@@ -978,6 +1004,16 @@ macro_rules! entry_idot {
             out_stride: usize,
         ) {
             matmul_impl::<W, $V>(m, acts, n_tokens, out, out_stride)
+        }
+
+        #[target_feature(enable = $features)]
+        pub(crate) unsafe fn matvec_rows<W: WeightBlock>(
+            m: Rows<'_>,
+            pick: &[u32],
+            act: &[W::Act],
+            out: &mut [f32],
+        ) {
+            matvec_rows_impl::<W, $V>(m, pick, act, out)
         }
 
         #[target_feature(enable = $features)]

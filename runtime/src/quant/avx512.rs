@@ -14,8 +14,8 @@
 //! bounds-checked slices).
 
 use super::avx2::{
-    dm_chunk, entry_idot, matmul_impl, matvec_impl, vec_dot_impl, AxpyBlock, IDot, Rows,
-    WeightBlock, AXPY_CHUNK, AXPY_GROUP, AXPY_PREFETCH,
+    dm_chunk, entry_idot, matmul_impl, matvec_impl, matvec_rows_impl, vec_dot_impl, AxpyBlock,
+    IDot, Rows, WeightBlock, AXPY_CHUNK, AXPY_GROUP, AXPY_PREFETCH,
 };
 use super::blocks::{BlockQ4_0, BlockQ4_1, BlockQ8_0};
 use super::gemm::{f16f, tables, transpose8};

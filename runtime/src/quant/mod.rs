@@ -595,6 +595,45 @@ impl Kernels {
         }
     }
 
+    /// Sparse decode: `out[k]` = dot(row `pick[k]` of `w`, `act`) over all columns, the same
+    /// bits as [`Kernels::vec_dot`] of that row, several rows per pass (a per-row dot product
+    /// costs several times more per row than this on AVX2).
+    ///
+    /// # Panics
+    /// On a malformed `w`, a row index past `w.rows`, `act.len()` not the activation size of a
+    /// row, or `out.len() != pick.len()`.
+    pub fn matvec_rows(&self, w: MatRef<'_>, pick: &[u32], act: &[u8], out: &mut [f32]) {
+        let g = Self::geometry(&w, 0..w.cols);
+        let ab = row_bytes(activation_type(w.ty), g.ncols).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(act.len(), ab, "matvec_rows activation bytes");
+        assert_eq!(out.len(), pick.len(), "matvec_rows output length");
+        if let Some(&r) = pick.iter().find(|&&r| r as usize >= w.rows) {
+            panic!("matvec_rows: row {r} outside 0..{}", w.rows);
+        }
+        #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
+        {
+            use avx2::{plain, vnni};
+            use avx512::narrow;
+            let m = g.rows();
+            // SAFETY: ISA detected at construction; every picked row was checked above and is
+            // sliced with bounds checks; `act` has exactly `nb` activation blocks and `out` one
+            // element per pick.
+            unsafe {
+                match self.isa {
+                    Isa::Scalar => {}
+                    Isa::Avx2 => call32!(w.ty, plain::matvec_rows(m, pick, blocks_of(act), out)),
+                    Isa::AvxVnni => call32!(w.ty, vnni::matvec_rows(m, pick, blocks_of(act), out)),
+                    Isa::Avx512Vnni => {
+                        call32!(w.ty, narrow::matvec_rows(m, pick, blocks_of(act), out))
+                    }
+                }
+            }
+        }
+        for (&r, o) in pick.iter().zip(out.iter_mut()) {
+            *o = self.dot_dispatch(w.ty, g.ncols, g.row(r as usize), act);
+        }
+    }
+
     /// Prefill: `out[t * out_stride + r]` = dot(row r of `w`, token t of `acts`), where `acts`
     /// holds `n_tokens` activation rows of `w.cols` elements back to back.
     ///

@@ -130,6 +130,15 @@ fn format_functions_reject_bad_input() {
 }
 
 #[test]
+#[should_panic(expected = "row 3 outside 0..3")]
+fn matvec_rows_rejects_a_row_past_the_matrix() {
+    let w = quant(GgmlType::Q8_0, &[1.0; 96]);
+    let m = MatRef::new(GgmlType::Q8_0, &w, 3, 32).unwrap();
+    let a = act(&Kernels::scalar(), GgmlType::Q8_0, &[1.0; 32]);
+    Kernels::best().matvec_rows(m, &[0, 3], &a, &mut [0.0; 2]);
+}
+
+#[test]
 #[should_panic(expected = "not aligned")]
 fn matvec_rejects_unaligned_columns() {
     let w = quant(GgmlType::Q8_0, &[1.0; 64]);
@@ -600,6 +609,38 @@ proptest! {
                     &mut parts[split..]);
                 for r in 0..rows {
                     prop_assert!(same(parts[r], out[r]), "{} {ty} split row {r}", k.isa());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn matvec_rows_matches_vec_dot_of_each_picked_row(
+        rows in 1usize..40,
+        nb in 1usize..5,
+        picks in proptest::collection::vec(any::<u32>(), 0..23),
+        seed in any::<u64>(),
+    ) {
+        for ty in WEIGHT_TYPES {
+            let bs = if ty.block_size() == 256 { 256 } else { 32 };
+            let cols = nb * bs;
+            let w = lcg_data(seed, rows * cols, 1.0);
+            let wq: Vec<u8> = w.chunks(cols).flat_map(|r| quant(ty, r)).collect();
+            let m = MatRef::new(ty, &wq, rows, cols).unwrap();
+            let s = Kernels::scalar();
+            let a = act(&s, ty, &lcg_data(seed ^ 7, cols, 2.0));
+            // Any order, repeats allowed (the kernel groups picks four at a time).
+            let pick: Vec<u32> = picks.iter().map(|p| p % rows as u32).collect();
+            let stride = m.stride();
+            let want: Vec<f32> = pick
+                .iter()
+                .map(|&r| s.vec_dot(ty, cols, &wq[r as usize * stride..][..stride], &a))
+                .collect();
+            for k in Kernels::available() {
+                let mut out = vec![f32::NAN; pick.len()];
+                k.matvec_rows(m, &pick, &a, &mut out);
+                for (i, (&o, &w)) in out.iter().zip(&want).enumerate() {
+                    prop_assert!(same(o, w), "{} {ty} pick {i} (row {})", k.isa(), pick[i]);
                 }
             }
         }
