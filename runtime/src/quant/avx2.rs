@@ -401,7 +401,9 @@ pub(crate) unsafe fn matvec_rows_impl<W: WeightBlock, V: IDot>(
     let mut k = 0;
     while k < pick.len() {
         let n = (pick.len() - k).min(4);
-        for &r in pick.iter().skip(k + 4 * 4).take(4) {
+        // The rows picked a few passes ahead, as `matvec_impl` asks for its next rows: picked
+        // rows are scattered, so only the hint keeps several cache misses in flight.
+        for &r in pick.iter().skip(k + PREFETCH_ROWS).take(4) {
             m.prefetch::<W>(r as usize, 1);
         }
         let rows: [&[W]; 4] = std::array::from_fn(|j| m.row::<W>(pick[k + j.min(n - 1)] as usize));
