@@ -128,10 +128,7 @@ fn sparse_ffn_cluster(
         rows: w.down.cols,
         cols: embd,
     });
-    let down_blocks = model
-        .down_blocks
-        .as_ref()
-        .and_then(|d| d.columns(model, l, &neurons));
+    let down_blocks = model.cluster_down(l, &neurons);
     let words = (model.config.n_ff as usize).div_ceil(64);
     let mut gate_rows = 0u64;
     s.gate.resize(m, 0.0);
@@ -697,11 +694,7 @@ impl StepState {
                         );
                         // The cluster's own block-column when the down projection was
                         // re-laid per decode cluster; otherwise slices of the file's rows.
-                        let blocks = model
-                            .down_blocks
-                            .as_ref()
-                            .and_then(|d| d.columns(model, layer_index as usize, &neurons));
-                        let ffn = match blocks {
+                        let ffn = match model.cluster_down(layer_index as usize, &neurons) {
                             Some(down) => FfnCluster {
                                 gate,
                                 up,

@@ -397,6 +397,12 @@ impl Model {
         }
     }
 
+    /// Layer `l`'s down projection for the decode cluster `neurons` as its own contiguous
+    /// block-column, when [`DownBlocks`] holds one for exactly those neurons.
+    pub fn cluster_down(&self, l: usize, neurons: &Range<usize>) -> Option<MatRef<'_>> {
+        self.down_blocks.as_ref()?.columns(self, l, neurons)
+    }
+
     /// The model's shape as the scheduler sees it (a store's FFN runs as its bundles).
     pub fn shape(&self) -> ModelShape {
         let bundle = self.store.as_ref().map_or(0, |s| s.layout.neurons);
