@@ -5,7 +5,7 @@ use conductor_actors::{ActorDriver, ActorOptions, PoolConfig, SetupError, Worker
 use conductor_runtime::cache::{split_budget, BudgetSplit, CachePolicy, CacheReport, MemoryBudget};
 use conductor_runtime::exec::{Driver, InlineDriver, Session, StepError};
 use conductor_runtime::model::{Model, ModelError};
-use conductor_runtime::plan::{ExecutionPlan, Topology};
+use conductor_runtime::plan::{ExecutionPlan, IoEngine, Topology};
 use conductor_runtime::quant::GgmlType;
 use conductor_runtime::quant::Kernels;
 use conductor_runtime::sample::{Sampler, SamplingError, SamplingParams};
@@ -191,6 +191,8 @@ pub struct EngineBuilder {
     memory: Option<MemoryBudget>,
     context: Option<usize>,
     io_threads: Option<u32>,
+    io_engine: Option<IoEngine>,
+    io_batch: Option<u32>,
     cache_policy: CachePolicy,
     threads: Option<usize>,
     plan: Option<ExecutionPlan>,
@@ -228,6 +230,19 @@ impl EngineBuilder {
     /// Threads issuing reads of the model file (default: the plan's, 1 as on a phone).
     pub fn io_threads(mut self, n: u32) -> Self {
         self.io_threads = Some(n.max(1));
+        self
+    }
+
+    /// How reads reach the kernel (default: the plan's, positional reads).
+    pub fn io_engine(mut self, engine: IoEngine) -> Self {
+        self.io_engine = Some(engine);
+        self
+    }
+
+    /// Loads issued together (default: the plan's, 1): with io_uring up to `n` reads in
+    /// flight at once, with positional reads adjacent ones merged into one vectored read.
+    pub fn io_batch(mut self, n: u32) -> Self {
+        self.io_batch = Some(n.max(1));
         self
     }
 
@@ -323,6 +338,9 @@ impl EngineBuilder {
         if let Some(n) = self.io_threads {
             plan.storage.io_threads = n;
         }
+        if let Some(engine) = self.io_engine {
+            plan.storage.engine = engine;
+        }
         if model.sparse.is_some() && self.sparsity.all_tokens {
             plan.decode_max_tokens = plan.decode_max_tokens.max(plan.prefill_max_tokens);
         }
@@ -331,6 +349,12 @@ impl EngineBuilder {
             let n_ctx = self.context.unwrap_or(1024);
             let split = apply_budget(&model, &mut plan, memory, n_ctx, self.cache_policy)?;
             budget = Some((split, n_ctx));
+            if let (Some(n), Some(cache)) = (self.io_batch, plan.cache.as_mut()) {
+                cache.coalesce = n;
+                if plan.storage.engine == IoEngine::Uring {
+                    plan.storage.queue_depth = n;
+                }
+            }
         }
         let (driver, threads) = match self.driver {
             DriverKind::Inline => {
@@ -461,6 +485,8 @@ impl Engine {
             memory: None,
             context: None,
             io_threads: None,
+            io_engine: None,
+            io_batch: None,
             cache_policy: CachePolicy::default(),
             threads: None,
             plan: None,

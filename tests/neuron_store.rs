@@ -6,7 +6,7 @@ use conductor::actors::{ActorDriver, ActorOptions};
 use conductor::runtime::cache::{CachePlan, CachePolicy};
 use conductor::runtime::exec::{Driver, InlineDriver, Serial, Session, StepError};
 use conductor::runtime::model::Model;
-use conductor::runtime::plan::{ExecutionPlan, Topology};
+use conductor::runtime::plan::{ExecutionPlan, IoEngine, Topology};
 use conductor::runtime::quant::Kernels;
 use conductor::runtime::store::{convert, StoreError};
 use conductor::runtime::synthetic::{synthetic_model, SyntheticSpec};
@@ -215,6 +215,67 @@ fn the_actor_driver_pipelines_loads_with_the_same_bits() {
         assert!(report.loads > 0 && report.reads > 0 && report.reads <= report.loads);
         assert_eq!(report.layer_bytes.iter().sum::<u64>(), report.bytes_read);
     }
+}
+
+/// io_uring reads (`storage.engine = "uring"`), batched four at a time whether adjacent or
+/// not: the same bits as positional reads, fewer requests than loads, and a file truncated
+/// while running is the same clear error.
+#[test]
+fn io_uring_reads_give_the_same_bits_and_the_same_errors() {
+    let files = Files::new("uring");
+    let store_path = files.store(64);
+    let reference = run(&mut inline(&store_path, None)).unwrap();
+    let model = Arc::new(Model::load_resident(&store_path, true).unwrap());
+    let mut plan = plan_with(streaming(9, 3, CachePolicy::Segmented, 4));
+    plan.cache.as_mut().unwrap().coalesce = 4;
+    plan.decode.output_rows = 60;
+    plan.prefill.output_rows = 60;
+    plan.storage.engine = IoEngine::Uring;
+    let options = || ActorOptions {
+        threads: Some(2),
+        topology: Some(Topology::uniform(2)),
+        no_pinning: true,
+        model_path: Some(store_path.clone()),
+    };
+    let mut d = match ActorDriver::new(Arc::clone(&model), &plan, Kernels::best(), options()) {
+        Ok(d) => d,
+        Err(e) => {
+            // Kernels without io_uring, or containers whose seccomp filter forbids it: the
+            // engine must say so (and point to the other engine), not fall over.
+            let why = e.to_string();
+            assert!(why.contains("io_uring") && why.contains("pread"), "{why}");
+            eprintln!("io_uring unavailable here, refused with: {why}");
+            return;
+        }
+    };
+    assert_eq!(run(&mut d).unwrap(), reference);
+    let report = d.cache_report().unwrap();
+    assert!(
+        report.reads < report.loads,
+        "batches of loads are one request each: {} reads for {} loads",
+        report.reads,
+        report.loads
+    );
+    drop(d);
+    // Inline driver, a file cut inside the last layer's bundles.
+    let copy = files.dir.join("victim.gguf");
+    std::fs::copy(&store_path, &copy).unwrap();
+    let victim = Arc::new(Model::load_resident(&copy, false).unwrap());
+    let mut plan = plan_with(cache(3, 0, CachePolicy::Lru, 1));
+    plan.storage.engine = IoEngine::Uring;
+    let mut d = InlineDriver::new(Arc::clone(&victim), &plan, Kernels::best(), Serial).unwrap();
+    let mut session = Session::new(&victim, 64);
+    d.eval_last(&mut session, &PROMPT).unwrap();
+    let last = victim.layers[2].bundles.clone().unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(&copy).unwrap();
+    f.set_len(last.start as u64 + 1000).unwrap();
+    let err = d.eval_last(&mut session, &[5]).unwrap_err();
+    assert!(
+        err.to_string().contains("layer 2") && err.to_string().contains("truncated"),
+        "{err}"
+    );
+    std::fs::copy(&store_path, &copy).unwrap();
+    d.eval_last(&mut session, &[5]).unwrap();
 }
 
 #[test]

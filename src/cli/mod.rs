@@ -13,7 +13,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use conductor::fetch;
 use conductor::runtime::cache::{CachePolicy, MemoryBudget};
-use conductor::runtime::plan::ExecutionPlan;
+use conductor::runtime::plan::{ExecutionPlan, IoEngine};
 use conductor::runtime::quant::GgmlType;
 use conductor::runtime::sparse::SparsityMode;
 use conductor::{DriverKind, Engine, SparsitySettings};
@@ -112,6 +112,15 @@ pub struct EngineArgs {
     /// Threads issuing reads of the model file under --memory (default: the plan's, 1).
     #[arg(long = "io-threads")]
     pub io_threads: Option<u32>,
+    /// How reads of the model file reach the kernel under --memory: `pread` (positional
+    /// reads, as an Android app must) or `uring` (io_uring; builds with the `io-uring` feature,
+    /// on by default).
+    #[arg(long = "io-engine", value_enum)]
+    pub io_engine: Option<IoEngineArg>,
+    /// Loads issued together under --memory (default 1): with `--io-engine uring` up to N
+    /// reads in flight at once; with `pread`, adjacent ones merged into one vectored read.
+    #[arg(long = "io-batch")]
+    pub io_batch: Option<u32>,
     /// Which FFN neurons decode computes: `dense` (all), `threshold` (gate rows of all,
     /// up/down of those whose |act(gate)| passes the layer's threshold), `predictor` (gate
     /// rows only of the neurons the layer's predictor names, then the threshold), `default`
@@ -197,6 +206,13 @@ pub enum CachePolicyArg {
     Lru,
 }
 
+/// How reads reach the kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum IoEngineArg {
+    Pread,
+    Uring,
+}
+
 impl EngineArgs {
     /// The plan given with `--plan`, if any (otherwise the engine fits its default plan to the
     /// machine).
@@ -248,6 +264,18 @@ pub fn load_engine(model: Option<&Path>, threads: usize, engine: &EngineArgs) ->
             bail!("--io-threads must be at least 1");
         }
         builder = builder.io_threads(n);
+    }
+    if let Some(engine_arg) = engine.io_engine {
+        builder = builder.io_engine(match engine_arg {
+            IoEngineArg::Pread => IoEngine::Pread,
+            IoEngineArg::Uring => IoEngine::Uring,
+        });
+    }
+    if let Some(n) = engine.io_batch {
+        if n == 0 {
+            bail!("--io-batch must be at least 1");
+        }
+        builder = builder.io_batch(n);
     }
     if let Some(n_ctx) = engine.context {
         builder = builder.context(n_ctx);

@@ -12,13 +12,19 @@ mod arena;
 mod budget;
 mod directory;
 mod reader;
+#[cfg(feature = "io-uring")]
+mod uring;
 
 pub use arena::{SlotArena, SlotBuf, SLOT_ALIGN};
 pub use budget::{
     split_budget, BudgetError, BudgetSplit, MemoryBudget, DEFAULT_MAX_LOADS, RUNTIME_OVERHEAD,
 };
 pub use directory::{Acquired, CacheDirectory, CachePlan, CachePolicy, LayerCacheStats};
-pub use reader::{open_for_reads, read_full, unit_extents, BundleFile, Extent, LoadError};
+pub use reader::{
+    open_for_reads, read_full, unit_extents, BundleFile, Extent, LoadError, OpenError,
+};
+#[cfg(feature = "io-uring")]
+pub use uring::{Ring, RING_ENTRIES};
 
 #[cfg(test)]
 mod tests;

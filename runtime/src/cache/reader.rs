@@ -1,9 +1,10 @@
-//! Reading units from a neuron store into cache slots: one positional read per unit, on
-//! `O_DIRECT` when the file system allows, retried once; a bundle's CRC-32 is checked the first
-//! time it is read.
+//! Reading units from a neuron store into cache slots: one positional read per unit (or,
+//! with `storage.engine = "uring"`, io_uring reads), on `O_DIRECT` when the file system
+//! allows, retried once; a bundle's CRC-32 is checked the first time it is read.
 
 use super::UnitMap;
 use crate::model::Model;
+use crate::plan::IoEngine;
 use crate::store::StoreInfo;
 use std::fs::File;
 use std::ops::Range;
@@ -87,23 +88,62 @@ pub struct BundleFile {
     /// Bundles whose checksum a read already confirmed: later reads of the same bytes are only
     /// checked for length (a CRC of every read costs a tenth of the I/O time).
     verified: Vec<AtomicBool>,
+    reads: Reads,
+}
+
+/// How reads reach the kernel.
+enum Reads {
+    /// `pread` (one unit) and `preadv` (a run of adjacent units).
+    Positional,
+    /// io_uring: every unit of a run its own read, all in flight together.
+    #[cfg(feature = "io-uring")]
+    Uring(super::uring::Ring),
+}
+
+/// What [`BundleFile::open`] can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("cannot open {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("io_uring is not available here ({0}); use --io-engine pread")]
+    UringUnavailable(std::io::Error),
+    #[error(
+        "this build has no io_uring (build with `--features io-uring`); use --io-engine pread"
+    )]
+    UringNotBuilt,
 }
 
 impl BundleFile {
     /// Opens the store `model` was loaded from for the units `extents` describe, with
-    /// `O_DIRECT` if `direct` and the file system accepts it. `None` when the model is not a
-    /// store.
+    /// `O_DIRECT` if `direct` and the file system accepts it, read through `engine`. `None`
+    /// when the model is not a store.
     pub fn open(
         path: &Path,
         model: &Model,
         map: &UnitMap,
         extents: Vec<Extent>,
         direct: bool,
-    ) -> std::io::Result<Option<BundleFile>> {
+        engine: IoEngine,
+    ) -> Result<Option<BundleFile>, OpenError> {
         let Some(store) = model.store.clone() else {
             return Ok(None);
         };
-        let (file, _) = open_for_reads(path, direct)?;
+        let reads = match engine {
+            IoEngine::Pread => Reads::Positional,
+            #[cfg(feature = "io-uring")]
+            IoEngine::Uring => {
+                Reads::Uring(super::uring::Ring::new().map_err(OpenError::UringUnavailable)?)
+            }
+            #[cfg(not(feature = "io-uring"))]
+            IoEngine::Uring => return Err(OpenError::UringNotBuilt),
+        };
+        let (file, _) = open_for_reads(path, direct).map_err(|source| OpenError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
         Ok(Some(BundleFile {
             path: path.to_path_buf(),
             file,
@@ -111,7 +151,22 @@ impl BundleFile {
             map: map.clone(),
             verified: extents.iter().map(|_| AtomicBool::new(false)).collect(),
             extents,
+            reads,
         }))
+    }
+
+    /// Reads into `buf` from `offset` until it is full or the file ends; the bytes read.
+    fn read_into(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+        match &self.reads {
+            Reads::Positional => read_full(&self.file, buf, offset),
+            #[cfg(feature = "io-uring")]
+            Reads::Uring(ring) => {
+                let mut out = [Ok(0)];
+                ring.read_all(&self.file, &mut [(buf, offset)], &mut out);
+                let [result] = out;
+                result
+            }
+        }
     }
 
     /// Bytes the read of `(layer, cluster)` transfers.
@@ -145,7 +200,7 @@ impl BundleFile {
         }
         let mut last = String::new();
         for _attempt in 0..2 {
-            match read_full(&self.file, &mut dst[..e.len], e.offset) {
+            match self.read_into(&mut dst[..e.len], e.offset) {
                 Ok(got) if got >= e.data.end => {
                     let Some((l, b)) = e.bundle else {
                         return Ok(());
@@ -173,9 +228,15 @@ impl BundleFile {
 }
 
 impl BundleFile {
-    /// Whether units `a` and `b` (as `(layer, cluster)`) lie back to back in the file, so that
-    /// one read fetches both.
+    /// Whether units `a` and `b` (as `(layer, cluster)`) can go in one run of
+    /// [`BundleFile::load_run`]: always with io_uring (every unit its own read, all in
+    /// flight together), otherwise when they lie back to back in the file, so that one vectored
+    /// read fetches both.
     pub fn contiguous(&self, a: (u32, u32), b: (u32, u32)) -> bool {
+        #[cfg(feature = "io-uring")]
+        if matches!(self.reads, Reads::Uring(_)) {
+            return true;
+        }
         let (ua, ub) = (
             self.map.unit(a.0, a.1) as usize,
             self.map.unit(b.0, b.1) as usize,
@@ -187,7 +248,7 @@ impl BundleFile {
     }
 
     /// Reads units that lie back to back (see [`BundleFile::contiguous`]) with one vectored
-    /// read, each into its slot. When that read fails or comes back short, or a checksum
+    /// read, each into its slot (with io_uring: any units, all reads in flight together). When that read fails or comes back short, or a checksum
     /// fails, every unit is read again on its own (with [`BundleFile::load`]'s retry and
     /// errors): the result is the same as loading them one by one.
     pub fn load_run(&self, units: &mut [(u32, u32, &mut [u8])]) -> Vec<Result<(), LoadError>> {
@@ -211,14 +272,30 @@ impl BundleFile {
             }
         }
         let total: usize = extents.iter().map(|(_, e)| e.len).sum();
-        let mut bufs: Vec<std::io::IoSliceMut<'_>> = units
-            .iter_mut()
-            .zip(&extents)
-            .map(|((_, _, dst), (_, e))| std::io::IoSliceMut::new(&mut dst[..e.len]))
-            .collect();
-        let got = rustix::io::preadv(&self.file, &mut bufs, extents[0].1.offset).unwrap_or(0);
-        drop(bufs);
-        if got < total {
+        let whole = match &self.reads {
+            Reads::Positional => {
+                let mut bufs: Vec<std::io::IoSliceMut<'_>> = units
+                    .iter_mut()
+                    .zip(&extents)
+                    .map(|((_, _, dst), (_, e))| std::io::IoSliceMut::new(&mut dst[..e.len]))
+                    .collect();
+                rustix::io::preadv(&self.file, &mut bufs, extents[0].1.offset).unwrap_or(0) >= total
+            }
+            #[cfg(feature = "io-uring")]
+            Reads::Uring(ring) => {
+                let mut reads: Vec<(&mut [u8], u64)> = units
+                    .iter_mut()
+                    .zip(&extents)
+                    .map(|((_, _, dst), (_, e))| (&mut dst[..e.len], e.offset))
+                    .collect();
+                let mut out: Vec<std::io::Result<usize>> = reads.iter().map(|_| Ok(0)).collect();
+                ring.read_all(&self.file, &mut reads, &mut out);
+                out.iter()
+                    .zip(&extents)
+                    .all(|(got, (_, e))| got.as_ref().is_ok_and(|&n| n >= e.data.end))
+            }
+        };
+        if !whole {
             return false;
         }
         for ((_, _, dst), (u, e)) in units.iter().zip(&extents) {

@@ -205,9 +205,16 @@ pub fn open_cache(
         .ok_or_else(|| io("the neuron cache needs the store's file path".into()))?;
     let extents = unit_extents(model, map, plan.decode.output_rows);
     let arena = SlotArena::new(c.slots, map, &extents);
-    let file = BundleFile::open(path, model, map, extents, plan.storage.direct_io)
-        .map_err(|e| io(format!("cannot open {}: {e}", path.display())))?
-        .ok_or(ScheduleError::CacheWithoutStore)?;
+    let file = BundleFile::open(
+        path,
+        model,
+        map,
+        extents,
+        plan.storage.direct_io,
+        plan.storage.engine,
+    )
+    .map_err(|e| io(e.to_string()))?
+    .ok_or(ScheduleError::CacheWithoutStore)?;
     Ok(Some((Arc::new(arena), file)))
 }
 

@@ -94,6 +94,22 @@ pub struct StoragePlan {
     pub queue_depth: u32,
     /// Bypass the page cache (`O_DIRECT`) where the file system allows it.
     pub direct_io: bool,
+    /// How reads reach the kernel.
+    #[serde(default)]
+    pub engine: IoEngine,
+}
+
+/// How the storage actor's reads reach the kernel.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IoEngine {
+    /// Positional reads (`pread`/`preadv`), one at a time per issuer: what an Android app
+    /// can use.
+    #[default]
+    Pread,
+    /// io_uring (cargo feature `io-uring`): the reads the scheduler groups (up to
+    /// `cache.coalesce` of them, adjacent or not) are in flight together.
+    Uring,
 }
 
 /// What the scheduler follows.
@@ -168,6 +184,7 @@ impl Default for ExecutionPlan {
             storage: StoragePlan {
                 io_threads: 1,
                 queue_depth: 1,
+                engine: IoEngine::Pread,
                 direct_io: true,
             },
             cache: None,

@@ -220,6 +220,7 @@ mod tests {
             io_threads,
             queue_depth,
             direct_io: true,
+            engine: Default::default(),
         }
     }
 
