@@ -11,7 +11,7 @@
 
 use crate::scheduler::{ClusterLoaded, SchedulerActor};
 use crate::step::StepShared;
-use conductor_runtime::cache::{open_for_reads, read_full};
+use conductor_runtime::cache::{open_for_reads, read_full, LoadError};
 use conductor_runtime::schedule::StepId;
 use kameo::actor::{Actor, ActorRef};
 use kameo::error::Infallible;
@@ -188,40 +188,52 @@ impl Message<LoadClusters> for Storage {
         let Some((arena, file)) = &shared.cache else {
             return;
         };
+        let mut many: Vec<Result<(), LoadError>>;
         let timed = shared.recording.load(Ordering::Relaxed);
         let started_ns = if timed { shared.now_ns() } else { 0 };
         let started = Instant::now();
-        // Lock slots in increasing order of index: two storage threads (a stale read and a
-        // new one) never wait on each other in opposite orders.
-        let mut order: Vec<usize> = (0..msg.items.len()).collect();
-        order.sort_by_key(|&i| msg.items[i].slot);
-        let mut locked: Vec<Option<_>> = msg.items.iter().map(|_| None).collect();
-        for i in order {
-            locked[i] = Some(arena.write(msg.items[i].slot));
-        }
-        let mut guards: Vec<_> = locked.into_iter().flatten().collect();
-        if msg
-            .items
-            .iter()
-            .any(|it| arena.generation(it.slot) != it.generation)
-        {
-            return; // stale: a slot was given to another unit since
-        }
-        let mut units: Vec<(u32, u32, &mut [u8])> = msg
-            .items
-            .iter()
-            .zip(guards.iter_mut())
-            .map(|(it, g)| (it.layer, it.cluster, g.bytes_mut()))
-            .collect();
-        let results = file.load_run(&mut units);
-        drop(units);
-        drop(guards);
+        let mut one = [Ok(())];
+        let results: &mut [Result<(), LoadError>] = if let [it] = msg.items.as_slice() {
+            // One unit (the default: loads are not batched): no lists to build.
+            let mut slot = arena.write(it.slot);
+            if arena.generation(it.slot) != it.generation {
+                return; // stale: the slot was given to another unit since
+            }
+            one[0] = file.load(it.layer, it.cluster, slot.bytes_mut());
+            &mut one
+        } else {
+            // Lock slots in increasing order of index: two storage threads (a stale read and a
+            // new one) never wait on each other in opposite orders.
+            let mut order: Vec<usize> = (0..msg.items.len()).collect();
+            order.sort_by_key(|&i| msg.items[i].slot);
+            let mut locked: Vec<Option<_>> = msg.items.iter().map(|_| None).collect();
+            for i in order {
+                locked[i] = Some(arena.write(msg.items[i].slot));
+            }
+            let mut guards: Vec<_> = locked.into_iter().flatten().collect();
+            if msg
+                .items
+                .iter()
+                .any(|it| arena.generation(it.slot) != it.generation)
+            {
+                return; // stale: a slot was given to another unit since
+            }
+            let mut units: Vec<(u32, u32, &mut [u8])> = msg
+                .items
+                .iter()
+                .zip(guards.iter_mut())
+                .map(|(it, g)| (it.layer, it.cluster, g.bytes_mut()))
+                .collect();
+            many = file.load_run(&mut units);
+            &mut many
+        };
         let c = &shared.counters;
         c.io_ns
             .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
         c.reads.fetch_add(1, Ordering::Relaxed);
         let finished_ns = if timed { shared.now_ns() } else { 0 };
-        for (it, result) in msg.items.iter().zip(results) {
+        for (it, result) in msg.items.iter().zip(results.iter_mut()) {
+            let result = std::mem::replace(result, Ok(()));
             if result.is_ok() {
                 let bytes = file.read_bytes(it.layer, it.cluster);
                 c.io_bytes.fetch_add(bytes, Ordering::Relaxed);

@@ -314,7 +314,7 @@ fn row_blocks<'a>(
     clusters: &[Range<u32>],
     n: usize,
     total_rows: usize,
-) -> Vec<&'a mut [f32]> {
+) -> Blocks<'a> {
     grow(blocks, n * total_rows);
     let first = clusters.first().map_or(0, |r| r.start as usize);
     let len: usize = clusters.iter().map(|r| r.len()).sum();
@@ -333,14 +333,61 @@ fn grow(buf: &mut Vec<f32>, len: usize) {
 }
 
 /// Splits `buf` into consecutive blocks of the given lengths.
-fn split_blocks(mut buf: &mut [f32], lens: impl Iterator<Item = usize>) -> Vec<&mut [f32]> {
-    let mut out = Vec::new();
+fn split_blocks(mut buf: &mut [f32], lens: impl Iterator<Item = usize>) -> Blocks<'_> {
+    let mut out = Blocks::Inline(0, Default::default());
     for len in lens {
         let (head, tail) = std::mem::take(&mut buf).split_at_mut(len);
         out.push(head);
         buf = tail;
     }
     out
+}
+
+/// Blocks a computation writes, one per cluster it was sent. A message under a memory budget
+/// carries one cluster (the one whose bytes just landed), so a few blocks are kept inline: the
+/// decode hot path allocates nothing for them.
+enum Blocks<'a> {
+    Inline(usize, [&'a mut [f32]; INLINE_BLOCKS]),
+    Heap(Vec<&'a mut [f32]>),
+}
+
+const INLINE_BLOCKS: usize = 8;
+
+impl<'a> Blocks<'a> {
+    fn push(&mut self, block: &'a mut [f32]) {
+        match self {
+            Blocks::Inline(n, blocks) if *n < INLINE_BLOCKS => {
+                blocks[*n] = block;
+                *n += 1;
+            }
+            Blocks::Inline(n, blocks) => {
+                let mut heap: Vec<&'a mut [f32]> = Vec::with_capacity(2 * INLINE_BLOCKS);
+                heap.extend(blocks[..*n].iter_mut().map(std::mem::take));
+                heap.push(block);
+                *self = Blocks::Heap(heap);
+            }
+            Blocks::Heap(heap) => heap.push(block),
+        }
+    }
+}
+
+impl<'a> std::ops::Deref for Blocks<'a> {
+    type Target = [&'a mut [f32]];
+    fn deref(&self) -> &Self::Target {
+        match self {
+            Blocks::Inline(n, blocks) => &blocks[..*n],
+            Blocks::Heap(heap) => heap,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Blocks<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        match self {
+            Blocks::Inline(n, blocks) => &mut blocks[..*n],
+            Blocks::Heap(heap) => heap,
+        }
+    }
 }
 
 fn units(r: &Range<u32>) -> Range<usize> {

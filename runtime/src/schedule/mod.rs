@@ -180,6 +180,8 @@ pub struct Scheduler {
     prefill_max_tokens: u32,
     n_groups: usize,
     in_flight: Option<InFlight>,
+    /// The last finished step's `outstanding`, kept for the next one: steps allocate nothing.
+    spare_outstanding: Vec<(XpuId, Range<u32>)>,
     cache: Option<CacheFlow>,
 }
 
@@ -268,6 +270,7 @@ impl Scheduler {
             prefill_max_tokens: plan.prefill_max_tokens,
             n_groups: plan.groups.len(),
             in_flight: None,
+            spare_outstanding: Vec::with_capacity(plan.groups.len()),
         })
     }
 
@@ -305,7 +308,9 @@ impl Scheduler {
 
     /// Forgets the step in flight (after a driver failed it); the next request starts clean.
     pub fn abort(&mut self) {
-        self.in_flight = None;
+        if let Some(flight) = self.in_flight.take() {
+            self.keep_spare(flight);
+        }
         if let Some(cache) = self.cache.as_mut() {
             cache.directory.abort();
             cache.loads_in_flight = 0;
@@ -388,7 +393,7 @@ impl Scheduler {
             shape,
             layer: 0,
             phase_index: 0,
-            outstanding: Vec::with_capacity(self.n_groups),
+            outstanding: std::mem::take(&mut self.spare_outstanding),
             waiting: 0,
         });
         let wants_logits = request_wants_logits;
@@ -471,8 +476,15 @@ impl Scheduler {
             out.push(Command::StepDone {
                 step: flight.request.step,
             });
+            self.keep_spare(flight);
         }
         Ok(())
+    }
+
+    fn keep_spare(&mut self, flight: InFlight) {
+        let mut outstanding = flight.outstanding;
+        outstanding.clear();
+        self.spare_outstanding = outstanding;
     }
 
     /// Sends the current phase's clusters to the processor groups: one message per group,

@@ -1,0 +1,160 @@
+//! Decode under a memory budget allocates no memory per neuron cluster it loads: slots are
+//! allocated once, a load reads into one, eviction only drops it. Counted with a global
+//! allocator that counts, over decode steps that load hundreds of clusters.
+//!
+//! The inline driver allocates nothing at all per step. The actor driver sends kameo messages,
+//! and kameo boxes each message and its handler's future: a few allocations per message
+//! (a load, its `ClusterLoaded`, the cluster's `Compute`) are the price of the actors, bounded
+//! here so that none creeps in per neuron.
+
+use conductor::actors::{ActorDriver, ActorOptions};
+use conductor::runtime::cache::{CachePlan, CachePolicy};
+use conductor::runtime::exec::{Driver, InlineDriver, Serial, Session};
+use conductor::runtime::model::Model;
+use conductor::runtime::plan::{ExecutionPlan, Topology};
+use conductor::runtime::quant::Kernels;
+use conductor::runtime::store::convert;
+use conductor::runtime::synthetic::{synthetic_model, SyntheticSpec};
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Counts allocations (of every thread) on top of the system allocator.
+struct Counting;
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: every call goes unchanged to the system allocator, which upholds GlobalAlloc's
+// contract; counting is the only addition.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller's contract for `layout` is passed on as is.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from `System.alloc`/`realloc` above with this layout.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: as above; the caller's contract for `new_size` is passed on.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// Decode steps measured, after a prompt and warm-up steps.
+const STEPS: u32 = 8;
+
+/// A small store (3 layers, 8 bundles each) in a temporary directory.
+fn store(dir: &Path) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let source = dir.join("model.gguf");
+    let spec = SyntheticSpec {
+        n_layer: 3,
+        n_embd: 128,
+        n_ff: 512,
+        n_head: 4,
+        n_head_kv: 2,
+        seed: 3,
+        ..SyntheticSpec::default()
+    };
+    std::fs::write(&source, synthetic_model(&spec).unwrap().to_bytes().unwrap()).unwrap();
+    let store = dir.join("store.gguf");
+    convert(&source, &store, 64, false, &mut |_, _| {}).unwrap();
+    store
+}
+
+/// Too few slots to keep the model: every step loads most clusters again.
+fn plan(slots: u32, hot: u32) -> ExecutionPlan {
+    let mut plan = ExecutionPlan {
+        cache: Some(CachePlan {
+            slots,
+            hot_slots: hot,
+            policy: CachePolicy::Segmented,
+            max_loads: 2,
+            stream_output: true,
+            coalesce: 1,
+        }),
+        ..ExecutionPlan::default()
+    };
+    plan.decode.output_rows = 60;
+    plan.prefill.output_rows = 60;
+    plan
+}
+
+/// (allocations, loads) over [`STEPS`] decode steps, after a prompt and three warm-up steps.
+fn count<D: Driver>(d: &mut D, loads: impl Fn(&D) -> u64) -> (u64, u64) {
+    let model = Arc::clone(d.model());
+    let mut session = Session::new(&model, 64);
+    d.eval_last(&mut session, &[1, 2, 3, 4]).unwrap();
+    for t in 0..3 {
+        d.eval_last(&mut session, &[t]).unwrap();
+    }
+    let loads_before = loads(d); // (the report allocates: read it outside the count)
+    let allocs_before = ALLOCATIONS.load(Ordering::Relaxed);
+    for t in 0..STEPS {
+        d.eval_last(&mut session, &[t]).unwrap();
+    }
+    let allocs = ALLOCATIONS.load(Ordering::Relaxed) - allocs_before;
+    (allocs, loads(d) - loads_before)
+}
+
+#[test]
+fn decode_steps_allocate_nothing_per_load() {
+    let dir = std::env::temp_dir().join(format!("conductor-alloc-{}", std::process::id()));
+    let store = store(&dir);
+    for (slots, hot) in [(3, 0), (12, 6)] {
+        let model = Arc::new(Model::load_resident(&store, true).unwrap());
+        let mut inline = InlineDriver::new(
+            Arc::clone(&model),
+            &plan(slots, hot),
+            Kernels::best(),
+            Serial,
+        )
+        .unwrap();
+        let (allocs, loads) = count(&mut inline, |d| d.cache_report().unwrap().loads);
+        eprintln!("inline, {slots} slots: {allocs} allocations in {STEPS} steps, {loads} loads");
+        assert!(
+            loads >= u64::from(STEPS) * 10,
+            "the steps must load: {loads}"
+        );
+        // None per step or per load. (The count is of the whole process: the test harness's
+        // own thread may allocate once meanwhile.)
+        assert!(
+            allocs < u64::from(STEPS),
+            "{allocs} allocations in {STEPS} steps of {loads} loads"
+        );
+
+        let mut actors = ActorDriver::new(
+            Arc::clone(&model),
+            &plan(slots, hot),
+            Kernels::best(),
+            ActorOptions {
+                threads: Some(2),
+                topology: Some(Topology::uniform(2)),
+                no_pinning: true,
+                model_path: Some(store.clone()),
+            },
+        )
+        .unwrap();
+        let (allocs, loads) = count(&mut actors, |d| d.cache_report().unwrap().loads);
+        let per_load = allocs as f64 / loads as f64;
+        eprintln!(
+            "actors, {slots} slots: {allocs} allocations, {loads} loads: {per_load:.1} per load"
+        );
+        assert!(
+            loads >= u64::from(STEPS) * 10,
+            "the steps must load: {loads}"
+        );
+        // Measured: about 10 per load (kameo's boxes for three messages, the load's item list).
+        assert!(per_load < 16.0, "{per_load:.1} allocations per load");
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
