@@ -71,6 +71,7 @@ fn quick(dir: &Path) -> MeasureOptions {
         storage_dir: dir.to_path_buf(),
         storage_file_bytes: 8 << 20,
         skip_storage: false,
+        storage_file: None,
     }
 }
 
@@ -236,5 +237,50 @@ fn memory_file_systems_are_flagged() {
         // A tmpfs this process may not write to (read-only or full) proves nothing here.
         Err(MeasureError::StorageDir { .. } | MeasureError::StorageIo { .. }) => {}
         Err(e) => panic!("{e}"),
+    }
+}
+
+#[test]
+fn storage_measured_on_an_existing_file_reads_it_and_leaves_it_as_it_was() {
+    let dir = TempDir::new("existing");
+    let path = dir.path().join("model.bin");
+    let bytes: Vec<u8> = (0..(9u32 << 20)).map(|i| (i % 253) as u8).collect();
+    std::fs::write(&path, &bytes).unwrap();
+    let opts = MeasureOptions {
+        storage_file: Some(path.clone()),
+        ..quick(Path::new("/nonexistent/never/used"))
+    };
+    let topo = Topology {
+        cores: topology().cores.into_iter().take(1).collect(),
+    };
+    let profile = measure(&opts, &topo, messaging(), &mut |_| {}).unwrap();
+    profile.validate().unwrap();
+    assert!(profile.storage.random.iter().all(|r| r.mbps > 0.0));
+    assert!(
+        profile.description.contains("model.bin") && profile.description.contains("never written"),
+        "{}",
+        profile.description
+    );
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        bytes,
+        "the file is only read"
+    );
+    assert_eq!(dir.entries(), 1, "no test file is left beside it");
+
+    // Too small to measure on, or missing: errors before anything is measured.
+    let small = dir.path().join("small.bin");
+    std::fs::write(&small, vec![0u8; 1 << 20]).unwrap();
+    for bad in [small, dir.path().join("missing.bin")] {
+        let opts = MeasureOptions {
+            storage_file: Some(bad.clone()),
+            ..quick(dir.path())
+        };
+        let mut lines = Vec::new();
+        let err = measure(&opts, &topo, messaging(), &mut |l| {
+            lines.push(l.to_string())
+        });
+        assert!(err.is_err(), "{}", bad.display());
+        assert!(lines.is_empty(), "{lines:?}");
     }
 }

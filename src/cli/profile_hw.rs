@@ -21,6 +21,10 @@ pub struct ProfileHwArgs {
     /// Size of the storage test file in MiB (default: 1024, or 64 with --quick).
     #[arg(long = "storage-mb")]
     pub storage_mb: Option<u64>,
+    /// Measure storage by reading this existing file (never written), e.g. the neuron store a
+    /// run will read: the device and placement it actually comes from.
+    #[arg(long = "storage-file", conflicts_with_all = ["storage_dir", "storage_mb", "no_storage"])]
+    pub storage_file: Option<PathBuf>,
     /// Do not measure storage (the profile then holds placeholder storage figures, and says so).
     #[arg(long = "no-storage")]
     pub no_storage: bool,
@@ -36,6 +40,7 @@ pub fn run(args: ProfileHwArgs) -> Result<()> {
             .unwrap_or(default_mb)
             .saturating_mul(1 << 20),
         skip_storage: args.no_storage,
+        storage_file: args.storage_file,
     };
     // Before the messaging measurement: a bad --storage-dir fails at once.
     check_options(&opts).context("profile-hw")?;

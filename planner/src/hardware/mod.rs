@@ -47,6 +47,9 @@ pub struct MeasureOptions {
     /// Leave storage unmeasured: the profile then carries placeholder storage figures and says
     /// so in its description.
     pub skip_storage: bool,
+    /// Measure storage by reading this existing file (never written) instead of a test file:
+    /// the device, file system and placement the model itself is read from (a model store).
+    pub storage_file: Option<PathBuf>,
 }
 
 impl Default for MeasureOptions {
@@ -56,6 +59,7 @@ impl Default for MeasureOptions {
             storage_dir: std::env::temp_dir(),
             storage_file_bytes: 1 << 30,
             skip_storage: false,
+            storage_file: None,
         }
     }
 }
@@ -149,6 +153,9 @@ fn mib(bytes: u64) -> u64 {
 pub fn check_options(opts: &MeasureOptions) -> Result<(), MeasureError> {
     if opts.skip_storage {
         return Ok(());
+    }
+    if let Some(path) = &opts.storage_file {
+        return storage::check_file(path);
     }
     if opts.storage_file_bytes / (1 << 20) * (1 << 20) < MIN_FILE_BYTES {
         return Err(MeasureError::StorageTooSmall {
@@ -270,12 +277,15 @@ pub fn measure(
         progress("storage: skipped");
         storage::placeholder()
     } else {
-        storage::measure_storage(
-            &opts.storage_dir,
-            opts.storage_file_bytes,
-            &effort,
-            progress,
-        )?
+        match &opts.storage_file {
+            Some(path) => storage::measure_storage_on(path, &effort, progress)?,
+            None => storage::measure_storage(
+                &opts.storage_dir,
+                opts.storage_file_bytes,
+                &effort,
+                progress,
+            )?,
+        }
     };
 
     unpinned.sort_unstable();

@@ -388,6 +388,55 @@ fn size_label(size: u64) -> String {
     format!("{}K", size >> 10)
 }
 
+/// Checks that `path` is a regular file large enough to measure on.
+pub fn check_file(path: &Path) -> Result<(), MeasureError> {
+    let len = std::fs::metadata(path)
+        .map_err(|e| io_error(path, "stat", e))?
+        .len();
+    if len / MIB * MIB < MIN_FILE_BYTES {
+        return Err(MeasureError::StorageTooSmall {
+            bytes: len,
+            min: MIN_FILE_BYTES,
+        });
+    }
+    Ok(())
+}
+
+/// Measures by reading the existing file `path` (whole MiB of it; it is never written): the
+/// figures of the device and file system a model is actually read from. A file written just
+/// before (the test file) can be read faster than one written long ago where a virtual disk's
+/// host caches recent writes.
+pub fn measure_storage_on(
+    path: &Path,
+    effort: &Effort,
+    progress: &mut dyn FnMut(&str),
+) -> Result<StorageOutcome, MeasureError> {
+    check_file(path)?;
+    let len = std::fs::metadata(path)
+        .map_err(|e| io_error(path, "stat", e))?
+        .len()
+        / MIB
+        * MIB;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let (file, mode, why_buffered) = open_reader(path)?;
+    let what = format!(
+        "the existing file {} ({} MiB read, never written)",
+        path.display(),
+        len / MIB
+    );
+    measure_reads(
+        path,
+        dir,
+        &file,
+        len,
+        mode,
+        why_buffered,
+        &what,
+        effort,
+        progress,
+    )
+}
+
 /// Writes a test file of `bytes` (rounded down to whole MiB) in `dir`, measures, removes it.
 pub fn measure_storage(
     dir: &Path,
@@ -430,21 +479,48 @@ fn measure_storage_with(
     } else {
         open_reader(&tmp.path)?
     };
-    let read_err = |e| io_error(&tmp.path, "read", e);
+    let what = format!(
+        "a {} MiB file in {} (written first, removed after)",
+        len / MIB,
+        dir.display()
+    );
+    let outcome = measure_reads(
+        &tmp.path,
+        dir,
+        &file,
+        len,
+        mode,
+        why_buffered,
+        &what,
+        effort,
+        progress,
+    );
+    drop(file);
+    drop(tmp);
+    outcome
+}
 
+/// The read curves of `file` (`len` bytes of it, at `path` in `dir`), described as `what`.
+#[allow(clippy::too_many_arguments)]
+fn measure_reads(
+    path: &Path,
+    dir: &Path,
+    file: &File,
+    len: u64,
+    mode: Mode,
+    why_buffered: Option<String>,
+    what: &str,
+    effort: &Effort,
+    progress: &mut dyn FnMut(&str),
+) -> Result<StorageOutcome, MeasureError> {
+    let read_err = |e| io_error(path, "read", e);
     let mut notes = Vec::new();
     match &why_buffered {
-        None => notes.push(format!(
-            "Storage: O_DIRECT preads on a {} MiB file in {} (written first, removed after).",
-            len / MIB,
-            dir.display()
-        )),
+        None => notes.push(format!("Storage: O_DIRECT preads on {what}.")),
         Some(why) => notes.push(format!(
             "Storage: BUFFERED preads ({why}); the file's cached pages were dropped with \
              posix_fadvise(DONTNEED) before each repetition, so figures may include read-ahead \
-             or cache effects. A {} MiB file in {}.",
-            len / MIB,
-            dir.display()
+             or cache effects. On {what}."
         )),
     }
     notes.push(
@@ -468,10 +544,10 @@ fn measure_storage_with(
             let record = depth == 1 && size == SIZES[0];
             let mut mbps = Vec::new();
             for rep in 0..reps {
-                uncache(&file, mode, false);
+                uncache(file, mode, false);
                 let seed = (si * 16 + depth as usize) as u64 * 1000 + rep as u64;
                 let (rate, lat) =
-                    random_rep(&file, len, size, depth, effort.storage_target, seed, record)
+                    random_rep(file, len, size, depth, effort.storage_target, seed, record)
                         .map_err(read_err)?;
                 mbps.push(rate);
                 latencies.extend(lat);
@@ -491,10 +567,10 @@ fn measure_storage_with(
     for &size in &SIZES {
         let mut mbps = Vec::new();
         for rep in 0..reps {
-            uncache(&file, mode, true);
+            uncache(file, mode, true);
             let from = len / reps as u64 * rep as u64;
             mbps.push(
-                sequential_rep(&file, len, size, from, effort.storage_target).map_err(read_err)?,
+                sequential_rep(file, len, size, from, effort.storage_target).map_err(read_err)?,
             );
         }
         let mbps = median(&mut mbps);
@@ -510,8 +586,6 @@ fn measure_storage_with(
     progress(&format!(
         "storage: 4K random read latency (QD1, median) {latency_us:.1} us"
     ));
-    drop(file);
-    drop(tmp);
     Ok(StorageOutcome {
         profile: StorageProfile {
             name: device.name,
