@@ -97,7 +97,7 @@ enum Reads {
     Positional,
     /// io_uring: every unit of a run its own read, all in flight together.
     #[cfg(feature = "io-uring")]
-    Uring(super::uring::Ring),
+    Uring(Box<super::uring::Ring>),
 }
 
 /// What [`BundleFile::open`] can fail with.
@@ -134,9 +134,9 @@ impl BundleFile {
         let reads = match engine {
             IoEngine::Pread => Reads::Positional,
             #[cfg(feature = "io-uring")]
-            IoEngine::Uring => {
-                Reads::Uring(super::uring::Ring::new().map_err(OpenError::UringUnavailable)?)
-            }
+            IoEngine::Uring => Reads::Uring(Box::new(
+                super::uring::Ring::new().map_err(OpenError::UringUnavailable)?,
+            )),
             #[cfg(not(feature = "io-uring"))]
             IoEngine::Uring => return Err(OpenError::UringNotBuilt),
         };
