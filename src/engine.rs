@@ -325,10 +325,14 @@ impl EngineBuilder {
             .topology
             .take()
             .unwrap_or_else(conductor_actors::detect_topology);
-        let mut plan = self
-            .plan
-            .take()
-            .unwrap_or_else(|| ExecutionPlan::for_topology(&topology));
+        let mut plan = match self.plan.take() {
+            Some(plan) => {
+                // A plan made for another model would mis-size or mis-place everything.
+                plan.check_model(&model).map_err(ScheduleError::Plan)?;
+                plan
+            }
+            None => ExecutionPlan::for_topology(&topology),
+        };
         // Decode streams each FFN cluster's down projection as one contiguous block-column
         // (a copy of the down projections, laid out once here).
         if self.memory.is_none() {

@@ -315,4 +315,41 @@ fn plans_that_do_not_parse_or_do_not_fit_the_machine_name_the_field() {
             &["groups[1].cores", "core class `little`"],
         );
     }
+
+    // A plan made for another model (here: one with another seed, so other norm weights),
+    // in bincode: refused, naming both models. The same plan made for this model runs.
+    let other = temp_path("other.gguf");
+    synthetic_model(&SyntheticSpec {
+        seed: 99,
+        ..SyntheticSpec::default()
+    })
+    .unwrap()
+    .write_file_atomic(&other)
+    .unwrap();
+    let bin = temp_path("plan.bin");
+    let bin_arg = bin.to_str().unwrap();
+    let for_model = |path: &Path| conductor::runtime::plan::ExecutionPlan {
+        model: Some(conductor::runtime::sparse::profile::ModelIdentity::of(
+            &conductor::runtime::model::Model::load(path).unwrap(),
+        )),
+        ..conductor::runtime::plan::ExecutionPlan::default()
+    };
+    for_model(&other).to_file(&bin).unwrap();
+    fails_with(
+        &run_args(&model, &["-p", "hi", "-n", "1", "--plan", bin_arg]),
+        &["plan was made for another model", "norms CRC32"],
+    );
+    for_model(&model).to_file(&bin).unwrap();
+    let out = common::conductor()
+        .args(run_args(
+            &model,
+            &["-p", "hi", "-n", "1", "--plan", bin_arg],
+        ))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -98,7 +98,8 @@ pub struct EngineArgs {
     /// Which driver carries out the plan.
     #[arg(long = "driver", value_enum, default_value_t = DriverArg::Actors)]
     pub driver: DriverArg,
-    /// Execution plan, JSON or TOML (an `ExecutionPlan`); default: a plan fitted to this
+    /// Execution plan, JSON, TOML (.toml) or bincode (.bin) (an `ExecutionPlan`); one made
+    /// for another model is refused. Default: a plan fitted to this
     /// machine's core classes.
     #[arg(long = "plan")]
     pub plan: Option<PathBuf>,

@@ -48,9 +48,9 @@ pub enum XpuKind {
     Npu,
 }
 
-/// Which cores a group runs on.
+/// Which cores a group runs on. In JSON and TOML a class name or a list of ids; in bincode
+/// (which cannot guess which one follows) a tagged enum.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(untagged)]
 pub enum CoreSet {
     /// A core class of the machine: `"all"`, `"big"`, `"little"` (and, on three-class phones,
     /// `"mid"`), as detected from `cpu_capacity` / `cpuinfo_max_freq`.
@@ -59,11 +59,49 @@ pub enum CoreSet {
     Ids(Vec<u32>),
 }
 
+/// [`CoreSet`] as people write it: a name or a list.
+#[derive(Serialize, Deserialize)]
+#[serde(untagged)]
+enum CoreSetText {
+    Class(String),
+    Ids(Vec<u32>),
+}
+
+/// The field holding a group's cores: untagged for people, tagged for bincode.
+mod core_set_serde {
+    use super::{CoreSet, CoreSetText};
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(cores: &CoreSet, s: S) -> Result<S::Ok, S::Error> {
+        if s.is_human_readable() {
+            match cores {
+                CoreSet::Class(c) => CoreSetText::Class(c.clone()),
+                CoreSet::Ids(ids) => CoreSetText::Ids(ids.clone()),
+            }
+            .serialize(s)
+        } else {
+            cores.serialize(s)
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<CoreSet, D::Error> {
+        if d.is_human_readable() {
+            Ok(match CoreSetText::deserialize(d)? {
+                CoreSetText::Class(c) => CoreSet::Class(c),
+                CoreSetText::Ids(ids) => CoreSet::Ids(ids),
+            })
+        } else {
+            CoreSet::deserialize(d)
+        }
+    }
+}
+
 /// One processor group: the unit the scheduler sends cluster messages to.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GroupPlan {
     pub name: String,
     pub kind: XpuKind,
+    #[serde(with = "core_set_serde")]
     pub cores: CoreSet,
     /// Worker threads; 0 means one per core of the group (or the `-t` given on the command line).
     #[serde(default)]
@@ -113,7 +151,7 @@ pub enum IoEngine {
 }
 
 /// What the scheduler follows.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ExecutionPlan {
     pub version: u32,
     /// Steps of at most this many tokens run in decode shape (FFN as neuron clusters).
@@ -135,6 +173,53 @@ pub struct ExecutionPlan {
     /// is read from the model in memory.
     #[serde(default)]
     pub cache: Option<crate::cache::CachePlan>,
+    /// The model the plan was made for; a plan naming another model is refused at load
+    /// ([`ExecutionPlan::check_model`]). `None`: a generic plan, for any model.
+    #[serde(default)]
+    pub model: Option<crate::sparse::profile::ModelIdentity>,
+    /// What the planner predicted for this plan (kept to compare with measurements).
+    #[serde(default)]
+    pub predicted: Option<PlanPrediction>,
+}
+
+/// The figures a planner predicted for its plan.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PlanPrediction {
+    /// Decode tokens per second.
+    pub decode_tok_s: f64,
+    /// Prefill tokens per second, if the planner scored a prompt.
+    #[serde(default)]
+    pub prefill_tok_s: Option<f64>,
+    /// What limited the plan: `compute`, `io` or `memory`.
+    pub limited_by: String,
+    /// The hardware profile the prediction used (its `name`).
+    pub profile: String,
+}
+
+/// Largest plan file read in bincode (plans are a few KiB; hot-neuron sets of big models
+/// stay far below this).
+const MAX_PLAN_BYTES: usize = 64 << 20;
+
+fn plan_bincode() -> impl bincode::config::Config {
+    bincode::config::standard().with_limit::<MAX_PLAN_BYTES>()
+}
+
+/// How a plan file is written, by its extension.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PlanFormat {
+    Json,
+    Toml,
+    Bincode,
+}
+
+impl PlanFormat {
+    fn of(path: &std::path::Path) -> PlanFormat {
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("toml") => PlanFormat::Toml,
+            Some("bin") => PlanFormat::Bincode,
+            _ => PlanFormat::Json,
+        }
+    }
 }
 
 impl Default for ExecutionPlan {
@@ -188,6 +273,8 @@ impl Default for ExecutionPlan {
                 direct_io: true,
             },
             cache: None,
+            model: None,
+            predicted: None,
         }
     }
 }
@@ -211,22 +298,72 @@ pub enum PlanError {
     NoGroups { field: String },
     #[error("plan: {0}")]
     Parse(String),
+    #[error("this plan was made for another model ({planned}); the model loaded is {actual}")]
+    OtherModel { planned: String, actual: String },
 }
 
 impl ExecutionPlan {
-    /// Reads a plan from JSON (what `conductor plan` writes) or TOML, by the file's extension.
+    /// Reads a plan by the file's extension: bincode (`.bin`, for speed), TOML (`.toml`), or
+    /// JSON (anything else; what `conductor plan` writes for people).
     pub fn from_file(path: &std::path::Path) -> Result<ExecutionPlan, PlanError> {
-        let text = std::fs::read_to_string(path)
+        let parse = |why: String| PlanError::Parse(format!("{}: {why}", path.display()));
+        let bytes = std::fs::read(path)
             .map_err(|e| PlanError::Parse(format!("cannot read {}: {e}", path.display())))?;
-        let plan: ExecutionPlan = if path.extension().is_some_and(|e| e == "toml") {
-            toml::from_str(&text)
-                .map_err(|e| PlanError::Parse(format!("{}: {e}", path.display())))?
-        } else {
-            serde_json::from_str(&text)
-                .map_err(|e| PlanError::Parse(format!("{}: {e}", path.display())))?
+        let plan: ExecutionPlan = match PlanFormat::of(path) {
+            PlanFormat::Bincode => Self::from_bincode(&bytes).map_err(parse)?,
+            PlanFormat::Toml | PlanFormat::Json => {
+                let text = std::str::from_utf8(&bytes).map_err(|_| {
+                    parse("not UTF-8 text (a bincode plan must end in .bin)".into())
+                })?;
+                if PlanFormat::of(path) == PlanFormat::Toml {
+                    toml::from_str(text).map_err(|e| parse(e.to_string()))?
+                } else {
+                    serde_json::from_str(text).map_err(|e| parse(e.to_string()))?
+                }
+            }
         };
         plan.validate()?;
         Ok(plan)
+    }
+
+    /// Writes the plan in the format its extension names (as [`ExecutionPlan::from_file`]
+    /// reads it).
+    pub fn to_file(&self, path: &std::path::Path) -> std::io::Result<()> {
+        let bytes = match PlanFormat::of(path) {
+            PlanFormat::Bincode => bincode::serde::encode_to_vec(self, plan_bincode())
+                .map_err(std::io::Error::other)?,
+            PlanFormat::Toml => toml::to_string(self)
+                .map_err(std::io::Error::other)?
+                .into_bytes(),
+            PlanFormat::Json => serde_json::to_string_pretty(self)?.into_bytes(),
+        };
+        std::fs::write(path, bytes)
+    }
+
+    /// A plan from bincode bytes (any bytes: an error, never a panic or a huge allocation).
+    pub fn from_bincode(bytes: &[u8]) -> Result<ExecutionPlan, String> {
+        let (plan, used): (ExecutionPlan, usize) =
+            bincode::serde::decode_from_slice(bytes, plan_bincode()).map_err(|e| e.to_string())?;
+        if used != bytes.len() {
+            return Err(format!("{} bytes after the plan", bytes.len() - used));
+        }
+        Ok(plan)
+    }
+
+    /// Refuses the plan when it was made for a model other than `model`.
+    pub fn check_model(&self, model: &crate::model::Model) -> Result<(), PlanError> {
+        let Some(planned) = &self.model else {
+            return Ok(());
+        };
+        let actual = crate::sparse::profile::ModelIdentity::of(model);
+        if *planned == actual {
+            Ok(())
+        } else {
+            Err(PlanError::OtherModel {
+                planned: planned.describe(),
+                actual: actual.describe(),
+            })
+        }
     }
 
     /// Checks the fields a scheduler relies on.
@@ -373,6 +510,76 @@ mod tests {
         let mut plan = ExecutionPlan::default();
         plan.decode_on.clear();
         assert!(matches!(plan.validate(), Err(PlanError::NoGroups { .. })));
+    }
+
+    #[test]
+    fn plans_round_trip_through_json_toml_and_bincode_files() {
+        let plan = ExecutionPlan {
+            model: Some(crate::sparse::profile::ModelIdentity {
+                arch: "llama".into(),
+                n_layer: 30,
+                n_embd: 576,
+                n_ff: 1536,
+                relu: false,
+                norms_crc32: 0xdead_beef,
+            }),
+            predicted: Some(PlanPrediction {
+                decode_tok_s: 12.5,
+                prefill_tok_s: None,
+                limited_by: "io".into(),
+                profile: "this machine".into(),
+            }),
+            ..ExecutionPlan::default()
+        };
+        let dir = std::env::temp_dir().join(format!("conductor-plan-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for name in ["p.json", "p.toml", "p.bin"] {
+            let path = dir.join(name);
+            plan.to_file(&path).unwrap();
+            assert_eq!(ExecutionPlan::from_file(&path).unwrap(), plan, "{name}");
+        }
+        // A bincode plan named .json is not JSON: an error saying how to name it.
+        std::fs::copy(dir.join("p.bin"), dir.join("q.json")).unwrap();
+        let err = ExecutionPlan::from_file(&dir.join("q.json")).unwrap_err();
+        assert!(err.to_string().contains("q.json"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn truncated_or_padded_bincode_plans_are_errors() {
+        let bytes =
+            bincode::serde::encode_to_vec(ExecutionPlan::default(), plan_bincode()).unwrap();
+        for cut in 0..bytes.len() {
+            assert!(
+                ExecutionPlan::from_bincode(&bytes[..cut]).is_err(),
+                "cut at {cut}"
+            );
+        }
+        let mut padded = bytes.clone();
+        padded.push(0);
+        assert!(ExecutionPlan::from_bincode(&padded)
+            .unwrap_err()
+            .contains("1 bytes after"));
+    }
+
+    proptest::proptest! {
+        /// Any bytes, and any single-byte change to a valid plan: a plan or an error, never a
+        /// panic or an allocation beyond the limit.
+        #[test]
+        fn hostile_bincode_plans_never_panic(
+            noise in proptest::collection::vec(proptest::num::u8::ANY, 0..512),
+            at in 0usize..4096,
+            byte in proptest::num::u8::ANY,
+        ) {
+            let _ = ExecutionPlan::from_bincode(&noise);
+            let mut bytes =
+                bincode::serde::encode_to_vec(ExecutionPlan::default(), plan_bincode()).unwrap();
+            let i = at % bytes.len();
+            bytes[i] = byte;
+            if let Ok(plan) = ExecutionPlan::from_bincode(&bytes) {
+                let _ = plan.validate();
+            }
+        }
     }
 
     #[test]

@@ -92,7 +92,8 @@ impl ModelIdentity {
         }
     }
 
-    fn describe(&self) -> String {
+    /// One line naming the model: architecture, shape and checksum.
+    pub fn describe(&self) -> String {
         format!(
             "{} with {} layers, n_embd {}, n_ff {}, norms CRC32 {:08x}",
             self.arch, self.n_layer, self.n_embd, self.n_ff, self.norms_crc32
