@@ -263,18 +263,33 @@ fn io_uring_reads_give_the_same_bits_and_the_same_errors() {
     let victim = Arc::new(Model::load_resident(&copy, false).unwrap());
     let mut plan = plan_with(cache(3, 0, CachePolicy::Lru, 1));
     plan.storage.engine = IoEngine::Uring;
-    let mut d = InlineDriver::new(Arc::clone(&victim), &plan, Kernels::best(), Serial).unwrap();
-    let mut session = Session::new(&victim, 64);
+    let mut d = InlineDriver::new(victim, &plan, Kernels::best(), Serial).unwrap();
+    truncate_while_running(&mut d, &copy, &store_path);
+}
+
+/// Runs a prompt on `d` (reading `copy`, a copy of `store`), cuts `copy` inside the last
+/// layer's bundles, checks that the next step fails naming the layer and the truncation, and
+/// that after restoring the file the same driver serves the next step.
+fn truncate_while_running(d: &mut InlineDriver<Serial>, copy: &Path, store: &Path) {
+    let model = Arc::clone(d.model());
+    let mut session = Session::new(&model, 64);
     d.eval_last(&mut session, &PROMPT).unwrap();
-    let last = victim.layers[2].bundles.clone().unwrap();
-    let f = std::fs::OpenOptions::new().write(true).open(&copy).unwrap();
+    // Cut the file inside the last layer's bundles.
+    let last = model.layers[2].bundles.clone().unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(copy).unwrap();
     f.set_len(last.start as u64 + 1000).unwrap();
     let err = d.eval_last(&mut session, &[5]).unwrap_err();
     assert!(
         err.to_string().contains("layer 2") && err.to_string().contains("truncated"),
         "{err}"
     );
-    std::fs::copy(&store_path, &copy).unwrap();
+    assert_eq!(
+        session.n_past(),
+        PROMPT.len(),
+        "the failed step left no token"
+    );
+    // Restore the file: the same driver serves the next request.
+    std::fs::copy(store, copy).unwrap();
     d.eval_last(&mut session, &[5]).unwrap();
 }
 
@@ -383,24 +398,5 @@ fn a_store_truncated_while_running_fails_the_request_and_the_engine_recovers() {
     let copy = files.dir.join("victim.gguf");
     std::fs::copy(&store_path, &copy).unwrap();
     let mut d = inline(&copy, cache(3, 0, CachePolicy::Lru, 1));
-    let model = Arc::clone(d.model());
-    let mut session = Session::new(&model, 64);
-    d.eval_last(&mut session, &PROMPT).unwrap();
-    // Cut the file inside the last layer's bundles.
-    let last = model.layers[2].bundles.clone().unwrap();
-    let f = std::fs::OpenOptions::new().write(true).open(&copy).unwrap();
-    f.set_len(last.start as u64 + 1000).unwrap();
-    let err = d.eval_last(&mut session, &[5]).unwrap_err();
-    assert!(
-        err.to_string().contains("layer 2") && err.to_string().contains("truncated"),
-        "{err}"
-    );
-    assert_eq!(
-        session.n_past(),
-        PROMPT.len(),
-        "the failed step left no token"
-    );
-    // Restore the file: the same driver serves the next request.
-    std::fs::copy(&store_path, &copy).unwrap();
-    d.eval_last(&mut session, &[5]).unwrap();
+    truncate_while_running(&mut d, &copy, &store_path);
 }
