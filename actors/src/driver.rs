@@ -179,7 +179,7 @@ impl ActorDriver {
         // Under a memory budget decode waits on storage most of the time. A waiting thread that
         // spins holds its core, and on a virtual machine the host's disk emulation needs that
         // time: SmolLM2 at 50% on the 2-vCPU build VM read 1.5x slower with the default spin
-        // windows (`bench --memory 50% -t 2`: 5.4-6.4 tok/s against 8.2-9.8 with these). Hosts
+        // windows (`bench --memory 50% -t 2`: 5.4-6.4 tok/s against 7.2-11.1 with these). Hosts
         // and pool helpers then park almost at once.
         let io_bound = plan.cache.is_some();
         let host_spin = if io_bound {

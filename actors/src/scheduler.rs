@@ -213,12 +213,12 @@ impl SchedulerActor {
                     slot,
                     generation,
                 };
-                // Merge into the pending read when it continues it in the file.
+                // Join the pending request when one read can take both (see `can_batch`).
                 if let Some(pending) = self.pending_loads.as_mut() {
                     let last = pending.items.last().map(|i| (i.layer, i.cluster));
                     let joins = pending.step == step
                         && pending.items.len() < self.scheduler.coalesce() as usize
-                        && last.is_some_and(|l| file.contiguous(l, (layer, cluster)));
+                        && last.is_some_and(|l| file.can_batch(l, (layer, cluster)));
                     if joins {
                         pending.items.push(item);
                         return true;

@@ -155,7 +155,7 @@ pub fn check_options(opts: &MeasureOptions) -> Result<(), MeasureError> {
         return Ok(());
     }
     if let Some(path) = &opts.storage_file {
-        return storage::check_file(path);
+        return storage::measurable_len(path).map(|_| ());
     }
     if opts.storage_file_bytes / (1 << 20) * (1 << 20) < MIN_FILE_BYTES {
         return Err(MeasureError::StorageTooSmall {

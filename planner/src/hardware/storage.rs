@@ -139,9 +139,17 @@ enum Mode {
     Buffered,
 }
 
+/// A file opened for the measurement, and how its reads are made.
+struct Reader {
+    file: File,
+    mode: Mode,
+    /// Why reads are buffered (`None`: O_DIRECT).
+    why_buffered: Option<String>,
+}
+
 /// Opens `path` for O_DIRECT reads if the file system accepts them (checked with one aligned
 /// read), else for buffered reads, with the reason.
-fn open_reader(path: &Path) -> Result<(File, Mode, Option<String>), MeasureError> {
+fn open_reader(path: &Path) -> Result<Reader, MeasureError> {
     #[cfg(any(target_os = "linux", target_os = "android"))]
     let why = {
         use std::os::unix::fs::OpenOptionsExt;
@@ -150,7 +158,13 @@ fn open_reader(path: &Path) -> Result<(File, Mode, Option<String>), MeasureError
             Ok(f) => {
                 let mut buf = AlignedBuf::new(ALIGN);
                 match f.read_at(buf.as_mut(), 0) {
-                    Ok(n) if n == ALIGN => return Ok((f, Mode::Direct, None)),
+                    Ok(n) if n == ALIGN => {
+                        return Ok(Reader {
+                            file: f,
+                            mode: Mode::Direct,
+                            why_buffered: None,
+                        })
+                    }
                     Ok(n) => format!("an O_DIRECT read returned {n} of {ALIGN} bytes"),
                     Err(e) => format!("the file system refused an O_DIRECT read ({e})"),
                 }
@@ -160,8 +174,12 @@ fn open_reader(path: &Path) -> Result<(File, Mode, Option<String>), MeasureError
     };
     #[cfg(not(any(target_os = "linux", target_os = "android")))]
     let why = String::from("O_DIRECT is Linux-only");
-    let f = File::open(path).map_err(|e| io_error(path, "open", e))?;
-    Ok((f, Mode::Buffered, Some(why)))
+    let file = File::open(path).map_err(|e| io_error(path, "open", e))?;
+    Ok(Reader {
+        file,
+        mode: Mode::Buffered,
+        why_buffered: Some(why),
+    })
 }
 
 fn io_error(path: &Path, op: &'static str, source: std::io::Error) -> MeasureError {
@@ -388,8 +406,9 @@ fn size_label(size: u64) -> String {
     format!("{}K", size >> 10)
 }
 
-/// Checks that `path` is a regular file large enough to measure on.
-pub fn check_file(path: &Path) -> Result<(), MeasureError> {
+/// The bytes of the existing file `path` a measurement reads (whole MiB), or why it cannot be
+/// measured on.
+pub fn measurable_len(path: &Path) -> Result<u64, MeasureError> {
     let len = std::fs::metadata(path)
         .map_err(|e| io_error(path, "stat", e))?
         .len();
@@ -399,42 +418,23 @@ pub fn check_file(path: &Path) -> Result<(), MeasureError> {
             min: MIN_FILE_BYTES,
         });
     }
-    Ok(())
+    Ok(len / MIB * MIB)
 }
 
 /// Measures by reading the existing file `path` (whole MiB of it; it is never written): the
-/// figures of the device and file system a model is actually read from. A file written just
-/// before (the test file) can be read faster than one written long ago where a virtual disk's
-/// host caches recent writes.
+/// figures of the device, file system and placement a model is actually read from.
 pub fn measure_storage_on(
     path: &Path,
     effort: &Effort,
     progress: &mut dyn FnMut(&str),
 ) -> Result<StorageOutcome, MeasureError> {
-    check_file(path)?;
-    let len = std::fs::metadata(path)
-        .map_err(|e| io_error(path, "stat", e))?
-        .len()
-        / MIB
-        * MIB;
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let (file, mode, why_buffered) = open_reader(path)?;
+    let len = measurable_len(path)?;
     let what = format!(
         "the existing file {} ({} MiB read, never written)",
         path.display(),
         len / MIB
     );
-    measure_reads(
-        path,
-        dir,
-        &file,
-        len,
-        mode,
-        why_buffered,
-        &what,
-        effort,
-        progress,
-    )
+    measure_reads(path, &open_reader(path)?, len, &what, effort, progress)
 }
 
 /// Writes a test file of `bytes` (rounded down to whole MiB) in `dir`, measures, removes it.
@@ -473,9 +473,12 @@ fn measure_storage_with(
     file.sync_all()
         .map_err(|e| io_error(&tmp.path, "fsync", e))?;
     drop(file);
-    let (file, mode, why_buffered) = if buffered {
-        let f = File::open(&tmp.path).map_err(|e| io_error(&tmp.path, "open", e))?;
-        (f, Mode::Buffered, Some("O_DIRECT not tried".to_string()))
+    let reader = if buffered {
+        Reader {
+            file: File::open(&tmp.path).map_err(|e| io_error(&tmp.path, "open", e))?,
+            mode: Mode::Buffered,
+            why_buffered: Some("O_DIRECT not tried".to_string()),
+        }
     } else {
         open_reader(&tmp.path)?
     };
@@ -484,38 +487,31 @@ fn measure_storage_with(
         len / MIB,
         dir.display()
     );
-    let outcome = measure_reads(
-        &tmp.path,
-        dir,
-        &file,
-        len,
-        mode,
-        why_buffered,
-        &what,
-        effort,
-        progress,
-    );
-    drop(file);
+    let outcome = measure_reads(&tmp.path, &reader, len, &what, effort, progress);
+    drop(reader);
     drop(tmp);
     outcome
 }
 
-/// The read curves of `file` (`len` bytes of it, at `path` in `dir`), described as `what`.
-#[allow(clippy::too_many_arguments)]
+/// The read curves of `len` bytes of the file at `path`, opened as `reader`; the profile's
+/// notes describe it as `what`.
 fn measure_reads(
     path: &Path,
-    dir: &Path,
-    file: &File,
+    reader: &Reader,
     len: u64,
-    mode: Mode,
-    why_buffered: Option<String>,
     what: &str,
     effort: &Effort,
     progress: &mut dyn FnMut(&str),
 ) -> Result<StorageOutcome, MeasureError> {
+    let Reader {
+        file,
+        mode,
+        why_buffered,
+    } = reader;
+    let mode = *mode;
     let read_err = |e| io_error(path, "read", e);
     let mut notes = Vec::new();
-    match &why_buffered {
+    match why_buffered {
         None => notes.push(format!("Storage: O_DIRECT preads on {what}.")),
         Some(why) => notes.push(format!(
             "Storage: BUFFERED preads ({why}); the file's cached pages were dropped with \
@@ -529,6 +525,11 @@ fn measure_reads(
          4 KiB random read at depth 1; sequential = one thread reading consecutive offsets."
             .into(),
     );
+    // The directory holding the file (`.` for a bare file name).
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     let device = describe_device(dir);
     if device.in_memory {
         progress(&format!("storage: {}", device.why));

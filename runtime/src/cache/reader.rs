@@ -232,7 +232,7 @@ impl BundleFile {
     /// [`BundleFile::load_run`]: always with io_uring (every unit its own read, all in
     /// flight together), otherwise when they lie back to back in the file, so that one vectored
     /// read fetches both.
-    pub fn contiguous(&self, a: (u32, u32), b: (u32, u32)) -> bool {
+    pub fn can_batch(&self, a: (u32, u32), b: (u32, u32)) -> bool {
         #[cfg(feature = "io-uring")]
         if matches!(self.reads, Reads::Uring(_)) {
             return true;
@@ -247,8 +247,9 @@ impl BundleFile {
         }
     }
 
-    /// Reads units that lie back to back (see [`BundleFile::contiguous`]) with one vectored
-    /// read, each into its slot (with io_uring: any units, all reads in flight together). When that read fails or comes back short, or a checksum
+    /// Reads units that may go together (see [`BundleFile::can_batch`]), each into its slot:
+    /// with positional reads, units back to back in one vectored read; with io_uring, one read
+    /// per unit, all in flight together. When a read fails or comes back short, or a checksum
     /// fails, every unit is read again on its own (with [`BundleFile::load`]'s retry and
     /// errors): the result is the same as loading them one by one.
     pub fn load_run(&self, units: &mut [(u32, u32, &mut [u8])]) -> Vec<Result<(), LoadError>> {
