@@ -59,7 +59,7 @@ pub enum Error {
 /// Which FFN neurons decode computes ([`EngineBuilder::sparsity`]).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SparsitySettings {
-    /// `None`: the shipped default: dense for SwiGLU models and neuron stores; for a ReLU
+    /// `None`: the shipped default: dense for SwiGLU models; for a ReLU
     /// model its natural zeros ([`SparsityMode::Predictor`] when its profile has predictors,
     /// [`DEFAULT_SPARSITY_MODE`] when not), or a PowerInfer file's own predictors.
     pub mode: Option<SparsityMode>,
@@ -97,10 +97,19 @@ fn resolve_sparsity(
     settings: &SparsitySettings,
     say: &mut dyn FnMut(&str),
 ) -> Result<Option<SparseFfn>, Error> {
-    let profile_path = settings
-        .profile
-        .clone()
-        .unwrap_or_else(|| ModelProfile::default_path(path));
+    // A neuron store shares its source's identity, so the source's profile beside it serves.
+    let profile_path = settings.profile.clone().unwrap_or_else(|| {
+        let own = ModelProfile::default_path(path);
+        match &model.store {
+            Some(store) if !own.exists() => {
+                let source = path.with_file_name(&store.source_name);
+                Some(ModelProfile::default_path(&source))
+                    .filter(|p| p.exists())
+                    .unwrap_or(own)
+            }
+            _ => own,
+        }
+    });
     let relu = model.config.activation == conductor_runtime::model::FfnActivation::Relu;
     let target = settings
         .target
@@ -111,14 +120,14 @@ fn resolve_sparsity(
         None => {
             // The default: sparse for profiled ReLU models and PowerInfer files, dense (quietly)
             // otherwise.
-            if model.store.is_some() || !relu {
+            if !relu {
                 return Ok(None);
             }
             DEFAULT_SPARSITY_MODE
         }
     };
     // A PowerInfer file brings its own predictors and transposed down projection.
-    if mode == SparsityMode::Predictor || settings.mode.is_none() {
+    if model.store.is_none() && (mode == SparsityMode::Predictor || settings.mode.is_none()) {
         let c = &model.config;
         let pi = read_powerinfer(
             model.file(),

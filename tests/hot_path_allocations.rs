@@ -13,7 +13,7 @@ use conductor::runtime::exec::{Driver, InlineDriver, Serial, Session};
 use conductor::runtime::model::Model;
 use conductor::runtime::plan::{ExecutionPlan, Topology};
 use conductor::runtime::quant::Kernels;
-use conductor::runtime::store::convert;
+use conductor::runtime::store::{convert, ConvertOptions};
 use conductor::runtime::synthetic::{synthetic_model, SyntheticSpec};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::{Path, PathBuf};
@@ -67,7 +67,13 @@ fn store(dir: &Path) -> PathBuf {
     };
     std::fs::write(&source, synthetic_model(&spec).unwrap().to_bytes().unwrap()).unwrap();
     let store = dir.join("store.gguf");
-    convert(&source, &store, 64, false, &mut |_, _| {}).unwrap();
+    convert(
+        &source,
+        &store,
+        &ConvertOptions::neuron_columns(64),
+        &mut |_, _| {},
+    )
+    .unwrap();
     store
 }
 

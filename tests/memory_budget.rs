@@ -4,7 +4,7 @@
 
 mod common;
 
-use conductor::runtime::store::convert;
+use conductor::runtime::store::{convert, ConvertOptions};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -18,7 +18,8 @@ fn store(tag: &str) -> (PathBuf, PathBuf) {
     let dir = std::env::temp_dir().join(format!("conductor-budget-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("smollm2-store.gguf");
-    convert(&common::default_model(), &path, 256, true, &mut |_, _| {}).unwrap();
+    let options = ConvertOptions::default().overwriting();
+    convert(&common::default_model(), &path, &options, &mut |_, _| {}).unwrap();
     (dir, path)
 }
 

@@ -8,7 +8,7 @@ use conductor::runtime::exec::{Driver, InlineDriver, Serial, Session, StepError}
 use conductor::runtime::model::Model;
 use conductor::runtime::plan::{ExecutionPlan, IoEngine, Topology};
 use conductor::runtime::quant::Kernels;
-use conductor::runtime::store::{convert, StoreError};
+use conductor::runtime::store::{convert, ConvertOptions, DownLayout, StoreError};
 use conductor::runtime::synthetic::{synthetic_model, SyntheticSpec};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -47,10 +47,19 @@ impl Files {
         path
     }
 
+    /// A store with neuron columns (the default layout) of `neurons` per bundle.
     fn store(&self, neurons: u32) -> PathBuf {
-        let path = self.dir.join(format!("store-{neurons}.gguf"));
+        self.store_with(&ConvertOptions::neuron_columns(neurons))
+    }
+
+    fn store_with(&self, options: &ConvertOptions) -> PathBuf {
+        let path = self.dir.join(format!(
+            "store-{}-{}.gguf",
+            options.down_layout.name(),
+            options.bundle_neurons
+        ));
         if !path.exists() {
-            convert(&self.source(), &path, neurons, false, &mut |_, _| {}).unwrap();
+            convert(&self.source(), &path, options, &mut |_, _| {}).unwrap();
         }
         path
     }
@@ -126,62 +135,86 @@ fn cache(slots: u32, hot: u32, policy: CachePolicy, max_loads: u32) -> Option<Ca
     })
 }
 
+/// Largest difference between two logit vectors (as bits), relative to the larger logit.
+fn drift(a: &[u32], b: &[u32]) -> f32 {
+    let (a, b): (Vec<f32>, Vec<f32>) = (
+        a.iter().map(|x| f32::from_bits(*x)).collect(),
+        b.iter().map(|x| f32::from_bits(*x)).collect(),
+    );
+    let scale = b.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let diff = a
+        .iter()
+        .zip(&b)
+        .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+    diff / scale.max(1e-6)
+}
+
 #[test]
 fn a_store_decodes_like_its_source_and_every_cache_gives_the_same_bits() {
     let files = Files::new("bits");
     let source = Model::load(&files.source()).unwrap();
-    let store_path = files.store(64);
-    let store = Model::load(&store_path).unwrap();
-    assert!(store.store.is_some() && source.store.is_none());
-    // 3 layers x 8 bundles of 64 neurons.
-    assert_eq!(store.store.as_ref().unwrap().layout.n_bundles, 8);
-
     let plan = plan_with(None);
     let mut original = InlineDriver::new(Arc::new(source), &plan, Kernels::best(), Serial).unwrap();
-    let reference = run(&mut inline(&store_path, None)).unwrap();
     let from_source = run(&mut original).unwrap();
-    // Decode steps compute exactly the source's arithmetic (whole quant blocks are moved, the
-    // same kernels run); the prompt step batches the down projection, so it may differ in the
-    // last bits.
-    let close = |a: &[u32], b: &[u32]| {
-        a.iter().zip(b).all(|(x, y)| {
-            (f32::from_bits(*x) - f32::from_bits(*y)).abs()
-                <= 1e-3 * (1.0 + f32::from_bits(*y).abs())
-        })
-    };
-    assert!(close(&reference[0], &from_source[0]), "prompt logits drift");
+    // Block-columns move whole quant blocks: the same kernels on the same bits, except that a
+    // prompt step batches the down projection. Neuron columns re-quantize the down projection
+    // (to Q8_0): close to the source, not equal. 50 neurons: bundles need not be whole blocks.
+    for (options, n_bundles, tolerance) in [
+        (ConvertOptions::block_columns(64), 8, 1e-4),
+        (ConvertOptions::neuron_columns(64), 8, 2e-2),
+        (ConvertOptions::neuron_columns(50), 11, 2e-2),
+    ] {
+        let store_path = files.store_with(&options);
+        let store = Model::load(&store_path).unwrap();
+        let layout = &store.store.as_ref().unwrap().layout;
+        assert_eq!(
+            (layout.n_bundles, layout.down_layout),
+            (n_bundles, options.down_layout)
+        );
+        let reference = run(&mut inline(&store_path, None)).unwrap();
+        for (step, (got, want)) in reference.iter().zip(&from_source).enumerate() {
+            let d = drift(got, want);
+            assert!(
+                d <= tolerance,
+                "{options:?}: step {step} drifts {d} from the source"
+            );
+        }
+        if options.down_layout == DownLayout::NeuronColumns {
+            assert_ne!(reference, from_source, "neuron columns are re-quantized");
+        }
 
-    let n_units = 3 * 8;
-    for (slots, hot, policy, loads) in [
-        (1, 0, CachePolicy::Lru, 1),
-        (2, 0, CachePolicy::Segmented, 1),
-        (5, 3, CachePolicy::Segmented, 2),
-        (9, 4, CachePolicy::Lru, 4),
-        (12, 11, CachePolicy::Segmented, 3),
-        (n_units, n_units, CachePolicy::Segmented, 8),
-        (n_units + 5, 0, CachePolicy::Lru, 16),
-    ] {
-        let got = run(&mut inline(&store_path, cache(slots, hot, policy, loads))).unwrap();
-        assert_eq!(
-            got, reference,
-            "slots {slots} hot {hot} {policy:?} loads {loads}"
-        );
-    }
-    // The output projection and the embeddings stream too (24 FFN + 6 output units).
-    for (slots, hot, policy, loads) in [
-        (1, 0, CachePolicy::Lru, 1),
-        (4, 2, CachePolicy::Segmented, 2),
-        (30, 30, CachePolicy::Segmented, 4),
-    ] {
-        let got = run(&mut inline(
-            &store_path,
-            streaming(slots, hot, policy, loads),
-        ))
-        .unwrap();
-        assert_eq!(
-            got, reference,
-            "streaming: slots {slots} hot {hot} {policy:?}"
-        );
+        let n_units = 3 * n_bundles;
+        for (slots, hot, policy, loads) in [
+            (1, 0, CachePolicy::Lru, 1),
+            (2, 0, CachePolicy::Segmented, 1),
+            (5, 3, CachePolicy::Segmented, 2),
+            (9, 4, CachePolicy::Lru, 4),
+            (12, 11, CachePolicy::Segmented, 3),
+            (n_units, n_units, CachePolicy::Segmented, 8),
+            (n_units + 5, 0, CachePolicy::Lru, 16),
+        ] {
+            let got = run(&mut inline(&store_path, cache(slots, hot, policy, loads))).unwrap();
+            assert_eq!(
+                got, reference,
+                "{options:?}: slots {slots} hot {hot} {policy:?} loads {loads}"
+            );
+        }
+        // The output projection and the embeddings stream too (FFN units + 6 output units).
+        for (slots, hot, policy, loads) in [
+            (1, 0, CachePolicy::Lru, 1),
+            (4, 2, CachePolicy::Segmented, 2),
+            (n_units + 6, n_units + 6, CachePolicy::Segmented, 4),
+        ] {
+            let got = run(&mut inline(
+                &store_path,
+                streaming(slots, hot, policy, loads),
+            ))
+            .unwrap();
+            assert_eq!(
+                got, reference,
+                "{options:?} streaming: slots {slots} hot {hot} {policy:?}"
+            );
+        }
     }
 }
 
@@ -337,22 +370,25 @@ fn bad_stores_are_refused_with_a_reason() {
 
     // Converting a store again, or writing over an existing file, or over the source.
     let again = files.dir.join("again.gguf");
-    let err = convert(&store_path, &again, 64, false, &mut |_, _| {}).unwrap_err();
+    let options = ConvertOptions::neuron_columns(64);
+    let err = convert(&store_path, &again, &options, &mut |_, _| {}).unwrap_err();
     assert!(matches!(err, StoreError::AlreadyStore { .. }), "{err}");
     assert!(!again.exists());
-    let err = convert(&files.source(), &store_path, 64, false, &mut |_, _| {}).unwrap_err();
+    let err = convert(&files.source(), &store_path, &options, &mut |_, _| {}).unwrap_err();
     assert!(err.to_string().contains("exists"), "{err}");
-    let err = convert(&files.source(), &files.source(), 64, true, &mut |_, _| {}).unwrap_err();
+    let overwrite = options.clone().overwriting();
+    let err = convert(&files.source(), &files.source(), &overwrite, &mut |_, _| {}).unwrap_err();
     assert!(err.to_string().contains("being converted"), "{err}");
-    let err = convert(
-        &files.source(),
-        &files.dir.join("x.gguf"),
-        48,
-        false,
-        &mut |_, _| {},
-    )
-    .unwrap_err();
-    assert!(matches!(err, StoreError::BundleSize { .. }), "{err}");
+    // Block-columns need whole blocks of the down type; no layout takes empty bundles.
+    let x = files.dir.join("x.gguf");
+    for options in [
+        ConvertOptions::block_columns(48),
+        ConvertOptions::neuron_columns(0),
+    ] {
+        let err = convert(&files.source(), &x, &options, &mut |_, _| {}).unwrap_err();
+        assert!(matches!(err, StoreError::BundleSize { .. }), "{err}");
+        assert!(!x.exists());
+    }
 
     // A flipped byte inside a bundle: loading whole finds it; a cached run names the layer.
     let bytes = std::fs::read(&store_path).unwrap();
@@ -368,27 +404,50 @@ fn bad_stores_are_refused_with_a_reason() {
     let err = run(&mut d).unwrap_err();
     assert!(err.to_string().contains("layer 1 neurons 0..64"), "{err}");
 
-    // Another format version: the same store with its version key changed (the writer keeps
-    // the store's 4096 alignment, carried by `general.alignment`).
-    use conductor::runtime::gguf::{GgufFile, GgufWriter, Value};
-    let file = GgufFile::open(&store_path).unwrap();
-    let mut w = GgufWriter::new();
-    for (k, v) in file.metadata() {
-        let v = match k.as_str() {
-            "conductor.store.version" => Value::U32(99),
-            _ => v.clone(),
-        };
-        w.add_metadata(k.clone(), v).unwrap();
-    }
-    for t in file.tensors() {
-        let data = file.tensor_data(t).to_vec();
-        w.add_tensor(t.name.clone(), t.dims.clone(), t.ty, data)
-            .unwrap();
-    }
-    let old = files.dir.join("old.gguf");
-    w.write_file_atomic(&old).unwrap();
-    let err = Model::load(&old).err().expect("version refused");
-    assert!(err.to_string().contains("version 99"), "{err}");
+    // Another format version, a missing or unknown down layout: the same store with its
+    // metadata edited (the writer keeps the store's 4096 alignment, carried by
+    // `general.alignment`).
+    let edited = |from: &Path, name: &str, version: u32, layout: Option<&str>| {
+        use conductor::runtime::gguf::{GgufFile, GgufWriter, Value};
+        let file = GgufFile::open(from).unwrap();
+        let mut w = GgufWriter::new();
+        for (k, v) in file.metadata() {
+            let v = match k.as_str() {
+                "conductor.store.version" => Value::U32(version),
+                "conductor.store.down_layout" => match layout {
+                    Some(l) => Value::String(l.into()),
+                    None => continue,
+                },
+                _ => v.clone(),
+            };
+            w.add_metadata(k.clone(), v).unwrap();
+        }
+        for t in file.tensors() {
+            let data = file.tensor_data(t).to_vec();
+            w.add_tensor(t.name.clone(), t.dims.clone(), t.ty, data)
+                .unwrap();
+        }
+        let path = files.dir.join(name);
+        w.write_file_atomic(&path).unwrap();
+        path
+    };
+    let refused = |path: &Path| Model::load(path).err().expect("refused").to_string();
+    let err = refused(&edited(&store_path, "v99.gguf", 99, Some("neuron_columns")));
+    assert!(err.contains("version 99"), "{err}");
+    let err = refused(&edited(&store_path, "nolayout.gguf", 2, None));
+    assert!(
+        err.contains("down_layout") && err.contains("missing"),
+        "{err}"
+    );
+    let err = refused(&edited(&store_path, "diag.gguf", 2, Some("diagonal")));
+    assert!(err.contains("unknown layout `diagonal`"), "{err}");
+    // A version-1 store (block-columns, no layout key) still reads, with the same bits.
+    let blocks = files.store_with(&ConvertOptions::block_columns(64));
+    let v1 = edited(&blocks, "v1.gguf", 1, None);
+    assert_eq!(
+        run(&mut inline(&v1, None)).unwrap(),
+        run(&mut inline(&blocks, None)).unwrap()
+    );
 }
 
 #[test]

@@ -162,8 +162,7 @@ impl ActorDriver {
         kernels: Kernels,
         options: ActorOptions,
     ) -> Result<ActorDriver, SetupError> {
-        let shape = model.shape();
-        let scheduler = Scheduler::new(&shape, plan)?;
+        let scheduler = conductor_runtime::exec::scheduler_for(&model, plan)?;
         let topology = options
             .topology
             .clone()
@@ -316,8 +315,7 @@ impl ActorDriver {
     /// Replaces every actor (after a failure). Hosts, pools and buffers stay.
     fn restart(&mut self) -> Result<(), SetupError> {
         self.actors.kill();
-        let shape = self.model.shape();
-        let scheduler = Scheduler::new(&shape, &self.plan)?;
+        let scheduler = conductor_runtime::exec::scheduler_for(&self.model, &self.plan)?;
         let storage = open_storage(&self.storage_path, &self.plan)?;
         self.actors = start_actors(
             scheduler,

@@ -8,10 +8,10 @@
 //! it produced — the trace `conductor simulate --replay` checks.
 
 use crate::group::Compute;
-use crate::step::{write, StepShared};
+use crate::step::{read, write, StepShared};
 use crate::storage::{LoadClusters, LoadItem, Storage};
 use conductor_runtime::cache::{LayerCacheStats, LoadError};
-use conductor_runtime::exec::StepError;
+use conductor_runtime::exec::{awaits_predictions, StepError};
 use conductor_runtime::schedule::{
     ClusterWork, Command, Event, ScheduleError, Scheduler, StepId, StepRequest, StepShape, XpuId,
 };
@@ -167,10 +167,10 @@ impl SchedulerActor {
                 }
             }
             Command::FinishPhase {
+                step,
                 shape,
                 layer,
                 phase,
-                ..
             } => {
                 let shared = Arc::clone(&self.shared);
                 let started = self.recording.is_some().then(|| shared.now_ns());
@@ -193,6 +193,19 @@ impl SchedulerActor {
                         start_ns: start,
                         dur_ns: shared.now_ns() - start,
                     });
+                }
+                let program = shared.program(shape);
+                if awaits_predictions(&self.scheduler, program, phase) {
+                    let mut needed = Vec::new();
+                    read(&shared.state).ffn_needed(&shared.model, program, &mut needed);
+                    self.feed(Event::FfnPredicted {
+                        step,
+                        layer,
+                        needed,
+                    });
+                    if self.flight.is_none() {
+                        return false;
+                    }
                 }
             }
             Command::Load {

@@ -93,7 +93,7 @@ pub fn simulate(
         finish: FinishModel::new(&workload.model, sched_class.finish_ns_per_element),
         messages: MessageModel::new(&profile.messaging),
         storage: StorageModel::new(&profile.storage, &plan.storage),
-        bundle_bytes: bundle_bytes(&workload.model),
+        bundle_bytes: workload.model.shape.ffn_bundle_stride,
     };
     let group_names = machine.group_names.clone();
     let outcome = Engine::new(scheduler, machine, workload, options).run()?;
@@ -156,20 +156,4 @@ pub fn simulate(
     };
     report.summarise();
     Ok(report)
-}
-
-/// Bytes of one FFN bundle read of a neuron store of `model` (0 for an ordinary model).
-fn bundle_bytes(model: &conductor_runtime::plan::ModelDescription) -> u64 {
-    let s = &model.shape;
-    if s.ffn_bundle == 0 {
-        return 0;
-    }
-    let t = &model.types;
-    conductor_runtime::store::BundleLayout::new(
-        s.n_embd,
-        s.n_ff,
-        [t.ffn_gate, t.ffn_up, t.ffn_down],
-        s.ffn_bundle,
-    )
-    .map_or(0, |l| l.stride)
 }

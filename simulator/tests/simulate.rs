@@ -362,6 +362,20 @@ fn a_neuron_store_under_a_cache_reads_what_it_misses_and_waits_for_it() {
     use conductor_runtime::cache::{CachePlan, CachePolicy};
     let mut w = workload("smollm2-135m", 8, 6);
     w.model.shape.ffn_bundle = 256; // a neuron store: 6 bundles per layer, 180 units
+    let t = &w.model.types;
+    w.model.shape.ffn_bundle_stride = conductor_runtime::store::BundleLayout::new(
+        w.model.shape.n_embd,
+        w.model.shape.n_ff,
+        [
+            t.ffn_gate,
+            t.ffn_up,
+            conductor_runtime::quant::GgmlType::Q8_0,
+        ],
+        conductor_runtime::store::DownLayout::NeuronColumns,
+        256,
+    )
+    .unwrap()
+    .stride;
     let in_memory = run(&pc(), &ExecutionPlan::default(), &w);
     assert_eq!(in_memory.bytes_read, 0);
     let mut plan = ExecutionPlan::default();

@@ -2,7 +2,10 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
-use conductor::runtime::store::convert;
+use conductor::runtime::quant::GgmlType;
+use conductor::runtime::store::{
+    convert, ConvertOptions, DownLayout, DEFAULT_BUNDLE_NEURONS, DEFAULT_DOWN_TYPE,
+};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -15,13 +18,29 @@ pub struct ConvertArgs {
     /// Where to write the neuron store (never over an existing file without --force).
     #[arg(short = 'o', long = "output")]
     output: PathBuf,
-    /// Neurons per bundle: one FFN cluster, one read (a multiple of the down projection's
-    /// block size).
-    #[arg(long = "bundle-neurons", default_value_t = 256)]
+    /// Neurons per bundle: one FFN cluster, one read (with --down-layout block-columns, a
+    /// multiple of the down projection's block size).
+    #[arg(long = "bundle-neurons", default_value_t = DEFAULT_BUNDLE_NEURONS)]
     bundle_neurons: u32,
+    /// How bundles hold the down projection: `neuron-columns` (each neuron's down column,
+    /// transposed and re-quantized once to --down-type; what sparse decode reads) or
+    /// `block-columns` (the source's quant blocks bit for bit: exact, but no neuron-level
+    /// sparsity in the down projection).
+    #[arg(long = "down-layout", value_enum, default_value_t = DownLayoutArg::NeuronColumns)]
+    down_layout: DownLayoutArg,
+    /// Type of the re-quantized down columns: q8_0 (default), q4_1, q4_0, f16, f32.
+    #[arg(long = "down-type", value_parser = super::parse_down_type, default_value_t = DEFAULT_DOWN_TYPE)]
+    down_type: GgmlType,
     /// Replace the output file if it exists.
     #[arg(long = "force")]
     force: bool,
+}
+
+/// How bundles hold the down projection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum DownLayoutArg {
+    NeuronColumns,
+    BlockColumns,
 }
 
 pub fn run(args: ConvertArgs) -> Result<()> {
@@ -56,21 +75,24 @@ pub fn run(args: ConvertArgs) -> Result<()> {
             let _ = std::io::stderr().flush();
         }
     };
-    let summary = convert(
-        &source,
-        &args.output,
-        args.bundle_neurons,
-        args.force,
-        &mut progress,
-    )
-    .with_context(|| format!("converting {}", source.display()))?;
+    let options = ConvertOptions {
+        bundle_neurons: args.bundle_neurons,
+        down_layout: match args.down_layout {
+            DownLayoutArg::NeuronColumns => DownLayout::NeuronColumns,
+            DownLayoutArg::BlockColumns => DownLayout::BlockColumns,
+        },
+        down_type: args.down_type,
+        overwrite: args.force,
+    };
+    let summary = convert(&source, &args.output, &options, &mut progress)
+        .with_context(|| format!("converting {}", source.display()))?;
     if std::io::stderr().is_terminal() {
         eprintln!();
     }
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     let l = &summary.layout;
     eprintln!(
-        "convert: wrote {} in {:.1} s: resident {:.1} MiB, bundles {:.1} MiB ({} per layer of {} neurons, {} bytes each with padding), source crc32 {:08x}",
+        "convert: wrote {} in {:.1} s: resident {:.1} MiB, bundles {:.1} MiB ({} per layer of {} neurons, {} bytes each with padding; down as {} of {}), source crc32 {:08x}",
         args.output.display(),
         started.elapsed().as_secs_f64(),
         mib(summary.resident_bytes),
@@ -78,6 +100,8 @@ pub fn run(args: ConvertArgs) -> Result<()> {
         l.n_bundles,
         l.neurons,
         l.stride,
+        l.down_layout.name(),
+        l.down_ty,
         summary.source_crc32
     );
     Ok(())

@@ -125,7 +125,7 @@ pub struct EngineArgs {
     /// Which FFN neurons decode computes: `dense` (all), `threshold` (gate rows of all,
     /// up/down of those whose |act(gate)| passes the layer's threshold), `predictor` (gate
     /// rows only of the neurons the layer's predictor names, then the threshold), `default`
-    /// (dense for SwiGLU models such as SmolLM2 and for neuron stores; for ReLU models with an
+    /// (dense for SwiGLU models such as SmolLM2; for ReLU models (and their neuron stores) with an
     /// activation profile, their natural zeros with the profile's predictors, or threshold
     /// without; a PowerInfer file's own predictors).
     #[arg(long = "sparsity", value_enum, default_value_t = SparsityArg::Default)]
@@ -172,7 +172,7 @@ impl SparsityArg {
     }
 }
 
-fn parse_down_type(s: &str) -> Result<GgmlType, String> {
+pub(crate) fn parse_down_type(s: &str) -> Result<GgmlType, String> {
     match s.to_ascii_lowercase().as_str() {
         "q8_0" => Ok(GgmlType::Q8_0),
         "q4_1" => Ok(GgmlType::Q4_1),

@@ -132,13 +132,15 @@ pub fn split_budget(
     let file = model.file();
     // Bundles, token embeddings and the output projection stream (as `Model::load_resident`
     // with `stream_output` leaves them); the rest is read at load.
+    // Sparse decode's predictors and thresholds are resident too.
     let resident_weights = file.data_offset()
         + file
             .tensors()
             .iter()
             .filter(|t| !crate::store::stays_on_storage(&t.name, true))
             .map(|t| t.n_bytes)
-            .sum::<u64>();
+            .sum::<u64>()
+        + model.sparse.as_ref().map_or(0, |s| s.bytes() as u64);
     let ffn_bytes = layout.layer_bytes() * u64::from(c.n_layer);
     let kv_cache = u64::from(c.n_layer) * 2 * u64::from(c.kv_dim()) * u64::from(n_ctx) * 2;
     let (embd, ff) = (u64::from(c.n_embd), u64::from(c.n_ff));

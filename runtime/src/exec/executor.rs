@@ -26,23 +26,32 @@ use crate::quant::{activation_type, GgmlType, Kernels, MatRef};
 use crate::schedule::{ClusterWork, Program, StepRequest, StepShape, XpuId};
 use crate::sparse::predictor::PredictorScratch;
 use crate::sparse::{SparseFfn, SparsityMode};
+use crate::store::DownLayout;
 use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 
-/// One FFN cluster's weights: gate and up rows of its neurons, and the down projection whose
-/// columns `down_cols` are its neurons.
+/// One FFN cluster's weights: gate and up rows of its neurons, and its share of the down
+/// projection.
 struct FfnCluster<'a> {
     gate: MatRef<'a>,
     up: MatRef<'a>,
-    down: MatRef<'a>,
-    down_cols: Range<usize>,
+    down: DownPart<'a>,
+}
+
+/// A cluster's share of the down projection.
+enum DownPart<'a> {
+    /// `n_embd` rows whose columns `cols` are the cluster's neurons: a block-column of its own
+    /// (`cols` = all), or the file's whole matrix.
+    Columns { mat: MatRef<'a>, cols: Range<usize> },
+    /// `m` rows of `n_embd`: row `j` is neuron `j`'s down column (a store's neuron columns).
+    NeuronRows(MatRef<'a>),
 }
 
 impl FfnCluster<'_> {
     /// `out[t][..n_embd]` = the cluster's partial down projection for each of `n` tokens.
-    /// `batched_down`: many tokens' down products in one dense call (a store's bundles);
-    /// otherwise one matvec per token.
+    /// `batched_down`: many tokens' down products of a block-column in one dense call (a
+    /// store's bundles); otherwise one matvec per token.
     #[allow(clippy::too_many_arguments)]
     fn compute(
         &self,
@@ -55,37 +64,53 @@ impl FfnCluster<'_> {
         batched_down: bool,
     ) {
         let m = self.gate.rows;
-        let embd = self.down.rows;
         s.gate.resize(n * m, 0.0);
         s.up.resize(n * m, 0.0);
         cx.project(self.gate, acts.get(self.gate.ty), n, &mut s.gate, m);
         cx.project(self.up, acts.get(self.up.ty), n, &mut s.up, m);
         gated_activation(activation, &mut s.gate, &s.up);
-        let h_bytes = activation_type(self.down.ty)
+        let (down, cols) = match &self.down {
+            DownPart::Columns { mat, cols } => (*mat, cols.clone()),
+            DownPart::NeuronRows(rows) => {
+                // Each token's output is the sum of its neurons' columns weighted by their
+                // activations, in neuron order.
+                let embd = rows.cols;
+                s.picks.clear();
+                s.picks.extend(0..m as u32);
+                for t in 0..n {
+                    cx.kernels.axpy_rows(
+                        *rows,
+                        &s.picks,
+                        &s.gate[t * m..(t + 1) * m],
+                        &mut out[t * embd..(t + 1) * embd],
+                    );
+                }
+                return;
+            }
+        };
+        let embd = down.rows;
+        let h_bytes = activation_type(down.ty)
             .bytes_for(m as u64)
             .expect("cluster of whole blocks") as usize;
         if batched_down {
             s.h_act.resize(n * h_bytes, 0);
             for t in 0..n {
                 cx.kernels.quantize_activations(
-                    self.down.ty,
+                    down.ty,
                     &s.gate[t * m..(t + 1) * m],
                     &mut s.h_act[t * h_bytes..(t + 1) * h_bytes],
                 );
             }
-            cx.project(self.down, &s.h_act, n, out, embd);
+            cx.project(down, &s.h_act, n, out, embd);
             return;
         }
         s.h_act.resize(h_bytes, 0);
         for t in 0..n {
-            cx.kernels.quantize_activations(
-                self.down.ty,
-                &s.gate[t * m..(t + 1) * m],
-                &mut s.h_act,
-            );
+            cx.kernels
+                .quantize_activations(down.ty, &s.gate[t * m..(t + 1) * m], &mut s.h_act);
             cx.kernels.matvec(
-                self.down,
-                self.down_cols.clone(),
+                down,
+                cols.clone(),
                 &s.h_act,
                 &mut out[t * embd..(t + 1) * embd],
             );
@@ -93,43 +118,67 @@ impl FfnCluster<'_> {
     }
 }
 
-/// Sparse decode of FFN neurons `neurons` (one cluster) of layer `l` for `n` tokens:
-/// gate rows (all of the cluster, or only those the predictor named), the threshold on the
-/// score, then up rows of the active neurons, and their down columns: an axpy over rows of the
-/// transposed down projection when few fire, the cluster's down block-column times the sparse
-/// activations when many do. `out[t][..n_embd]` is the partial down projection. Which path runs
-/// depends on the data only, never on threads or timing.
+/// Where sparse decode finds a cluster's down columns.
+enum SparseDown<'a> {
+    /// Neuron rows only (a store's neuron columns).
+    Rows(MatRef<'a>),
+    /// A block-column (`cols` of `mat`), and neuron rows too when the layer's down projection
+    /// was transposed.
+    Columns {
+        mat: MatRef<'a>,
+        cols: Range<usize>,
+        rows: Option<MatRef<'a>>,
+    },
+}
+
+/// Sparse decode of FFN neurons `neurons` (one cluster, weights `ffn`) of layer `l` for `n`
+/// tokens: gate rows (all of the cluster, or only those the predictor named), the threshold on
+/// the score, then up rows of the active neurons, and their down columns: an axpy over the
+/// neurons' down columns (a store's neuron columns, or rows of the layer's transposed down
+/// projection) when few fire or no block-column exists, the cluster's down block-column times
+/// the sparse activations otherwise. `out[t][..n_embd]` is the partial down projection. Which
+/// path runs depends on the data only, never on threads or timing.
 #[allow(clippy::too_many_arguments)]
 fn sparse_ffn_cluster(
     cx: Compute<'_>,
-    model: &Model,
     sparse: &SparseFfn,
     l: usize,
     neurons: Range<usize>,
+    ffn: &FfnCluster<'_>,
     acts: &Activations,
     predicted: Option<&[u64]>,
     n: usize,
     s: &mut WorkerScratch,
     out: &mut [f32],
 ) {
-    let w = &model.layers[l];
     let layer = &sparse.layers[l];
-    let embd = model.config.n_embd as usize;
     let m = neurons.len();
-    let (gate_ty, up_ty) = (w.gate.ty, w.up.ty);
-    let gate_all = acts.get(gate_ty);
-    let up_all = acts.get(up_ty);
+    let (gate, up) = (ffn.gate, ffn.up);
+    let gate_all = acts.get(gate.ty);
+    let up_all = acts.get(up.ty);
     let (gate_row, up_row) = (gate_all.len() / n, up_all.len() / n);
-    let gate = model.rows(&w.gate, neurons.clone());
-    let up = model.rows(&w.up, neurons.clone());
-    let down_t = layer.down_t.as_deref().map(|data| MatRef {
-        ty: sparse.down_type,
-        data,
-        rows: w.down.cols,
-        cols: embd,
-    });
-    let down_blocks = model.cluster_down(l, &neurons);
-    let words = (model.config.n_ff as usize).div_ceil(64);
+    // Where the active neurons' down columns come from: row `j` is neuron `neurons.start + j`.
+    let down = match &ffn.down {
+        DownPart::NeuronRows(rows) => SparseDown::Rows(*rows),
+        DownPart::Columns { mat, cols } => SparseDown::Columns {
+            mat: *mat,
+            cols: cols.clone(),
+            rows: layer.down_t.as_deref().map(|data| {
+                let row = data.len() / layer.importance.len().max(1);
+                MatRef {
+                    ty: sparse.down_type,
+                    data: &data[neurons.start * row..neurons.end * row],
+                    rows: m,
+                    cols: mat.rows,
+                }
+            }),
+        },
+    };
+    let embd = match &down {
+        SparseDown::Rows(rows) => rows.cols,
+        SparseDown::Columns { mat, .. } => mat.rows,
+    };
+    let words = layer.importance.len().div_ceil(64);
     let mut gate_rows = 0u64;
     s.gate.resize(m, 0.0);
     for t in 0..n {
@@ -140,7 +189,7 @@ fn sparse_ffn_cluster(
         let consider = |s: &mut WorkerScratch, j: usize, g: f32| {
             let a = sparse.activate(g);
             if a.abs() * layer.importance[neurons.start + j] > layer.threshold {
-                s.neurons.push((neurons.start + j) as u32);
+                s.neurons.push(j as u32);
                 s.coefs.push(a);
             }
         };
@@ -175,15 +224,13 @@ fn sparse_ffn_cluster(
             // product per active row (each the same bits as the row's own dot product).
             s.up.resize(m, 0.0);
             cx.kernels.matvec(up, 0..up.cols, act_up, &mut s.up);
-            for (k, &i) in s.neurons.iter().enumerate() {
-                s.coefs[k] *= s.up[i as usize - neurons.start];
+            for (k, &j) in s.neurons.iter().enumerate() {
+                s.coefs[k] *= s.up[j as usize];
             }
         } else {
-            let first = neurons.start as u32;
-            s.picks.clear();
-            s.picks.extend(s.neurons.iter().map(|&i| i - first));
-            s.picked.resize(s.picks.len(), 0.0);
-            cx.kernels.matvec_rows(up, &s.picks, act_up, &mut s.picked);
+            s.picked.resize(s.neurons.len(), 0.0);
+            cx.kernels
+                .matvec_rows(up, &s.neurons, act_up, &mut s.picked);
             for (c, &u) in s.coefs.iter_mut().zip(&s.picked) {
                 *c *= u;
             }
@@ -193,30 +240,27 @@ fn sparse_ffn_cluster(
             .active
             .fetch_add(s.neurons.len() as u64, Ordering::Relaxed);
         let out = &mut out[t * embd..(t + 1) * embd];
-        match &down_t {
-            // Few active: axpy over their rows of the transposed down projection.
-            Some(down_t) if s.neurons.len() * 5 < m * 2 => {
-                cx.kernels.axpy_rows(*down_t, &s.neurons, &s.coefs, out);
-            }
+        let few = s.neurons.len() * 5 < m * 2;
+        match &down {
+            // No block-column, or few active: axpy over their down columns.
+            SparseDown::Rows(rows) => cx.kernels.axpy_rows(*rows, &s.neurons, &s.coefs, out),
+            SparseDown::Columns {
+                rows: Some(rows), ..
+            } if few => cx.kernels.axpy_rows(*rows, &s.neurons, &s.coefs, out),
             // Many: the cluster's down block-column times the activations with zeros where
             // neurons did not fire (the dense kernel beats an axpy per neuron here).
-            _ => {
+            SparseDown::Columns { mat, cols, .. } => {
                 s.gate.iter_mut().for_each(|h| *h = 0.0);
-                for (&i, &c) in s.neurons.iter().zip(&s.coefs) {
-                    s.gate[i as usize - neurons.start] = c;
+                for (&j, &c) in s.neurons.iter().zip(&s.coefs) {
+                    s.gate[j as usize] = c;
                 }
-                let h_bytes = activation_type(w.down.ty)
+                let h_bytes = activation_type(mat.ty)
                     .bytes_for(m as u64)
                     .expect("cluster of whole blocks") as usize;
                 s.h_act.resize(h_bytes, 0);
                 cx.kernels
-                    .quantize_activations(w.down.ty, &s.gate, &mut s.h_act);
-                match &down_blocks {
-                    Some(mat) => cx.kernels.matvec(*mat, 0..m, &s.h_act, out),
-                    None => cx
-                        .kernels
-                        .matvec(model.mat(&w.down), neurons.clone(), &s.h_act, out),
-                }
+                    .quantize_activations(mat.ty, &s.gate, &mut s.h_act);
+                cx.kernels.matvec(*mat, cols.clone(), &s.h_act, out);
             }
         }
     }
@@ -388,6 +432,14 @@ impl std::ops::DerefMut for Blocks<'_> {
             Blocks::Heap(heap) => heap,
         }
     }
+}
+
+/// Whether any of `n` tokens' predictions (`[token][words]` bits) names a neuron of `neurons`.
+fn any_predicted(bits: &[u64], words: usize, n: usize, neurons: &Range<usize>) -> bool {
+    (0..n).any(|t| {
+        let bits = &bits[t * words..(t + 1) * words];
+        neurons.clone().any(|i| bits[i / 64] >> (i % 64) & 1 == 1)
+    })
 }
 
 fn units(r: &Range<u32>) -> Range<usize> {
@@ -714,72 +766,78 @@ impl StepState {
                 }
                 let predicted = sparse
                     .filter(|sp| sp.mode == SparsityMode::Predictor)
-                    .map(|_| self.predicted.as_slice());
+                    .and_then(|_| self.predictions(program.shape));
                 runner.run(&mut outs, &|worker, i, out| {
                     let mut guard = scratch[worker].lock().unwrap_or_else(|e| e.into_inner());
                     let s = &mut *guard;
                     let neurons = units(&clusters[i]);
+                    // No token's prediction names a neuron of the cluster: it adds nothing
+                    // (and under a cache it was never loaded).
+                    if let Some(bits) = predicted {
+                        let words = (c.n_ff as usize).div_ceil(64);
+                        if !any_predicted(bits, words, n, &neurons) {
+                            out[..n * embd].fill(0.0);
+                            return;
+                        }
+                    }
+                    // A store's cluster is bundle `first + i`: from its cache slot, or from
+                    // the file in memory when the plan has no cache.
+                    let slot_guard;
+                    let ffn = match &model.store {
+                        None => {
+                            let (gate, up) = (
+                                model.rows(&l.gate, neurons.clone()),
+                                model.rows(&l.up, neurons.clone()),
+                            );
+                            // The cluster's own block-column when the down projection was
+                            // re-laid per decode cluster; otherwise slices of the file's rows.
+                            let down = match model.cluster_down(layer_index as usize, &neurons) {
+                                Some(mat) => DownPart::Columns {
+                                    mat,
+                                    cols: 0..neurons.len(),
+                                },
+                                None => DownPart::Columns {
+                                    mat: model.mat(&l.down),
+                                    cols: neurons.clone(),
+                                },
+                            };
+                            FfnCluster { gate, up, down }
+                        }
+                        Some(store) => {
+                            let bundle = (first + i) as u32;
+                            let bytes: &[u8] = match cache {
+                                Some(arena) => {
+                                    let slot =
+                                        arena.slot_of(layer_index, bundle).unwrap_or_else(|| {
+                                            panic!("layer {layer_index} cluster {bundle} computed before it was loaded")
+                                        });
+                                    slot_guard = arena.read(slot);
+                                    &slot_guard.bytes()[arena.data_range(layer_index, bundle)]
+                                }
+                                None => model.bundle_bytes(layer_index as usize, bundle),
+                            };
+                            let b = store.layout.split(bundle, bytes);
+                            let down = match b.down_layout {
+                                DownLayout::NeuronColumns => DownPart::NeuronRows(b.down),
+                                DownLayout::BlockColumns => DownPart::Columns {
+                                    mat: b.down,
+                                    cols: 0..b.down.cols,
+                                },
+                            };
+                            FfnCluster {
+                                gate: b.gate,
+                                up: b.up,
+                                down,
+                            }
+                        }
+                    };
                     if let Some(sparse) = sparse {
                         let l = layer_index as usize;
                         return sparse_ffn_cluster(
-                            cx,
-                            model,
-                            sparse,
-                            l,
-                            neurons,
-                            acts,
-                            predicted,
-                            n,
-                            s,
-                            out,
+                            cx, sparse, l, neurons, &ffn, acts, predicted, n, s, out,
                         );
                     }
-                    let Some(store) = &model.store else {
-                        let (gate, up) = (
-                            model.rows(&l.gate, neurons.clone()),
-                            model.rows(&l.up, neurons.clone()),
-                        );
-                        // The cluster's own block-column when the down projection was
-                        // re-laid per decode cluster; otherwise slices of the file's rows.
-                        let ffn = match model.cluster_down(layer_index as usize, &neurons) {
-                            Some(down) => FfnCluster {
-                                gate,
-                                up,
-                                down,
-                                down_cols: 0..neurons.len(),
-                            },
-                            None => FfnCluster {
-                                gate,
-                                up,
-                                down: model.mat(&l.down),
-                                down_cols: neurons,
-                            },
-                        };
-                        return ffn.compute(cx, acts, c.activation, n, s, out, false);
-                    };
-                    // A store's cluster is bundle `first + i`: from its cache slot, or from
-                    // the file in memory when the plan has no cache.
-                    let bundle = (first + i) as u32;
-                    let slot_guard;
-                    let bytes: &[u8] = match cache {
-                        Some(arena) => {
-                            let slot = arena.slot_of(layer_index, bundle).unwrap_or_else(|| {
-                                panic!("layer {layer_index} cluster {bundle} computed before it was loaded")
-                            });
-                            slot_guard = arena.read(slot);
-                            &slot_guard.bytes()[arena.data_range(layer_index, bundle)]
-                        }
-                        None => model.bundle_bytes(layer_index as usize, bundle),
-                    };
-                    let b = store.layout.split(bundle, bytes);
-                    let m = b.gate.rows;
-                    let ffn = FfnCluster {
-                        gate: b.gate,
-                        up: b.up,
-                        down: b.down,
-                        down_cols: 0..m,
-                    };
-                    ffn.compute(cx, acts, c.activation, n, s, out, true);
+                    ffn.compute(cx, acts, c.activation, n, s, out, model.store.is_some());
                 });
             }
         }
@@ -1007,9 +1065,35 @@ impl StepState {
             .prepare(&self.kernels, &self.normed, c.n_embd as usize, &types);
     }
 
+    /// After a layer's attention: which of the layer's FFN clusters (`program`'s) the step
+    /// needs, as bits of `needed`: those whose neurons a token's prediction names, or all of
+    /// them where nothing was predicted (dense, threshold, prefill, a layer without a
+    /// predictor).
+    pub fn ffn_needed(&self, model: &Model, program: &Program, needed: &mut Vec<u64>) {
+        let clusters = program.clusters(Phase::FfnNeurons);
+        needed.clear();
+        needed.resize(clusters.len().div_ceil(64), 0);
+        let predicted = self.predictions(program.shape);
+        let words = (model.config.n_ff as usize).div_ceil(64);
+        let n = self.request.n_tokens as usize;
+        for (c, r) in clusters.iter().enumerate() {
+            if predicted.is_none_or(|bits| any_predicted(bits, words, n, &units(r))) {
+                needed[c / 64] |= 1 << (c % 64);
+            }
+        }
+    }
+
+    /// The current layer's predicted neurons `[token][n_ff bits]`, in decode steps with
+    /// predictors.
+    fn predictions(&self, shape: StepShape) -> Option<&[u64]> {
+        (shape == StepShape::Decode && !self.predicted.is_empty())
+            .then_some(self.predicted.as_slice())
+    }
+
     /// Sparse decode with predictors: which neurons of layer `l` each token needs, from the
     /// FFN input just normed.
     fn predict_active(&mut self, model: &Model, l: usize) {
+        self.predicted.clear();
         let Some(sparse) = model.sparse.as_ref() else {
             return;
         };

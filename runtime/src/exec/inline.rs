@@ -38,8 +38,7 @@ impl<R: ClusterRunner> InlineDriver<R> {
         kernels: Kernels,
         runner: R,
     ) -> Result<Self, ScheduleError> {
-        let shape = model.shape();
-        let scheduler = Scheduler::new(&shape, plan)?;
+        let scheduler = super::scheduler_for(&model, plan)?;
         let cache = open_cache(&model, plan, scheduler.unit_map())?;
         let mut state = StepState::new(kernels);
         state.set_cache(cache.as_ref().map(|(arena, _)| Arc::clone(arena)));
@@ -137,7 +136,9 @@ impl<R: ClusterRunner> InlineDriver<R> {
                         return Err(e.into());
                     }
                 }
-                Command::FinishPhase { layer, phase, .. } => {
+                Command::FinishPhase {
+                    step, layer, phase, ..
+                } => {
                     self.state.finish_phase(
                         model,
                         &mut session.kv,
@@ -146,6 +147,19 @@ impl<R: ClusterRunner> InlineDriver<R> {
                         phase,
                         &self.outputs,
                     );
+                    if awaits_predictions(&self.scheduler, &program, phase) {
+                        let mut needed = Vec::new();
+                        self.state.ffn_needed(model, &program, &mut needed);
+                        let event = Event::FfnPredicted {
+                            step,
+                            layer,
+                            needed,
+                        };
+                        if let Err(e) = self.scheduler.on_event(event, &mut self.commands) {
+                            self.scheduler.abort();
+                            return Err(e.into());
+                        }
+                    }
                 }
                 Command::StepDone { .. } => {
                     session.push(tokens);
@@ -239,4 +253,16 @@ impl<R: ClusterRunner + Send> Driver for InlineDriver<R> {
     fn logits(&self) -> &[f32] {
         self.state.logits()
     }
+}
+
+/// Whether the scheduler waits for FFN predictions after this phase (a decode step's
+/// attention output, with predictors, under a cache).
+pub fn awaits_predictions(
+    scheduler: &Scheduler,
+    program: &crate::schedule::Program,
+    phase: crate::neuron::Phase,
+) -> bool {
+    scheduler.awaits_predictions()
+        && program.shape == crate::schedule::StepShape::Decode
+        && phase == crate::neuron::Phase::AttnOutRows
 }

@@ -14,11 +14,26 @@ mod inline;
 mod session;
 
 pub use executor::{GroupOutput, Probe, StepState};
-pub use inline::{open_cache, InlineDriver};
+pub use inline::{awaits_predictions, open_cache, InlineDriver};
 pub use session::{Session, StepError};
 
 use crate::model::Model;
 use std::sync::Arc;
+
+/// The scheduler for `model` under `plan`: with predictors, decode steps under a cache load
+/// only the FFN clusters a layer's predictions name ([`Scheduler::await_predictions`]).
+pub fn scheduler_for(
+    model: &Model,
+    plan: &crate::plan::ExecutionPlan,
+) -> Result<crate::schedule::Scheduler, crate::schedule::ScheduleError> {
+    let mut scheduler = crate::schedule::Scheduler::new(&model.shape(), plan)?;
+    let predicts = model
+        .sparse
+        .as_ref()
+        .is_some_and(|s| s.mode == crate::sparse::SparsityMode::Predictor);
+    scheduler.await_predictions(predicts);
+    Ok(scheduler)
+}
 
 /// What the facade needs of a driver (inline, actors): evaluate tokens in a session.
 pub trait Driver: Send {

@@ -242,8 +242,9 @@ impl ModelConfig {
         self.n_head_kv * self.head_dim
     }
 
-    /// The shape the scheduler needs; `ffn_granule` comes from the down projection's type.
-    pub fn shape(&self, ffn_granule: u32, ffn_bundle: u32) -> ModelShape {
+    /// The shape the scheduler needs; `ffn_granule` comes from the down projection's type,
+    /// `ffn_bundle` and `ffn_bundle_stride` from a neuron store's layout (0 otherwise).
+    pub fn shape(&self, ffn_granule: u32, ffn_bundle: u32, ffn_bundle_stride: u64) -> ModelShape {
         ModelShape {
             n_layer: self.n_layer,
             n_embd: self.n_embd,
@@ -254,6 +255,7 @@ impl ModelConfig {
             n_vocab: self.n_vocab,
             ffn_granule,
             ffn_bundle,
+            ffn_bundle_stride,
         }
     }
 }

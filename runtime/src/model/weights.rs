@@ -405,8 +405,11 @@ impl Model {
 
     /// The model's shape as the scheduler sees it (a store's FFN runs as its bundles).
     pub fn shape(&self) -> ModelShape {
-        let bundle = self.store.as_ref().map_or(0, |s| s.layout.neurons);
-        self.config.shape(self.ffn_granule(), bundle)
+        let (bundle, stride) = self
+            .store
+            .as_ref()
+            .map_or((0, 0), |s| (s.layout.neurons, s.layout.stride));
+        self.config.shape(self.ffn_granule(), bundle, stride)
     }
 
     /// Re-lays every layer's down projection as block-columns of `neurons` columns

@@ -21,6 +21,10 @@ pub struct ModelShape {
     /// ordinary model.
     #[serde(default)]
     pub ffn_bundle: u32,
+    /// Bytes from one bundle to the next in a neuron store (one bundle read, padding
+    /// included); 0 for an ordinary model.
+    #[serde(default)]
+    pub ffn_bundle_stride: u64,
 }
 
 /// Storage types of a layer's matrices and of the output projection.

@@ -70,6 +70,14 @@ pub enum Event {
         layer: u32,
         cluster: u32,
     },
+    /// Decode with predictors ([`Scheduler::await_predictions`]): the FFN clusters of `layer`
+    /// the step needs, bit `c % 64` of word `c / 64` for cluster `c`. The others are neither
+    /// loaded nor given a slot; they compute to zero.
+    FfnPredicted {
+        step: StepId,
+        layer: u32,
+        needed: Vec<u64>,
+    },
 }
 
 /// What to do next. Commands of one batch are carried out in order; `Compute` may run
@@ -123,6 +131,8 @@ pub enum ScheduleError {
     TooManyGroups(usize),
     #[error("the plan has a neuron cache, but the model is not a neuron store (make one with `conductor convert`)")]
     CacheWithoutStore,
+    #[error("FFN predictions for layer {layer} of step {step}, which does not wait for them")]
+    UnexpectedPrediction { step: StepId, layer: u32 },
     #[error(
         "load completion for layer {layer} cluster {cluster} of step {step}, which is not loading"
     )]
@@ -152,6 +162,8 @@ enum UnitState {
     Loading,
     Ready,
     Sent,
+    /// Not needed by this step (predicted inactive): computed without a slot.
+    Skipped,
 }
 
 /// The neuron cache as the scheduler drives it: every FFN cluster of a step is acquired in
@@ -167,6 +179,9 @@ struct CacheFlow {
     /// this step's units.
     cursor: u32,
     cursor_end: u32,
+    /// Decode steps with predictors: the cursor stops here until the layer it enters has its
+    /// predictions ([`Event::FfnPredicted`]).
+    gate: u32,
     units: Vec<UnitState>,
     /// Scratch: units a pump found ready.
     newly_ready: Vec<u32>,
@@ -183,6 +198,8 @@ pub struct Scheduler {
     /// The last finished step's `outstanding`, kept for the next one: steps allocate nothing.
     spare_outstanding: Vec<(XpuId, Range<u32>)>,
     cache: Option<CacheFlow>,
+    /// Decode steps wait for each layer's FFN predictions before loading its clusters.
+    await_predictions: bool,
 }
 
 impl Scheduler {
@@ -247,6 +264,7 @@ impl Scheduler {
                     map,
                     cursor: n_units as u32,
                     cursor_end: n_units as u32,
+                    gate: u32::MAX,
                     units: vec![UnitState::NotAcquired; n_units],
                     newly_ready: Vec::new(),
                 })
@@ -271,7 +289,21 @@ impl Scheduler {
             n_groups: plan.groups.len(),
             in_flight: None,
             spare_outstanding: Vec::with_capacity(plan.groups.len()),
+            await_predictions: false,
         })
+    }
+
+    /// Makes decode steps under a cache wait, layer by layer, for [`Event::FfnPredicted`]
+    /// before loading the layer's FFN clusters, and load only the predicted ones. Reads no
+    /// longer run ahead of a layer's attention, but skip every cluster no token needs. The
+    /// driver must then send the event for every layer of every decode step.
+    pub fn await_predictions(&mut self, on: bool) {
+        self.await_predictions = on;
+    }
+
+    /// Whether decode steps wait for FFN predictions (under a cache).
+    pub fn awaits_predictions(&self) -> bool {
+        self.await_predictions && self.cache.is_some()
     }
 
     /// Processor groups of the plan (`XpuId(0..n)`).
@@ -363,6 +395,11 @@ impl Scheduler {
                 layer,
                 cluster,
             } => self.loaded(step, layer, cluster, out),
+            Event::FfnPredicted {
+                step,
+                layer,
+                needed,
+            } => self.predicted(step, layer, &needed, out),
         }
     }
 
@@ -397,8 +434,10 @@ impl Scheduler {
             waiting: 0,
         });
         let wants_logits = request_wants_logits;
+        let gated = self.await_predictions && shape == StepShape::Decode;
         if let Some(cache) = self.cache.as_mut() {
             cache.units.fill(UnitState::NotAcquired);
+            cache.gate = if gated { 0 } else { u32::MAX };
             cache.cursor = 0;
             cache.cursor_end = if wants_logits {
                 cache.map.n_units()
@@ -437,7 +476,10 @@ impl Scheduler {
         flight.outstanding.swap_remove(position);
         if let Some(cache) = self.cache.as_mut().filter(|c| c.map.streams(work.phase)) {
             for c in work.clusters.clone() {
-                cache.directory.release(work.layer, c);
+                // A skipped cluster never held a slot.
+                if cache.units[cache.unit(work.layer, c)] != UnitState::Skipped {
+                    cache.directory.release(work.layer, c);
+                }
             }
         }
         if !flight.outstanding.is_empty() || flight.waiting > 0 {
@@ -504,8 +546,8 @@ impl Scheduler {
             for (xpu, range) in &layout.parts {
                 let mut run_start = None;
                 for c in range.clone().chain(std::iter::once(range.end)) {
-                    let ready = c < range.end
-                        && cache.units[cache.unit(flight.layer, c)] == UnitState::Ready;
+                    let state = (c < range.end).then(|| cache.units[cache.unit(flight.layer, c)]);
+                    let ready = matches!(state, Some(UnitState::Ready | UnitState::Skipped));
                     match (ready, run_start) {
                         (true, None) => run_start = Some(c),
                         (false, Some(s)) => {
@@ -526,9 +568,9 @@ impl Scheduler {
                     }
                     if c < range.end {
                         let u = cache.unit(flight.layer, c);
-                        if ready {
+                        if state == Some(UnitState::Ready) {
                             cache.units[u] = UnitState::Sent;
-                        } else {
+                        } else if !ready {
                             flight.waiting += 1;
                         }
                     }
@@ -554,6 +596,65 @@ impl Scheduler {
 }
 
 impl Scheduler {
+    /// Marks the clusters of `layer` that no token needs as skipped (sending them at once when
+    /// their phase is computing), and lets the cache load the layer's others.
+    fn predicted(
+        &mut self,
+        step: StepId,
+        layer: u32,
+        needed: &[u64],
+        out: &mut Vec<Command>,
+    ) -> Result<(), ScheduleError> {
+        let unexpected = ScheduleError::UnexpectedPrediction { step, layer };
+        let (Some(flight), Some(cache)) = (self.in_flight.as_mut(), self.cache.as_mut()) else {
+            return Err(unexpected);
+        };
+        let first = layer.checked_mul(cache.map.ffn_clusters);
+        if flight.request.step != step
+            || layer >= cache.map.n_layer
+            || first != Some(cache.gate)
+            || cache.cursor != cache.gate
+        {
+            return Err(unexpected);
+        }
+        let program = match flight.shape {
+            StepShape::Decode => &self.decode,
+            StepShape::Prefill => &self.prefill,
+        };
+        for c in 0..cache.map.ffn_clusters {
+            let word = needed.get(c as usize / 64).copied().unwrap_or(0);
+            if word >> (c % 64) & 1 == 1 {
+                continue;
+            }
+            let u = cache.unit(layer, c);
+            cache.units[u] = UnitState::Skipped;
+            // Its phase may already wait for it: send it like a cluster whose bundle landed.
+            let current = program.phase_layout_at(flight.phase_index);
+            if flight.layer == layer && cache.map.streams(current.phase) {
+                if let Some((xpu, _)) = current.parts.iter().find(|(_, r)| r.contains(&c)) {
+                    flight.waiting -= 1;
+                    flight.outstanding.push((*xpu, c..c + 1));
+                    out.push(Command::Compute {
+                        xpu: *xpu,
+                        work: ClusterWork {
+                            step,
+                            shape: flight.shape,
+                            layer,
+                            phase: current.phase,
+                            clusters: c..c + 1,
+                        },
+                    });
+                }
+            }
+        }
+        cache.gate = if layer + 1 < cache.map.n_layer {
+            (layer + 1) * cache.map.ffn_clusters
+        } else {
+            u32::MAX
+        };
+        Ok(())
+    }
+
     fn loaded(
         &mut self,
         step: StepId,
@@ -650,9 +751,14 @@ impl CacheFlow {
         if self.loads_in_flight > 0 && room < self.coalesce.min(self.max_loads) {
             return;
         }
-        while self.cursor < self.cursor_end && self.loads_in_flight < self.max_loads {
+        while self.cursor < self.cursor_end.min(self.gate) && self.loads_in_flight < self.max_loads
+        {
             let (layer, cluster) = self.directory.split_unit(self.cursor);
             let u = self.cursor as usize;
+            if self.units[u] == UnitState::Skipped {
+                self.cursor += 1;
+                continue;
+            }
             match self.directory.acquire(layer, cluster) {
                 Acquired::Full => break,
                 Acquired::Hit => {

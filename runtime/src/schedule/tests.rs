@@ -13,6 +13,7 @@ fn shape() -> ModelShape {
         n_vocab: 100,
         ffn_granule: 32,
         ffn_bundle: 0,
+        ffn_bundle_stride: 0,
     }
 }
 
@@ -635,7 +636,7 @@ fn run_cached_steps(
                         }
                     }
                 }
-                Event::StepRequested(_) => unreachable!(),
+                Event::StepRequested(_) | Event::FfnPredicted { .. } => unreachable!(),
             }
             events.push(event.clone());
             s.on_event(event, &mut out).unwrap();
@@ -793,4 +794,127 @@ proptest! {
         prop_assert_eq!(replayed, cmds);
         prop_assert_eq!(fresh.cache_stats(), s.cache_stats());
     }
+}
+
+/// Runs one step of a scheduler awaiting predictions the way a driver does: commands in order,
+/// computes and loads completed at once, and after each layer's attention output the clusters
+/// `needed(layer, cluster)` says. Returns every command.
+fn run_predicted_step(
+    s: &mut Scheduler,
+    req: StepRequest,
+    needed: &dyn Fn(u32, u32) -> bool,
+) -> Vec<Command> {
+    let n_clusters = s.unit_map().unwrap().ffn_clusters;
+    let mut all = Vec::new();
+    let mut queue = std::collections::VecDeque::new();
+    let mut out = Vec::new();
+    s.on_event(Event::StepRequested(req.clone()), &mut out)
+        .unwrap();
+    queue.extend(out.drain(..));
+    while let Some(cmd) = queue.pop_front() {
+        let event = match &cmd {
+            Command::Compute { work, .. } => Some(Event::ClusterDone(work.clone())),
+            Command::Load {
+                step,
+                layer,
+                cluster,
+                ..
+            } => Some(Event::Loaded {
+                step: *step,
+                layer: *layer,
+                cluster: *cluster,
+            }),
+            Command::FinishPhase {
+                step, layer, phase, ..
+            } if *phase == Phase::AttnOutRows && s.shape_for(req.n_tokens) == StepShape::Decode => {
+                let mut bits = vec![0u64; (n_clusters as usize).div_ceil(64)];
+                for c in (0..n_clusters).filter(|&c| needed(*layer, c)) {
+                    bits[c as usize / 64] |= 1 << (c % 64);
+                }
+                Some(Event::FfnPredicted {
+                    step: *step,
+                    layer: *layer,
+                    needed: bits,
+                })
+            }
+            _ => None,
+        };
+        all.push(cmd);
+        if let Some(event) = event {
+            s.on_event(event, &mut out).unwrap();
+            queue.extend(out.drain(..));
+        }
+    }
+    all
+}
+
+#[test]
+fn decode_with_predictions_loads_only_the_predicted_clusters() {
+    // 3 layers of 5 bundles of 32 neurons; 4 slots, no hot segment: every needed cluster misses.
+    let model = store_shape(3, 32);
+    let cache = CachePlan {
+        slots: 4,
+        hot_slots: 0,
+        policy: CachePolicy::Lru,
+        max_loads: 2,
+        stream_output: false,
+        coalesce: 1,
+    };
+    let plan = cached_plan(ExecutionPlan::default(), 50, cache);
+    let mut s = Scheduler::new(&model, &plan).unwrap();
+    s.await_predictions(true);
+    assert!(s.awaits_predictions());
+    let needed = |layer: u32, c: u32| (layer + c).is_multiple_of(3);
+    let cmds = run_predicted_step(&mut s, request(1, 1, 0), &needed);
+    // Every cluster computed once, phases in order (loads aside).
+    let computes: Vec<Command> = cmds
+        .iter()
+        .filter(|c| !matches!(c, Command::Load { .. }))
+        .cloned()
+        .collect();
+    check_stream(&s, &request(1, 1, 0), &computes);
+    let loaded: Vec<(u32, u32)> = cmds
+        .iter()
+        .filter_map(|c| match c {
+            Command::Load { layer, cluster, .. } => Some((*layer, *cluster)),
+            _ => None,
+        })
+        .collect();
+    let expected: Vec<(u32, u32)> = (0..3)
+        .flat_map(|l| (0..5).map(move |c| (l, c)))
+        .filter(|&(l, c)| needed(l, c))
+        .collect();
+    assert_eq!(loaded, expected, "only predicted clusters are read");
+    // A layer's loads come after its prediction, never before.
+    for (i, c) in cmds.iter().enumerate() {
+        if let Command::Load { layer, .. } = c {
+            let predicted_at = cmds.iter().position(|c| {
+                matches!(c, Command::FinishPhase { layer: l, phase: Phase::AttnOutRows, .. } if l == layer)
+            });
+            assert!(
+                predicted_at.is_some_and(|p| p < i),
+                "load {c:?} before its prediction"
+            );
+        }
+    }
+    // Prefill steps do not wait: every cluster is loaded, no prediction asked for.
+    let cmds = run_predicted_step(&mut s, request(2, 6, 5), &|_, _| false);
+    let loads = cmds
+        .iter()
+        .filter(|c| matches!(c, Command::Load { .. }))
+        .count();
+    assert_eq!(loads, 15);
+    // A prediction out of turn is an error, not a hang or a panic.
+    let mut out = Vec::new();
+    s.on_event(Event::StepRequested(request(3, 1, 0)), &mut out)
+        .unwrap();
+    let wrong = Event::FfnPredicted {
+        step: 3,
+        layer: 1,
+        needed: vec![u64::MAX],
+    };
+    assert!(matches!(
+        s.on_event(wrong, &mut out),
+        Err(ScheduleError::UnexpectedPrediction { step: 3, layer: 1 })
+    ));
 }

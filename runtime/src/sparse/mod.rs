@@ -46,7 +46,7 @@ pub enum SparseError {
     Profile(#[from] ProfileError),
     #[error("the activation profile has no predictors (run `conductor profile` without --no-predictors)")]
     NoPredictors,
-    #[error("sparse decode of a neuron store is not implemented yet: its bundles hold down block-columns, not per-neuron columns (use --sparsity dense)")]
+    #[error("a PowerInfer file's sparse decode needs the file itself, not a neuron store converted from it (use --sparsity threshold with an activation profile)")]
     Store,
     #[error(transparent)]
     PowerInfer(#[from] powerinfer::PowerInferError),
@@ -110,9 +110,6 @@ impl SparseFfn {
         sparsity: f32,
         down_type: GgmlType,
     ) -> Result<SparseFfn, SparseError> {
-        if model.store.is_some() {
-            return Err(SparseError::Store);
-        }
         profile.model.check(&ModelIdentity::of(model))?;
         let predictors = match mode {
             SparsityMode::Predictor => Some(
@@ -127,8 +124,9 @@ impl SparseFfn {
         for (l, w) in model.layers.iter().enumerate() {
             // The share of neurons expected to fire: below half, axpy over a transposed down
             // projection pays for its memory.
+            // A store's bundles bring their own down columns (or block-columns).
             let zeros = profile.layers[l].zero_fraction;
-            let down_t = if sparsity.max(zeros) >= 0.5 {
+            let down_t = if model.store.is_none() && sparsity.max(zeros) >= 0.5 {
                 let down: MatRef<'_> = model.mat(&w.down);
                 Some(
                     transpose_requantize(down, down_type)
@@ -196,13 +194,15 @@ impl SparseFfn {
         })
     }
 
-    /// Bytes this adds to the model in memory (transposed down projections, predictors).
+    /// Bytes this adds to the model in memory (transposed down projections, predictors,
+    /// per-neuron importances).
     pub fn bytes(&self) -> usize {
         self.layers
             .iter()
             .map(|l| {
                 l.down_t.as_ref().map_or(0, Vec::len)
                     + l.predictor.as_ref().map_or(0, |p| p.bytes())
+                    + l.importance.len() * 4
             })
             .sum()
     }

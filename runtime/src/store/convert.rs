@@ -1,13 +1,69 @@
 //! `conductor convert`: an ordinary GGUF model in, a neuron store out.
 
 use super::{
-    bundle_tensor_name, BundleLayout, StoreError, CRC_TENSOR, KEY_BUNDLE_NEURONS,
-    KEY_BUNDLE_STRIDE, KEY_FFN_TYPES, KEY_SOURCE_CHECKSUM, KEY_SOURCE_NAME, KEY_VERSION,
-    STORE_ALIGN, STORE_VERSION,
+    bundle_tensor_name, BundleLayout, DownLayout, StoreError, CRC_TENSOR, KEY_BUNDLE_NEURONS,
+    KEY_BUNDLE_STRIDE, KEY_DOWN_LAYOUT, KEY_FFN_TYPES, KEY_SOURCE_CHECKSUM, KEY_SOURCE_NAME,
+    KEY_VERSION, STORE_ALIGN, STORE_VERSION,
 };
 use crate::gguf::{Array, GgufWriter, Value};
 use crate::model::{LayerWeights, Model};
+use crate::quant::{transpose_requantize, GgmlType};
 use std::path::Path;
+
+/// How to lay out a store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConvertOptions {
+    /// Neurons per bundle: one FFN cluster, one read.
+    pub bundle_neurons: u32,
+    pub down_layout: DownLayout,
+    /// Type of the re-quantized down columns (neuron columns only; block-columns keep the
+    /// source's type).
+    pub down_type: GgmlType,
+    /// Replace an existing output file.
+    pub overwrite: bool,
+}
+
+/// Bundles of this many neurons by default: reads of a few hundred KiB, which this machine's
+/// disk serves near its sequential rate (docs/benchmarks.md).
+pub const DEFAULT_BUNDLE_NEURONS: u32 = 256;
+/// The down columns' type by default: Q8_0 costs SmolLM2 +0.1% perplexity where Q4_1 costs more
+/// (docs/benchmarks.md, "neuron columns").
+pub const DEFAULT_DOWN_TYPE: GgmlType = GgmlType::Q8_0;
+
+impl Default for ConvertOptions {
+    fn default() -> Self {
+        ConvertOptions {
+            bundle_neurons: DEFAULT_BUNDLE_NEURONS,
+            down_layout: DownLayout::NeuronColumns,
+            down_type: DEFAULT_DOWN_TYPE,
+            overwrite: false,
+        }
+    }
+}
+
+impl ConvertOptions {
+    /// Block-columns (exact) with `bundle_neurons` per bundle.
+    pub fn block_columns(bundle_neurons: u32) -> ConvertOptions {
+        ConvertOptions {
+            bundle_neurons,
+            down_layout: DownLayout::BlockColumns,
+            ..ConvertOptions::default()
+        }
+    }
+
+    /// Neuron columns of the default type with `bundle_neurons` per bundle.
+    pub fn neuron_columns(bundle_neurons: u32) -> ConvertOptions {
+        ConvertOptions {
+            bundle_neurons,
+            ..ConvertOptions::default()
+        }
+    }
+
+    pub fn overwriting(mut self) -> ConvertOptions {
+        self.overwrite = true;
+        self
+    }
+}
 
 /// What a conversion produced.
 #[derive(Clone, Debug)]
@@ -20,16 +76,16 @@ pub struct ConvertSummary {
     pub source_crc32: u32,
 }
 
-/// Converts the model at `src` into a neuron store at `dst` with `bundle_neurons` neurons per
-/// bundle. `dst` is written atomically and never over an existing file unless `overwrite`;
+/// Converts the model at `src` into a neuron store at `dst` laid out as `options` say. `dst` is
+/// written atomically and never over an existing file unless `options.overwrite`;
 /// `progress(done, total)` follows the bytes written.
 pub fn convert(
     src: &Path,
     dst: &Path,
-    bundle_neurons: u32,
-    overwrite: bool,
+    options: &ConvertOptions,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<ConvertSummary, StoreError> {
+    let bundle_neurons = options.bundle_neurons;
     let refuse = |why: String| StoreError::Output {
         path: dst.display().to_string(),
         why,
@@ -39,7 +95,7 @@ pub fn convert(
             return Err(refuse("it is the model being converted".into()));
         }
     }
-    if dst.exists() && !overwrite {
+    if dst.exists() && !options.overwrite {
         return Err(refuse(
             "the file exists (pass --force to replace it)".into(),
         ));
@@ -55,16 +111,20 @@ pub fn convert(
     let source_crc32 = crc32fast::hash(file.file_bytes());
     let c = &model.config;
     let first = &model.layers[0];
-    let types = [first.gate.ty, first.up.ty, first.down.ty];
+    let source_types = [first.gate.ty, first.up.ty, first.down.ty];
     for l in &model.layers {
-        if [l.gate.ty, l.up.ty, l.down.ty] != types {
+        if [l.gate.ty, l.up.ty, l.down.ty] != source_types {
             return Err(StoreError::Layout(format!(
                 "layers quantize their FFN differently ({} vs {}); the store needs one layout",
                 l.gate.name, first.gate.name
             )));
         }
     }
-    let layout = BundleLayout::new(c.n_embd, c.n_ff, types, bundle_neurons)?;
+    let mut types = source_types;
+    if options.down_layout == DownLayout::NeuronColumns {
+        types[2] = options.down_type;
+    }
+    let layout = BundleLayout::new(c.n_embd, c.n_ff, types, options.down_layout, bundle_neurons)?;
 
     let ffn_names: Vec<String> = (0..c.n_layer)
         .flat_map(|l| ["ffn_gate", "ffn_up", "ffn_down"].map(|t| format!("blk.{l}.{t}.weight")))
@@ -85,6 +145,10 @@ pub fn convert(
         |n| n.to_string_lossy().into_owned(),
     );
     w.add_metadata(KEY_SOURCE_NAME, Value::String(source_name))?;
+    w.add_metadata(
+        KEY_DOWN_LAYOUT,
+        Value::String(options.down_layout.name().into()),
+    )?;
     w.add_metadata(
         KEY_FFN_TYPES,
         Value::Array(Array::U32(types.iter().map(|t| t.id()).collect())),
@@ -122,8 +186,20 @@ pub fn convert(
         let mut crcs = Vec::with_capacity(n_crc as usize * 4);
         let mut bundle = vec![0u8; layout.stride as usize];
         for l in &model.layers {
+            // Neuron columns: the layer's down projection transposed and re-quantized once.
+            let down_t = match layout.down_layout {
+                DownLayout::NeuronColumns => Some(
+                    transpose_requantize(model.mat(&l.down), layout.down_ty).map_err(|e| {
+                        StoreError::Layout(format!(
+                            "cannot re-quantize `{}` into {} columns: {e}",
+                            l.down.name, layout.down_ty
+                        ))
+                    })?,
+                ),
+                DownLayout::BlockColumns => None,
+            };
             for b in 0..layout.n_bundles {
-                let len = fill_bundle(&model, l, &layout, b, &mut bundle);
+                let len = fill_bundle(&model, l, down_t.as_deref(), &layout, b, &mut bundle);
                 crcs.extend_from_slice(&crc32fast::hash(&bundle[..len]).to_le_bytes());
                 stream.write_chunk(&bundle)?;
             }
@@ -142,10 +218,11 @@ pub fn convert(
 }
 
 /// Writes bundle `b` of layer `l` into `out` (zero-padded to the stride); returns the payload
-/// length.
+/// length. `down_t`: the layer's transposed down projection, for neuron columns.
 fn fill_bundle(
     model: &Model,
     l: &LayerWeights,
+    down_t: Option<&[u8]>,
     layout: &BundleLayout,
     b: u32,
     out: &mut [u8],
@@ -158,6 +235,15 @@ fn fill_bundle(
         let src = model.rows(t, rows.clone()).data;
         out[at..at + src.len()].copy_from_slice(src);
         at += src.len();
+    }
+    if let Some(down_t) = down_t {
+        // Rows `rows` of the transposed down projection: the neurons' columns.
+        let row = down_t.len() / l.down.cols;
+        let src = &down_t[rows.start * row..rows.end * row];
+        out[at..at + src.len()].copy_from_slice(src);
+        at += src.len();
+        debug_assert_eq!(at, layout.payload_bytes(neurons.len() as u32));
+        return at;
     }
     // The down projection's columns `rows`: whole blocks of each of its rows.
     let down = model.mat(&l.down);

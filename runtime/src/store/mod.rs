@@ -6,25 +6,36 @@
 //!
 //! ```text
 //! bundle b, neurons i = b*m .. b*m + m:
-//!   [gate rows i (m rows)] [up rows i (m rows)] [down block-column i (n_embd rows of m columns)]
-//!   [zero padding to a multiple of 4096 bytes]
+//!   [gate rows i (m rows)] [up rows i (m rows)] [down part] [zero padding to a multiple of 4096]
+//!
+//! down part, by `conductor.store.down_layout`:
+//!   neuron_columns: m rows of n_embd: neuron i's down column, transposed and re-quantized
+//!   block_columns:  n_embd rows of m columns: the down matrix's columns i cut out row by row
 //! ```
 //!
-//! The down block-column is the down matrix's columns `i` cut out row by row: whole quant blocks
-//! are moved, never re-quantized, so a store computes exactly what its source does. Bundles start
+//! Neuron columns (the default, as PowerInfer bundles neurons) let a bundle hold any number of
+//! neurons and let sparse decode touch only the active neurons' down columns, at the cost of one
+//! re-quantization of the down projection (measured in `docs/benchmarks.md`). Block-columns move
+//! whole quant blocks, never re-quantized, so such a store computes exactly what its source does,
+//! but a bundle is then a multiple of the down type's block size. Bundles start
 //! at multiples of 4096 bytes from a 4096-aligned data section, so one `O_DIRECT` read fetches
 //! a cluster straight into a cache slot. Each bundle's CRC-32 is kept in `conductor.bundle_crc`
 //! and checked whenever a bundle comes from storage.
 
 mod convert;
 
-pub use convert::{convert, ConvertSummary};
+pub use convert::{
+    convert, ConvertOptions, ConvertSummary, DEFAULT_BUNDLE_NEURONS, DEFAULT_DOWN_TYPE,
+};
 
 use crate::gguf::{GgufError, GgufFile};
 use crate::quant::{row_bytes, GgmlType, MatRef};
 
-/// Format version of the bundle layout this build reads and writes.
-pub const STORE_VERSION: u32 = 1;
+/// Format version of the bundle layout this build writes. Version 1 (block-columns only, no
+/// `down_layout` key) is still read.
+pub const STORE_VERSION: u32 = 2;
+/// The oldest format version this build reads.
+pub const STORE_VERSION_MIN: u32 = 1;
 /// Alignment of the data section and of every bundle.
 pub const STORE_ALIGN: u64 = 4096;
 
@@ -34,6 +45,7 @@ pub const KEY_BUNDLE_STRIDE: &str = "conductor.store.bundle_stride";
 pub const KEY_SOURCE_CHECKSUM: &str = "conductor.store.source_crc32";
 pub const KEY_SOURCE_NAME: &str = "conductor.store.source_name";
 pub const KEY_FFN_TYPES: &str = "conductor.store.ffn_types";
+pub const KEY_DOWN_LAYOUT: &str = "conductor.store.down_layout";
 pub const CRC_TENSOR: &str = "conductor.bundle_crc";
 
 /// Whether a store's tensor `name` stays on storage under a memory budget: the bundles always,
@@ -56,11 +68,11 @@ pub enum StoreError {
     Model(#[from] crate::model::ModelError),
     #[error("{path} is already a neuron store (converted from {source_name})")]
     AlreadyStore { path: String, source_name: String },
-    #[error("neuron store format version {found}; this build reads version {STORE_VERSION}: convert the model again with this build")]
+    #[error("neuron store format version {found}; this build reads versions {STORE_VERSION_MIN} to {STORE_VERSION}: convert the model again with this build")]
     Version { found: u32 },
     #[error("neuron store metadata `{key}`: {why}")]
     BadMetadata { key: &'static str, why: String },
-    #[error("bundle size {neurons} neurons is not a positive multiple of the down projection's block size {granule}")]
+    #[error("bundle size {neurons} neurons is not a positive multiple of {granule} (the down projection's block size, which block-column bundles need)")]
     BundleSize { neurons: u32, granule: u32 },
     #[error("neuron store: {0}")]
     Layout(String),
@@ -80,6 +92,31 @@ pub enum StoreError {
     },
 }
 
+/// How a bundle holds its neurons' share of the down projection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DownLayout {
+    /// `m` rows of `n_embd`: each neuron's down column, transposed and re-quantized to the
+    /// store's down type once, at conversion.
+    NeuronColumns,
+    /// `n_embd` rows of `m` columns: whole quant blocks of the source, bit for bit.
+    BlockColumns,
+}
+
+impl DownLayout {
+    pub fn name(self) -> &'static str {
+        match self {
+            DownLayout::NeuronColumns => "neuron_columns",
+            DownLayout::BlockColumns => "block_columns",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<DownLayout> {
+        [DownLayout::NeuronColumns, DownLayout::BlockColumns]
+            .into_iter()
+            .find(|d| d.name() == name)
+    }
+}
+
 /// Where each part of a bundle lies, for one model.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BundleLayout {
@@ -93,7 +130,10 @@ pub struct BundleLayout {
     pub n_ff: u32,
     pub gate_ty: GgmlType,
     pub up_ty: GgmlType,
+    /// The type of the down part (the source's for block-columns, the re-quantized columns'
+    /// for neuron columns).
     pub down_ty: GgmlType,
+    pub down_layout: DownLayout,
 }
 
 impl BundleLayout {
@@ -102,13 +142,21 @@ impl BundleLayout {
         n_embd: u32,
         n_ff: u32,
         [gate_ty, up_ty, down_ty]: [GgmlType; 3],
+        down_layout: DownLayout,
         neurons: u32,
     ) -> Result<BundleLayout, StoreError> {
-        let granule = down_ty.block_size() as u32;
+        let granule = match down_layout {
+            DownLayout::BlockColumns => down_ty.block_size() as u32,
+            DownLayout::NeuronColumns => 1,
+        };
         if neurons == 0 || !neurons.is_multiple_of(granule) || !n_ff.is_multiple_of(granule) {
             return Err(StoreError::BundleSize { neurons, granule });
         }
-        for (what, ty, cols) in [("gate", gate_ty, n_embd), ("up", up_ty, n_embd)] {
+        let down_row = match down_layout {
+            DownLayout::NeuronColumns => ("down column", down_ty, n_embd),
+            DownLayout::BlockColumns => ("down block-column row", down_ty, neurons),
+        };
+        for (what, ty, cols) in [("gate", gate_ty, n_embd), ("up", up_ty, n_embd), down_row] {
             if row_bytes(ty, cols as usize).is_err() {
                 return Err(StoreError::Layout(format!(
                     "{what} rows of {cols} values do not fit whole {ty} blocks"
@@ -124,6 +172,7 @@ impl BundleLayout {
             gate_ty,
             up_ty,
             down_ty,
+            down_layout,
         };
         layout.stride = (layout.payload_bytes(neurons) as u64).div_ceil(STORE_ALIGN) * STORE_ALIGN;
         Ok(layout)
@@ -137,15 +186,19 @@ impl BundleLayout {
         row_bytes(self.up_ty, self.n_embd as usize).unwrap_or(0)
     }
 
-    /// Bytes of one down row's slice of `m` columns.
-    fn down_slice(&self, m: u32) -> usize {
-        row_bytes(self.down_ty, m as usize).unwrap_or(0)
+    /// Bytes of the down part of a bundle of `m` neurons.
+    fn down_bytes(&self, m: u32) -> usize {
+        let embd = self.n_embd as usize;
+        match self.down_layout {
+            DownLayout::NeuronColumns => m as usize * row_bytes(self.down_ty, embd).unwrap_or(0),
+            DownLayout::BlockColumns => embd * row_bytes(self.down_ty, m as usize).unwrap_or(0),
+        }
     }
 
     /// Bytes of a bundle of `m` neurons without padding.
     pub fn payload_bytes(&self, m: u32) -> usize {
         let m_ = m as usize;
-        m_ * (self.gate_row() + self.up_row()) + self.n_embd as usize * self.down_slice(m)
+        m_ * (self.gate_row() + self.up_row()) + self.down_bytes(m)
     }
 
     /// The neurons of bundle `b`.
@@ -159,12 +212,17 @@ impl BundleLayout {
         self.stride * u64::from(self.n_bundles)
     }
 
-    /// The gate rows, up rows and down block-column of bundle `b`, from its bytes (at least
+    /// The gate rows, up rows and down part of bundle `b`, from its bytes (at least
     /// [`BundleLayout::payload_bytes`] long).
     pub fn split<'a>(&self, b: u32, bytes: &'a [u8]) -> BundleRef<'a> {
         let m = self.neurons_of(b).len();
         let (g, u) = (m * self.gate_row(), m * self.up_row());
-        let d = self.n_embd as usize * self.down_slice(m as u32);
+        let d = self.down_bytes(m as u32);
+        let embd = self.n_embd as usize;
+        let (down_rows, down_cols) = match self.down_layout {
+            DownLayout::NeuronColumns => (m, embd),
+            DownLayout::BlockColumns => (embd, m),
+        };
         BundleRef {
             gate: MatRef {
                 ty: self.gate_ty,
@@ -181,9 +239,10 @@ impl BundleLayout {
             down: MatRef {
                 ty: self.down_ty,
                 data: &bytes[g + u..g + u + d],
-                rows: self.n_embd as usize,
-                cols: m,
+                rows: down_rows,
+                cols: down_cols,
             },
+            down_layout: self.down_layout,
         }
     }
 }
@@ -194,8 +253,10 @@ pub struct BundleRef<'a> {
     pub gate: MatRef<'a>,
     /// `m` rows of `n_embd`.
     pub up: MatRef<'a>,
-    /// `n_embd` rows of `m`: the down projection restricted to the bundle's neurons.
+    /// The down projection restricted to the bundle's neurons: `m` rows of `n_embd` (neuron
+    /// columns) or `n_embd` rows of `m` (block-columns), as `down_layout` says.
     pub down: MatRef<'a>,
+    pub down_layout: DownLayout,
 }
 
 /// What a store's metadata says about it.
@@ -220,7 +281,7 @@ impl StoreInfo {
         let Some(version) = file.get_u32(KEY_VERSION)? else {
             return Ok(None);
         };
-        if version != STORE_VERSION {
+        if !(STORE_VERSION_MIN..=STORE_VERSION).contains(&version) {
             return Err(StoreError::Version { found: version });
         }
         let need_u32 = |key: &'static str| -> Result<u32, StoreError> {
@@ -260,7 +321,23 @@ impl StoreInfo {
                 });
             }
         }
-        let layout = BundleLayout::new(n_embd, n_ff, tys, neurons)?;
+        // Version 1 knew block-columns only.
+        let down_layout = match (version, file.get_str(KEY_DOWN_LAYOUT)?) {
+            (1, _) => DownLayout::BlockColumns,
+            (_, Some(name)) => {
+                DownLayout::from_name(name).ok_or_else(|| StoreError::BadMetadata {
+                    key: KEY_DOWN_LAYOUT,
+                    why: format!("unknown layout `{name}` (neuron_columns or block_columns)"),
+                })?
+            }
+            (_, None) => {
+                return Err(StoreError::BadMetadata {
+                    key: KEY_DOWN_LAYOUT,
+                    why: "missing".into(),
+                })
+            }
+        };
+        let layout = BundleLayout::new(n_embd, n_ff, tys, down_layout, neurons)?;
         if layout.stride != stride {
             return Err(StoreError::BadMetadata {
                 key: KEY_BUNDLE_STRIDE,

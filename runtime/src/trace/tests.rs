@@ -28,6 +28,7 @@ fn sample() -> Trace {
                     n_vocab: 10,
                     ffn_granule: 32,
                     ffn_bundle: 0,
+                    ffn_bundle_stride: 0,
                 },
                 types: WeightTypes {
                     attn_q: GgmlType::Q4_1,
