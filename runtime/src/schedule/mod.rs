@@ -629,23 +629,7 @@ impl Scheduler {
             let u = cache.unit(layer, c);
             cache.units[u] = UnitState::Skipped;
             // Its phase may already wait for it: send it like a cluster whose bundle landed.
-            let current = program.phase_layout_at(flight.phase_index);
-            if flight.layer == layer && cache.map.streams(current.phase) {
-                if let Some((xpu, _)) = current.parts.iter().find(|(_, r)| r.contains(&c)) {
-                    flight.waiting -= 1;
-                    flight.outstanding.push((*xpu, c..c + 1));
-                    out.push(Command::Compute {
-                        xpu: *xpu,
-                        work: ClusterWork {
-                            step,
-                            shape: flight.shape,
-                            layer,
-                            phase: current.phase,
-                            clusters: c..c + 1,
-                        },
-                    });
-                }
-            }
+            dispatch_if_current(flight, program, cache, layer, c, out);
         }
         cache.gate = if layer + 1 < cache.map.n_layer {
             (layer + 1) * cache.map.ffn_clusters
@@ -705,8 +689,8 @@ fn pump(flight: &mut InFlight, program: &Program, cache: &mut CacheFlow, out: &m
     cache.newly_ready = ready;
 }
 
-/// Sends FFN cluster `(layer, cluster)`, now ready, if its phase is the one computing and it
-/// waits; otherwise it goes out with its phase.
+/// Sends FFN cluster `(layer, cluster)`, now ready (or skipped), if its phase is the one
+/// computing and it waits; otherwise it goes out with its phase.
 fn dispatch_if_current(
     flight: &mut InFlight,
     program: &Program,
@@ -723,7 +707,10 @@ fn dispatch_if_current(
         return;
     };
     let u = cache.unit(layer, cluster);
-    cache.units[u] = UnitState::Sent;
+    // A skipped cluster stays marked so: it holds no slot to release.
+    if cache.units[u] != UnitState::Skipped {
+        cache.units[u] = UnitState::Sent;
+    }
     flight.waiting -= 1;
     flight.outstanding.push((*xpu, cluster..cluster + 1));
     out.push(Command::Compute {
