@@ -2,7 +2,9 @@
 
 use crate::fetch;
 use conductor_actors::{ActorDriver, ActorOptions, PoolConfig, SetupError, WorkerPool};
-use conductor_runtime::cache::{split_budget, BudgetSplit, CachePolicy, CacheReport, MemoryBudget};
+use conductor_runtime::cache::{
+    fit_plan_to_budget, BudgetSplit, CachePlan, CachePolicy, CacheReport, MemoryBudget, StoreSizes,
+};
 use conductor_runtime::exec::{Driver, InlineDriver, Session, StepError};
 use conductor_runtime::model::{Model, ModelError};
 use conductor_runtime::plan::{ExecutionPlan, IoEngine, Topology};
@@ -202,7 +204,8 @@ pub struct EngineBuilder {
     io_threads: Option<u32>,
     io_engine: Option<IoEngine>,
     io_batch: Option<u32>,
-    cache_policy: CachePolicy,
+    cache_policy: Option<CachePolicy>,
+    max_loads: Option<u32>,
     threads: Option<usize>,
     plan: Option<ExecutionPlan>,
     kernels: Kernels,
@@ -255,9 +258,17 @@ impl EngineBuilder {
         self
     }
 
-    /// How the neuron cache shares its slots (default: segmented, hot and cold).
+    /// How the neuron cache shares its slots (default: the plan's, else segmented, hot and
+    /// cold).
     pub fn cache_policy(mut self, policy: CachePolicy) -> Self {
-        self.cache_policy = policy;
+        self.cache_policy = Some(policy);
+        self
+    }
+
+    /// Loads the scheduler keeps in flight ahead of compute under a budget: the pipeline's
+    /// depth (default: the plan's, else 4; 1: no read-ahead).
+    pub fn max_loads(mut self, n: u32) -> Self {
+        self.max_loads = Some(n.max(1));
         self
     }
 
@@ -322,19 +333,35 @@ impl EngineBuilder {
             path: path.clone(),
             source,
         };
-        let model = match self.memory {
+        // What the command line leaves open, the plan decides: its budget and its sparsity.
+        let given_plan = self.plan.take();
+        let memory = self.memory.or_else(|| {
+            given_plan
+                .as_ref()
+                .and_then(|p| p.memory)
+                .map(MemoryBudget::Bytes)
+        });
+        let mut sparsity = self.sparsity.clone();
+        if let (None, Some(planned)) = (
+            sparsity.mode,
+            given_plan.as_ref().and_then(|p| p.sparsity.as_ref()),
+        ) {
+            sparsity.mode = Some(planned.mode);
+            sparsity.target = sparsity.target.or(planned.target);
+        }
+        let model = match memory {
             Some(_) => Model::load_resident(&path, true).map_err(load)?,
             None => Model::load(&path).map_err(load)?,
         };
         let mut model = model;
-        model.sparse = resolve_sparsity(&model, &path, &self.sparsity, &mut *self.say)?;
+        model.sparse = resolve_sparsity(&model, &path, &sparsity, &mut *self.say)?;
         let tokenizer = Tokenizer::from_gguf(model.file())?;
         model.release_tokenizer_metadata();
         let topology = self
             .topology
             .take()
             .unwrap_or_else(conductor_actors::detect_topology);
-        let mut plan = match self.plan.take() {
+        let mut plan = match given_plan {
             Some(plan) => {
                 // A plan made for another model would mis-size or mis-place everything.
                 plan.check_model(&model).map_err(ScheduleError::Plan)?;
@@ -344,7 +371,7 @@ impl EngineBuilder {
         };
         // Decode streams each FFN cluster's down projection as one contiguous block-column
         // (a copy of the down projections, laid out once here).
-        if self.memory.is_none() {
+        if memory.is_none() {
             model.cluster_down_projections(plan.decode.ffn_neurons as usize);
         }
         let model = Arc::new(model);
@@ -354,13 +381,19 @@ impl EngineBuilder {
         if let Some(engine) = self.io_engine {
             plan.storage.engine = engine;
         }
-        if model.sparse.is_some() && self.sparsity.all_tokens {
+        if model.sparse.is_some() && sparsity.all_tokens {
             plan.decode_max_tokens = plan.decode_max_tokens.max(plan.prefill_max_tokens);
         }
         let mut budget = None;
-        if let Some(memory) = self.memory {
+        if let Some(memory) = memory {
             let n_ctx = self.context.unwrap_or(1024);
-            let split = apply_budget(&model, &mut plan, memory, n_ctx, self.cache_policy)?;
+            if let Some(policy) = self.cache_policy {
+                plan.cache.get_or_insert_with(CachePlan::default).policy = policy;
+            }
+            if let Some(n) = self.max_loads {
+                plan.cache.get_or_insert_with(CachePlan::default).max_loads = n;
+            }
+            let split = apply_budget(&model, &mut plan, memory, n_ctx)?;
             budget = Some((split, n_ctx));
             if let (Some(n), Some(cache)) = (self.io_batch, plan.cache.as_mut()) {
                 cache.coalesce = n;
@@ -403,30 +436,21 @@ impl EngineBuilder {
 }
 
 /// Fits `plan` to a memory budget for a neuron store `model` with `n_ctx` tokens of context:
-/// prefill in steps of at most 64 tokens (their scratch is part of the fixed segment), the
-/// budget split into resident weights, KV cache, scratch, runtime and cache slots, the output
-/// projection streamed in clusters sized to a slot. What the engine does with `--memory`, and
-/// what `conductor simulate --memory` predicts.
+/// prefill steps of at most 64 tokens (their scratch counts against the budget), the budget
+/// split into resident weights, KV cache, scratch, runtime and cache slots, the output
+/// projection streamed in clusters sized to a slot. The plan's own cache section (policy,
+/// pipeline depth, read grouping, hot units), when it has one, shapes the cache; the budget
+/// decides its slots. What the engine does with `--memory`, and what `conductor simulate
+/// --memory` and `conductor plan` predict.
 pub fn apply_budget(
     model: &Model,
     plan: &mut ExecutionPlan,
     memory: MemoryBudget,
     n_ctx: usize,
-    policy: CachePolicy,
 ) -> Result<BudgetSplit, conductor_runtime::cache::BudgetError> {
-    plan.prefill_max_tokens = plan.prefill_max_tokens.min(64);
+    let sizes = StoreSizes::of_store(model)?;
     let file_len = model.file().file_bytes().len() as u64;
-    let split = split_budget(
-        model,
-        memory.bytes(file_len),
-        n_ctx as u32,
-        plan.prefill_max_tokens,
-        policy,
-    )?;
-    plan.cache = Some(split.plan.clone());
-    plan.decode.output_rows = split.output_rows;
-    plan.prefill.output_rows = split.output_rows;
-    Ok(split)
+    fit_plan_to_budget(&sizes, plan, memory.bytes(file_len), n_ctx as u32)
 }
 
 /// Generation settings.
@@ -500,7 +524,8 @@ impl Engine {
             io_threads: None,
             io_engine: None,
             io_batch: None,
-            cache_policy: CachePolicy::default(),
+            cache_policy: None,
+            max_loads: None,
             threads: None,
             plan: None,
             kernels: Kernels::best(),

@@ -87,6 +87,7 @@ fn plan(slots: u32, hot: u32) -> ExecutionPlan {
             max_loads: 2,
             stream_output: true,
             coalesce: 1,
+            hot_units: Vec::new(),
         }),
         ..ExecutionPlan::default()
     };

@@ -132,6 +132,7 @@ fn cache(slots: u32, hot: u32, policy: CachePolicy, max_loads: u32) -> Option<Ca
         max_loads,
         stream_output: false,
         coalesce: max_loads.div_ceil(2),
+        hot_units: Vec::new(),
     })
 }
 

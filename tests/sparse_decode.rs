@@ -6,6 +6,7 @@
 use conductor::profile::{profile_model, ProfileOptions, ProfileRunError};
 use conductor::runtime::cache::{split_budget, CachePolicy, MemoryBudget};
 use conductor::runtime::model::{FfnActivation, Model};
+use conductor::runtime::plan::ExecutionPlan;
 use conductor::runtime::sparse::predictor::PredictorConfig;
 use conductor::runtime::sparse::profile::ModelProfile;
 use conductor::runtime::sparse::SparsityMode;
@@ -365,11 +366,16 @@ fn sparse_decode_of_a_neuron_store_through_the_cache() {
     )
     .unwrap();
     let mut bytes_read = Vec::new();
+    let mut threshold_reference = Vec::new();
+    let (mut sparse_fixed, mut sparse_slot) = (0, 0);
     for mode in [SparsityMode::Threshold, SparsityMode::Predictor] {
         let mut in_memory = build(&store, DriverKind::Inline, 1, settings(mode, 0.5)).unwrap();
         let reference = decode_logits(&mut in_memory);
         let (_, active) = in_memory.take_sparsity_stats().expect("sparse decode ran");
         assert!((0.3..0.65).contains(&active), "{mode:?}: active {active}");
+        if mode == SparsityMode::Threshold {
+            threshold_reference = reference.clone();
+        }
         let source =
             decode_logits(&mut build(&model, DriverKind::Inline, 1, settings(mode, 0.5)).unwrap());
         let agree = source
@@ -392,6 +398,9 @@ fn sparse_decode_of_a_neuron_store_through_the_cache() {
             + split.runtime_overhead
             + in_memory.model().sparse.as_ref().unwrap().bytes() as u64;
         let slot = resident.store.as_ref().unwrap().layout.stride + 4096;
+        if mode == SparsityMode::Threshold {
+            (sparse_fixed, sparse_slot) = (fixed, slot);
+        }
         let mut read = 0;
         for (slots, driver, threads) in [
             (6, DriverKind::Inline, 1),
@@ -421,6 +430,52 @@ fn sparse_decode_of_a_neuron_store_through_the_cache() {
         }
         bytes_read.push(read);
     }
+    // `conductor plan --sparsity threshold` on the store: the plan carries the mode, the
+    // target, the profile's thresholds per layer, a hot segment ranked by the profile, and its
+    // budget; the engine then decodes sparsely under that budget with the in-memory bits.
+    let plan_path = dir.0.join("sparse-plan.json");
+    let budget = format!("{}KiB", (sparse_fixed + 10 * sparse_slot) / 1024);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_conductor"))
+        .args(["plan", "-m", store.to_str().unwrap()])
+        .args([
+            "--profile",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/profiles/build-machine.toml"),
+        ])
+        .args(["--memory", &budget, "-c", "128", "-t", "1"])
+        .args(["--sparsity", "threshold", "--target-sparsity", "50%"])
+        .args(["-o", plan_path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let plan = ExecutionPlan::from_file(&plan_path).unwrap();
+    let sparsity = plan
+        .sparsity
+        .clone()
+        .expect("the plan carries its sparsity");
+    assert_eq!(sparsity.mode, SparsityMode::Threshold);
+    assert_eq!(sparsity.target, Some(0.5));
+    let n_layer = Model::load(&store).unwrap().config.n_layer as usize;
+    assert_eq!(sparsity.thresholds.len(), n_layer);
+    assert!(!plan.cache.as_ref().unwrap().hot_units.is_empty());
+    let mut planned = Engine::builder()
+        .model(&store)
+        .threads(1)
+        .driver(DriverKind::Inline)
+        .plan(plan)
+        .context(128)
+        .on_progress(|_| {})
+        .build()
+        .unwrap();
+    assert!(planned.budget().is_some());
+    assert!(
+        decode_logits(&mut planned) == threshold_reference,
+        "the planned sparse run differs from the in-memory threshold run"
+    );
+
     // Predictor mode reads no more than threshold mode. (On this SwiGLU model every 16-neuron
     // bundle holds some predicted neuron, so both read the same; which bundles are skipped is
     // checked in the scheduler's tests.)

@@ -1,9 +1,11 @@
-//! Conductor's offline planner: hardware and model profilers, a cost model, and a search over
-//! execution plans scored by the simulator.
+//! Conductor's offline planner: hardware profiler, and a search over execution plans scored
+//! by the simulator.
 //!
-//! Built so far: [`hardware`], the measuring engine behind `conductor profile-hw`. The cost
-//! model and the plan search are their own issue; until then the runtime uses
-//! `ExecutionPlan::default()`, whose cluster sizes were chosen by measurement on SmolLM2-135M
-//! (see `docs/benchmarks.md`).
+//! - [`hardware`]: the measuring engine behind `conductor profile-hw`.
+//! - [`search`]: candidate plans for a model on a hardware profile under the user's limits
+//!   (memory, minimum speed), each scored by `conductor-simulator`; what `conductor plan`
+//!   runs. Without a plan the engine uses `ExecutionPlan::for_topology`, whose cluster sizes
+//!   were chosen by measurement on SmolLM2-135M (see `docs/benchmarks.md`).
 
 pub mod hardware;
+pub mod search;

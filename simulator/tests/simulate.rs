@@ -387,6 +387,7 @@ fn a_neuron_store_under_a_cache_reads_what_it_misses_and_waits_for_it() {
             max_loads: 4,
             stream_output: false,
             coalesce: 1,
+            hot_units: Vec::new(),
         });
         run(&pc(), &plan, &w)
     };

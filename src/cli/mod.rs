@@ -4,6 +4,7 @@ mod bench;
 mod check_refs;
 mod convert;
 mod perplexity;
+mod plan;
 mod profile;
 mod profile_hw;
 mod run;
@@ -48,6 +49,9 @@ enum Command {
     ProfileHw(profile_hw::ProfileHwArgs),
     /// Convert a model into a neuron store (bundled FFN neurons, for --memory budgets).
     Convert(convert::ConvertArgs),
+    /// Plan how a model runs on a hardware profile under limits (memory, minimum speed):
+    /// candidate plans scored by the simulator, the fastest written.
+    Plan(plan::PlanArgs),
     /// Profile a model's FFN activations over text: sparsity thresholds, hot neurons,
     /// predictors (for --sparsity).
     Profile(profile::ProfileArgs),
@@ -107,9 +111,10 @@ pub struct EngineArgs {
     /// share of the model file (50%). Needs a neuron store (`conductor convert`).
     #[arg(long = "memory")]
     pub memory: Option<MemoryBudget>,
-    /// How the neuron cache shares its slots under --memory.
-    #[arg(long = "cache-policy", value_enum, default_value_t = CachePolicyArg::Segmented)]
-    pub cache_policy: CachePolicyArg,
+    /// How the neuron cache shares its slots under --memory (default: the plan's, else
+    /// segmented).
+    #[arg(long = "cache-policy", value_enum)]
+    pub cache_policy: Option<CachePolicyArg>,
     /// Threads issuing reads of the model file under --memory (default: the plan's, 1).
     #[arg(long = "io-threads")]
     pub io_threads: Option<u32>,
@@ -118,6 +123,10 @@ pub struct EngineArgs {
     /// on by default).
     #[arg(long = "io-engine", value_enum)]
     pub io_engine: Option<IoEngineArg>,
+    /// Loads kept in flight ahead of compute under --memory: the I/O pipeline's depth
+    /// (default: the plan's, else 4; 1: no read-ahead).
+    #[arg(long = "max-loads")]
+    pub max_loads: Option<u32>,
     /// Loads issued together under --memory (default 1): with `--io-engine uring` up to N
     /// reads in flight at once; with `pread`, adjacent ones merged into one vectored read.
     #[arg(long = "io-batch")]
@@ -253,12 +262,13 @@ pub fn load_engine(model: Option<&Path>, threads: usize, engine: &EngineArgs) ->
         builder = builder.plan(plan);
     }
     if let Some(memory) = engine.memory {
-        builder = builder
-            .memory(memory)
-            .cache_policy(match engine.cache_policy {
-                CachePolicyArg::Segmented => CachePolicy::Segmented,
-                CachePolicyArg::Lru => CachePolicy::Lru,
-            });
+        builder = builder.memory(memory);
+    }
+    if let Some(policy) = engine.cache_policy {
+        builder = builder.cache_policy(match policy {
+            CachePolicyArg::Segmented => CachePolicy::Segmented,
+            CachePolicyArg::Lru => CachePolicy::Lru,
+        });
     }
     if let Some(n) = engine.io_threads {
         if n == 0 {
@@ -271,6 +281,12 @@ pub fn load_engine(model: Option<&Path>, threads: usize, engine: &EngineArgs) ->
             IoEngineArg::Pread => IoEngine::Pread,
             IoEngineArg::Uring => IoEngine::Uring,
         });
+    }
+    if let Some(n) = engine.max_loads {
+        if n == 0 {
+            bail!("--max-loads must be at least 1");
+        }
+        builder = builder.max_loads(n);
     }
     if let Some(n) = engine.io_batch {
         if n == 0 {
@@ -351,6 +367,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
         Command::Simulate(args) => simulate::run(args),
         Command::ProfileHw(args) => profile_hw::run(args),
         Command::Profile(args) => profile::run(args),
+        Command::Plan(args) => plan::run(args),
     }
 }
 

@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use conductor::apply_budget;
 use conductor::fetch;
-use conductor::runtime::cache::{CachePolicy, MemoryBudget};
+use conductor::runtime::cache::MemoryBudget;
 use conductor::runtime::model::Model;
 use conductor::runtime::plan::{ExecutionPlan, HardwareProfile, ModelDescription, Topology};
 use conductor::runtime::trace::Trace;
@@ -85,13 +85,7 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         let store = Model::load_resident(path, true)
             .with_context(|| format!("cannot load {}", path.display()))?;
         let n_ctx = args.n_prompt.max(args.n_gen).max(1);
-        let split = apply_budget(
-            &store,
-            &mut plan,
-            memory,
-            n_ctx as usize,
-            CachePolicy::Segmented,
-        )?;
+        let split = apply_budget(&store, &mut plan, memory, n_ctx as usize)?;
         eprintln!(
             "memory: budget {:.1} MiB: {} cache slots ({} hot), output in clusters of {} rows",
             split.budget as f64 / (1 << 20) as f64,

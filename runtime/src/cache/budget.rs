@@ -116,6 +116,55 @@ fn mib(b: u64) -> f64 {
     (b as f64 / (1 << 20) as f64 * 10.0).round() / 10.0
 }
 
+/// The sizes a budget split needs, and nothing else: what [`split_budget`] reads from a
+/// neuron store, or what the planner derives from a model shape it has no file for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreSizes {
+    /// Bytes read into memory at load: the header, attention, norms, and sparse decode's
+    /// predictors and thresholds (bundles, token embeddings and the output projection stream).
+    pub resident_weights: u64,
+    pub n_layer: u32,
+    pub n_embd: u32,
+    pub n_ff: u32,
+    pub q_dim: u32,
+    pub kv_dim: u32,
+    pub n_vocab: u32,
+    /// Bundles (FFN clusters) per layer and the bytes from one to the next.
+    pub bundles_per_layer: u32,
+    pub bundle_stride: u64,
+    /// Bytes of one row of the output projection.
+    pub output_row_bytes: u64,
+}
+
+impl StoreSizes {
+    /// The sizes of a neuron store loaded with `Model::load_resident`.
+    pub fn of_store(model: &Model) -> Result<StoreSizes, BudgetError> {
+        let store = model.store.as_ref().ok_or(BudgetError::NotAStore)?;
+        let c = &model.config;
+        let file = model.file();
+        let resident_weights = file.data_offset()
+            + file
+                .tensors()
+                .iter()
+                .filter(|t| !crate::store::stays_on_storage(&t.name, true))
+                .map(|t| t.n_bytes)
+                .sum::<u64>()
+            + model.sparse.as_ref().map_or(0, |s| s.bytes() as u64);
+        Ok(StoreSizes {
+            resident_weights,
+            n_layer: c.n_layer,
+            n_embd: c.n_embd,
+            n_ff: c.n_ff,
+            q_dim: c.q_dim(),
+            kv_dim: c.kv_dim(),
+            n_vocab: c.n_vocab,
+            bundles_per_layer: store.layout.n_bundles,
+            bundle_stride: store.layout.stride,
+            output_row_bytes: model.output.row_bytes() as u64,
+        })
+    }
+}
+
 /// Splits `budget` bytes for a store `model` run with `n_ctx` tokens of context and prefill
 /// steps of `prefill_tokens`: the fixed segment, then slots for the cache (hot segment as large
 /// as possible, a cold segment of a few slots for the clusters that stream).
@@ -126,35 +175,45 @@ pub fn split_budget(
     prefill_tokens: u32,
     policy: CachePolicy,
 ) -> Result<BudgetSplit, BudgetError> {
-    let store = model.store.as_ref().ok_or(BudgetError::NotAStore)?;
-    let c = &model.config;
-    let layout = &store.layout;
-    let file = model.file();
-    // Bundles, token embeddings and the output projection stream (as `Model::load_resident`
-    // with `stream_output` leaves them); the rest is read at load.
-    // Sparse decode's predictors and thresholds are resident too.
-    let resident_weights = file.data_offset()
-        + file
-            .tensors()
-            .iter()
-            .filter(|t| !crate::store::stays_on_storage(&t.name, true))
-            .map(|t| t.n_bytes)
-            .sum::<u64>()
-        + model.sparse.as_ref().map_or(0, |s| s.bytes() as u64);
-    let ffn_bytes = layout.layer_bytes() * u64::from(c.n_layer);
-    let kv_cache = u64::from(c.n_layer) * 2 * u64::from(c.kv_dim()) * u64::from(n_ctx) * 2;
-    let (embd, ff) = (u64::from(c.n_embd), u64::from(c.n_ff));
-    let per_token = 8 * embd + 2 * u64::from(c.q_dim()) + 2 * u64::from(c.kv_dim()) + 2 * ff;
+    split_sizes(
+        &StoreSizes::of_store(model)?,
+        budget,
+        n_ctx,
+        prefill_tokens,
+        &CachePlan {
+            policy,
+            ..CachePlan::default()
+        },
+    )
+}
+
+/// [`split_budget`] from sizes alone. `shape` gives the cache's policy, pipeline depth and
+/// read grouping (its `slots` and `hot_slots` are ignored: they are what the budget decides);
+/// the cold segment keeps `max_loads + 2` slots for the loads in flight and the clusters
+/// being computed.
+pub fn split_sizes(
+    sizes: &StoreSizes,
+    budget: u64,
+    n_ctx: u32,
+    prefill_tokens: u32,
+    shape: &CachePlan,
+) -> Result<BudgetSplit, BudgetError> {
+    let s = sizes;
+    let resident_weights = s.resident_weights;
+    let ffn_bytes = s.bundle_stride * u64::from(s.bundles_per_layer) * u64::from(s.n_layer);
+    let kv_cache = u64::from(s.n_layer) * 2 * u64::from(s.kv_dim) * u64::from(n_ctx) * 2;
+    let (embd, ff) = (u64::from(s.n_embd), u64::from(s.n_ff));
+    let per_token = 8 * embd + 2 * u64::from(s.q_dim) + 2 * u64::from(s.kv_dim) + 2 * ff;
     // f32 buffers, their copies per processor group and the GEMM's packed activations: about
     // 6 bytes per element per prefill token (measured: +3.3 MiB for 64-token steps on SmolLM2).
-    let scratch = u64::from(prefill_tokens) * per_token * 6 + u64::from(c.n_vocab) * 4 * 2;
+    let scratch = u64::from(prefill_tokens) * per_token * 6 + u64::from(s.n_vocab) * 4 * 2;
     let fixed = resident_weights + kv_cache + scratch + RUNTIME_OVERHEAD;
     // Output clusters as large as a bundle's slot allows, alignment slack included.
-    let row = model.output.row_bytes() as u64;
-    let output_rows = ((layout.stride.saturating_sub(2 * SLOT_ALIGN as u64)) / row.max(1))
-        .clamp(1, u64::from(c.n_vocab)) as u32;
-    let slot = layout.stride + SLOT_ALIGN as u64;
-    let n_units = c.n_layer * layout.n_bundles + c.n_vocab.div_ceil(output_rows);
+    let output_rows = ((s.bundle_stride.saturating_sub(2 * SLOT_ALIGN as u64))
+        / s.output_row_bytes.max(1))
+    .clamp(1, u64::from(s.n_vocab)) as u32;
+    let slot = s.bundle_stride + SLOT_ALIGN as u64;
+    let n_units = s.n_layer * s.bundles_per_layer + s.n_vocab.div_ceil(output_rows);
     if budget < fixed + 2 * slot {
         return Err(BudgetError::TooSmall {
             budget,
@@ -169,8 +228,9 @@ pub fn split_budget(
     }
     let cache = budget - fixed;
     let slots = ((cache / slot) as u32).min(n_units);
+    let max_loads = shape.max_loads.max(1);
     // Enough cold slots for the loads in flight and the clusters being computed.
-    let cold = (DEFAULT_MAX_LOADS + 2).min(slots.saturating_sub(1)).max(1);
+    let cold = (max_loads + 2).min(slots.saturating_sub(1)).max(1);
     let hot_slots = if slots >= n_units {
         n_units
     } else {
@@ -186,12 +246,31 @@ pub fn split_budget(
         plan: CachePlan {
             slots,
             hot_slots,
-            policy,
-            max_loads: DEFAULT_MAX_LOADS,
-            stream_output: true,
-            coalesce: DEFAULT_COALESCE,
+            max_loads,
+            coalesce: shape.coalesce.max(1),
+            ..shape.clone()
         },
         ffn_bytes,
         output_rows,
     })
+}
+
+/// Fits `plan` to `budget` bytes for a store of `sizes` run with `n_ctx` tokens of context:
+/// prefill steps of at most 64 tokens (their scratch counts against the budget), the budget
+/// split by [`split_sizes`] with the plan's own cache section (if any) as the cache's shape,
+/// and the output projection streamed in clusters sized to a slot. What the engine does
+/// under `--memory`, and what the simulator and the planner predict.
+pub fn fit_plan_to_budget(
+    sizes: &StoreSizes,
+    plan: &mut crate::plan::ExecutionPlan,
+    budget: u64,
+    n_ctx: u32,
+) -> Result<BudgetSplit, BudgetError> {
+    plan.prefill_max_tokens = plan.prefill_max_tokens.min(64);
+    let shape = plan.cache.clone().unwrap_or_default();
+    let split = split_sizes(sizes, budget, n_ctx, plan.prefill_max_tokens, &shape)?;
+    plan.cache = Some(split.plan.clone());
+    plan.decode.output_rows = split.output_rows;
+    plan.prefill.output_rows = split.output_rows;
+    Ok(split)
 }

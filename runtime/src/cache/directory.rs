@@ -47,10 +47,31 @@ pub struct CachePlan {
     /// of this many when it can; drivers merge adjacent ones). 1: every bundle its own read.
     #[serde(default = "one")]
     pub coalesce: u32,
+    /// Units the hot segment holds first, hottest first (a planner's ranking from an
+    /// activation profile); the segment's remaining slots follow [`UnitMap::hot_order`].
+    /// Empty: the hot order alone (every cluster equally hot, as in dense decode).
+    #[serde(default)]
+    pub hot_units: Vec<u32>,
 }
 
 fn one() -> u32 {
     1
+}
+
+impl Default for CachePlan {
+    /// No slots yet (a budget split decides them: `split_sizes`); segmented, the default
+    /// pipeline depth and read grouping, the output projection streaming.
+    fn default() -> CachePlan {
+        CachePlan {
+            slots: 0,
+            hot_slots: 0,
+            policy: CachePolicy::Segmented,
+            max_loads: super::DEFAULT_MAX_LOADS,
+            stream_output: true,
+            coalesce: super::DEFAULT_COALESCE,
+            hot_units: Vec::new(),
+        }
+    }
 }
 
 /// Counters of one layer.
@@ -102,9 +123,10 @@ pub struct CacheDirectory {
 }
 
 impl CacheDirectory {
-    /// A directory for the units of `map`. Hot slots go to units in `map`'s hot order (every
-    /// layer's first clusters, round-robin over layers: until an activation profile ranks
-    /// neurons, every neuron is as hot as any other).
+    /// A directory for the units of `map`. Hot slots go first to the plan's `hot_units` (out
+    /// of range or repeated ones are skipped), then to units in `map`'s hot order (every
+    /// layer's first clusters, round-robin over layers: without a ranking every neuron is as
+    /// hot as any other).
     pub fn new(plan: &CachePlan, map: &UnitMap) -> CacheDirectory {
         let n_units = map.n_units();
         let mut hot = match plan.policy {
@@ -116,8 +138,16 @@ impl CacheDirectory {
             hot = hot.saturating_sub(1);
         }
         let mut hot_slot = vec![None; n_units as usize];
-        for (slot, unit) in map.hot_order().into_iter().take(hot as usize).enumerate() {
-            hot_slot[unit as usize] = Some(slot as u32);
+        let ranked = plan.hot_units.iter().copied().filter(|&u| u < n_units);
+        let mut next = 0;
+        for unit in ranked.chain(map.hot_order()) {
+            if next == hot {
+                break;
+            }
+            if hot_slot[unit as usize].is_none() {
+                hot_slot[unit as usize] = Some(next);
+                next += 1;
+            }
         }
         let slots: Vec<Slot> = (0..plan.slots)
             .map(|s| Slot {

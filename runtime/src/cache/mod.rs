@@ -6,7 +6,8 @@
 //! - [`SlotArena`]: the slots' memory, allocated once; the driver mirrors the directory's
 //!   decisions into it.
 //! - [`BundleFile`]: reads a cluster's bundle into a slot.
-//! - [`split_budget`]: a memory budget split into the fixed segment and the cache's slots.
+//! - [`split_budget`] / [`split_sizes`]: a memory budget split into the fixed segment and the
+//!   cache's slots; [`fit_plan_to_budget`] applies it to a plan.
 
 mod arena;
 mod budget;
@@ -17,7 +18,8 @@ mod uring;
 
 pub use arena::{SlotArena, SlotBuf, SLOT_ALIGN};
 pub use budget::{
-    split_budget, BudgetError, BudgetSplit, MemoryBudget, DEFAULT_MAX_LOADS, RUNTIME_OVERHEAD,
+    fit_plan_to_budget, split_budget, split_sizes, BudgetError, BudgetSplit, MemoryBudget,
+    StoreSizes, DEFAULT_COALESCE, DEFAULT_MAX_LOADS, RUNTIME_OVERHEAD,
 };
 pub use directory::{Acquired, CacheDirectory, CachePlan, CachePolicy, LayerCacheStats};
 pub use reader::{

@@ -8,6 +8,7 @@ fn plan(slots: u32, hot: u32, policy: CachePolicy) -> CachePlan {
         max_loads: 2,
         stream_output: false,
         coalesce: 1,
+        hot_units: Vec::new(),
     }
 }
 
@@ -140,4 +141,84 @@ fn units_follow_the_order_a_step_needs_them() {
     );
     hot.sort_unstable();
     assert_eq!(hot, (0..10).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_plans_hot_units_take_the_hot_slots_before_the_round_robin_order() {
+    // 2 layers x 4 clusters, 3 hot slots. The plan ranks L1C3 and L0C2 hottest (and names
+    // L1C3 twice and a unit that does not exist): they get the first two hot slots, the
+    // round-robin order (L0C0 …) the third.
+    let ranked = CachePlan {
+        hot_units: vec![7, 2, 7, 99],
+        ..plan(5, 3, CachePolicy::Segmented)
+    };
+    let mut d = CacheDirectory::new(&ranked, &map(2, 4));
+    for (l, c, slot) in [(1, 3, 0), (0, 2, 1), (0, 0, 2)] {
+        assert_eq!(
+            d.acquire(l, c),
+            Acquired::Load {
+                slot,
+                evicted: None
+            },
+            "L{l}C{c}"
+        );
+        d.loaded(l, c);
+        d.release(l, c);
+    }
+    // L1C0, hot without a ranking, is cold here: it takes a cold slot (3 or 4).
+    assert!(matches!(
+        d.acquire(1, 0),
+        Acquired::Load {
+            slot: 3 | 4,
+            evicted: None
+        }
+    ));
+    // The LRU policy has no hot segment: the ranking changes nothing.
+    let lru = CachePlan {
+        hot_units: vec![7, 2],
+        ..plan(5, 3, CachePolicy::Lru)
+    };
+    let mut d = CacheDirectory::new(&lru, &map(2, 4));
+    assert!(matches!(d.acquire(1, 3), Acquired::Load { slot: 0, .. }));
+}
+
+#[test]
+fn a_deeper_pipeline_keeps_more_cold_slots() {
+    let sizes = StoreSizes {
+        resident_weights: 10 << 20,
+        n_layer: 4,
+        n_embd: 256,
+        n_ff: 1024,
+        q_dim: 256,
+        kv_dim: 64,
+        n_vocab: 1000,
+        bundles_per_layer: 8,
+        bundle_stride: 64 << 10,
+        output_row_bytes: 288,
+    };
+    let budget = 32 << 20; // about 16 slots beside a 31 MiB fixed segment
+    let split = |max_loads| {
+        split_sizes(
+            &sizes,
+            budget,
+            128,
+            64,
+            &CachePlan {
+                max_loads,
+                policy: CachePolicy::Lru,
+                ..CachePlan::default()
+            },
+        )
+        .unwrap()
+    };
+    let (shallow, deep) = (split(1), split(8));
+    assert_eq!(shallow.plan.slots, deep.plan.slots);
+    assert_eq!(shallow.plan.slots - shallow.plan.hot_slots, 3);
+    assert_eq!(deep.plan.slots - deep.plan.hot_slots, 10);
+    // The plan's shape is kept, its slot counts are the budget's.
+    assert_eq!(deep.plan.policy, CachePolicy::Lru);
+    assert_eq!(deep.plan.max_loads, 8);
+    // Too small: the error names what is needed.
+    let err = split_sizes(&sizes, 12 << 20, 128, 64, &CachePlan::default()).unwrap_err();
+    assert!(err.to_string().contains("give at least"), "{err}");
 }

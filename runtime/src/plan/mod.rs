@@ -18,8 +18,12 @@ pub use topology::{hosts_of, PlacedGroup, PlacementError, Topology};
 
 use serde::{Deserialize, Serialize};
 
-/// Version of the plan format; bumped when a field changes meaning.
-pub const PLAN_FORMAT_VERSION: u32 = 2;
+/// Version of the plan format; bumped when a field changes meaning or is added.
+pub const PLAN_FORMAT_VERSION: u32 = 3;
+
+/// The oldest plan format this build reads: version 2 lacks `memory` and `sparsity`, which
+/// then take their defaults (no budget of its own, the sparsity the command line asks for).
+pub const PLAN_FORMAT_VERSION_MIN: u32 = 2;
 
 /// How many units each phase's clusters hold.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -177,9 +181,31 @@ pub struct ExecutionPlan {
     /// ([`ExecutionPlan::check_model`]). `None`: a generic plan, for any model.
     #[serde(default)]
     pub model: Option<crate::sparse::profile::ModelIdentity>,
+    /// The memory budget the plan was made for, in bytes: the engine runs under it when the
+    /// command line gives no `--memory` (needs a neuron store). `None`: in memory.
+    #[serde(default)]
+    pub memory: Option<u64>,
+    /// How decode chooses its FFN neurons, when the command line does not say
+    /// (`--sparsity default`). `None`: the model's default.
+    #[serde(default)]
+    pub sparsity: Option<SparsityPlan>,
     /// What the planner predicted for this plan (kept to compare with measurements).
     #[serde(default)]
     pub predicted: Option<PlanPrediction>,
+}
+
+/// Sparse decode as a plan sets it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SparsityPlan {
+    pub mode: crate::sparse::SparsityMode,
+    /// Target share of FFN neurons skipped (`None`: the model's default target).
+    #[serde(default)]
+    pub target: Option<f32>,
+    /// The per-layer thresholds on |act(gate)| that target gives with the model's activation
+    /// profile (for people reading the plan; the engine calibrates them again from the
+    /// profile and the target, so both always agree with the profile in use).
+    #[serde(default)]
+    pub thresholds: Vec<f32>,
 }
 
 /// The figures a planner predicted for its plan.
@@ -194,6 +220,18 @@ pub struct PlanPrediction {
     pub limited_by: String,
     /// The hardware profile the prediction used (its `name`).
     pub profile: String,
+    /// Why this plan, in a sentence or two (the planner's explanation).
+    #[serde(default)]
+    pub reason: String,
+    /// Bytes read from storage per decode token, as predicted.
+    #[serde(default)]
+    pub bytes_per_token: Option<f64>,
+    /// Share of decode time the compute groups were busy, as predicted.
+    #[serde(default)]
+    pub compute_busy: Option<f64>,
+    /// Share of decode time the storage device was busy, as predicted.
+    #[serde(default)]
+    pub storage_busy: Option<f64>,
 }
 
 /// Largest plan file read in bincode (plans are a few KiB; hot-neuron sets of big models
@@ -274,6 +312,8 @@ impl Default for ExecutionPlan {
             },
             cache: None,
             model: None,
+            memory: None,
+            sparsity: None,
             predicted: None,
         }
     }
@@ -282,8 +322,8 @@ impl Default for ExecutionPlan {
 /// A plan that cannot be used. Each error names the field.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum PlanError {
-    #[error("plan format version {found} is not supported (this build reads version {expected})")]
-    Version { found: u32, expected: u32 },
+    #[error("plan format version {found} is not supported (this build reads versions {min} to {expected})")]
+    Version { found: u32, min: u32, expected: u32 },
     #[error("plan field `{field}` must be at least 1")]
     Zero { field: String },
     #[error("plan field `{field}`: no group named `{name}` (groups: {known})")]
@@ -368,11 +408,24 @@ impl ExecutionPlan {
 
     /// Checks the fields a scheduler relies on.
     pub fn validate(&self) -> Result<(), PlanError> {
-        if self.version != PLAN_FORMAT_VERSION {
+        if !(PLAN_FORMAT_VERSION_MIN..=PLAN_FORMAT_VERSION).contains(&self.version) {
             return Err(PlanError::Version {
                 found: self.version,
+                min: PLAN_FORMAT_VERSION_MIN,
                 expected: PLAN_FORMAT_VERSION,
             });
+        }
+        if self.memory == Some(0) {
+            return Err(PlanError::Zero {
+                field: "memory".into(),
+            });
+        }
+        if let Some(t) = self.sparsity.as_ref().and_then(|s| s.target) {
+            if !(0.0..=1.0).contains(&t) {
+                return Err(PlanError::Parse(format!(
+                    "plan field `sparsity.target` is {t}: a share within 0..=1"
+                )));
+            }
         }
         let mut nonzero = vec![
             ("decode_max_tokens".to_string(), self.decode_max_tokens),
@@ -479,11 +532,42 @@ mod tests {
                 field: "decode.ffn_neurons".into()
             })
         );
+        for version in [1, 99] {
+            let plan = ExecutionPlan {
+                version,
+                ..ExecutionPlan::default()
+            };
+            assert!(matches!(plan.validate(), Err(PlanError::Version { .. })));
+        }
+        // Version 2 (no budget, no sparsity of its own) still reads.
+        let mut v2: serde_json::Value = serde_json::to_value(ExecutionPlan::default()).unwrap();
+        v2["version"] = 2.into();
+        let v2: ExecutionPlan = serde_json::from_value(v2).unwrap();
+        v2.validate().unwrap();
+        assert_eq!((v2.memory, v2.sparsity), (None, None));
         let plan = ExecutionPlan {
-            version: 99,
+            memory: Some(0),
             ..ExecutionPlan::default()
         };
-        assert!(matches!(plan.validate(), Err(PlanError::Version { .. })));
+        assert_eq!(
+            plan.validate(),
+            Err(PlanError::Zero {
+                field: "memory".into()
+            })
+        );
+        let plan = ExecutionPlan {
+            sparsity: Some(SparsityPlan {
+                mode: crate::sparse::SparsityMode::Threshold,
+                target: Some(1.5),
+                thresholds: Vec::new(),
+            }),
+            ..ExecutionPlan::default()
+        };
+        assert!(plan
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("sparsity.target"));
 
         let mut plan = ExecutionPlan::default();
         plan.prefill_on[0].group = "gpu".into();
@@ -528,6 +612,16 @@ mod tests {
                 prefill_tok_s: None,
                 limited_by: "io".into(),
                 profile: "this machine".into(),
+                reason: "the disk".into(),
+                bytes_per_token: Some(1e6),
+                compute_busy: Some(0.5),
+                storage_busy: Some(0.99),
+            }),
+            memory: Some(48 << 20),
+            sparsity: Some(SparsityPlan {
+                mode: crate::sparse::SparsityMode::Threshold,
+                target: Some(0.3),
+                thresholds: vec![0.1, 0.2],
             }),
             ..ExecutionPlan::default()
         };

@@ -684,6 +684,7 @@ fn a_cache_holding_every_unit_loads_nothing_after_the_first_step() {
             max_loads: 3,
             stream_output: true,
             coalesce: 2,
+            hot_units: Vec::new(),
         };
         let plan = cached_plan(ExecutionPlan::default(), 50, cache);
         let mut s = Scheduler::new(&model, &plan).unwrap();
@@ -758,6 +759,7 @@ proptest! {
             max_loads,
             stream_output,
             coalesce,
+            hot_units: Vec::new(),
         };
         let base = ExecutionPlan {
             decode,
@@ -859,6 +861,7 @@ fn decode_with_predictions_loads_only_the_predicted_clusters() {
         max_loads: 2,
         stream_output: false,
         coalesce: 1,
+        hot_units: Vec::new(),
     };
     let plan = cached_plan(ExecutionPlan::default(), 50, cache);
     let mut s = Scheduler::new(&model, &plan).unwrap();

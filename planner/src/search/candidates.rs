@@ -1,0 +1,234 @@
+//! The plans the search tries: a small grid over the features that change speed on the
+//! machines we model. The engine's default plan comes first, so it wins ties.
+
+use conductor_runtime::cache::{CachePlan, CachePolicy, DEFAULT_MAX_LOADS};
+use conductor_runtime::plan::{
+    CoreSet, ExecutionPlan, GroupPlan, HardwareProfile, ModelDescription, Share, Topology, XpuKind,
+};
+
+/// Decode cluster sizes tried for a model in memory (a store's clusters are its bundles).
+const FFN_NEURONS: [u32; 3] = [128, 64, 256];
+/// Loads kept in flight ahead of compute (1: no read-ahead beyond the cluster being read).
+const MAX_LOADS: [u32; 4] = [DEFAULT_MAX_LOADS, 1, 2, 8];
+/// Adjacent bundles merged into one read, at most.
+const COALESCE: [u32; 2] = [1, 2];
+/// Threads issuing reads.
+const IO_THREADS: [u32; 2] = [1, 2];
+
+/// How the decode groups are laid over the cores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GroupLayout {
+    /// One CPU group per core class, each sharing decode by its number of cores (the
+    /// engine's default on machines with several classes).
+    PerClass,
+    /// One CPU group over every core.
+    OneGroup,
+    /// Decode on the fastest class only (the others idle: less contention for memory).
+    FastestClass,
+}
+
+impl GroupLayout {
+    pub fn name(self) -> &'static str {
+        match self {
+            GroupLayout::PerClass => "a group per core class",
+            GroupLayout::OneGroup => "one group over all cores",
+            GroupLayout::FastestClass => "the fastest class only",
+        }
+    }
+}
+
+/// What distinguishes a candidate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Features {
+    pub groups: GroupLayout,
+    /// Neurons per decode FFN cluster (`None`: a store's bundles decide).
+    pub ffn_neurons: Option<u32>,
+    /// The cache's shape under a budget.
+    pub policy: Option<CachePolicy>,
+    pub max_loads: u32,
+    pub coalesce: u32,
+    pub io_threads: u32,
+}
+
+impl Features {
+    /// In a few words, for the planner's explanation.
+    pub fn describe(&self) -> String {
+        let mut parts = vec![self.groups.name().to_string()];
+        if let Some(n) = self.ffn_neurons {
+            parts.push(format!("{n}-neuron clusters"));
+        }
+        if let Some(p) = self.policy {
+            parts.push(match p {
+                CachePolicy::Segmented => "segmented cache".into(),
+                CachePolicy::Lru => "LRU cache".into(),
+            });
+            parts.push(count(self.max_loads, "load", "loads") + " in flight");
+            parts.push(format!(
+                "up to {} per read",
+                count(self.coalesce, "bundle", "bundles")
+            ));
+            parts.push(count(self.io_threads, "I/O thread", "I/O threads"));
+        }
+        parts.join(", ")
+    }
+}
+
+fn count(n: u32, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// A plan to score.
+#[derive(Clone, Debug)]
+pub struct Candidate {
+    pub features: Features,
+    pub plan: ExecutionPlan,
+}
+
+/// The candidates for `model` on `profile`'s machine, with cache shapes when `budgeted`.
+pub fn candidates(
+    model: &ModelDescription,
+    profile: &HardwareProfile,
+    budgeted: bool,
+) -> Vec<Candidate> {
+    let topology = Topology::of_profile(profile);
+    let mut layouts = vec![GroupLayout::PerClass];
+    if topology.classes().len() > 1 {
+        layouts.push(GroupLayout::OneGroup);
+        layouts.push(GroupLayout::FastestClass);
+    }
+    let store = model.shape.ffn_bundle > 0;
+    let sizes: Vec<Option<u32>> = if store || budgeted {
+        vec![None]
+    } else {
+        FFN_NEURONS.iter().map(|&n| Some(n)).collect()
+    };
+    let mut out = Vec::new();
+    for &groups in &layouts {
+        for &ffn_neurons in &sizes {
+            let base = group_plan(&topology, groups, ffn_neurons);
+            if !budgeted {
+                out.push(Candidate {
+                    features: Features {
+                        groups,
+                        ffn_neurons,
+                        policy: None,
+                        max_loads: 0,
+                        coalesce: 0,
+                        io_threads: base.storage.io_threads,
+                    },
+                    plan: base,
+                });
+                continue;
+            }
+            for policy in [CachePolicy::Segmented, CachePolicy::Lru] {
+                for max_loads in MAX_LOADS {
+                    for coalesce in COALESCE.into_iter().filter(|&c| c <= max_loads) {
+                        for io_threads in IO_THREADS {
+                            let mut plan = base.clone();
+                            plan.storage.io_threads = io_threads;
+                            plan.cache = Some(CachePlan {
+                                policy,
+                                max_loads,
+                                coalesce,
+                                ..CachePlan::default()
+                            });
+                            out.push(Candidate {
+                                features: Features {
+                                    groups,
+                                    ffn_neurons,
+                                    policy: Some(policy),
+                                    max_loads,
+                                    coalesce,
+                                    io_threads,
+                                },
+                                plan,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The engine's plan for `topology` with the groups laid out as `layout` and decode clusters
+/// of `ffn_neurons`.
+fn group_plan(topology: &Topology, layout: GroupLayout, ffn_neurons: Option<u32>) -> ExecutionPlan {
+    let mut plan = match layout {
+        GroupLayout::PerClass => ExecutionPlan::for_topology(topology),
+        GroupLayout::OneGroup => ExecutionPlan::default(),
+        GroupLayout::FastestClass => {
+            let mut plan = ExecutionPlan::default();
+            let fastest = topology.classes().first().map_or("all", |c| c).to_string();
+            plan.groups[0] = GroupPlan {
+                name: fastest.clone(),
+                kind: XpuKind::Cpu,
+                cores: CoreSet::Class(fastest.clone()),
+                threads: 0,
+            };
+            plan.decode_on = vec![Share {
+                group: fastest,
+                weight: 1,
+            }];
+            plan
+        }
+    };
+    if let Some(n) = ffn_neurons {
+        plan.decode.ffn_neurons = n;
+    }
+    plan
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn profile(file: &str) -> HardwareProfile {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../profiles");
+        HardwareProfile::from_file(&dir.join(file)).unwrap()
+    }
+
+    fn model(bundle: u32) -> ModelDescription {
+        let mut m = conductor_simulator::named_shape("smollm2-135m").unwrap();
+        m.shape.ffn_bundle = bundle;
+        m
+    }
+
+    #[test]
+    fn the_default_plan_comes_first_and_every_candidate_is_valid_and_distinct() {
+        for (file, budgeted, bundle) in [
+            ("build-machine.toml", false, 0),
+            ("build-machine.toml", true, 256),
+            ("oneplus-12.toml", true, 256),
+            ("oneplus-12.toml", false, 0),
+        ] {
+            let p = profile(file);
+            let classes = Topology::of_profile(&p).classes().len();
+            let list = candidates(&model(bundle), &p, budgeted);
+            let topology = Topology::of_profile(&p);
+            let mut first = ExecutionPlan::for_topology(&topology);
+            if budgeted {
+                first.cache = Some(CachePlan::default());
+            }
+            assert_eq!(list[0].plan, first, "{file}");
+            for (i, c) in list.iter().enumerate() {
+                topology.place(&c.plan, None).unwrap();
+                assert!(
+                    list[..i].iter().all(|d| d.plan != c.plan),
+                    "candidate {i} repeats an earlier one: {}",
+                    c.features.describe()
+                );
+                assert_eq!(c.plan.cache.is_some(), budgeted);
+            }
+            let n_layouts = if classes > 1 { 3 } else { 1 };
+            let expected = if budgeted {
+                // policy 2 × loads 4 × (coalesce 1, or 1 and 2) 7 × I/O threads 2
+                n_layouts * 2 * 7 * 2
+            } else {
+                n_layouts * FFN_NEURONS.len()
+            };
+            assert_eq!(list.len(), expected, "{file} budgeted {budgeted}");
+        }
+    }
+}
