@@ -152,7 +152,7 @@ pub struct PlannedStep {
 }
 
 /// Names [`named_shape`] knows.
-pub const NAMED_SHAPES: &[&str] = &["smollm2-135m", "llama-2-7b"];
+pub const NAMED_SHAPES: &[&str] = &["smollm2-135m", "llama-2-7b", "llama-2-13b", "mistral-7b"];
 
 /// A model known by name, so a plan can be simulated without its file.
 pub fn named_shape(name: &str) -> Option<ModelDescription> {
@@ -189,6 +189,40 @@ pub fn named_shape(name: &str) -> Option<ModelDescription> {
                 n_ff: 11008,
                 n_head: 32,
                 n_head_kv: 32,
+                head_dim: 128,
+                n_vocab: 32000,
+                ffn_granule: 32,
+                ffn_bundle: 0,
+                ffn_bundle_stride: 0,
+            },
+            uniform(GgmlType::Q4_0, GgmlType::Q6_K),
+        ),
+        // meta-llama/Llama-2-13b-hf config.json: hidden 5120, intermediate 13824, 40 layers,
+        // 40 heads (no grouped-query attention), vocabulary 32000.
+        "llama-2-13b" => (
+            ModelShape {
+                n_layer: 40,
+                n_embd: 5120,
+                n_ff: 13824,
+                n_head: 40,
+                n_head_kv: 40,
+                head_dim: 128,
+                n_vocab: 32000,
+                ffn_granule: 32,
+                ffn_bundle: 0,
+                ffn_bundle_stride: 0,
+            },
+            uniform(GgmlType::Q4_0, GgmlType::Q6_K),
+        ),
+        // mistralai/Mistral-7B-v0.1 config.json: hidden 4096, intermediate 14336, 32 layers,
+        // 32 query heads over 8 key/value heads, vocabulary 32000.
+        "mistral-7b" => (
+            ModelShape {
+                n_layer: 32,
+                n_embd: 4096,
+                n_ff: 14336,
+                n_head: 32,
+                n_head_kv: 8,
                 head_dim: 128,
                 n_vocab: 32000,
                 ffn_granule: 32,
@@ -269,6 +303,11 @@ mod tests {
         // 7B parameters at 4.5 bits, plus the Q6_K output: about 3.6 GB.
         let gb = llama.dense_weight_bytes() as f64 / 1e9;
         assert!((3.4..3.9).contains(&gb), "{gb}");
+        // 13B at 4.5 bits: about 7 GB; Mistral-7B (7.2B): about 3.9 GB.
+        let gb = named_shape("llama-2-13b").unwrap().dense_weight_bytes() as f64 / 1e9;
+        assert!((6.8..7.6).contains(&gb), "{gb}");
+        let gb = named_shape("mistral-7b").unwrap().dense_weight_bytes() as f64 / 1e9;
+        assert!((3.7..4.2).contains(&gb), "{gb}");
     }
 
     #[test]

@@ -242,16 +242,18 @@ pub fn smallest_memory(
         r.limits.memory = Some(budget);
         r
     };
-    // The bounds: the least a split accepts, and the budget at which every unit has a slot.
+    // The bounds: the least a split accepts, and the budget at which every unit (FFN
+    // bundles and the output projection's clusters) has a slot of its own.
     let plan = ExecutionPlan::default();
     let low = match fit_plan_to_budget(sizes, &mut plan.clone(), 0, request.n_ctx) {
         Err(BudgetError::TooSmall { fixed, slots, .. }) => fixed + slots,
         Err(e) => return Err(SearchError::Memory(e)),
         Ok(_) => 0,
     };
+    let all = fit_plan_to_budget(sizes, &mut plan.clone(), u64::MAX / 4, request.n_ctx)
+        .map_err(SearchError::Memory)?;
     let slot = sizes.bundle_stride + conductor_runtime::cache::SLOT_ALIGN as u64;
-    let all_units = u64::from(sizes.n_layer * sizes.bundles_per_layer) + 64;
-    let high = low + all_units * slot;
+    let high = (all.budget - all.cache) + u64::from(all.plan.slots) * slot;
     let mut quiet = |_: usize, _: usize| {};
     let best_at_high = search(&at(high), &mut quiet);
     progress(
