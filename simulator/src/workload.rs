@@ -154,6 +154,30 @@ pub struct PlannedStep {
 /// Names [`named_shape`] knows.
 pub const NAMED_SHAPES: &[&str] = &["smollm2-135m", "llama-2-7b", "llama-2-13b", "mistral-7b"];
 
+/// A llama-family shape: layers, width, FFN width, query and key/value heads (head size
+/// `n_embd / n_head`), vocabulary; FFN clusters in whole 32-value blocks, no store.
+fn llama_shape(
+    n_layer: u32,
+    n_embd: u32,
+    n_ff: u32,
+    n_head: u32,
+    n_head_kv: u32,
+    n_vocab: u32,
+) -> ModelShape {
+    ModelShape {
+        n_layer,
+        n_embd,
+        n_ff,
+        n_head,
+        n_head_kv,
+        head_dim: n_embd / n_head,
+        n_vocab,
+        ffn_granule: 32,
+        ffn_bundle: 0,
+        ffn_bundle_stride: 0,
+    }
+}
+
 /// A model known by name, so a plan can be simulated without its file.
 pub fn named_shape(name: &str) -> Option<ModelDescription> {
     let uniform = |matrices: GgmlType, output: GgmlType| WeightTypes {
@@ -168,67 +192,23 @@ pub fn named_shape(name: &str) -> Option<ModelDescription> {
     };
     let (shape, types) = match name {
         "smollm2-135m" => (
-            ModelShape {
-                n_layer: 30,
-                n_embd: 576,
-                n_ff: 1536,
-                n_head: 9,
-                n_head_kv: 3,
-                head_dim: 64,
-                n_vocab: 49152,
-                ffn_granule: 32,
-                ffn_bundle: 0,
-                ffn_bundle_stride: 0,
-            },
+            llama_shape(30, 576, 1536, 9, 3, 49152),
             uniform(GgmlType::Q4_1, GgmlType::Q8_0),
         ),
         "llama-2-7b" => (
-            ModelShape {
-                n_layer: 32,
-                n_embd: 4096,
-                n_ff: 11008,
-                n_head: 32,
-                n_head_kv: 32,
-                head_dim: 128,
-                n_vocab: 32000,
-                ffn_granule: 32,
-                ffn_bundle: 0,
-                ffn_bundle_stride: 0,
-            },
+            llama_shape(32, 4096, 11008, 32, 32, 32000),
             uniform(GgmlType::Q4_0, GgmlType::Q6_K),
         ),
         // meta-llama/Llama-2-13b-hf config.json: hidden 5120, intermediate 13824, 40 layers,
         // 40 heads (no grouped-query attention), vocabulary 32000.
         "llama-2-13b" => (
-            ModelShape {
-                n_layer: 40,
-                n_embd: 5120,
-                n_ff: 13824,
-                n_head: 40,
-                n_head_kv: 40,
-                head_dim: 128,
-                n_vocab: 32000,
-                ffn_granule: 32,
-                ffn_bundle: 0,
-                ffn_bundle_stride: 0,
-            },
+            llama_shape(40, 5120, 13824, 40, 40, 32000),
             uniform(GgmlType::Q4_0, GgmlType::Q6_K),
         ),
         // mistralai/Mistral-7B-v0.1 config.json: hidden 4096, intermediate 14336, 32 layers,
         // 32 query heads over 8 key/value heads, vocabulary 32000.
         "mistral-7b" => (
-            ModelShape {
-                n_layer: 32,
-                n_embd: 4096,
-                n_ff: 14336,
-                n_head: 32,
-                n_head_kv: 8,
-                head_dim: 128,
-                n_vocab: 32000,
-                ffn_granule: 32,
-                ffn_bundle: 0,
-                ffn_bundle_stride: 0,
-            },
+            llama_shape(32, 4096, 14336, 32, 8, 32000),
             uniform(GgmlType::Q4_0, GgmlType::Q6_K),
         ),
         _ => return None,
