@@ -69,7 +69,9 @@ fn the_chosen_plan_is_the_fastest_candidate_and_its_prediction_replays() {
     plan.validate().unwrap();
     assert_eq!(plan.memory, Some(48 * MIB));
     let cache = plan.cache.as_ref().unwrap();
-    assert_eq!(cache.slots, outcome.split.as_ref().unwrap().plan.slots);
+    let split = outcome.chosen.split.as_ref().unwrap();
+    assert_eq!(cache.slots, split.plan.slots);
+    assert_eq!(cache.hot_slots, split.plan.hot_slots);
     assert!(cache.slots > 2);
     // Simulating the written plan again gives the same tokens per second (deterministic).
     let workload = Workload::new(r.model.clone(), 0, r.warm_tokens + r.measured_tokens);

@@ -352,7 +352,7 @@ fn report(outcome: &PlanOutcome, args: &PlanArgs, source: &str, started: Instant
         .as_ref()
         .expect("the search fills the prediction");
     println!("plan for {source} on {}:", p.profile);
-    if let Some(split) = &outcome.split {
+    if let Some(split) = &outcome.chosen.split {
         let mib = |b: u64| b as f64 / (1 << 20) as f64;
         println!(
             "  memory: {:.1} MiB = resident weights {:.1} + KV {:.1} + scratch {:.1} + runtime {:.1} + neuron cache {:.1} ({} slots, {} hot)",

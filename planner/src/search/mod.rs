@@ -97,11 +97,15 @@ pub struct Scored {
     pub plan: ExecutionPlan,
     /// Steady-state decode tokens per second.
     pub decode_tok_s: f64,
-    /// Bytes read from storage per steady-state decode token.
+    /// Bytes read from storage per decode token, averaged over the whole simulated run
+    /// (warm-up included: the simulator does not count bytes per step).
     pub bytes_per_token: f64,
     /// Share of the run the busiest compute group and the storage device were busy.
     pub compute_busy: f64,
     pub storage_busy: f64,
+    /// How the budget was spent for this candidate (its cold segment follows its pipeline
+    /// depth); `None` in memory.
+    pub split: Option<BudgetSplit>,
 }
 
 impl Scored {
@@ -124,8 +128,6 @@ pub struct PlanOutcome {
     pub chosen: Scored,
     /// Every candidate scored, fastest first.
     pub scored: Vec<Scored>,
-    /// How the budget was spent (`None` in memory).
-    pub split: Option<BudgetSplit>,
 }
 
 /// Why no plan was written.
@@ -173,11 +175,8 @@ pub fn search(
     let list = candidates(&request.model, &request.profile, budget.is_some());
     let total = list.len();
     let mut scored = Vec::with_capacity(total);
-    let mut split = None;
     for (i, c) in list.into_iter().enumerate() {
-        let (s, sp) = score(request, c, budget)?;
-        split = split.or(sp);
-        scored.push(s);
+        scored.push(score(request, c, budget)?);
         progress(i + 1, total);
     }
     // The earliest candidate (the engine's default first, simpler before more elaborate)
@@ -200,7 +199,7 @@ pub fn search(
         prefill_tok_s: None,
         limited_by: chosen.limited_by().into(),
         profile: request.profile.name.clone(),
-        reason: explain(&chosen, &scored, split.as_ref()),
+        reason: explain(&chosen, &scored),
         bytes_per_token: Some(chosen.bytes_per_token),
         compute_busy: Some(chosen.compute_busy),
         storage_busy: Some(chosen.storage_busy),
@@ -209,7 +208,6 @@ pub fn search(
         plan,
         chosen,
         scored,
-        split,
     })
 }
 
@@ -285,7 +283,7 @@ fn score(
     request: &PlanRequest,
     candidate: Candidate,
     budget: Option<u64>,
-) -> Result<(Scored, Option<BudgetSplit>), SearchError> {
+) -> Result<Scored, SearchError> {
     let mut plan = candidate.plan;
     plan.model = request.identity.clone();
     plan.sparsity = request.sparsity.clone();
@@ -310,7 +308,7 @@ fn score(
         ..Workload::new(request.model.clone(), 0, n_gen)
     };
     let report = simulate(&request.profile, &plan, &workload, &SimOptions::lean())?;
-    let scored = Scored {
+    Ok(Scored {
         features: candidate.features,
         decode_tok_s: steady_tok_s(&report, request.measured_tokens.max(1)),
         bytes_per_token: report.bytes_read as f64 / f64::from(n_gen),
@@ -319,8 +317,8 @@ fn score(
         storage_busy: (track_busy(&report, "storage") / f64::from(plan.storage.io_threads.max(1)))
             .min(1.0),
         plan,
-    };
-    Ok((scored, split))
+        split,
+    })
 }
 
 /// Tokens per second over the last `measured` decode steps.
@@ -354,8 +352,9 @@ fn mib(b: u64) -> f64 {
     b as f64 / (1 << 20) as f64
 }
 
-/// Why the chosen plan: what limited it, what the runner-up of each feature would cost.
-fn explain(chosen: &Scored, scored: &[Scored], split: Option<&BudgetSplit>) -> String {
+/// Why the chosen plan: what limited it, how its budget was spent, the fastest prediction when
+/// it was not chosen, and the slowest candidate.
+fn explain(chosen: &Scored, scored: &[Scored]) -> String {
     let mut why = format!(
         "{} at {:.2} tokens/s, {}-limited (compute busy {:.0}%, storage busy {:.0}%)",
         chosen.features.describe(),
@@ -364,7 +363,7 @@ fn explain(chosen: &Scored, scored: &[Scored], split: Option<&BudgetSplit>) -> S
         100.0 * chosen.compute_busy,
         100.0 * chosen.storage_busy
     );
-    if let Some(s) = split {
+    if let Some(s) = &chosen.split {
         why.push_str(&format!(
             "; the budget of {:.1} MiB leaves {:.1} MiB for the neuron cache ({} slots) after {:.1} MiB fixed, against {:.1} MiB of FFN bundles",
             mib(s.budget),

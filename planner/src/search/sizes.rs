@@ -39,9 +39,7 @@ pub fn planned_store_sizes(
     let s = &model.shape;
     let row = ModelDescription::row_bytes;
     let (q, kv) = (s.n_head * s.head_dim, s.n_head_kv * s.head_dim);
-    let attention = u64::from(q) * row(t.attn_q, s.n_embd)
-        + 2 * u64::from(kv) * row(t.attn_k, s.n_embd)
-        + u64::from(s.n_embd) * row(t.attn_out, q);
+    let attention = model.attention_bytes_per_layer();
     // Two norms per layer and the output norm, f32.
     let norms = (2 * u64::from(s.n_layer) + 1) * u64::from(s.n_embd) * 4;
     let sizes = StoreSizes {

@@ -55,17 +55,24 @@ impl ModelDescription {
         ty.bytes_for(u64::from(cols)).unwrap_or(0)
     }
 
+    /// Bytes of one layer's attention matrices (q, k, v and the output projection).
+    pub fn attention_bytes_per_layer(&self) -> u64 {
+        let s = &self.shape;
+        let t = &self.types;
+        let q = u64::from(s.n_head * s.head_dim);
+        let kv = u64::from(s.n_head_kv * s.head_dim);
+        q * Self::row_bytes(t.attn_q, s.n_embd)
+            + kv * Self::row_bytes(t.attn_k, s.n_embd)
+            + kv * Self::row_bytes(t.attn_v, s.n_embd)
+            + u64::from(s.n_embd) * Self::row_bytes(t.attn_out, s.n_head * s.head_dim)
+    }
+
     /// Bytes of every weight a decode token reads when it is dense: all layers' matrices and the
     /// output projection.
     pub fn dense_weight_bytes(&self) -> u64 {
         let s = &self.shape;
         let t = &self.types;
-        let q = u64::from(s.n_head * s.head_dim);
-        let kv = u64::from(s.n_head_kv * s.head_dim);
-        let per_layer = q * Self::row_bytes(t.attn_q, s.n_embd)
-            + kv * Self::row_bytes(t.attn_k, s.n_embd)
-            + kv * Self::row_bytes(t.attn_v, s.n_embd)
-            + u64::from(s.n_embd) * Self::row_bytes(t.attn_out, s.n_head * s.head_dim)
+        let per_layer = self.attention_bytes_per_layer()
             + u64::from(s.n_ff) * Self::row_bytes(t.ffn_gate, s.n_embd)
             + u64::from(s.n_ff) * Self::row_bytes(t.ffn_up, s.n_embd)
             + u64::from(s.n_embd) * Self::row_bytes(t.ffn_down, s.n_ff);
