@@ -256,6 +256,8 @@ impl ModelConfig {
             ffn_granule,
             ffn_bundle,
             ffn_bundle_stride,
+            n_expert: 0,
+            n_expert_used: 0,
         }
     }
 }

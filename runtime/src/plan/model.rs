@@ -25,6 +25,27 @@ pub struct ModelShape {
     /// included); 0 for an ordinary model.
     #[serde(default)]
     pub ffn_bundle_stride: u64,
+    /// Experts of a mixture-of-experts FFN (0: a dense FFN). The layer's `n_ff` neurons are
+    /// the experts' neurons side by side: expert `e` owns neurons
+    /// `e * n_ff / n_expert .. (e + 1) * n_ff / n_expert`, so experts go through the same
+    /// clusters, cache and pipeline as a dense FFN's neurons.
+    #[serde(default)]
+    pub n_expert: u32,
+    /// Experts the router picks for each token (its top k); 0 for a dense FFN.
+    #[serde(default)]
+    pub n_expert_used: u32,
+}
+
+impl ModelShape {
+    /// Neurons of one expert (the whole FFN for a dense model).
+    pub fn ffn_per_expert(&self) -> u32 {
+        self.n_ff / self.n_expert.max(1)
+    }
+
+    /// Whether the FFN is a mixture of experts.
+    pub fn is_moe(&self) -> bool {
+        self.n_expert > 0
+    }
 }
 
 /// Storage types of a layer's matrices and of the output projection.
@@ -67,6 +88,12 @@ impl ModelDescription {
             + u64::from(s.n_embd) * Self::row_bytes(t.attn_out, s.n_head * s.head_dim)
     }
 
+    /// Bytes of one layer's MoE router (`n_expert` rows of `n_embd` f32 values; 0 for a dense
+    /// FFN).
+    pub fn router_bytes_per_layer(&self) -> u64 {
+        u64::from(self.shape.n_expert) * u64::from(self.shape.n_embd) * 4
+    }
+
     /// Bytes of every weight a decode token reads when it is dense: all layers' matrices and the
     /// output projection.
     pub fn dense_weight_bytes(&self) -> u64 {
@@ -75,7 +102,8 @@ impl ModelDescription {
         let per_layer = self.attention_bytes_per_layer()
             + u64::from(s.n_ff) * Self::row_bytes(t.ffn_gate, s.n_embd)
             + u64::from(s.n_ff) * Self::row_bytes(t.ffn_up, s.n_embd)
-            + u64::from(s.n_embd) * Self::row_bytes(t.ffn_down, s.n_ff);
+            + u64::from(s.n_embd) * Self::row_bytes(t.ffn_down, s.n_ff)
+            + self.router_bytes_per_layer();
         per_layer * u64::from(s.n_layer)
             + u64::from(s.n_vocab) * Self::row_bytes(t.output, s.n_embd)
     }
