@@ -118,6 +118,10 @@ fn resolve_sparsity(
         .unwrap_or(if relu { 0.0 } else { DEFAULT_SPARSITY });
     let mode = match settings.mode {
         Some(SparsityMode::Dense) => return Ok(None),
+        // The router is a mixture of experts' sparsity; neuron-level sparse decode is not
+        // built for it.
+        Some(_) if model.config.is_moe() => return Err(SparseError::MixtureOfExperts.into()),
+        None if model.config.is_moe() => return Ok(None),
         Some(mode) => mode,
         None => {
             // The default: sparse for profiled ReLU models and PowerInfer files, dense (quietly)

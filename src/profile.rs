@@ -37,6 +37,8 @@ pub enum ProfileRunError {
     ShortText { tokens: usize, ctx: usize },
     #[error("the predictor of layer {layer}: {why}")]
     Predictor { layer: usize, why: String },
+    #[error("activation profiles of mixture-of-experts models are not supported yet (their sparsity is the router's choice of experts)")]
+    MixtureOfExperts,
 }
 
 /// Stages reported to the progress callback, each with its share done (0..=1).
@@ -55,6 +57,9 @@ pub fn profile_model(
     options: &ProfileOptions,
     progress: &(dyn Fn(Stage, f32) + Sync),
 ) -> Result<ModelProfile, ProfileRunError> {
+    if engine.model().config.is_moe() {
+        return Err(ProfileRunError::MixtureOfExperts);
+    }
     let tokens = engine.tokenizer().encode(text, true, false);
     if tokens.is_empty() {
         return Err(ProfileRunError::EmptyText);

@@ -6,6 +6,9 @@
 //!   (memory, minimum speed), each scored by `conductor-simulator`; what `conductor plan`
 //!   runs. Without a plan the engine uses `ExecutionPlan::for_topology`, whose cluster sizes
 //!   were chosen by measurement on SmolLM2-135M (see `docs/benchmarks.md`).
+//! - [`explore`]: sweeps over budgets, models, profiles and plan features, each point
+//!   simulated; what `conductor explore` runs.
 
+pub mod explore;
 pub mod hardware;
 pub mod search;

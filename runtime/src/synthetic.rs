@@ -32,6 +32,10 @@ pub struct SyntheticSpec {
     /// constant in dimension 0 and every gate row a negative weight there, which shifts
     /// gate · x below zero for all but about this share. `None`: unshifted (about half fire).
     pub relu_active_share: Option<f32>,
+    /// A Mixtral-style mixture of experts when above 0: `n_expert` experts of `n_ff` neurons
+    /// each (`ffn_gate_inp`, `ffn_{gate,up,down}_exps`), `n_expert_used` chosen per token.
+    pub n_expert: u32,
+    pub n_expert_used: u32,
     pub seed: u64,
 }
 
@@ -51,6 +55,8 @@ impl Default for SyntheticSpec {
             tied_output: true,
             activation: FfnActivation::Silu,
             relu_active_share: None,
+            n_expert: 0,
+            n_expert_used: 0,
             seed: 1,
         }
     }
@@ -112,6 +118,13 @@ pub fn synthetic_model(spec: &SyntheticSpec) -> Result<GgufWriter, GgufError> {
             Value::String("relu".into()),
         )?;
     }
+    if spec.n_expert > 0 {
+        w.add_metadata(format!("{arch}.expert_count"), u32v(spec.n_expert))?;
+        w.add_metadata(
+            format!("{arch}.expert_used_count"),
+            u32v(spec.n_expert_used),
+        )?;
+    }
     add_vocab(&mut w, spec.n_vocab)?;
 
     let mut noise = Noise(spec.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
@@ -127,33 +140,48 @@ pub fn synthetic_model(spec: &SyntheticSpec) -> Result<GgufWriter, GgufError> {
         let embd = spec.n_embd as f32;
         z * ((embd - 1.0) / embd).sqrt() / SHIFT_DIM
     });
-    let mut matrix =
-        |w: &mut GgufWriter, name: &str, rows: u32, cols: u32, ty: GgmlType, std: f32| {
-            let mut values: Vec<f32> = (0..rows as usize * cols as usize)
-                .map(|_| noise.normal(std))
-                .collect();
-            if let Some(w0) = shift {
-                let first_column = match name {
-                    "token_embd.weight" => Some(SHIFT_DIM),
-                    _ if name.ends_with("ffn_gate.weight") => Some(-w0),
-                    _ => None,
-                };
-                if let Some(v) = first_column {
-                    for row in values.chunks_exact_mut(cols as usize) {
-                        row[0] = v;
-                    }
+    // `experts` matrices of `rows × cols` (one when 0), written 3-D for a mixture of experts.
+    let mut matrices = |w: &mut GgufWriter,
+                        name: &str,
+                        rows: u32,
+                        cols: u32,
+                        ty: GgmlType,
+                        std: f32,
+                        experts: u32| {
+        let dims = match experts {
+            0 => vec![cols as u64, rows as u64],
+            e => vec![cols as u64, rows as u64, e as u64],
+        };
+        let rows = rows * experts.max(1);
+        let mut values: Vec<f32> = (0..rows as usize * cols as usize)
+            .map(|_| noise.normal(std))
+            .collect();
+        if let Some(w0) = shift {
+            let first_column = match name {
+                "token_embd.weight" => Some(SHIFT_DIM),
+                _ if name.ends_with("ffn_gate.weight")
+                    || name.ends_with("ffn_gate_exps.weight") =>
+                {
+                    Some(-w0)
+                }
+                _ => None,
+            };
+            if let Some(v) = first_column {
+                for row in values.chunks_exact_mut(cols as usize) {
+                    row[0] = v;
                 }
             }
-            let row_bytes = ty.bytes_for(cols as u64).expect("whole blocks") as usize;
-            let mut data = vec![0u8; row_bytes * rows as usize];
-            for (src, dst) in values
-                .chunks_exact(cols as usize)
-                .zip(data.chunks_exact_mut(row_bytes))
-            {
-                quantize_row(ty, src, dst).expect("quantizable type");
-            }
-            w.add_tensor(name, vec![cols as u64, rows as u64], ty, data)
-        };
+        }
+        let row_bytes = ty.bytes_for(cols as u64).expect("whole blocks") as usize;
+        let mut data = vec![0u8; row_bytes * rows as usize];
+        for (src, dst) in values
+            .chunks_exact(cols as usize)
+            .zip(data.chunks_exact_mut(row_bytes))
+        {
+            quantize_row(ty, src, dst).expect("quantizable type");
+        }
+        w.add_tensor(name, dims, ty, data)
+    };
     let vector = |w: &mut GgufWriter, name: &str, values: Vec<f32>| {
         let data = values.iter().flat_map(|v| v.to_le_bytes()).collect();
         w.add_tensor(name, vec![values.len() as u64], GgmlType::F32, data)
@@ -168,13 +196,14 @@ pub fn synthetic_model(spec: &SyntheticSpec) -> Result<GgufWriter, GgufError> {
     // With the ReLU shift, layers add less to the residual stream, so the shifted dimension
     // keeps its share of the norm (and the sparsity stays near its target) through depth.
     let out_scale = if shift.is_some() { 0.2 } else { 1.0 };
-    matrix(
+    matrices(
         &mut w,
         "token_embd.weight",
         spec.n_vocab,
         embd,
         spec.embd_type,
         1.0,
+        0,
     )?;
     for i in 0..spec.n_layer {
         let n = |t: &str| format!("blk.{i}.{t}");
@@ -184,16 +213,17 @@ pub fn synthetic_model(spec: &SyntheticSpec) -> Result<GgufWriter, GgufError> {
                 .collect()
         };
         vector(&mut w, &n("attn_norm.weight"), ones(embd))?;
-        matrix(&mut w, &n("attn_q.weight"), q, embd, wt, s_in)?;
-        matrix(&mut w, &n("attn_k.weight"), kv, embd, wt, s_in)?;
-        matrix(&mut w, &n("attn_v.weight"), kv, embd, wt, s_in)?;
-        matrix(
+        matrices(&mut w, &n("attn_q.weight"), q, embd, wt, s_in, 0)?;
+        matrices(&mut w, &n("attn_k.weight"), kv, embd, wt, s_in, 0)?;
+        matrices(&mut w, &n("attn_v.weight"), kv, embd, wt, s_in, 0)?;
+        matrices(
             &mut w,
             &n("attn_output.weight"),
             embd,
             q,
             wt,
             s_in * out_scale,
+            0,
         )?;
         if arch == "qwen2" {
             for (t, len) in [("attn_q.bias", q), ("attn_k.bias", kv), ("attn_v.bias", kv)] {
@@ -202,26 +232,41 @@ pub fn synthetic_model(spec: &SyntheticSpec) -> Result<GgufWriter, GgufError> {
             }
         }
         vector(&mut w, &n("ffn_norm.weight"), ones(embd))?;
-        matrix(&mut w, &n("ffn_gate.weight"), ff, embd, wt, s_in)?;
-        matrix(&mut w, &n("ffn_up.weight"), ff, embd, wt, s_in)?;
-        matrix(
-            &mut w,
-            &n("ffn_down.weight"),
-            embd,
-            ff,
-            wt,
-            s_ff * out_scale,
-        )?;
+        let e = spec.n_expert;
+        if e > 0 {
+            // Router logits of spread ~2 make clear choices, yet every expert gets chosen.
+            matrices(
+                &mut w,
+                &n("ffn_gate_inp.weight"),
+                e,
+                embd,
+                GgmlType::F32,
+                2.0 * s_in,
+                0,
+            )?;
+        }
+        let names = match e {
+            0 => ["ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"],
+            _ => [
+                "ffn_gate_exps.weight",
+                "ffn_up_exps.weight",
+                "ffn_down_exps.weight",
+            ],
+        };
+        matrices(&mut w, &n(names[0]), ff, embd, wt, s_in, e)?;
+        matrices(&mut w, &n(names[1]), ff, embd, wt, s_in, e)?;
+        matrices(&mut w, &n(names[2]), embd, ff, wt, s_ff * out_scale, e)?;
     }
     vector(&mut w, "output_norm.weight", vec![1.0; embd as usize])?;
     if !spec.tied_output {
-        matrix(
+        matrices(
             &mut w,
             "output.weight",
             spec.n_vocab,
             embd,
             spec.embd_type,
             s_in,
+            0,
         )?;
     }
     Ok(w)

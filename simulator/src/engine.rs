@@ -23,7 +23,7 @@ use conductor_runtime::neuron::Phase;
 use conductor_runtime::schedule::{
     ClusterWork, Command, Event, Program, Scheduler, StepShape, XpuId,
 };
-use conductor_runtime::trace::{Span, TraceRecord};
+use conductor_runtime::trace::{ActiveSet, Span, StepActivity, TraceRecord};
 use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;
 use std::ops::Range;
@@ -77,6 +77,8 @@ pub(crate) struct Machine {
     pub storage: StorageModel,
     /// Bytes one load reads (a bundle's stride); 0 when the model is not a neuron store.
     pub bundle_bytes: u64,
+    /// Reads per bundle: 1 bundled, 3 when gate, up and down lie apart (`Workload::bundled`).
+    pub reads_per_bundle: u64,
 }
 
 /// Spans and records, when asked for.
@@ -382,16 +384,27 @@ impl<'a> Engine<'a> {
             t += d;
         }
         let mut step_done = None;
+        let mut predictions = Vec::new();
         let mut landed = Vec::new();
         let mut loads: Vec<(u64, u64, u32, u32)> = Vec::new();
         for command in &self.commands {
             match command {
                 Command::Compute { xpu, work } => self.sends.push((*xpu, work.clone(), t)),
-                Command::FinishPhase { layer, phase, .. } => {
-                    let (clusters, parts) = self
+                Command::FinishPhase {
+                    step, layer, phase, ..
+                } => {
+                    let (mut clusters, parts) = self
                         .program
                         .phase(*phase)
                         .map_or((0, 0), |p| (p.clusters.len(), p.parts.len()));
+                    if *phase == Phase::FfnNeurons && self.workload.predicted {
+                        // Skipped clusters add nothing to the sum of partial outputs.
+                        clusters = computed_clusters(
+                            self.program.clusters(Phase::FfnNeurons),
+                            self.ctx.activity,
+                            *layer,
+                        );
+                    }
                     let d = self
                         .machine
                         .finish
@@ -401,6 +414,26 @@ impl<'a> Engine<'a> {
                     self.recorder
                         .span(SCHEDULER_TRACK, |r| r.finish_names[i].clone(), t, t + d);
                     t += d;
+                    if *phase == Phase::AttnOutRows
+                        && self.ctx.shape == StepShape::Decode
+                        && self.scheduler.awaits_predictions()
+                    {
+                        // The drivers feed the layer's predictions right after this finish;
+                        // nothing moves the scheduler's load cursor in between.
+                        let needed = needed_clusters(
+                            self.program.clusters(Phase::FfnNeurons),
+                            self.ctx.activity,
+                            *layer,
+                        );
+                        predictions.push((
+                            t,
+                            Event::FfnPredicted {
+                                step: *step,
+                                layer: *layer,
+                                needed,
+                            },
+                        ));
+                    }
                 }
                 Command::Load {
                     step,
@@ -432,7 +465,7 @@ impl<'a> Engine<'a> {
         self.host_free[sched] = t;
 
         self.submit_loads(&loads, &mut landed);
-        for (at, event) in landed {
+        for (at, event) in predictions.into_iter().chain(landed) {
             self.push(at, PendingKind::Arrive(event));
         }
         let mut sends = std::mem::take(&mut self.sends);
@@ -470,7 +503,18 @@ impl<'a> Engine<'a> {
                 end += 1;
             }
             let bytes = self.machine.bundle_bytes * (end - i) as u64;
-            let read = self.machine.storage.submit(t, bytes, Access::Random);
+            let parts = self.machine.reads_per_bundle.max(1);
+            let mut read = self
+                .machine
+                .storage
+                .submit(t, bytes / parts, Access::Random);
+            for _ in 1..parts {
+                let next = self
+                    .machine
+                    .storage
+                    .submit(t, bytes / parts, Access::Random);
+                read.end_ns = read.end_ns.max(next.end_ns);
+            }
             let latency =
                 self.machine
                     .messages
@@ -534,6 +578,54 @@ impl<'a> Engine<'a> {
         }
         ns
     }
+}
+
+/// Indices of the FFN clusters (`clusters`, ascending ranges) that hold an active neuron of
+/// `layer` in `activity` (all of them when every neuron is active).
+fn active_clusters<'a>(
+    clusters: &'a [Range<u32>],
+    activity: Option<&'a StepActivity>,
+    layer: u32,
+) -> Option<impl Iterator<Item = usize> + 'a> {
+    let Some(ActiveSet::Neurons(active)) = activity.and_then(|a| a.layers.get(layer as usize))
+    else {
+        return None;
+    };
+    let mut c = 0;
+    let mut last = usize::MAX;
+    Some(active.iter().filter_map(move |&n| {
+        while c < clusters.len() && clusters[c].end <= n {
+            c += 1;
+        }
+        (c < clusters.len() && clusters[c].start <= n && c != last).then(|| {
+            last = c;
+            c
+        })
+    }))
+}
+
+/// How many FFN clusters of `layer` compute (the others are skipped: no active neuron).
+fn computed_clusters(
+    clusters: &[Range<u32>],
+    activity: Option<&StepActivity>,
+    layer: u32,
+) -> usize {
+    active_clusters(clusters, activity, layer).map_or(clusters.len(), |it| it.count())
+}
+
+/// The predictions a driver feeds for `layer`: bit `c` set for each cluster with an active
+/// neuron.
+fn needed_clusters(
+    clusters: &[Range<u32>],
+    activity: Option<&StepActivity>,
+    layer: u32,
+) -> Vec<u64> {
+    let mut words = vec![0u64; clusters.len().div_ceil(64)];
+    match active_clusters(clusters, activity, layer) {
+        Some(it) => it.for_each(|c| words[c / 64] |= 1 << (c % 64)),
+        None => (0..clusters.len()).for_each(|c| words[c / 64] |= 1 << (c % 64)),
+    }
+    words
 }
 
 #[cfg(test)]

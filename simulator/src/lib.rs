@@ -13,6 +13,7 @@ mod engine;
 mod error;
 mod replay;
 mod report;
+mod shapes;
 mod workload;
 
 pub use devices::host::SPIN_WINDOW_NS;
@@ -20,9 +21,11 @@ pub use devices::storage::{Access, ReadTiming, StorageModel};
 pub use error::SimError;
 pub use replay::{check_trace_model, replay, Mismatch, ReplayError, ReplayReport};
 pub use report::{SimReport, StepTiming, TokenTimes, TrackUse};
-pub use workload::{
-    describe_model_file, named_shape, DecodeStart, PlannedStep, Workload, NAMED_SHAPES,
+pub use shapes::{
+    activation_stats, named_shape, neuron_frequencies, synthesize_activity, ActivationStats,
+    NAMED_SHAPES,
 };
+pub use workload::{describe_model_file, DecodeStart, PlannedStep, Workload};
 
 use conductor_runtime::plan::{hosts_of, ExecutionPlan, HardwareProfile, Topology};
 use conductor_runtime::schedule::Scheduler;
@@ -67,7 +70,11 @@ pub fn simulate(
     options: &SimOptions,
 ) -> Result<SimReport, SimError> {
     profile.validate()?;
-    let scheduler = Scheduler::new(&workload.model.shape, plan)?;
+    let mut scheduler = Scheduler::new(&workload.model.shape, plan)?;
+    scheduler.await_predictions(workload.predicted);
+    if let (true, Some(cache)) = (workload.warm_cache, &plan.cache) {
+        scheduler.warm_cache(cache);
+    }
     workload.validate()?;
     let topology = Topology::of_profile(profile);
     let placed = topology.place(plan, workload.threads)?;
@@ -94,6 +101,7 @@ pub fn simulate(
         messages: MessageModel::new(&profile.messaging),
         storage: StorageModel::new(&profile.storage, &plan.storage),
         bundle_bytes: workload.model.shape.ffn_bundle_stride,
+        reads_per_bundle: if workload.bundled { 1 } else { 3 },
     };
     let group_names = machine.group_names.clone();
     let outcome = Engine::new(scheduler, machine, workload, options).run()?;

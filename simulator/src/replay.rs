@@ -59,6 +59,12 @@ impl ReplayReport {
 /// going after a mismatch (the scheduler's state may have diverged; later counts say how far).
 pub fn replay(trace: &Trace) -> Result<ReplayReport, ReplayError> {
     let mut scheduler = Scheduler::new(&trace.header.model.shape, &trace.header.plan)?;
+    // A predictor-mode run's decode steps waited for predictions: so must the replay.
+    let predicted = trace
+        .records
+        .iter()
+        .any(|r| matches!(r.event, Event::FfnPredicted { .. }));
+    scheduler.await_predictions(predicted);
     let mut report = ReplayReport {
         records: trace.records.len(),
         commands: trace.records.iter().map(|r| r.commands.len()).sum(),

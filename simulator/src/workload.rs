@@ -4,8 +4,7 @@
 
 use crate::SimError;
 use conductor_runtime::model::Model;
-use conductor_runtime::plan::{ModelDescription, ModelShape, WeightTypes};
-use conductor_runtime::quant::GgmlType;
+use conductor_runtime::plan::ModelDescription;
 use conductor_runtime::schedule::StepRequest;
 use conductor_runtime::trace::{ActiveSet, StepActivity};
 use std::path::Path;
@@ -38,6 +37,21 @@ pub struct Workload {
     /// empty list: dense decode (every neuron active).
     pub activity: Option<Vec<StepActivity>>,
     pub decode_start: DecodeStart,
+    /// How a store holds a neuron's gate row, up row and down column: together in one bundle
+    /// (`true`, the only layout the runtime has; one read per bundle) or apart in three
+    /// matrices, as an ordinary GGUF does (`false`: a what-if for exploration; each bundle
+    /// costs three reads of a third of its bytes, as the PowerInfer-2 ablation's baseline).
+    pub bundled: bool,
+    /// Start with the neuron cache as a long run leaves it (hot segment full, cold slots
+    /// holding the next-hottest units) instead of empty: steady-state decode without
+    /// simulating the hundreds of tokens a large cache takes to fill.
+    pub warm_cache: bool,
+    /// Predictor-mode sparse decode: each decode layer's clusters without an active neuron
+    /// are skipped, neither read nor summed (the scheduler awaits the predictions the
+    /// activity gives, as the drivers feed them). `false`: every cluster is read and computed
+    /// (dense, or threshold mode, which needs each gate). The predictor's own compute is not
+    /// modelled.
+    pub predicted: bool,
 }
 
 impl Workload {
@@ -51,6 +65,9 @@ impl Workload {
             threads: None,
             activity: None,
             decode_start: DecodeStart::Fresh,
+            bundled: true,
+            warm_cache: false,
+            predicted: false,
         }
     }
 
@@ -63,6 +80,17 @@ impl Workload {
             });
         }
         let (n_layer, n_ff) = (self.model.shape.n_layer, self.model.shape.n_ff);
+        let no_activity = self.activity.as_ref().is_none_or(|a| a.is_empty());
+        if self.model.shape.is_moe() && self.n_gen > 0 && no_activity {
+            return Err(SimError::Workload {
+                field: "activity".into(),
+                why: format!(
+                    "`{}` is a mixture of experts: its decode steps need the router's choices \
+                     (activity; synthesize_activity makes them from published statistics)",
+                    self.model.name
+                ),
+            });
+        }
         for (i, step) in self.activity.iter().flatten().enumerate() {
             if step.layers.len() != n_layer as usize {
                 return Err(SimError::Activity {
@@ -151,77 +179,6 @@ pub struct PlannedStep {
     pub decode_index: Option<u32>,
 }
 
-/// Names [`named_shape`] knows.
-pub const NAMED_SHAPES: &[&str] = &["smollm2-135m", "llama-2-7b", "llama-2-13b", "mistral-7b"];
-
-/// A llama-family shape: layers, width, FFN width, query and key/value heads (head size
-/// `n_embd / n_head`), vocabulary; FFN clusters in whole 32-value blocks, no store.
-fn llama_shape(
-    n_layer: u32,
-    n_embd: u32,
-    n_ff: u32,
-    n_head: u32,
-    n_head_kv: u32,
-    n_vocab: u32,
-) -> ModelShape {
-    ModelShape {
-        n_layer,
-        n_embd,
-        n_ff,
-        n_head,
-        n_head_kv,
-        head_dim: n_embd / n_head,
-        n_vocab,
-        ffn_granule: 32,
-        ffn_bundle: 0,
-        ffn_bundle_stride: 0,
-        n_expert: 0,
-        n_expert_used: 0,
-    }
-}
-
-/// A model known by name, so a plan can be simulated without its file.
-pub fn named_shape(name: &str) -> Option<ModelDescription> {
-    let uniform = |matrices: GgmlType, output: GgmlType| WeightTypes {
-        attn_q: matrices,
-        attn_k: matrices,
-        attn_v: matrices,
-        attn_out: matrices,
-        ffn_gate: matrices,
-        ffn_up: matrices,
-        ffn_down: matrices,
-        output,
-    };
-    let (shape, types) = match name {
-        "smollm2-135m" => (
-            llama_shape(30, 576, 1536, 9, 3, 49152),
-            uniform(GgmlType::Q4_1, GgmlType::Q8_0),
-        ),
-        "llama-2-7b" => (
-            llama_shape(32, 4096, 11008, 32, 32, 32000),
-            uniform(GgmlType::Q4_0, GgmlType::Q6_K),
-        ),
-        // meta-llama/Llama-2-13b-hf config.json: hidden 5120, intermediate 13824, 40 layers,
-        // 40 heads (no grouped-query attention), vocabulary 32000.
-        "llama-2-13b" => (
-            llama_shape(40, 5120, 13824, 40, 40, 32000),
-            uniform(GgmlType::Q4_0, GgmlType::Q6_K),
-        ),
-        // mistralai/Mistral-7B-v0.1 config.json: hidden 4096, intermediate 14336, 32 layers,
-        // 32 query heads over 8 key/value heads, vocabulary 32000.
-        "mistral-7b" => (
-            llama_shape(32, 4096, 14336, 32, 8, 32000),
-            uniform(GgmlType::Q4_0, GgmlType::Q6_K),
-        ),
-        _ => return None,
-    };
-    Some(ModelDescription {
-        name: name.to_string(),
-        shape,
-        types,
-    })
-}
-
 /// The description of a GGUF model file (its shape and weight types; the weights stay
 /// mapped only while this runs).
 pub fn describe_model_file(path: &Path) -> Result<ModelDescription, SimError> {
@@ -236,6 +193,7 @@ pub fn describe_model_file(path: &Path) -> Result<ModelDescription, SimError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::named_shape;
 
     #[test]
     fn prompts_split_like_the_inline_driver() {
@@ -271,25 +229,6 @@ mod tests {
             ..w
         };
         assert_eq!(w.steps(512)[3].request.n_past, 1100);
-    }
-
-    #[test]
-    fn named_shapes_are_complete() {
-        for name in NAMED_SHAPES {
-            let d = named_shape(name).unwrap();
-            assert_eq!(d.name, *name);
-            assert!(d.dense_weight_bytes() > 0);
-        }
-        assert!(named_shape("gpt-5").is_none());
-        let llama = named_shape("llama-2-7b").unwrap();
-        // 7B parameters at 4.5 bits, plus the Q6_K output: about 3.6 GB.
-        let gb = llama.dense_weight_bytes() as f64 / 1e9;
-        assert!((3.4..3.9).contains(&gb), "{gb}");
-        // 13B at 4.5 bits: about 7 GB; Mistral-7B (7.2B): about 3.9 GB.
-        let gb = named_shape("llama-2-13b").unwrap().dense_weight_bytes() as f64 / 1e9;
-        assert!((6.8..7.6).contains(&gb), "{gb}");
-        let gb = named_shape("mistral-7b").unwrap().dense_weight_bytes() as f64 / 1e9;
-        assert!((3.7..4.2).contains(&gb), "{gb}");
     }
 
     #[test]

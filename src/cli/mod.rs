@@ -1,8 +1,10 @@
 //! Command-line interface, modelled on llama.cpp's tools so their users feel at home.
 
 mod bench;
+mod chart;
 mod check_refs;
 mod convert;
+mod explore;
 mod perplexity;
 mod plan;
 mod profile;
@@ -52,6 +54,9 @@ enum Command {
     /// Plan how a model runs on a hardware profile under limits (memory, minimum speed):
     /// candidate plans scored by the simulator, the fastest written.
     Plan(plan::PlanArgs),
+    /// Sweep budgets, models, hardware profiles and plan features on the simulator: CSV and
+    /// charts (or `--paper`: PowerInfer-2's trends beside its numbers).
+    Explore(explore::ExploreArgs),
     /// Profile a model's FFN activations over text: sparsity thresholds, hot neurons,
     /// predictors (for --sparsity).
     Profile(profile::ProfileArgs),
@@ -368,6 +373,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
         Command::ProfileHw(args) => profile_hw::run(args),
         Command::Profile(args) => profile::run(args),
         Command::Plan(args) => plan::run(args),
+        Command::Explore(args) => explore::run(args),
     }
 }
 

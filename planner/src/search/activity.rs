@@ -45,14 +45,24 @@ fn unit_draw(step: u32, layer: u32, neuron: u32) -> f64 {
 /// first: by the expected number of active neurons a bundle holds (the sum of its neurons'
 /// frequencies); ties keep unit order.
 pub fn hot_units_from_profile(profile: &ModelProfile, bundle: u32) -> Vec<u32> {
+    hot_units_from_frequencies(
+        profile.layers.iter().map(|l| l.frequency.as_slice()),
+        bundle,
+    )
+}
+
+/// [`hot_units_from_profile`] from per-layer neuron frequencies (a profile's, or synthesized
+/// from published statistics).
+pub fn hot_units_from_frequencies<'a>(
+    layers: impl IntoIterator<Item = &'a [f32]>,
+    bundle: u32,
+) -> Vec<u32> {
     let bundle = bundle.max(1) as usize;
     let mut units: Vec<(u32, f64)> = Vec::new();
-    let per_layer = profile
-        .layers
-        .first()
-        .map_or(0, |l| l.frequency.len().div_ceil(bundle));
-    for (l, layer) in profile.layers.iter().enumerate() {
-        for (b, chunk) in layer.frequency.chunks(bundle).enumerate() {
+    let mut per_layer = None;
+    for (l, frequency) in layers.into_iter().enumerate() {
+        let per_layer = *per_layer.get_or_insert(frequency.len().div_ceil(bundle));
+        for (b, chunk) in frequency.chunks(bundle).enumerate() {
             let mass: f64 = chunk.iter().map(|&f| f64::from(f)).sum();
             units.push(((l * per_layer + b) as u32, mass));
         }

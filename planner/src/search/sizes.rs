@@ -3,6 +3,7 @@
 
 use conductor_runtime::cache::StoreSizes;
 use conductor_runtime::plan::ModelDescription;
+use conductor_runtime::quant::GgmlType;
 use conductor_runtime::store::{
     BundleLayout, DownLayout, DEFAULT_BUNDLE_NEURONS, DEFAULT_DOWN_TYPE,
 };
@@ -19,6 +20,16 @@ pub fn planned_store_sizes(
     model: &ModelDescription,
     bundle_neurons: Option<u32>,
 ) -> Result<(ModelDescription, StoreSizes), String> {
+    planned_store_sizes_with(model, bundle_neurons, None)
+}
+
+/// [`planned_store_sizes`] with the down columns in `down_type` (`None`:
+/// [`DEFAULT_DOWN_TYPE`]), as `conductor convert --sparse-down-type` writes them.
+pub fn planned_store_sizes_with(
+    model: &ModelDescription,
+    bundle_neurons: Option<u32>,
+    down_type: Option<GgmlType>,
+) -> Result<(ModelDescription, StoreSizes), String> {
     let s = &model.shape;
     let t = &model.types;
     let mut model = model.clone();
@@ -27,7 +38,7 @@ pub fn planned_store_sizes(
         let layout = BundleLayout::new(
             s.n_embd,
             s.n_ff,
-            [t.ffn_gate, t.ffn_up, DEFAULT_DOWN_TYPE],
+            [t.ffn_gate, t.ffn_up, down_type.unwrap_or(DEFAULT_DOWN_TYPE)],
             DownLayout::NeuronColumns,
             neurons,
         )

@@ -124,7 +124,8 @@ pub struct CacheDirectory {
 
 impl CacheDirectory {
     /// A directory for the units of `map`. Hot slots go first to the plan's `hot_units` (out
-    /// of range or repeated ones are skipped), then to units in `map`'s hot order (every
+    /// of range or repeated ones are skipped; when there are any, the output projection's
+    /// units come before them), then to units in `map`'s hot order (every
     /// layer's first clusters, round-robin over layers: without a ranking every neuron is as
     /// hot as any other).
     pub fn new(plan: &CachePlan, map: &UnitMap) -> CacheDirectory {
@@ -138,9 +139,18 @@ impl CacheDirectory {
             hot = hot.saturating_sub(1);
         }
         let mut hot_slot = vec![None; n_units as usize];
+        // With a ranking (sparse decode), the streamed output projection's units go first:
+        // every token that wants logits reads all of them, no FFN unit is hotter.
+        let output: Vec<u32> = if plan.hot_units.is_empty() {
+            Vec::new()
+        } else {
+            (0..map.output_clusters)
+                .map(|c| map.unit(map.n_layer, c))
+                .collect()
+        };
         let ranked = plan.hot_units.iter().copied().filter(|&u| u < n_units);
         let mut next = 0;
-        for unit in ranked.chain(map.hot_order()) {
+        for unit in output.into_iter().chain(ranked).chain(map.hot_order()) {
             if next == hot {
                 break;
             }
@@ -269,6 +279,64 @@ impl CacheDirectory {
                 self.evictable.insert((s.stamp, i as u32));
             }
         }
+    }
+
+    /// Fills the cache as a long run leaves it, without reads: every hot slot holds its unit,
+    /// then the empty cold slots take the next units of the plan's ranking (its `hot_units`,
+    /// then the hot order), the hottest the most recently used. For a steady-state start (the
+    /// simulator's `warm_cache`); the runtime fills slots as steps first use them. Returns the
+    /// units now resident. Only for an idle directory (nothing pinned or loading).
+    pub fn warm(&mut self, plan: &CachePlan) -> u32 {
+        let mut resident = 0;
+        for (u, slot) in self.hot_slot.iter().enumerate() {
+            if let (Some(s), Residency::Absent) = (*slot, self.units[u]) {
+                if self.slots[s as usize].owner.is_none() {
+                    self.slots[s as usize].owner = Some(u as u32);
+                    self.units[u] = Residency::Ready(s);
+                    resident += 1;
+                }
+            }
+        }
+        let free: Vec<u32> = self
+            .evictable
+            .iter()
+            .map(|&(_, s)| s)
+            .filter(|&s| self.slots[s as usize].owner.is_none())
+            .collect();
+        let n_units = self.units.len() as u32;
+        let output = (0..self.map.output_clusters).map(|c| self.map.unit(self.map.n_layer, c));
+        let ranked = plan.hot_units.iter().copied().filter(|&u| u < n_units);
+        let ranked = output
+            .take(if plan.hot_units.is_empty() {
+                0
+            } else {
+                usize::MAX
+            })
+            .chain(ranked);
+        let mut picked = Vec::with_capacity(free.len());
+        let mut taken = vec![false; self.units.len()];
+        for u in ranked.chain(self.map.hot_order()) {
+            if picked.len() == free.len() {
+                break;
+            }
+            if self.units[u as usize] == Residency::Absent && !taken[u as usize] {
+                taken[u as usize] = true;
+                picked.push(u);
+            }
+        }
+        // The least hot first, so it gets the oldest stamp and is evicted first.
+        for (&slot, &u) in free.iter().zip(picked.iter().rev()) {
+            self.evictable
+                .remove(&(self.slots[slot as usize].stamp, slot));
+            self.clock += 1;
+            let s = &mut self.slots[slot as usize];
+            s.owner = Some(u);
+            s.stamp = self.clock;
+            self.evictable.insert((s.stamp, slot));
+            self.units[u as usize] = Residency::Ready(slot);
+            resident += 1;
+        }
+        resident
     }
 
     /// Counters per layer (the last entry is the output projection).

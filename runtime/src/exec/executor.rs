@@ -20,7 +20,7 @@
 use super::{ClusterRunner, DenseBackend};
 use crate::model::attention::{attend_tiled, attend_vec, AttnScratch, TILED_MIN_QUERIES};
 use crate::model::ops::{gated_activation, rms_norm, RopeTable};
-use crate::model::{KvCache, Model, ModelError, TensorRef};
+use crate::model::{moe, KvCache, Model, ModelError, TensorRef};
 use crate::neuron::Phase;
 use crate::quant::{activation_type, GgmlType, Kernels, MatRef};
 use crate::schedule::{ClusterWork, Program, StepRequest, StepShape, XpuId};
@@ -62,6 +62,7 @@ impl FfnCluster<'_> {
         s: &mut WorkerScratch,
         out: &mut [f32],
         batched_down: bool,
+        expert: Option<ExpertScale<'_>>,
     ) {
         let m = self.gate.rows;
         s.gate.resize(n * m, 0.0);
@@ -69,6 +70,14 @@ impl FfnCluster<'_> {
         cx.project(self.gate, acts.get(self.gate.ty), n, &mut s.gate, m);
         cx.project(self.up, acts.get(self.up.ty), n, &mut s.up, m);
         gated_activation(activation, &mut s.gate, &s.up);
+        // An expert's neurons carry its router weight: scaling h before the (linear) down
+        // projection is llama.cpp's scaling of the expert's output.
+        if let Some(expert) = expert {
+            for (t, h) in s.gate.chunks_exact_mut(m).enumerate() {
+                let w = expert.weight(t);
+                h.iter_mut().for_each(|v| *v *= w);
+            }
+        }
         let (down, cols) = match &self.down {
             DownPart::Columns { mat, cols } => (*mat, cols.clone()),
             DownPart::NeuronRows(rows) => {
@@ -115,6 +124,61 @@ impl FfnCluster<'_> {
                 &mut out[t * embd..(t + 1) * embd],
             );
         }
+    }
+}
+
+/// The router weights of one expert for a step's tokens.
+#[derive(Clone, Copy)]
+struct ExpertScale<'a> {
+    /// `[token][n_expert]`.
+    weights: &'a [f32],
+    n_expert: usize,
+    expert: usize,
+}
+
+impl ExpertScale<'_> {
+    fn weight(&self, token: usize) -> f32 {
+        self.weights[token * self.n_expert + self.expert]
+    }
+}
+
+/// A step's mixture-of-experts routing for the current layer, and prefill's weighted FFN
+/// activations quantized expert by expert.
+#[derive(Default)]
+struct MoeState {
+    /// `[token][n_expert]`: each token's weight per expert, 0 where the router did not choose it.
+    weights: Vec<f32>,
+    /// Whether any token of the step chose each expert: the others' clusters are skipped.
+    used: Vec<bool>,
+    probs: Vec<f32>,
+    chosen: Vec<u32>,
+    /// Prefill: `[expert][token][bytes]`, h of each expert's neurons quantized for the down
+    /// projection (only for used experts); `act_row` bytes per token.
+    acts: Vec<u8>,
+    act_row: usize,
+}
+
+impl MoeState {
+    /// The expert owning FFN neurons `neurons` (a cluster, which never mixes experts) and its
+    /// weights, when the model is a mixture; `Err(())` when no token chose that expert.
+    fn expert_of(
+        &self,
+        model: &Model,
+        neurons: &Range<usize>,
+    ) -> Result<Option<ExpertScale<'_>>, ()> {
+        let c = &model.config;
+        if !c.is_moe() {
+            return Ok(None);
+        }
+        let expert = neurons.start / c.ffn_per_expert() as usize;
+        if !self.used.get(expert).copied().unwrap_or(false) {
+            return Err(());
+        }
+        Ok(Some(ExpertScale {
+            weights: &self.weights,
+            n_expert: c.n_expert as usize,
+            expert,
+        }))
     }
 }
 
@@ -484,6 +548,7 @@ pub struct StepState {
     /// `[token][n_ff bits]`, and the predictor's scratch.
     predicted: Vec<u64>,
     predictor_scratch: PredictorScratch,
+    moe: MoeState,
 }
 
 /// Receives intermediate tensors by llama.cpp's names (`attn_norm-3`, `ffn_out-3`, `l_out-3`,
@@ -515,6 +580,7 @@ impl StepState {
             cache: None,
             predicted: Vec::new(),
             predictor_scratch: PredictorScratch::default(),
+            moe: MoeState::default(),
         }
     }
 
@@ -687,6 +753,31 @@ impl StepState {
                     }
                 });
             }
+            Phase::FfnDownRows if c.is_moe() => {
+                // Each output row block sums every used expert's down block times that
+                // expert's weighted h, experts in index order (a fixed order: the same bits
+                // whichever thread computes the block).
+                let l = layer.expect("layer");
+                let moe = &self.moe;
+                let row = moe.act_row;
+                let mut outs = row_blocks(buf, clusters, n, embd);
+                runner.run(&mut outs, &|worker, i, out| {
+                    let mut s = scratch[worker].lock().unwrap_or_else(|e| e.into_inner());
+                    let rows = units(&clusters[i]);
+                    let m = rows.len();
+                    out[..n * m].fill(0.0);
+                    s.up.resize(n * m, 0.0);
+                    for (e, _) in moe.used.iter().enumerate().filter(|(_, &u)| u) {
+                        let first = e * embd;
+                        let w = model.rows(&l.down, first + rows.start..first + rows.end);
+                        let act = &moe.acts[e * n * row..(e + 1) * n * row];
+                        cx.project(w, act, n, &mut s.up, m);
+                        for (o, v) in out[..n * m].iter_mut().zip(&s.up[..n * m]) {
+                            *o += v;
+                        }
+                    }
+                });
+            }
             Phase::AttnOutRows | Phase::FfnDownRows | Phase::OutputRows => {
                 let w: &TensorRef = match work.phase {
                     Phase::AttnOutRows => &layer.expect("layer").wo,
@@ -726,10 +817,16 @@ impl StepState {
             Phase::FfnGateUpRows => {
                 let l = layer.expect("layer");
                 let mut outs = row_blocks(buf, clusters, n, c.n_ff as usize);
+                let moe = &self.moe;
                 runner.run(&mut outs, &|worker, i, out| {
                     let mut s = scratch[worker].lock().unwrap_or_else(|e| e.into_inner());
                     let rows = units(&clusters[i]);
                     let m = rows.len();
+                    // An expert no token chose: its h is weighted by 0 anyway.
+                    if moe.expert_of(model, &rows).is_err() {
+                        out[..n * m].fill(0.0);
+                        return;
+                    }
                     s.up.resize(n * m, 0.0);
                     cx.project(
                         model.rows(&l.gate, rows.clone()),
@@ -767,10 +864,17 @@ impl StepState {
                 let predicted = sparse
                     .filter(|sp| sp.mode == SparsityMode::Predictor)
                     .and_then(|_| self.predictions(program.shape));
+                let moe = &self.moe;
                 runner.run(&mut outs, &|worker, i, out| {
                     let mut guard = scratch[worker].lock().unwrap_or_else(|e| e.into_inner());
                     let s = &mut *guard;
                     let neurons = units(&clusters[i]);
+                    // An expert no token chose adds nothing (and under a cache its bundles
+                    // were never loaded: `ffn_needed` left them out).
+                    let Ok(expert) = moe.expert_of(model, &neurons) else {
+                        out[..n * embd].fill(0.0);
+                        return;
+                    };
                     // No token's prediction names a neuron of the cluster: it adds nothing
                     // (and under a cache it was never loaded).
                     if let Some(bits) = predicted {
@@ -796,10 +900,11 @@ impl StepState {
                                     mat,
                                     cols: 0..neurons.len(),
                                 },
-                                None => DownPart::Columns {
-                                    mat: model.mat(&l.down),
-                                    cols: neurons.clone(),
-                                },
+                                None => {
+                                    let (mat, cols) =
+                                        model.down_columns(layer_index as usize, neurons.clone());
+                                    DownPart::Columns { mat, cols }
+                                }
                             };
                             FfnCluster { gate, up, down }
                         }
@@ -837,7 +942,16 @@ impl StepState {
                             cx, sparse, l, neurons, &ffn, acts, predicted, n, s, out,
                         );
                     }
-                    ffn.compute(cx, acts, c.activation, n, s, out, model.store.is_some());
+                    ffn.compute(
+                        cx,
+                        acts,
+                        c.activation,
+                        n,
+                        s,
+                        out,
+                        model.store.is_some(),
+                        expert,
+                    );
                 });
             }
         }
@@ -995,8 +1109,12 @@ impl StepState {
                 gather_row_blocks(&self.blocks, clusters, n, ff, &mut self.gathered);
                 self.emit(|| format!("ffn_swiglu-{l}"), Tensor::Gathered, ff);
                 let down = model.layers[l].down.ty;
-                self.acts
-                    .prepare(&self.kernels, &self.gathered, ff, &[down]);
+                if c.is_moe() {
+                    self.weigh_experts(model, down);
+                } else {
+                    self.acts
+                        .prepare(&self.kernels, &self.gathered, ff, &[down]);
+                }
             }
             Phase::FfnDownRows => {
                 self.add_row_blocks(clusters, embd);
@@ -1063,12 +1181,75 @@ impl StepState {
         let types = [layer.gate.ty, layer.up.ty];
         self.acts
             .prepare(&self.kernels, &self.normed, c.n_embd as usize, &types);
+        if let Some(router) = &layer.router {
+            self.route(model, router);
+        }
+    }
+
+    /// Mixture of experts: each token's expert weights from the FFN input just normed.
+    fn route(&mut self, model: &Model, router: &[f32]) {
+        let c = &model.config;
+        let (embd, n_expert) = (c.n_embd as usize, c.n_expert as usize);
+        let n = self.request.n_tokens as usize;
+        let moe = &mut self.moe;
+        moe.weights.resize(n * n_expert, 0.0);
+        moe.used.clear();
+        moe.used.resize(n_expert, false);
+        for t in 0..n {
+            moe::route(
+                router,
+                &self.normed[t * embd..(t + 1) * embd],
+                c.n_expert_used as usize,
+                &mut moe.probs,
+                &mut moe.chosen,
+                &mut moe.weights[t * n_expert..(t + 1) * n_expert],
+            );
+            for &e in &moe.chosen {
+                moe.used[e as usize] = true;
+            }
+        }
+    }
+
+    /// Prefill of a mixture of experts: weighs each token's h (`gathered`, `[token][n_ff]`)
+    /// by its experts' router weights (0 for the others) and quantizes it expert by expert for
+    /// the experts' down projections (blocks never cross experts, so these are the bytes a
+    /// whole-row quantization would give).
+    fn weigh_experts(&mut self, model: &Model, down: GgmlType) {
+        let c = &model.config;
+        let (ff, f, n_expert) = (
+            c.n_ff as usize,
+            c.ffn_per_expert() as usize,
+            c.n_expert as usize,
+        );
+        let n = self.request.n_tokens as usize;
+        let moe = &mut self.moe;
+        for (t, h) in self.gathered.chunks_exact_mut(ff).take(n).enumerate() {
+            for (e, h) in h.chunks_exact_mut(f).enumerate() {
+                let w = moe.weights[t * n_expert + e];
+                h.iter_mut().for_each(|v| *v *= w);
+            }
+        }
+        let row = activation_type(down)
+            .bytes_for(f as u64)
+            .expect("an expert's down rows are whole blocks") as usize;
+        moe.act_row = row;
+        moe.acts.resize(n_expert * n * row, 0);
+        for e in (0..n_expert).filter(|&e| moe.used[e]) {
+            for t in 0..n {
+                let at = (e * n + t) * row;
+                self.kernels.quantize_activations(
+                    down,
+                    &self.gathered[t * ff + e * f..t * ff + (e + 1) * f],
+                    &mut moe.acts[at..at + row],
+                );
+            }
+        }
     }
 
     /// After a layer's attention: which of the layer's FFN clusters (`program`'s) the step
     /// needs, as bits of `needed`: those whose neurons a token's prediction names, or all of
     /// them where nothing was predicted (dense, threshold, prefill, a layer without a
-    /// predictor).
+    /// predictor); in a mixture of experts only clusters of experts some token chose.
     pub fn ffn_needed(&self, model: &Model, program: &Program, needed: &mut Vec<u64>) {
         let clusters = program.clusters(Phase::FfnNeurons);
         needed.clear();
@@ -1077,7 +1258,8 @@ impl StepState {
         let words = (model.config.n_ff as usize).div_ceil(64);
         let n = self.request.n_tokens as usize;
         for (c, r) in clusters.iter().enumerate() {
-            if predicted.is_none_or(|bits| any_predicted(bits, words, n, &units(r))) {
+            let chosen = self.moe.expert_of(model, &units(r)).is_ok();
+            if chosen && predicted.is_none_or(|bits| any_predicted(bits, words, n, &units(r))) {
                 needed[c / 64] |= 1 << (c % 64);
             }
         }

@@ -21,7 +21,8 @@ use crate::model::Model;
 use std::sync::Arc;
 
 /// The scheduler for `model` under `plan`: with predictors, decode steps under a cache load
-/// only the FFN clusters a layer's predictions name ([`Scheduler::await_predictions`]).
+/// only the FFN clusters a layer's predictions name ([`Scheduler::await_predictions`]); in a
+/// mixture of experts, only the clusters of the experts the router chose.
 pub fn scheduler_for(
     model: &Model,
     plan: &crate::plan::ExecutionPlan,
@@ -31,7 +32,7 @@ pub fn scheduler_for(
         .sparse
         .as_ref()
         .is_some_and(|s| s.mode == crate::sparse::SparsityMode::Predictor);
-    scheduler.await_predictions(predicts);
+    scheduler.await_predictions(predicts || model.config.is_moe());
     Ok(scheduler)
 }
 

@@ -60,12 +60,19 @@ pub struct ModelConfig {
     pub rms_eps: f32,
     pub rope: RopeConfig,
     pub activation: FfnActivation,
+    /// Experts of a mixture-of-experts FFN (`{arch}.expert_count`; 0: a dense FFN). `n_ff` is
+    /// then the experts' neurons side by side: `n_expert × feed_forward_length`.
+    pub n_expert: u32,
+    /// Experts each token's router picks (`{arch}.expert_used_count`; 0 for a dense FFN).
+    pub n_expert_used: u32,
 }
 
 /// Upper bounds that keep arithmetic on dimensions far from overflow: far above any real model,
 /// far below what would make `rows * cols` overflow.
 const MAX_DIM: u32 = 1 << 20;
 const MAX_LAYERS: u32 = 4096;
+/// The most experts a layer may have: above every released MoE model (DeepSeek-V3: 256).
+pub const MAX_EXPERTS: u32 = 256;
 
 impl ModelConfig {
     /// Reads the configuration of a llama-family model.
@@ -86,7 +93,28 @@ impl ModelConfig {
         };
         let n_layer = required("block_count")?;
         let n_embd = required("embedding_length")?;
-        let n_ff = required("feed_forward_length")?;
+        let ff_per_expert = required("feed_forward_length")?;
+        let (n_expert, n_expert_used) = experts(
+            file.get_u32(&key("expert_count"))?,
+            file.get_u32(&key("expert_used_count"))?,
+            &key,
+        )?;
+        if ff_per_expert == 0 || ff_per_expert > MAX_DIM {
+            return Err(ModelError::BadValue {
+                key: key("feed_forward_length"),
+                why: format!("{ff_per_expert} is outside 1..={MAX_DIM}"),
+            });
+        }
+        // The experts' neurons form one FFN neuron space (ModelShape's convention).
+        let n_ff = ff_per_expert
+            .checked_mul(n_expert.max(1))
+            .filter(|&n| n <= MAX_DIM)
+            .ok_or_else(|| ModelError::BadValue {
+                key: key("expert_count"),
+                why: format!(
+                    "{n_expert} experts of {ff_per_expert} neurons exceed {MAX_DIM} FFN neurons"
+                ),
+            })?;
         let n_head = required("attention.head_count")?;
         let n_head_kv = file
             .get_u32(&key("attention.head_count_kv"))?
@@ -166,6 +194,8 @@ impl ModelConfig {
             n_ctx_train,
             rms_eps,
             activation,
+            n_expert,
+            n_expert_used,
         };
         config.validate()?;
         Ok(config)
@@ -232,6 +262,16 @@ impl ModelConfig {
         Ok(())
     }
 
+    /// Neurons of one expert (the whole FFN for a dense model).
+    pub fn ffn_per_expert(&self) -> u32 {
+        self.n_ff / self.n_expert.max(1)
+    }
+
+    /// Whether the FFN is a mixture of experts.
+    pub fn is_moe(&self) -> bool {
+        self.n_expert > 0
+    }
+
     /// Width of the query projection (all heads).
     pub fn q_dim(&self) -> u32 {
         self.n_head * self.head_dim
@@ -256,8 +296,77 @@ impl ModelConfig {
             ffn_granule,
             ffn_bundle,
             ffn_bundle_stride,
-            n_expert: 0,
-            n_expert_used: 0,
+            n_expert: self.n_expert,
+            n_expert_used: self.n_expert_used,
+        }
+    }
+}
+
+/// The MoE counts from `expert_count` and `expert_used_count` (`key` makes a metadata name):
+/// both absent (or both 0) for a dense FFN; otherwise 1 ≤ used ≤ count ≤ [`MAX_EXPERTS`].
+fn experts(
+    count: Option<u32>,
+    used: Option<u32>,
+    key: &dyn Fn(&str) -> String,
+) -> Result<(u32, u32), ModelError> {
+    let bad = |k: &str, why: String| ModelError::BadValue { key: key(k), why };
+    match (count.unwrap_or(0), used.unwrap_or(0)) {
+        (0, 0) => Ok((0, 0)),
+        (0, u) => Err(bad(
+            "expert_used_count",
+            format!("{u} experts used per token, but the model names no expert_count"),
+        )),
+        (c, _) if c > MAX_EXPERTS => Err(bad(
+            "expert_count",
+            format!("{c} experts is outside 1..={MAX_EXPERTS}"),
+        )),
+        (c, 0) => Err(bad(
+            "expert_used_count",
+            format!(
+                "missing or 0, but the model has {c} experts (a router must pick at least one)"
+            ),
+        )),
+        (c, u) if u > c => Err(bad(
+            "expert_used_count",
+            format!("{u} experts used per token, but the model has only {c}"),
+        )),
+        (c, u) => Ok((c, u)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn key(k: &str) -> String {
+        format!("llama.{k}")
+    }
+
+    #[test]
+    fn expert_counts_are_checked() {
+        assert_eq!(experts(None, None, &key).unwrap(), (0, 0));
+        assert_eq!(experts(Some(0), Some(0), &key).unwrap(), (0, 0));
+        assert_eq!(experts(Some(8), Some(2), &key).unwrap(), (8, 2));
+        let err = |c, u| experts(c, u, &key).unwrap_err().to_string();
+        assert!(err(Some(4), Some(5)).contains("llama.expert_used_count"));
+        assert!(err(Some(4), Some(5)).contains("only 4"));
+        assert!(err(Some(4), None).contains("missing or 0"));
+        assert!(err(None, Some(2)).contains("no expert_count"));
+        assert!(err(Some(MAX_EXPERTS + 1), Some(2)).contains("llama.expert_count"));
+    }
+
+    proptest! {
+        #[test]
+        fn expert_counts_never_panic_and_accept_only_valid(
+            c in proptest::option::of(0u32..600),
+            u in proptest::option::of(0u32..600),
+        ) {
+            match experts(c, u, &key) {
+                Ok((0, 0)) => prop_assert!(c.unwrap_or(0) == 0 && u.unwrap_or(0) == 0),
+                Ok((n, k)) => prop_assert!(k >= 1 && k <= n && n <= MAX_EXPERTS),
+                Err(e) => prop_assert!(e.to_string().contains("llama.expert")),
+            }
         }
     }
 }

@@ -3,10 +3,11 @@
 pub mod attention;
 mod config;
 mod kv_cache;
+pub mod moe;
 pub mod ops;
 mod weights;
 
-pub use config::{Architecture, FfnActivation, ModelConfig, RopeConfig, RopeStyle};
+pub use config::{Architecture, FfnActivation, ModelConfig, RopeConfig, RopeStyle, MAX_EXPERTS};
 pub use kv_cache::KvCache;
 pub use weights::{DownBlocks, LayerWeights, Model, TensorRef};
 

@@ -39,9 +39,18 @@ pub struct LayerWeights {
     pub bk: Option<Vec<f32>>,
     pub bv: Option<Vec<f32>>,
     pub ffn_norm: Vec<f32>,
+    /// The FFN's gate and up projections: `n_ff` rows of `n_embd`. In a mixture of experts
+    /// (`ffn_gate_exps`, `ffn_up_exps`) the experts' rows follow each other, so row `j` is
+    /// neuron `j` of the shared neuron space either way.
     pub gate: TensorRef,
     pub up: TensorRef,
+    /// The down projection: `n_embd` rows of `n_ff`; in a mixture of experts
+    /// (`ffn_down_exps`) expert-major, `n_expert × n_embd` rows of the `n_ff / n_expert`
+    /// columns of one expert ([`Model::down_columns`] finds a neuron's).
     pub down: TensorRef,
+    /// A mixture of experts' router (`ffn_gate_inp`): `n_expert` rows of `n_embd`, in f32
+    /// (it is small, and routing in f32 keeps the choice of experts free of quantization).
+    pub router: Option<Vec<f32>>,
     /// In a neuron store: the file bytes of this layer's bundles (`gate`, `up` and `down` then
     /// describe types and shapes only; their bytes are in the bundles).
     pub bundles: Option<Range<usize>>,
@@ -73,7 +82,8 @@ pub struct Model {
 }
 
 /// Every layer's down projection cut into block-columns of `neurons` columns (one FFN neuron
-/// cluster each), each stored contiguously: `[cluster][n_embd rows][its blocks]`. A cluster's
+/// cluster each), each stored contiguously: `[cluster][n_embd rows][its blocks]` (a mixture
+/// of experts: each expert's columns cut alike, as the scheduler cuts them). A cluster's
 /// partial down projection then streams one contiguous matrix instead of short slices of every
 /// row; the dot products are the same blocks in the same order, so the results are the same
 /// bits.
@@ -88,19 +98,20 @@ impl DownBlocks {
     /// and the caller reads slices of the file's rows instead.
     pub fn columns(&self, model: &Model, l: usize, neurons: &Range<usize>) -> Option<MatRef<'_>> {
         let down = &model.layers[l].down;
-        let c = neurons.start / self.neurons;
-        let aligned = neurons.start.is_multiple_of(self.neurons)
-            && neurons.end == (neurons.start + self.neurons).min(down.cols);
+        let embd = model.config.n_embd as usize;
+        let per_expert = model.config.ffn_per_expert() as usize;
+        let (expert, first) = (neurons.start / per_expert, neurons.start % per_expert);
+        let aligned = first.is_multiple_of(self.neurons)
+            && neurons.end == expert * per_expert + (first + self.neurons).min(per_expert);
         if !aligned {
             return None;
         }
-        let block_bytes = down.ty.type_size();
-        let per_cluster = down.rows * self.neurons / down.ty.block_size() * block_bytes;
-        let len = down.rows * neurons.len() / down.ty.block_size() * block_bytes;
+        let bytes_of = |cols: usize| embd * cols / down.ty.block_size() * down.ty.type_size();
+        let at = bytes_of(expert * per_expert + first);
         Some(MatRef {
             ty: down.ty,
-            data: &self.layers[l][c * per_cluster..c * per_cluster + len],
-            rows: down.rows,
+            data: self.layers[l].get(at..at + bytes_of(neurons.len()))?,
+            rows: embd,
             cols: neurons.len(),
         })
     }
@@ -205,9 +216,8 @@ impl Model {
     pub fn from_gguf(file: GgufFile) -> Result<Model, ModelError> {
         let config = ModelConfig::from_gguf(&file)?;
         let c = &config;
-        let (embd, ff, q, kv, vocab) = (
+        let (embd, q, kv, vocab) = (
             c.n_embd as usize,
-            c.n_ff as usize,
             c.q_dim() as usize,
             c.kv_dim() as usize,
             c.n_vocab as usize,
@@ -225,21 +235,52 @@ impl Model {
         };
         let store = StoreInfo::from_gguf(&file, c.n_embd, c.n_ff, c.n_layer)
             .map_err(|e| ModelError::Store(Box::new(e)))?;
+        let per_expert = c.ffn_per_expert();
+        if let Some(s) = store.as_ref().filter(|_| c.is_moe()) {
+            // A bundle is one cluster, and a cluster never mixes experts.
+            if !per_expert.is_multiple_of(s.layout.neurons) {
+                return Err(ModelError::Store(Box::new(
+                    crate::store::StoreError::Layout(format!(
+                        "bundles of {} neurons straddle experts of {per_expert} neurons",
+                        s.layout.neurons
+                    )),
+                )));
+            }
+        }
+        if !c.is_moe() && file.tensor("blk.0.ffn_gate_exps.weight").is_some() {
+            return Err(ModelError::BadValue {
+                key: format!("{}.expert_count", c.arch_name),
+                why: "missing, but the model has mixture-of-experts tensors (ffn_gate_exps)".into(),
+            });
+        }
+        let n_expert = c.n_expert as usize;
+        let f = per_expert as usize;
         let has_bias = c.arch == Architecture::Qwen2;
         let mut layers = Vec::with_capacity(c.n_layer as usize);
         for i in 0..c.n_layer {
             let name = |t: &str| format!("blk.{i}.{t}");
             // In a store the FFN matrices exist only as bundles: their refs carry type and
-            // shape, and a byte range no slice can use.
+            // shape, and a byte range no slice can use. A mixture of experts' matrices are 3-D
+            // (`experts` of `rows × cols`), seen as `experts · rows` rows.
             let ffn = |t: &str, rows: usize, cols: usize, k: usize| match &store {
                 Some(s) => Ok(TensorRef {
                     name: name(t),
                     ty: [s.layout.gate_ty, s.layout.up_ty, s.layout.down_ty][k],
-                    rows,
+                    rows: rows * n_expert.max(1),
                     cols,
                     bytes: usize::MAX..usize::MAX,
                 }),
+                None if n_expert > 0 => loader.experts(&name(t), rows, cols, n_expert),
                 None => loader.matrix(&name(t), rows, cols),
+            };
+            let (gate_name, up_name, down_name) = if n_expert > 0 {
+                (
+                    "ffn_gate_exps.weight",
+                    "ffn_up_exps.weight",
+                    "ffn_down_exps.weight",
+                )
+            } else {
+                ("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
             };
             let bias = |t: &str, n: usize| -> Result<Option<Vec<f32>>, ModelError> {
                 let n_ = name(t);
@@ -259,9 +300,13 @@ impl Model {
                 bk: bias("attn_k.bias", kv)?,
                 bv: bias("attn_v.bias", kv)?,
                 ffn_norm: loader.vector(&name("ffn_norm.weight"), embd)?,
-                gate: ffn("ffn_gate.weight", ff, embd, 0)?,
-                up: ffn("ffn_up.weight", ff, embd, 1)?,
-                down: ffn("ffn_down.weight", embd, ff, 2)?,
+                gate: ffn(gate_name, f, embd, 0)?,
+                up: ffn(up_name, f, embd, 1)?,
+                down: ffn(down_name, embd, f, 2)?,
+                router: match n_expert {
+                    0 => None,
+                    _ => Some(loader.dense_f32(&name("ffn_gate_inp.weight"), n_expert, embd)?),
+                },
                 bundles: match &store {
                     Some(s) => {
                         let t = loader.file.tensor(&bundle_tensor_name(i)).expect("checked");
@@ -397,6 +442,25 @@ impl Model {
         }
     }
 
+    /// The down projection's columns of FFN neurons `neurons` (which lie within one expert):
+    /// the matrix of `n_embd` rows holding them (a dense model's whole down projection, or the
+    /// expert's block of a mixture's) and their columns in it.
+    pub fn down_columns(&self, l: usize, neurons: Range<usize>) -> (MatRef<'_>, Range<usize>) {
+        let down = &self.layers[l].down;
+        if !self.config.is_moe() {
+            return (self.mat(down), neurons);
+        }
+        let embd = self.config.n_embd as usize;
+        let f = self.config.ffn_per_expert() as usize;
+        let e = neurons.start / f;
+        debug_assert!(
+            neurons.end <= (e + 1) * f,
+            "clusters never straddle experts"
+        );
+        let cols = neurons.start - e * f..neurons.end - e * f;
+        (self.rows(down, e * embd..(e + 1) * embd), cols)
+    }
+
     /// Layer `l`'s down projection for the decode cluster `neurons` as its own contiguous
     /// block-column, when [`DownBlocks`] holds one for exactly those neurons.
     pub fn cluster_down(&self, l: usize, neurons: &Range<usize>) -> Option<MatRef<'_>> {
@@ -423,17 +487,23 @@ impl Model {
         }
         let granule = self.ffn_granule() as usize;
         let m = neurons.max(1).div_ceil(granule) * granule;
+        let embd = self.config.n_embd as usize;
         let mut layers = Vec::with_capacity(self.layers.len());
-        for l in &self.layers {
-            let down = self.mat(&l.down);
+        for (li, l) in self.layers.iter().enumerate() {
             let (bs, ts) = (l.down.ty.block_size(), l.down.ty.type_size());
             let stride = l.down.row_bytes();
-            let mut out = Vec::with_capacity(down.data.len());
-            for start in (0..l.down.cols).step_by(m) {
-                let cols = m.min(l.down.cols - start);
-                let (from, len) = (start / bs * ts, cols / bs * ts);
-                for r in 0..l.down.rows {
-                    out.extend_from_slice(&down.data[r * stride + from..r * stride + from + len]);
+            let mut out = Vec::with_capacity(self.mat(&l.down).data.len());
+            // Expert by expert (one expert: the whole matrix), each cut as the scheduler cuts.
+            for e in 0..self.config.n_expert.max(1) as usize {
+                let f = self.config.ffn_per_expert() as usize;
+                let (down, _) = self.down_columns(li, e * f..(e + 1) * f);
+                for start in (0..f).step_by(m) {
+                    let cols = m.min(f - start);
+                    let (from, len) = (start / bs * ts, cols / bs * ts);
+                    for r in 0..embd {
+                        let row = &down.data[r * stride..];
+                        out.extend_from_slice(&row[from..from + len]);
+                    }
                 }
             }
             layers.push(out);
@@ -484,6 +554,55 @@ impl Loader<'_> {
             cols,
             bytes: start..start + t.n_bytes as usize,
         })
+    }
+
+    /// A mixture of experts' 3-D matrix: `n_expert` matrices of `rows × cols` (ggml shape
+    /// `[cols, rows, n_expert]`), seen as `n_expert · rows` rows of `cols`.
+    fn experts(
+        &self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        n_expert: usize,
+    ) -> Result<TensorRef, ModelError> {
+        let t = self
+            .file
+            .tensor(name)
+            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+        let expected = vec![cols as u64, rows as u64, n_expert as u64];
+        if t.dims != expected {
+            return Err(ModelError::TensorShape {
+                name: name.to_string(),
+                expected,
+                found: t.dims.clone(),
+            });
+        }
+        if !t.ty.is_supported() {
+            return Err(ModelError::UnsupportedType {
+                name: name.to_string(),
+                ty: t.ty,
+            });
+        }
+        let start = (self.file.data_offset() + t.offset) as usize;
+        Ok(TensorRef {
+            name: name.to_string(),
+            ty: t.ty,
+            rows: rows * n_expert,
+            cols,
+            bytes: start..start + t.n_bytes as usize,
+        })
+    }
+
+    /// A 2-D matrix of any supported type dequantized to f32, `[row][col]`.
+    fn dense_f32(&self, name: &str, rows: usize, cols: usize) -> Result<Vec<f32>, ModelError> {
+        let t = self.matrix(name, rows, cols)?;
+        let data = &self.file.file_bytes()[t.bytes.clone()];
+        let rb = t.row_bytes();
+        let mut out = vec![0.0; rows * cols];
+        for (r, row) in out.chunks_exact_mut(cols.max(1)).enumerate() {
+            dequantize_row(t.ty, &data[r * rb..(r + 1) * rb], row)?;
+        }
+        Ok(out)
     }
 
     /// A 1-D tensor (norm weights, biases), converted to f32.

@@ -10,7 +10,7 @@
 
 mod program;
 
-pub use program::{split_by_weight, PhaseClusters, Program, StepShape};
+pub use program::{ffn_clusters, split_by_weight, PhaseClusters, Program, StepShape};
 
 use crate::cache::{Acquired, CacheDirectory, LayerCacheStats, UnitMap};
 use crate::neuron::Phase;
@@ -363,6 +363,16 @@ impl Scheduler {
     /// The neuron cache's counters per layer, if the plan has a cache.
     pub fn cache_stats(&self) -> Option<&[LayerCacheStats]> {
         self.cache.as_ref().map(|c| c.directory.stats())
+    }
+
+    /// Starts from the cache a long run leaves behind (`CacheDirectory::warm`), before the
+    /// first step; `plan` is the plan's cache section. Returns the units made resident (0
+    /// without a cache, or once a step has run).
+    pub fn warm_cache(&mut self, plan: &crate::cache::CachePlan) -> u32 {
+        match (&mut self.cache, &self.in_flight) {
+            (Some(c), None) => c.directory.warm(plan),
+            _ => 0,
+        }
     }
 
     /// Feeds one event; appends the resulting commands to `out`.

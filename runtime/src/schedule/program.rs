@@ -55,6 +55,25 @@ pub fn split_by_weight(n: u32, shares: &[(XpuId, u32)]) -> Vec<(XpuId, Range<u32
     parts
 }
 
+/// A layer's FFN neurons cut into clusters of `size` (rounded up to whole `granule`s). In a
+/// mixture of experts each expert's neurons are cut on their own, so a cluster never mixes
+/// experts: an expert the router did not choose is then whole clusters to skip (and, under a
+/// memory budget, bundles never read).
+pub fn ffn_clusters(model: &ModelShape, size: u32, granule: u32) -> Vec<Range<u32>> {
+    if !model.is_moe() {
+        return cut_into_clusters(model.n_ff, size, granule);
+    }
+    let f = model.ffn_per_expert();
+    let per_expert = cut_into_clusters(f, size, granule);
+    (0..model.n_expert)
+        .flat_map(|e| {
+            per_expert
+                .iter()
+                .map(move |r| e * f + r.start..e * f + r.end)
+        })
+        .collect()
+}
+
 /// Every layer runs `layer_phases` in order; the output projection follows the last layer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Program {
@@ -93,16 +112,16 @@ impl Program {
             // both step shapes.
             _ if model.ffn_bundle > 0 => layer_phases.push(phase(
                 Phase::FfnNeurons,
-                cut_into_clusters(model.n_ff, model.ffn_bundle, 1),
+                ffn_clusters(model, model.ffn_bundle, 1),
             )),
             StepShape::Decode => layer_phases.push(phase(
                 Phase::FfnNeurons,
-                cut_into_clusters(model.n_ff, sizes.ffn_neurons, model.ffn_granule),
+                ffn_clusters(model, sizes.ffn_neurons, model.ffn_granule),
             )),
             StepShape::Prefill => {
                 layer_phases.push(phase(
                     Phase::FfnGateUpRows,
-                    cut_into_clusters(model.n_ff, sizes.ffn_rows, 1),
+                    ffn_clusters(model, sizes.ffn_rows, 1),
                 ));
                 layer_phases.push(phase(
                     Phase::FfnDownRows,

@@ -52,6 +52,8 @@ pub enum SparseError {
     PowerInfer(#[from] powerinfer::PowerInferError),
     #[error("cannot transpose the down projection of layer {layer}: {source}")]
     Transpose { layer: usize, source: QuantError },
+    #[error("sparse decode (threshold, predictor) is not supported for mixture-of-experts models yet: the router already skips the experts it does not choose (use --sparsity dense)")]
+    MixtureOfExperts,
 }
 
 /// One layer's sparse-decode data.
@@ -110,6 +112,9 @@ impl SparseFfn {
         sparsity: f32,
         down_type: GgmlType,
     ) -> Result<SparseFfn, SparseError> {
+        if model.config.is_moe() {
+            return Err(SparseError::MixtureOfExperts);
+        }
         profile.model.check(&ModelIdentity::of(model))?;
         let predictors = match mode {
             SparsityMode::Predictor => Some(
@@ -163,6 +168,9 @@ impl SparseFfn {
         pi: powerinfer::PowerInferSparse,
         fallback_down_type: GgmlType,
     ) -> Result<SparseFfn, SparseError> {
+        if model.config.is_moe() {
+            return Err(SparseError::MixtureOfExperts);
+        }
         if model.store.is_some() {
             return Err(SparseError::Store);
         }

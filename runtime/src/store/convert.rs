@@ -6,7 +6,7 @@ use super::{
     KEY_VERSION, STORE_ALIGN, STORE_VERSION,
 };
 use crate::gguf::{Array, GgufWriter, Value};
-use crate::model::{LayerWeights, Model};
+use crate::model::Model;
 use crate::quant::{transpose_requantize, GgmlType};
 use std::path::Path;
 
@@ -125,9 +125,21 @@ pub fn convert(
         types[2] = options.down_type;
     }
     let layout = BundleLayout::new(c.n_embd, c.n_ff, types, options.down_layout, bundle_neurons)?;
+    // A bundle is one cluster, and clusters never mix experts.
+    if c.is_moe() && !c.ffn_per_expert().is_multiple_of(bundle_neurons) {
+        return Err(StoreError::Layout(format!(
+            "bundles of {bundle_neurons} neurons would straddle experts of {} neurons: pick a bundle size that divides {}",
+            c.ffn_per_expert(),
+            c.ffn_per_expert()
+        )));
+    }
 
+    let ffn = match c.is_moe() {
+        true => ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"],
+        false => ["ffn_gate", "ffn_up", "ffn_down"],
+    };
     let ffn_names: Vec<String> = (0..c.n_layer)
-        .flat_map(|l| ["ffn_gate", "ffn_up", "ffn_down"].map(|t| format!("blk.{l}.{t}.weight")))
+        .flat_map(|l| ffn.map(|t| format!("blk.{l}.{t}.weight")))
         .collect();
     let mut w = GgufWriter::new();
     w.add_metadata("general.alignment", Value::U32(STORE_ALIGN as u32))?;
@@ -185,21 +197,28 @@ pub fn convert(
         }
         let mut crcs = Vec::with_capacity(n_crc as usize * 4);
         let mut bundle = vec![0u8; layout.stride as usize];
-        for l in &model.layers {
-            // Neuron columns: the layer's down projection transposed and re-quantized once.
+        let f = c.ffn_per_expert() as usize;
+        for (li, l) in model.layers.iter().enumerate() {
+            // Neuron columns: the layer's down projection transposed and re-quantized once
+            // (a mixture's expert by expert, so row `j` is neuron `j`'s column).
             let down_t = match layout.down_layout {
-                DownLayout::NeuronColumns => Some(
-                    transpose_requantize(model.mat(&l.down), layout.down_ty).map_err(|e| {
-                        StoreError::Layout(format!(
-                            "cannot re-quantize `{}` into {} columns: {e}",
-                            l.down.name, layout.down_ty
-                        ))
-                    })?,
-                ),
+                DownLayout::NeuronColumns => {
+                    let mut all = Vec::new();
+                    for e in 0..c.n_expert.max(1) as usize {
+                        let (down, _) = model.down_columns(li, e * f..(e + 1) * f);
+                        all.extend(transpose_requantize(down, layout.down_ty).map_err(|e| {
+                            StoreError::Layout(format!(
+                                "cannot re-quantize `{}` into {} columns: {e}",
+                                l.down.name, layout.down_ty
+                            ))
+                        })?);
+                    }
+                    Some(all)
+                }
                 DownLayout::BlockColumns => None,
             };
             for b in 0..layout.n_bundles {
-                let len = fill_bundle(&model, l, down_t.as_deref(), &layout, b, &mut bundle);
+                let len = fill_bundle(&model, li, down_t.as_deref(), &layout, b, &mut bundle);
                 crcs.extend_from_slice(&crc32fast::hash(&bundle[..len]).to_le_bytes());
                 stream.write_chunk(&bundle)?;
             }
@@ -221,13 +240,14 @@ pub fn convert(
 /// length. `down_t`: the layer's transposed down projection, for neuron columns.
 fn fill_bundle(
     model: &Model,
-    l: &LayerWeights,
+    li: usize,
     down_t: Option<&[u8]>,
     layout: &BundleLayout,
     b: u32,
     out: &mut [u8],
 ) -> usize {
     out.fill(0);
+    let l = &model.layers[li];
     let neurons = layout.neurons_of(b);
     let rows = neurons.start as usize..neurons.end as usize;
     let mut at = 0;
@@ -238,19 +258,20 @@ fn fill_bundle(
     }
     if let Some(down_t) = down_t {
         // Rows `rows` of the transposed down projection: the neurons' columns.
-        let row = down_t.len() / l.down.cols;
+        let row = down_t.len() / (model.config.n_ff as usize).max(1);
         let src = &down_t[rows.start * row..rows.end * row];
         out[at..at + src.len()].copy_from_slice(src);
         at += src.len();
         debug_assert_eq!(at, layout.payload_bytes(neurons.len() as u32));
         return at;
     }
-    // The down projection's columns `rows`: whole blocks of each of its rows.
-    let down = model.mat(&l.down);
+    // The down projection's columns `rows` (of the bundle's expert in a mixture): whole
+    // blocks of each of its rows.
+    let (down, cols) = model.down_columns(li, rows);
     let row = down.stride();
     let per_block = l.down.ty.type_size();
     let block = l.down.ty.block_size();
-    let (from, to) = (rows.start / block * per_block, rows.end / block * per_block);
+    let (from, to) = (cols.start / block * per_block, cols.end / block * per_block);
     for r in 0..down.rows {
         let src = &down.data[r * row + from..r * row + to];
         out[at..at + src.len()].copy_from_slice(src);

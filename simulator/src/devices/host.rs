@@ -7,7 +7,8 @@
 //! - begin step: n·n_embd (embedding rows) + n·n_embd (RMSNorm) + n·n_embd·A(q,k,v);
 //! - qkv: 2·n_head_kv·n·head_dim (keys and values stored into the f16 KV cache);
 //! - attn: n·q_dim (gather heads) + n·q_dim (quantize for attn_out);
-//! - attn_out: 2·n·n_embd (gather, add to the residual) + n·n_embd (norm) + n·n_embd·A(gate,up);
+//! - attn_out: 2·n·n_embd (gather, add to the residual) + n·n_embd (norm) + n·n_embd·A(gate,up)
+//!   + n·n_expert·n_embd (a mixture of experts' router: one f32 dot product per expert);
 //! - ffn (neurons): clusters·n·n_embd (sum of partial down projections) + n·n_embd (add) + next;
 //! - ffn_gate_up: n·n_ff (gather) + n·n_ff (quantize for down);
 //! - ffn_down: 2·n·n_embd + next;
@@ -39,6 +40,7 @@ pub(crate) struct FinishModel {
     n_head: f64,
     acts_qkv: f64,
     acts_gate_up: f64,
+    n_expert: f64,
 }
 
 /// How many distinct activation formats weights of these types need.
@@ -70,6 +72,7 @@ impl FinishModel {
             n_head: f64::from(s.n_head),
             acts_qkv: activation_formats(&t[0..3]),
             acts_gate_up: activation_formats(&t[4..6]),
+            n_expert: f64::from(s.n_expert),
         }
     }
 
@@ -104,7 +107,7 @@ impl FinishModel {
         let elements = match phase {
             Phase::QkvHeads => n * self.kv_elements,
             Phase::AttnHeads => 2.0 * n * self.q_dim,
-            Phase::AttnOutRows => n * embd * (3.0 + self.acts_gate_up),
+            Phase::AttnOutRows => n * embd * (3.0 + self.acts_gate_up + self.n_expert),
             Phase::FfnNeurons => clusters as f64 * n * embd + n * embd + next(),
             Phase::FfnGateUpRows => 2.0 * n * self.n_ff,
             Phase::FfnDownRows => 2.0 * n * embd + next(),

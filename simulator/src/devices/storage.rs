@@ -78,6 +78,10 @@ impl Curve {
     }
 }
 
+/// Throughput a single command queue loses to several issuing threads (PowerInfer-2: "up to
+/// 40%"; the bound is taken).
+pub const SHARED_QUEUE_LOSS: f64 = 0.4;
+
 /// A storage device on virtual time.
 #[derive(Clone, Debug)]
 pub struct StorageModel {
@@ -87,6 +91,8 @@ pub struct StorageModel {
     sequential: Vec<Curve>,
     /// When each command slot is next free.
     slots: Vec<u64>,
+    /// Service-time factor of several threads issuing to one command queue.
+    issuer_penalty: f64,
     bytes_read: u64,
     reads: u64,
     busy_ns: u64,
@@ -96,10 +102,21 @@ impl StorageModel {
     /// A device as `profile` measured it, read the way `plan` says. Rates are taken as
     /// `HardwareProfile::validate` leaves them (positive); an empty table costs latency only.
     pub fn new(profile: &StorageProfile, plan: &StoragePlan) -> StorageModel {
-        let slots = if profile.single_queue {
-            1
+        // One command queue (UFS, eMMC): it holds one issuer's `queue_depth` reads whatever
+        // the number of threads, and several issuing threads cost throughput (PowerInfer-2:
+        // I/O from several cores loses up to 40%).
+        let (slots, issuer_penalty) = if profile.single_queue {
+            let penalty = if plan.io_threads > 1 {
+                1.0 / (1.0 - SHARED_QUEUE_LOSS)
+            } else {
+                1.0
+            };
+            (plan.queue_depth.max(1) as usize, penalty)
         } else {
-            (plan.io_threads.max(1) * plan.queue_depth.max(1)) as usize
+            (
+                (plan.io_threads.max(1) * plan.queue_depth.max(1)) as usize,
+                1.0,
+            )
         };
         StorageModel {
             single_queue: profile.single_queue,
@@ -107,6 +124,7 @@ impl StorageModel {
             random: curves(&profile.random),
             sequential: curves(&profile.sequential),
             slots: vec![0; slots],
+            issuer_penalty,
             bytes_read: 0,
             reads: 0,
             busy_ns: 0,
@@ -145,7 +163,7 @@ impl StorageModel {
         let depth = depth.max(1);
         // MB/s = 10^6 bytes/s = 10^-3 bytes/ns.
         let mbps = self.throughput_mbps(access, bytes, depth);
-        let transfer = bytes as f64 * f64::from(depth) * 1e3 / mbps;
+        let transfer = bytes as f64 * f64::from(depth) * 1e3 / mbps * self.issuer_penalty;
         transfer.max(self.latency_ns).round() as u64
     }
 
@@ -266,10 +284,18 @@ mod tests {
     }
 
     #[test]
-    fn a_single_queue_serves_one_read_at_a_time_in_order() {
-        let mut s = StorageModel::new(&profile(true), &plan(4, 8));
+    fn a_single_queue_holds_one_issuers_reads_and_more_threads_lose() {
+        // Four threads, one read each in flight: one command queue serves them in order, at
+        // the shared-queue loss.
+        let mut s = StorageModel::new(&profile(true), &plan(4, 1));
         assert_eq!(s.queue_depth(), 1);
         let one = s.service_ns(Access::Random, 65536, 1);
+        let alone = StorageModel::new(&profile(true), &plan(1, 1));
+        let single = alone.service_ns(Access::Random, 65536, 1);
+        assert_eq!(
+            one,
+            (single as f64 / (1.0 - SHARED_QUEUE_LOSS)).round() as u64
+        );
         let t: Vec<ReadTiming> = (0..4).map(|_| s.submit(0, 65536, Access::Random)).collect();
         for (i, r) in t.iter().enumerate() {
             assert_eq!(r.start_ns, i as u64 * one);
@@ -277,11 +303,24 @@ mod tests {
         }
         assert_eq!(s.bytes_read(), 4 * 65536);
         assert_eq!(s.reads(), 4);
+        // One issuer keeping 8 reads in flight fills 8 of the queue's slots.
+        assert_eq!(
+            StorageModel::new(&profile(true), &plan(1, 8)).queue_depth(),
+            8
+        );
+        assert_eq!(
+            StorageModel::new(&profile(true), &plan(2, 8)).queue_depth(),
+            8
+        );
+        assert_eq!(
+            StorageModel::new(&profile(false), &plan(2, 8)).queue_depth(),
+            16
+        );
     }
 
     #[test]
     fn a_deep_queue_overlaps_reads_and_finishes_sooner() {
-        let mut single = StorageModel::new(&profile(true), &plan(1, 8));
+        let mut single = StorageModel::new(&profile(true), &plan(1, 1));
         let mut deep = StorageModel::new(&profile(false), &plan(1, 8));
         assert_eq!(deep.queue_depth(), 8);
         let done = |s: &mut StorageModel| {
@@ -304,7 +343,7 @@ mod tests {
         ) {
             let mut reads = reads;
             reads.sort_by_key(|r| r.0);
-            let mut s = StorageModel::new(&profile(true), &plan(2, 4));
+            let mut s = StorageModel::new(&profile(true), &plan(2, 1));
             let mut last_end = 0;
             for (now, bytes, seq) in reads {
                 let access = if seq { Access::Sequential } else { Access::Random };
