@@ -528,11 +528,35 @@ struct Loader<'a> {
 
 impl Loader<'_> {
     fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<TensorRef, ModelError> {
+        self.tensor(name, vec![cols as u64, rows as u64], rows, cols)
+    }
+
+    /// A mixture of experts' 3-D matrix: `n_expert` matrices of `rows × cols` (ggml shape
+    /// `[cols, rows, n_expert]`), seen as `n_expert · rows` rows of `cols`.
+    fn experts(
+        &self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        n_expert: usize,
+    ) -> Result<TensorRef, ModelError> {
+        let dims = vec![cols as u64, rows as u64, n_expert as u64];
+        self.tensor(name, dims, rows * n_expert, cols)
+    }
+
+    /// Tensor `name`, checked to have ggml shape `expected` and a supported type, seen as
+    /// `rows` rows of `cols`.
+    fn tensor(
+        &self,
+        name: &str,
+        expected: Vec<u64>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<TensorRef, ModelError> {
         let t = self
             .file
             .tensor(name)
             .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
-        let expected = vec![cols as u64, rows as u64];
         if t.dims != expected {
             return Err(ModelError::TensorShape {
                 name: name.to_string(),
@@ -551,43 +575,6 @@ impl Loader<'_> {
             name: name.to_string(),
             ty: t.ty,
             rows,
-            cols,
-            bytes: start..start + t.n_bytes as usize,
-        })
-    }
-
-    /// A mixture of experts' 3-D matrix: `n_expert` matrices of `rows × cols` (ggml shape
-    /// `[cols, rows, n_expert]`), seen as `n_expert · rows` rows of `cols`.
-    fn experts(
-        &self,
-        name: &str,
-        rows: usize,
-        cols: usize,
-        n_expert: usize,
-    ) -> Result<TensorRef, ModelError> {
-        let t = self
-            .file
-            .tensor(name)
-            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
-        let expected = vec![cols as u64, rows as u64, n_expert as u64];
-        if t.dims != expected {
-            return Err(ModelError::TensorShape {
-                name: name.to_string(),
-                expected,
-                found: t.dims.clone(),
-            });
-        }
-        if !t.ty.is_supported() {
-            return Err(ModelError::UnsupportedType {
-                name: name.to_string(),
-                ty: t.ty,
-            });
-        }
-        let start = (self.file.data_offset() + t.offset) as usize;
-        Ok(TensorRef {
-            name: name.to_string(),
-            ty: t.ty,
-            rows: rows * n_expert,
             cols,
             bytes: start..start + t.n_bytes as usize,
         })
