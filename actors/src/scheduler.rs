@@ -197,7 +197,7 @@ impl SchedulerActor {
                 let program = shared.program(shape);
                 if awaits_predictions(&self.scheduler, program, phase) {
                     let mut needed = Vec::new();
-                    read(&shared.state).ffn_needed(&shared.model, program, &mut needed);
+                    read(&shared.state).ffn_needed(&mut needed);
                     self.feed(Event::FfnPredicted {
                         step,
                         layer,

@@ -139,7 +139,8 @@ pub struct Outcome {
     pub bytes_per_token: f64,
     /// Cache misses per unit used (over every simulated token).
     pub miss_rate: f64,
-    /// Share of the run the busiest compute group and the storage (per I/O thread) were busy.
+    /// Share of the run the busiest compute group was busy, and the storage had a read in
+    /// flight.
     pub compute_busy: f64,
     pub storage_busy: f64,
     /// Prompt tokens per second (`None` without a prompt).
@@ -281,6 +282,8 @@ impl Explorer {
             }
         };
         let mut plan = ExecutionPlan::for_topology(&Topology::of_profile(&profile));
+        // Cores share decode by speed, as the planner would lay them out on a phone.
+        crate::search::shares_by_speed(&mut plan, &profile, &prepared.store_model);
         if !point.npu {
             plan.prefill_on = plan.decode_on.clone();
         }
@@ -362,7 +365,7 @@ impl Explorer {
             miss_rate: report.cache_misses as f64
                 / (report.cache_hits + report.cache_misses).max(1) as f64,
             compute_busy: busiest,
-            storage_busy: (window("storage") / f64::from(plan.storage.io_threads.max(1))).min(1.0),
+            storage_busy: report.storage_active_ns as f64 / report.end_ns.max(1) as f64,
             prefill_tok_s: (options.prompt > 0 && prefill_ns > 0)
                 .then(|| f64::from(options.prompt) * 1e9 / prefill_ns as f64),
         })

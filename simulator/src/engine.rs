@@ -189,6 +189,7 @@ pub(crate) struct Outcome {
     pub records: Vec<TraceRecord>,
     pub spans: Vec<Span>,
     pub storage_busy_ns: u64,
+    pub storage_active_ns: u64,
     pub bytes_read: u64,
     pub cache_hits: u64,
     pub cache_misses: u64,
@@ -330,6 +331,7 @@ impl<'a> Engine<'a> {
             records: self.recorder.records.unwrap_or_default(),
             spans: self.recorder.spans.unwrap_or_default(),
             storage_busy_ns: self.machine.storage.busy_ns(),
+            storage_active_ns: self.machine.storage.active_ns(),
             bytes_read: self.machine.storage.bytes_read(),
             cache_hits: self
                 .scheduler

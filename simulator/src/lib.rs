@@ -155,6 +155,7 @@ pub fn simulate(
         decode_ns_per_token: 0.0,
         time_between_tokens: TokenTimes::default(),
         utilisation,
+        storage_active_ns: outcome.storage_active_ns,
         bytes_read: outcome.bytes_read,
         cache_hits: outcome.cache_hits,
         cache_misses: outcome.cache_misses,

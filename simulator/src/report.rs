@@ -99,6 +99,9 @@ pub struct SimReport {
     /// Decode step times: steps run back to back, so these are the times between tokens.
     pub time_between_tokens: TokenTimes,
     pub utilisation: Vec<TrackUse>,
+    /// Time at least one storage read was in flight (the `storage` track's busy time counts
+    /// overlapping reads each, so with a queue it can exceed the run).
+    pub storage_active_ns: u64,
     /// Bytes read from storage and neuron-cache hits and misses (0 until the scheduler loads
     /// weights from storage).
     pub bytes_read: u64,

@@ -334,12 +334,9 @@ fn paper_rows() -> Vec<PaperRow> {
         ..pipeline.clone()
     };
     let mixtral_base = npu.clone();
-    // Bundles of 8 neurons for the 47B model: one-neuron bundles make 3.7M cache units and
-    // a point takes minutes (docs/experiments.md).
     let mixtral = |memory: Memory| Point {
         model: "turbosparse-mixtral-47b".into(),
         memory,
-        bundle_neurons: 8,
         ..mixtral_base.clone()
     };
     let ablation = "ablation, Bamboo-7B, 50% of the FFN offloaded";

@@ -5,6 +5,7 @@ use conductor_runtime::cache::{CachePlan, CachePolicy, DEFAULT_MAX_LOADS};
 use conductor_runtime::plan::{
     CoreSet, ExecutionPlan, GroupPlan, HardwareProfile, ModelDescription, Share, Topology, XpuKind,
 };
+use conductor_runtime::quant::GgmlType;
 
 /// Decode cluster sizes tried for a model in memory (a store's clusters are its bundles).
 const FFN_NEURONS: [u32; 3] = [128, 64, 256];
@@ -25,6 +26,9 @@ pub enum GroupLayout {
     OneGroup,
     /// Decode on the fastest class only (the others idle: less contention for memory).
     FastestClass,
+    /// One CPU group per core class, each sharing decode by its cores' kernel speed
+    /// ([`shares_by_speed`]): a slow class no longer finishes every phase last.
+    PerClassBySpeed,
 }
 
 impl GroupLayout {
@@ -33,6 +37,7 @@ impl GroupLayout {
             GroupLayout::PerClass => "a group per core class",
             GroupLayout::OneGroup => "one group over all cores",
             GroupLayout::FastestClass => "the fastest class only",
+            GroupLayout::PerClassBySpeed => "a group per core class, shares by speed",
         }
     }
 }
@@ -95,6 +100,7 @@ pub fn candidates(
     if topology.classes().len() > 1 {
         layouts.push(GroupLayout::OneGroup);
         layouts.push(GroupLayout::FastestClass);
+        layouts.push(GroupLayout::PerClassBySpeed);
     }
     let store = model.shape.ffn_bundle > 0;
     let sizes: Vec<Option<u32>> = if store || budgeted {
@@ -105,7 +111,7 @@ pub fn candidates(
     let mut out = Vec::new();
     for &groups in &layouts {
         for &ffn_neurons in &sizes {
-            let base = group_plan(&topology, groups, ffn_neurons);
+            let base = group_plan(&topology, profile, model, groups, ffn_neurons);
             if !budgeted {
                 out.push(Candidate {
                     features: Features {
@@ -152,11 +158,51 @@ pub fn candidates(
     out
 }
 
+/// Sets the decode shares of `plan`'s per-class groups to each class's speed: its cores times
+/// one core's streamed matvec rate for the model's FFN weight type (Q4_0's where the profile
+/// has no rate for that type), in hundredths of GMAC/s. Groups of a class the profile does not
+/// describe keep their share.
+pub fn shares_by_speed(
+    plan: &mut ExecutionPlan,
+    profile: &HardwareProfile,
+    model: &ModelDescription,
+) {
+    let ty = model.types.ffn_gate;
+    for share in &mut plan.decode_on {
+        let Some(class) = profile.core_classes.iter().find(|c| c.name == share.group) else {
+            continue;
+        };
+        let rate = class
+            .kernels
+            .iter()
+            .find(|k| k.ty == ty)
+            .or_else(|| class.kernels.iter().find(|k| k.ty == GgmlType::Q4_0))
+            .map(|k| k.matvec_stream_gmacs);
+        if let Some(rate) = rate.filter(|r| r.is_finite() && *r > 0.0) {
+            let cores = class.cores.len().max(1) as f64;
+            share.weight = (cores * rate * 100.0)
+                .round()
+                .clamp(1.0, f64::from(u32::MAX)) as u32;
+        }
+    }
+}
+
 /// The engine's plan for `topology` with the groups laid out as `layout` and decode clusters
 /// of `ffn_neurons`.
-fn group_plan(topology: &Topology, layout: GroupLayout, ffn_neurons: Option<u32>) -> ExecutionPlan {
+fn group_plan(
+    topology: &Topology,
+    profile: &HardwareProfile,
+    model: &ModelDescription,
+    layout: GroupLayout,
+    ffn_neurons: Option<u32>,
+) -> ExecutionPlan {
     let mut plan = match layout {
         GroupLayout::PerClass => ExecutionPlan::for_topology(topology),
+        GroupLayout::PerClassBySpeed => {
+            let mut plan = ExecutionPlan::for_topology(topology);
+            shares_by_speed(&mut plan, profile, model);
+            plan
+        }
         GroupLayout::OneGroup => ExecutionPlan::default(),
         GroupLayout::FastestClass => {
             let mut plan = ExecutionPlan::default();
@@ -221,7 +267,7 @@ mod tests {
                 );
                 assert_eq!(c.plan.cache.is_some(), budgeted);
             }
-            let n_layouts = if classes > 1 { 3 } else { 1 };
+            let n_layouts = if classes > 1 { 4 } else { 1 };
             let expected = if budgeted {
                 // policy 2 × loads 4 × (coalesce 1, or 1 and 2) 7 × I/O threads 2
                 n_layouts * 2 * 7 * 2
@@ -230,5 +276,32 @@ mod tests {
             };
             assert_eq!(list.len(), expected, "{file} budgeted {budgeted}");
         }
+    }
+
+    #[test]
+    fn shares_by_speed_follow_cores_times_rate() {
+        let p = profile("oneplus-12.toml");
+        let mut m = model(256);
+        m.types.ffn_gate = GgmlType::Q4_0;
+        let mut plan = ExecutionPlan::for_topology(&Topology::of_profile(&p));
+        shares_by_speed(&mut plan, &p, &m);
+        let weight = |g: &str| plan.decode_on.iter().find(|s| s.group == g).unwrap().weight;
+        // The profile's streamed Q4_0 rates: big 12.63 (1 core), mid 5.743 (5), little 2.106 (2).
+        assert_eq!(weight("big"), 1263);
+        assert_eq!(weight("mid"), 2872);
+        assert_eq!(weight("little"), 421);
+        // A type the profile has no rate for falls back to Q4_0's.
+        m.types.ffn_gate = GgmlType::Q5_K;
+        let mut fallback = ExecutionPlan::for_topology(&Topology::of_profile(&p));
+        shares_by_speed(&mut fallback, &p, &m);
+        assert_eq!(fallback.decode_on, plan.decode_on);
+        // One class: nothing to share; the plan is the default.
+        let build = profile("build-machine.toml");
+        let mut one = ExecutionPlan::for_topology(&Topology::of_profile(&build));
+        shares_by_speed(&mut one, &build, &m);
+        assert_eq!(
+            one,
+            ExecutionPlan::for_topology(&Topology::of_profile(&build))
+        );
     }
 }

@@ -18,7 +18,7 @@ mod candidates;
 mod sizes;
 
 pub use activity::{activity_from_profile, hot_units_from_frequencies, hot_units_from_profile};
-pub use candidates::{candidates, Candidate, Features};
+pub use candidates::{candidates, shares_by_speed, Candidate, Features};
 pub use sizes::{planned_store_sizes, planned_store_sizes_with, DEFAULT_HEADER_BYTES};
 
 use conductor_runtime::cache::{fit_plan_to_budget, BudgetError, BudgetSplit, StoreSizes};

@@ -549,6 +549,10 @@ pub struct StepState {
     predicted: Vec<u64>,
     predictor_scratch: PredictorScratch,
     moe: MoeState,
+    /// The current layer's FFN clusters the step needs (bit per cluster, [`Self::ffn_needed`]),
+    /// set after its attention: the FFN finish sums only their partial outputs, as the
+    /// scheduler may leave the others unsent.
+    needed: Vec<u64>,
 }
 
 /// Receives intermediate tensors by llama.cpp's names (`attn_norm-3`, `ffn_out-3`, `l_out-3`,
@@ -581,6 +585,7 @@ impl StepState {
             predicted: Vec::new(),
             predictor_scratch: PredictorScratch::default(),
             moe: MoeState::default(),
+            needed: Vec::new(),
         }
     }
 
@@ -1087,11 +1092,23 @@ impl StepState {
                 if program.shape == StepShape::Decode {
                     self.predict_active(model, l);
                 }
+                let mut needed = std::mem::take(&mut self.needed);
+                self.find_ffn_needed(model, program, &mut needed);
+                self.needed = needed;
             }
             Phase::FfnNeurons => {
                 self.delta.clear();
                 self.delta.resize(n * embd, 0.0);
-                for partial in self.blocks[..clusters.len() * n * embd].chunks_exact(n * embd) {
+                let blocks = self.blocks[..clusters.len() * n * embd].chunks_exact(n * embd);
+                for (i, partial) in blocks.enumerate() {
+                    // A cluster no token needs adds nothing and may never have been computed.
+                    if self
+                        .needed
+                        .get(i / 64)
+                        .is_some_and(|w| w & (1 << (i % 64)) == 0)
+                    {
+                        continue;
+                    }
                     for (d, p) in self.delta.iter_mut().zip(partial) {
                         *d += p;
                     }
@@ -1246,11 +1263,17 @@ impl StepState {
         }
     }
 
-    /// After a layer's attention: which of the layer's FFN clusters (`program`'s) the step
-    /// needs, as bits of `needed`: those whose neurons a token's prediction names, or all of
-    /// them where nothing was predicted (dense, threshold, prefill, a layer without a
-    /// predictor); in a mixture of experts only clusters of experts some token chose.
-    pub fn ffn_needed(&self, model: &Model, program: &Program, needed: &mut Vec<u64>) {
+    /// After a layer's attention: which of the layer's FFN clusters the step needs, as bits
+    /// of `needed` (what drivers feed the scheduler as [`crate::schedule::Event::FfnPredicted`]).
+    pub fn ffn_needed(&self, needed: &mut Vec<u64>) {
+        needed.clear();
+        needed.extend_from_slice(&self.needed);
+    }
+
+    /// The FFN clusters (`program`'s) a step needs: those whose neurons a token's prediction
+    /// names, or all of them where nothing was predicted (dense, threshold, prefill, a layer
+    /// without a predictor); in a mixture of experts only clusters of experts some token chose.
+    fn find_ffn_needed(&self, model: &Model, program: &Program, needed: &mut Vec<u64>) {
         let clusters = program.clusters(Phase::FfnNeurons);
         needed.clear();
         needed.resize(clusters.len().div_ceil(64), 0);

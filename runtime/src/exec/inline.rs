@@ -149,7 +149,7 @@ impl<R: ClusterRunner> InlineDriver<R> {
                     );
                     if awaits_predictions(&self.scheduler, &program, phase) {
                         let mut needed = Vec::new();
-                        self.state.ffn_needed(model, &program, &mut needed);
+                        self.state.ffn_needed(&mut needed);
                         let event = Event::FfnPredicted {
                             step,
                             layer,

@@ -150,9 +150,63 @@ struct InFlight {
     /// Index into the program's layer phases; `program.layer_phases.len()` means the output.
     phase_index: usize,
     /// Cluster ranges sent out for the current phase and not yet reported done.
-    outstanding: Vec<(XpuId, Range<u32>)>,
+    outstanding: Outstanding,
     /// Clusters of the current phase not sent yet: waiting for their bundles.
     waiting: u32,
+}
+
+/// The cluster ranges of one phase sent out and not yet done, found by their first cluster:
+/// thousands can be out at once (one per bundle under a cache), and completions come back in
+/// any order, so a lookup must not scan them.
+#[derive(Default)]
+struct Outstanding {
+    /// `end_of[start]`: the end of the range starting at cluster `start`, 0 when none is out
+    /// (a range is never empty, so its end is never 0).
+    end_of: Vec<u32>,
+    count: u32,
+}
+
+impl Outstanding {
+    fn with_clusters(n: usize) -> Outstanding {
+        Outstanding {
+            end_of: vec![0; n],
+            count: 0,
+        }
+    }
+
+    fn insert(&mut self, range: Range<u32>) {
+        let start = range.start as usize;
+        if start >= self.end_of.len() {
+            // Sized for the largest phase up front; grows only if a phase is larger.
+            self.end_of.resize(start + 1, 0);
+        }
+        debug_assert!(self.end_of[start] == 0 && range.end > range.start);
+        self.end_of[start] = range.end;
+        self.count += 1;
+    }
+
+    /// Takes `range` off; false when it is not out (a stray or repeated completion).
+    fn remove(&mut self, range: &Range<u32>) -> bool {
+        match self.end_of.get_mut(range.start as usize) {
+            Some(end) if *end != 0 && *end == range.end => {
+                *end = 0;
+                self.count -= 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    fn clear(&mut self) {
+        if self.count > 0 {
+            self.end_of.fill(0);
+            self.count = 0;
+        }
+    }
 }
 
 /// Where one FFN cluster of the step in flight stands.
@@ -196,7 +250,7 @@ pub struct Scheduler {
     n_groups: usize,
     in_flight: Option<InFlight>,
     /// The last finished step's `outstanding`, kept for the next one: steps allocate nothing.
-    spare_outstanding: Vec<(XpuId, Range<u32>)>,
+    spare_outstanding: Outstanding,
     cache: Option<CacheFlow>,
     /// Decode steps wait for each layer's FFN predictions before loading its clusters.
     await_predictions: bool,
@@ -270,25 +324,23 @@ impl Scheduler {
                 })
             }
         };
+        let decode = Program::new(shape, &plan.decode, StepShape::Decode, &decode_shares);
+        let prefill = Program::new(shape, &plan.prefill, StepShape::Prefill, &prefill_shares);
+        let most_clusters = [&decode, &prefill]
+            .iter()
+            .flat_map(|p| p.layer_phases.iter().chain(std::iter::once(&p.output)))
+            .map(|p| p.clusters.len())
+            .max()
+            .unwrap_or(0);
         Ok(Scheduler {
             cache,
-            decode: Arc::new(Program::new(
-                shape,
-                &plan.decode,
-                StepShape::Decode,
-                &decode_shares,
-            )),
-            prefill: Arc::new(Program::new(
-                shape,
-                &plan.prefill,
-                StepShape::Prefill,
-                &prefill_shares,
-            )),
+            decode: Arc::new(decode),
+            prefill: Arc::new(prefill),
             decode_max_tokens: plan.decode_max_tokens,
             prefill_max_tokens: plan.prefill_max_tokens,
             n_groups: plan.groups.len(),
             in_flight: None,
-            spare_outstanding: Vec::with_capacity(plan.groups.len()),
+            spare_outstanding: Outstanding::with_clusters(most_clusters),
             await_predictions: false,
         })
     }
@@ -472,18 +524,13 @@ impl Scheduler {
             StepShape::Prefill => &self.prefill,
         };
         let expected_phase = program.phase_at(flight.phase_index);
-        let position = flight
-            .outstanding
-            .iter()
-            .position(|(_, range)| *range == work.clusters);
         let matches = work.step == flight.request.step
             && work.shape == flight.shape
             && work.layer == flight.layer
             && work.phase == expected_phase;
-        let Some(position) = position.filter(|_| matches) else {
+        if !matches || !flight.outstanding.remove(&work.clusters) {
             return Err(ScheduleError::UnexpectedCompletion(work));
-        };
-        flight.outstanding.swap_remove(position);
+        }
         if let Some(cache) = self.cache.as_mut().filter(|c| c.map.streams(work.phase)) {
             for c in work.clusters.clone() {
                 // A skipped cluster never held a slot.
@@ -492,15 +539,27 @@ impl Scheduler {
                 }
             }
         }
+        self.finish_phase_if_done(out)
+    }
+
+    /// Once nothing of the current phase is out or waiting: `FinishPhase`, then the next
+    /// phase (or the end of the step).
+    fn finish_phase_if_done(&mut self, out: &mut Vec<Command>) -> Result<(), ScheduleError> {
+        let Some(flight) = self.in_flight.as_mut() else {
+            return Ok(());
+        };
         if !flight.outstanding.is_empty() || flight.waiting > 0 {
             return Ok(());
         }
-
+        let program = match flight.shape {
+            StepShape::Decode => &self.decode,
+            StepShape::Prefill => &self.prefill,
+        };
         out.push(Command::FinishPhase {
             step: flight.request.step,
             shape: flight.shape,
             layer: flight.layer,
-            phase: expected_phase,
+            phase: program.phase_at(flight.phase_index),
         });
         let n_layer = program.n_layer;
         let per_layer = program.layer_phases.len();
@@ -561,7 +620,7 @@ impl Scheduler {
                     match (ready, run_start) {
                         (true, None) => run_start = Some(c),
                         (false, Some(s)) => {
-                            flight.outstanding.push((*xpu, s..c));
+                            flight.outstanding.insert(s..c);
                             out.push(Command::Compute {
                                 xpu: *xpu,
                                 work: ClusterWork {
@@ -590,7 +649,7 @@ impl Scheduler {
         }
         for (xpu, range) in &layout.parts {
             let (xpu, range) = (*xpu, range.clone());
-            flight.outstanding.push((xpu, range.clone()));
+            flight.outstanding.insert(range.clone());
             out.push(Command::Compute {
                 xpu,
                 work: ClusterWork {
@@ -631,22 +690,29 @@ impl Scheduler {
             StepShape::Decode => &self.decode,
             StepShape::Prefill => &self.prefill,
         };
+        let current = program.phase_layout_at(flight.phase_index);
+        // The layer's FFN phase already waits for its clusters (it went out with the layer's
+        // attention finish): a skipped one no longer counts as waiting, and is not sent: it
+        // would add nothing, and drivers sum only the clusters a step needs.
+        let waits = flight.layer == layer && current.phase == Phase::FfnNeurons;
         for c in 0..cache.map.ffn_clusters {
             let word = needed.get(c as usize / 64).copied().unwrap_or(0);
             if word >> (c % 64) & 1 == 1 {
                 continue;
             }
             let u = cache.unit(layer, c);
-            cache.units[u] = UnitState::Skipped;
-            // Its phase may already wait for it: send it like a cluster whose bundle landed.
-            dispatch_if_current(flight, program, cache, layer, c, out);
+            let state = std::mem::replace(&mut cache.units[u], UnitState::Skipped);
+            if waits && !matches!(state, UnitState::Sent | UnitState::Skipped) {
+                flight.waiting -= 1;
+            }
         }
         cache.gate = if layer + 1 < cache.map.n_layer {
             (layer + 1) * cache.map.ffn_clusters
         } else {
             u32::MAX
         };
-        Ok(())
+        // Every cluster left may have been skipped.
+        self.finish_phase_if_done(out)
     }
 
     fn loaded(
@@ -722,7 +788,7 @@ fn dispatch_if_current(
         cache.units[u] = UnitState::Sent;
     }
     flight.waiting -= 1;
-    flight.outstanding.push((*xpu, cluster..cluster + 1));
+    flight.outstanding.insert(cluster..cluster + 1);
     out.push(Command::Compute {
         xpu: *xpu,
         work: ClusterWork {

@@ -51,6 +51,17 @@ fn run_step(s: &mut Scheduler, req: StepRequest) -> Vec<Command> {
 /// layer is computed exactly once, phases run in program order, a phase is finished only after
 /// all its clusters, and the step ends exactly once.
 fn check_stream(s: &Scheduler, req: &StepRequest, cmds: &[Command]) {
+    check_stream_skipping(s, req, cmds, &|_, _| false);
+}
+
+/// As [`check_stream`], but FFN clusters `skipped(layer, cluster)` are never computed (and
+/// their phase still finishes).
+fn check_stream_skipping(
+    s: &Scheduler,
+    req: &StepRequest,
+    cmds: &[Command],
+    skipped: &dyn Fn(u32, u32) -> bool,
+) {
     let shape = s.shape_for(req.n_tokens);
     let program = s.program(shape);
     let mut expected = Vec::new();
@@ -77,10 +88,13 @@ fn check_stream(s: &Scheduler, req: &StepRequest, cmds: &[Command]) {
             }
             i += 1;
         }
-        assert!(
-            seen.iter().all(|&x| x),
-            "{phase:?} of layer {layer} incomplete"
-        );
+        for (c, &computed) in seen.iter().enumerate() {
+            let skip = phase == Phase::FfnNeurons && skipped(layer, c as u32);
+            assert_eq!(
+                computed, !skip,
+                "cluster {c} of {phase:?} of layer {layer}: computed {computed}, skipped {skip}"
+            );
+        }
         assert_eq!(
             cmds.get(i),
             Some(&Command::FinishPhase {
@@ -852,6 +866,14 @@ fn run_predicted_step(
     all
 }
 
+/// The commands other than loads (what `check_stream` checks).
+fn without_loads(cmds: &[Command]) -> Vec<Command> {
+    cmds.iter()
+        .filter(|c| !matches!(c, Command::Load { .. }))
+        .cloned()
+        .collect()
+}
+
 #[test]
 fn decode_with_predictions_loads_only_the_predicted_clusters() {
     // 3 layers of 5 bundles of 32 neurons; 4 slots, no hot segment: every needed cluster misses.
@@ -871,13 +893,10 @@ fn decode_with_predictions_loads_only_the_predicted_clusters() {
     assert!(s.awaits_predictions());
     let needed = |layer: u32, c: u32| (layer + c).is_multiple_of(3);
     let cmds = run_predicted_step(&mut s, request(1, 1, 0), &needed);
-    // Every cluster computed once, phases in order (loads aside).
-    let computes: Vec<Command> = cmds
-        .iter()
-        .filter(|c| !matches!(c, Command::Load { .. }))
-        .cloned()
-        .collect();
-    check_stream(&s, &request(1, 1, 0), &computes);
+    // Every needed cluster computed once, the skipped ones never, phases in order (loads
+    // aside).
+    let computes = without_loads(&cmds);
+    check_stream_skipping(&s, &request(1, 1, 0), &computes, &|l, c| !needed(l, c));
     let loaded: Vec<(u32, u32)> = cmds
         .iter()
         .filter_map(|c| match c {
@@ -902,6 +921,14 @@ fn decode_with_predictions_loads_only_the_predicted_clusters() {
             );
         }
     }
+    // A layer whose clusters are all skipped finishes its FFN phase on the prediction alone.
+    let half_but_layer_1 = |l: u32, c: u32| l != 1 && c.is_multiple_of(2);
+    let cmds = run_predicted_step(&mut s, request(10, 1, 1), &half_but_layer_1);
+    let computes = without_loads(&cmds);
+    check_stream_skipping(&s, &request(10, 1, 1), &computes, &|l, c| {
+        !half_but_layer_1(l, c)
+    });
+    assert!(!s.is_busy());
     // Prefill steps do not wait: every cluster is loaded, no prediction asked for.
     let cmds = run_predicted_step(&mut s, request(2, 6, 5), &|_, _| false);
     let loads = cmds

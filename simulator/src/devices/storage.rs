@@ -96,6 +96,9 @@ pub struct StorageModel {
     bytes_read: u64,
     reads: u64,
     busy_ns: u64,
+    /// Time at least one read was in flight, and when the last read in flight ends.
+    active_ns: u64,
+    active_until: u64,
 }
 
 impl StorageModel {
@@ -128,6 +131,8 @@ impl StorageModel {
             bytes_read: 0,
             reads: 0,
             busy_ns: 0,
+            active_ns: 0,
+            active_until: 0,
         }
     }
 
@@ -184,6 +189,10 @@ impl StorageModel {
         self.bytes_read += bytes;
         self.reads += 1;
         self.busy_ns += service;
+        // Starts never go back (submissions are in time order and the earliest free slot
+        // only moves later), so the union of read intervals grows at its end.
+        self.active_ns += end.saturating_sub(start.max(self.active_until));
+        self.active_until = self.active_until.max(end);
         ReadTiming {
             submitted_ns: now_ns,
             start_ns: start,
@@ -202,6 +211,11 @@ impl StorageModel {
     /// Sum of the service times of every read (overlapping reads count each).
     pub fn busy_ns(&self) -> u64 {
         self.busy_ns
+    }
+
+    /// Time at least one read was in flight (overlapping reads count once).
+    pub fn active_ns(&self) -> u64 {
+        self.active_ns
     }
 }
 
@@ -351,6 +365,37 @@ mod tests {
                 prop_assert!(r.start_ns >= now.max(last_end));
                 prop_assert!(r.end_ns > r.start_ns);
                 last_end = r.end_ns;
+            }
+        }
+
+        /// Active time is the length of the union of the read intervals: never more than the
+        /// span of the run, never less than the longest read, the sum of service times with a
+        /// single slot.
+        #[test]
+        fn active_time_is_the_union_of_reads(
+            reads in proptest::collection::vec((0u64..2_000_000, 1u64..(1 << 20)), 1..40),
+            depth in 1u32..9,
+        ) {
+            let mut reads = reads;
+            reads.sort_by_key(|r| r.0);
+            let mut s = StorageModel::new(&profile(false), &plan(1, depth));
+            let mut intervals: Vec<(u64, u64)> = reads
+                .iter()
+                .map(|&(now, bytes)| {
+                    let r = s.submit(now, bytes, Access::Random);
+                    (r.start_ns, r.end_ns)
+                })
+                .collect();
+            intervals.sort();
+            let (mut union, mut until) = (0, 0);
+            for (a, b) in intervals {
+                union += b.saturating_sub(a.max(until));
+                until = until.max(b);
+            }
+            prop_assert_eq!(s.active_ns(), union);
+            prop_assert!(s.active_ns() <= s.busy_ns());
+            if depth == 1 {
+                prop_assert_eq!(s.active_ns(), s.busy_ns());
             }
         }
 
