@@ -354,7 +354,8 @@ impl EngineBuilder {
             sparsity.target = sparsity.target.or(planned.target);
         }
         let model = match memory {
-            Some(_) => Model::load_resident(&path, true).map_err(load)?,
+            // Attention loads only once the budget says it stays resident (below).
+            Some(_) => Model::load_resident_with(&path, true, true).map_err(load)?,
             None => Model::load(&path).map_err(load)?,
         };
         let mut model = model;
@@ -378,7 +379,6 @@ impl EngineBuilder {
         if memory.is_none() {
             model.cluster_down_projections(plan.decode.ffn_neurons as usize);
         }
-        let model = Arc::new(model);
         if let Some(n) = self.io_threads {
             plan.storage.io_threads = n;
         }
@@ -398,6 +398,17 @@ impl EngineBuilder {
                 plan.cache.get_or_insert_with(CachePlan::default).max_loads = n;
             }
             let split = apply_budget(&model, &mut plan, memory, n_ctx)?;
+            if !split.plan.stream_attention {
+                // The budget keeps attention resident: load the store again with it, keeping
+                // what was resolved from the first load (which held only the header and norms,
+                // so a budget too small for attention never holds it).
+                let sparse = model.sparse.take();
+                drop(model);
+                model = Model::load_resident_with(&path, true, false).map_err(load)?;
+                model.sparse = sparse;
+                model.release_tokenizer_metadata();
+            }
+            release_freed_memory();
             budget = Some((split, n_ctx));
             if let (Some(n), Some(cache)) = (self.io_batch, plan.cache.as_mut()) {
                 cache.coalesce = n;
@@ -406,6 +417,7 @@ impl EngineBuilder {
                 }
             }
         }
+        let model = Arc::new(model);
         let (driver, threads) = match self.driver {
             DriverKind::Inline => {
                 let threads = self
@@ -436,6 +448,18 @@ impl EngineBuilder {
             load_time: started.elapsed(),
             budget,
         })
+    }
+}
+
+/// Hands the allocator's free pages back to the system: loading parses the GGUF header into
+/// short-lived tables (the tokenizer's metadata) whose freed pages would otherwise stay in the
+/// process's resident set, counted against a memory budget.
+fn release_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free heap pages to the kernel; it touches no memory
+    // the program holds and is safe to call at any time from any thread.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 

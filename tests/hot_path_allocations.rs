@@ -86,6 +86,7 @@ fn plan(slots: u32, hot: u32) -> ExecutionPlan {
             policy: CachePolicy::Segmented,
             max_loads: 2,
             stream_output: true,
+            stream_attention: false,
             coalesce: 1,
             hot_units: Vec::new(),
         }),

@@ -201,6 +201,7 @@ fn cache(slots: u32) -> CachePlan {
         policy: CachePolicy::Lru,
         max_loads: 2,
         stream_output: false,
+        stream_attention: false,
         coalesce: 1,
         hot_units: Vec::new(),
     }

@@ -103,8 +103,9 @@ fn plan_with(cache: Option<CachePlan>) -> ExecutionPlan {
 
 fn inline(path: &Path, cache: Option<CachePlan>) -> InlineDriver<Serial> {
     let stream = cache.as_ref().is_some_and(|c| c.stream_output);
+    let attention = cache.as_ref().is_some_and(|c| c.stream_attention);
     let model = if cache.is_some() {
-        Model::load_resident(path, stream).unwrap()
+        Model::load_resident_with(path, stream, attention).unwrap()
     } else {
         Model::load(path).unwrap()
     };
@@ -120,6 +121,7 @@ fn inline(path: &Path, cache: Option<CachePlan>) -> InlineDriver<Serial> {
 fn streaming(slots: u32, hot: u32, policy: CachePolicy, max_loads: u32) -> Option<CachePlan> {
     cache(slots, hot, policy, max_loads).map(|c| CachePlan {
         stream_output: true,
+        stream_attention: false,
         ..c
     })
 }
@@ -131,6 +133,7 @@ fn cache(slots: u32, hot: u32, policy: CachePolicy, max_loads: u32) -> Option<Ca
         policy,
         max_loads,
         stream_output: false,
+        stream_attention: false,
         coalesce: max_loads.div_ceil(2),
         hot_units: Vec::new(),
     })
@@ -216,6 +219,22 @@ fn a_store_decodes_like_its_source_and_every_cache_gives_the_same_bits() {
                 "{options:?} streaming: slots {slots} hot {hot} {policy:?}"
             );
         }
+        // Attention streams as well, left out of memory: 4 matrices per layer (12 units).
+        for (slots, hot, policy, loads) in [
+            (1, 0, CachePolicy::Lru, 1),
+            (5, 3, CachePolicy::Segmented, 2),
+            (n_units + 18, n_units + 18, CachePolicy::Segmented, 4),
+        ] {
+            let plan = streaming(slots, hot, policy, loads).map(|c| CachePlan {
+                stream_attention: true,
+                ..c
+            });
+            let got = run(&mut inline(&store_path, plan)).unwrap();
+            assert_eq!(
+                got, reference,
+                "{options:?} streaming attention: slots {slots} hot {hot} {policy:?}"
+            );
+        }
     }
 }
 
@@ -224,14 +243,20 @@ fn the_actor_driver_pipelines_loads_with_the_same_bits() {
     let files = Files::new("actors");
     let store_path = files.store(64);
     let reference = run(&mut inline(&store_path, None)).unwrap();
-    for (slots, hot, loads, stream) in [(2, 0, 1, false), (7, 4, 3, true), (30, 30, 4, true)] {
-        let model = Arc::new(Model::load_resident(&store_path, stream).unwrap());
+    for (slots, hot, loads, stream, attention) in [
+        (2, 0, 1, false, false),
+        (7, 4, 3, true, false),
+        (30, 30, 4, true, false),
+        (5, 2, 2, true, true),
+    ] {
+        let model = Arc::new(Model::load_resident_with(&store_path, stream, attention).unwrap());
         let mut plan = plan_with(cache(slots, hot, CachePolicy::Segmented, loads));
         if stream {
             plan.cache.as_mut().unwrap().stream_output = true;
             plan.decode.output_rows = 60;
             plan.prefill.output_rows = 60;
         }
+        plan.cache.as_mut().unwrap().stream_attention = attention;
         let mut d = ActorDriver::new(
             model,
             &plan,

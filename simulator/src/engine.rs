@@ -79,6 +79,9 @@ pub(crate) struct Machine {
     pub bundle_bytes: u64,
     /// Reads per bundle: 1 bundled, 3 when gate, up and down lie apart (`Workload::bundled`).
     pub reads_per_bundle: u64,
+    /// Bytes one load of each streamed attention matrix reads (q, k, v, output; 4 KiB
+    /// aligned), when the plan streams attention.
+    pub attention_bytes: [u64; 4],
 }
 
 /// Spans and records, when asked for.
@@ -504,8 +507,15 @@ impl<'a> Engine<'a> {
             {
                 end += 1;
             }
-            let bytes = self.machine.bundle_bytes * (end - i) as u64;
-            let parts = self.machine.reads_per_bundle.max(1);
+            // Reads merge bundles only: an attention matrix is one read of its own.
+            let (bytes, parts) = match map.phase_cluster(layer, cluster) {
+                (Phase::QkvHeads, m) => (self.machine.attention_bytes[m as usize], 1),
+                (Phase::AttnOutRows, _) => (self.machine.attention_bytes[3], 1),
+                _ => (
+                    self.machine.bundle_bytes * (end - i) as u64,
+                    self.machine.reads_per_bundle.max(1),
+                ),
+            };
             let mut read = self
                 .machine
                 .storage

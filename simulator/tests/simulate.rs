@@ -386,6 +386,7 @@ fn a_neuron_store_under_a_cache_reads_what_it_misses_and_waits_for_it() {
             policy: CachePolicy::Segmented,
             max_loads: 4,
             stream_output: false,
+            stream_attention: false,
             coalesce: 1,
             hot_units: Vec::new(),
         });

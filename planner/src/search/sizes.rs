@@ -66,6 +66,13 @@ pub fn planned_store_sizes_with(
         bundles_per_layer: s.n_ff.div_ceil(s.ffn_bundle),
         bundle_stride: s.ffn_bundle_stride,
         output_row_bytes: row(t.output, s.n_embd),
+        attention_bytes: attention * u64::from(s.n_layer),
+        // The longest matrix, q or the output projection (k and v are narrower), on 4 KiB
+        // aligned reads.
+        attention_unit_bytes: (u64::from(q) * row(t.attn_q, s.n_embd))
+            .max(u64::from(s.n_embd) * row(t.attn_out, q))
+            .div_ceil(4096)
+            * 4096,
     };
     Ok((model, sizes))
 }

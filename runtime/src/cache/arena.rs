@@ -72,6 +72,11 @@ impl SlotArena {
         }
     }
 
+    /// How units are numbered.
+    pub fn map(&self) -> &UnitMap {
+        &self.map
+    }
+
     /// Whether clusters of `phase` are read from slots.
     pub fn streams(&self, phase: crate::neuron::Phase) -> bool {
         self.map.streams(phase)

@@ -59,9 +59,10 @@ impl MemoryBudget {
 
 /// Memory the process needs besides weights, KV cache and prefill scratch: code, the GGUF
 /// metadata and the tokenizer's tables, thread stacks,
-/// decode buffers, allocator slack. Measured on SmolLM2-135M: peak RSS of decode-only runs
-/// under `--memory 100%` minus the weights, KV cache and slots they hold.
-pub const RUNTIME_OVERHEAD: u64 = 19 << 20;
+/// decode buffers, allocator slack. Measured on SmolLM2-135M: peak RSS of runs under the
+/// smallest budgets (attention streamed, 3 slots, short prefill steps: 24.8–25.1 MiB) minus
+/// the weights, KV cache, scratch and slots they hold (20.3–20.7 MiB), rounded up.
+pub const RUNTIME_OVERHEAD: u64 = 21 << 20;
 
 /// Loads the scheduler keeps in flight by default: enough to keep one issuer busy.
 pub const DEFAULT_MAX_LOADS: u32 = 4;
@@ -134,6 +135,11 @@ pub struct StoreSizes {
     pub bundle_stride: u64,
     /// Bytes of one row of the output projection.
     pub output_row_bytes: u64,
+    /// Bytes of every layer's attention matrices (part of `resident_weights`: what leaves the
+    /// fixed segment when attention streams).
+    pub attention_bytes: u64,
+    /// The longest read of one attention matrix (a unit when attention streams).
+    pub attention_unit_bytes: u64,
 }
 
 impl StoreSizes {
@@ -150,6 +156,13 @@ impl StoreSizes {
                 .map(|t| t.n_bytes)
                 .sum::<u64>()
             + model.sparse.as_ref().map_or(0, |s| s.bytes() as u64);
+        let matrices = model
+            .layers
+            .iter()
+            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo])
+            .map(|t| (t.bytes.len() as u64, super::reader::read_len(&t.bytes)));
+        let attention_bytes = matrices.clone().map(|(bytes, _)| bytes).sum();
+        let attention_unit_bytes = matrices.map(|(_, read)| read).max().unwrap_or(0);
         Ok(StoreSizes {
             resident_weights,
             n_layer: c.n_layer,
@@ -161,6 +174,8 @@ impl StoreSizes {
             bundles_per_layer: store.layout.n_bundles,
             bundle_stride: store.layout.stride,
             output_row_bytes: model.output.row_bytes() as u64,
+            attention_bytes,
+            attention_unit_bytes,
         })
     }
 }
@@ -187,10 +202,10 @@ pub fn split_budget(
     )
 }
 
-/// [`split_budget`] from sizes alone. `shape` gives the cache's policy, pipeline depth and
-/// read grouping (its `slots` and `hot_slots` are ignored: they are what the budget decides);
-/// the cold segment keeps `max_loads + 2` slots for the loads in flight and the clusters
-/// being computed.
+/// [`split_budget`] from sizes alone. `shape` gives the cache's policy, pipeline depth, read
+/// grouping and whether attention streams (its `slots` and `hot_slots` are ignored: they are
+/// what the budget decides); the cold segment keeps `max_loads + 2` slots for the loads in
+/// flight and the clusters being computed.
 pub fn split_sizes(
     sizes: &StoreSizes,
     budget: u64,
@@ -199,7 +214,12 @@ pub fn split_sizes(
     shape: &CachePlan,
 ) -> Result<BudgetSplit, BudgetError> {
     let s = sizes;
-    let resident_weights = s.resident_weights;
+    let stream_attention = shape.stream_attention && s.attention_bytes > 0;
+    let resident_weights = if stream_attention {
+        s.resident_weights.saturating_sub(s.attention_bytes)
+    } else {
+        s.resident_weights
+    };
     let ffn_bytes = s.bundle_stride * u64::from(s.bundles_per_layer) * u64::from(s.n_layer);
     let kv_cache = u64::from(s.n_layer) * 2 * u64::from(s.kv_dim) * u64::from(n_ctx) * 2;
     let (embd, ff) = (u64::from(s.n_embd), u64::from(s.n_ff));
@@ -212,8 +232,19 @@ pub fn split_sizes(
     let output_rows = ((s.bundle_stride.saturating_sub(2 * SLOT_ALIGN as u64))
         / s.output_row_bytes.max(1))
     .clamp(1, u64::from(s.n_vocab)) as u32;
-    let slot = s.bundle_stride + SLOT_ALIGN as u64;
-    let n_units = s.n_layer * s.bundles_per_layer + s.n_vocab.div_ceil(output_rows);
+    // A slot holds the longest unit: a bundle, or an attention matrix when attention streams.
+    let unit_bytes = if stream_attention {
+        s.bundle_stride.max(s.attention_unit_bytes)
+    } else {
+        s.bundle_stride
+    };
+    let slot = unit_bytes + SLOT_ALIGN as u64;
+    let attn_units = if stream_attention {
+        super::ATTN_UNITS
+    } else {
+        0
+    };
+    let n_units = s.n_layer * (s.bundles_per_layer + attn_units) + s.n_vocab.div_ceil(output_rows);
     if budget < fixed + 2 * slot {
         return Err(BudgetError::TooSmall {
             budget,
@@ -248,6 +279,7 @@ pub fn split_sizes(
             hot_slots,
             max_loads,
             coalesce: shape.coalesce.max(1),
+            stream_attention,
             ..shape.clone()
         },
         ffn_bytes,
@@ -256,8 +288,10 @@ pub fn split_sizes(
 }
 
 /// Fits `plan` to `budget` bytes for a store of `sizes` run with `n_ctx` tokens of context:
-/// prefill steps of at most 64 tokens (their scratch counts against the budget), the budget
-/// split by [`split_sizes`] with the plan's own cache section (if any) as the cache's shape,
+/// prefill steps of at most 64 tokens (their scratch counts against the budget; 16 when that
+/// makes the budget fit), attention resident unless only streaming it fits,
+/// the budget split by [`split_sizes`] with the plan's own cache section (if any) as the
+/// cache's shape,
 /// and the output projection streamed in clusters sized to a slot. What the engine does
 /// under `--memory`, and what the simulator and the planner predict.
 pub fn fit_plan_to_budget(
@@ -266,9 +300,35 @@ pub fn fit_plan_to_budget(
     budget: u64,
     n_ctx: u32,
 ) -> Result<BudgetSplit, BudgetError> {
-    plan.prefill_max_tokens = plan.prefill_max_tokens.min(64);
     let shape = plan.cache.clone().unwrap_or_default();
-    let split = split_sizes(sizes, budget, n_ctx, plan.prefill_max_tokens, &shape)?;
+    // The first that fits: attention resident (unless the plan streams it) before streamed,
+    // since streaming it reads every layer's attention each token; within each, prefill steps
+    // of up to 64 tokens, or else of 16 (less scratch, more slots for decode; shorter steps
+    // cost prefill a little speed).
+    let streamed = CachePlan {
+        stream_attention: true,
+        ..shape.clone()
+    };
+    let shapes = if shape.stream_attention || sizes.attention_bytes == 0 {
+        vec![shape]
+    } else {
+        vec![shape, streamed]
+    };
+    let longest = plan.prefill_max_tokens.clamp(1, 64);
+    let steps = [longest, 16.min(longest)].into_iter();
+    let mut tries = shapes
+        .iter()
+        .flat_map(|shape| steps.clone().map(move |t| (shape, t)))
+        .map(|(shape, t)| (t, split_sizes(sizes, budget, n_ctx, t, shape)));
+    let (mut tokens, mut split) = tries.next().expect("at least one try");
+    for (t, next) in tries {
+        if split.is_ok() {
+            break;
+        }
+        (tokens, split) = (t, next);
+    }
+    let split = split?;
+    plan.prefill_max_tokens = tokens;
     plan.cache = Some(split.plan.clone());
     plan.decode.output_rows = split.output_rows;
     plan.prefill.output_rows = split.output_rows;

@@ -7,10 +7,11 @@
 //!   released longest ago (LRU) among slots no step is using.
 //!
 //! A unit is one FFN cluster (a store's bundle) or, when the output projection streams too,
-//! one cluster of its rows; [`UnitMap`] numbers them.
+//! one cluster of its rows, or, when attention streams, one attention matrix of a layer;
+//! [`UnitMap`] numbers them.
 //!
-//! The fixed segment (attention, norms, KV cache, scratch) is not managed here: it is
-//! resident for the whole run. With [`CachePolicy::Lru`] there is no hot segment: every slot is
+//! The fixed segment (attention unless it streams, norms, KV cache, scratch) is not managed
+//! here: it is resident for the whole run. With [`CachePolicy::Lru`] there is no hot segment: every slot is
 //! cold, the baseline the segmented policy is measured against.
 
 use super::UnitMap;
@@ -43,12 +44,17 @@ pub struct CachePlan {
     /// slot); otherwise it stays resident.
     #[serde(default)]
     pub stream_output: bool,
+    /// Each layer's attention matrices stream through the cache too (one unit per matrix),
+    /// for budgets too small to keep them resident; otherwise they stay resident.
+    #[serde(default)]
+    pub stream_attention: bool,
     /// Adjacent FFN bundles read in one request, at most (the scheduler issues loads in groups
     /// of this many when it can; drivers merge adjacent ones). 1: every bundle its own read.
     #[serde(default = "one")]
     pub coalesce: u32,
     /// Units the hot segment holds first, hottest first (a planner's ranking from an
-    /// activation profile); the segment's remaining slots follow [`UnitMap::hot_order`].
+    /// activation profile, numbered as [`UnitMap::from_plain`] reads them); the segment's
+    /// remaining slots follow [`UnitMap::hot_order`].
     /// Empty: the hot order alone (every cluster equally hot, as in dense decode).
     #[serde(default)]
     pub hot_units: Vec<u32>,
@@ -68,6 +74,7 @@ impl Default for CachePlan {
             policy: CachePolicy::Segmented,
             max_loads: super::DEFAULT_MAX_LOADS,
             stream_output: true,
+            stream_attention: false,
             coalesce: super::DEFAULT_COALESCE,
             hot_units: Vec::new(),
         }
@@ -139,16 +146,14 @@ impl CacheDirectory {
             hot = hot.saturating_sub(1);
         }
         let mut hot_slot = vec![None; n_units as usize];
-        // With a ranking (sparse decode), the streamed output projection's units go first:
-        // every token that wants logits reads all of them, no FFN unit is hotter.
+        // With a ranking (sparse decode), streamed attention and output projection go first:
+        // every token reads all of them, no FFN unit is hotter.
         let output: Vec<u32> = if plan.hot_units.is_empty() {
             Vec::new()
         } else {
-            (0..map.output_clusters)
-                .map(|c| map.unit(map.n_layer, c))
-                .collect()
+            map.every_token_units().collect()
         };
-        let ranked = plan.hot_units.iter().copied().filter(|&u| u < n_units);
+        let ranked = plan.hot_units.iter().filter_map(|&u| map.from_plain(u));
         let mut next = 0;
         for unit in output.into_iter().chain(ranked).chain(map.hot_order()) {
             if next == hot {
@@ -303,9 +308,9 @@ impl CacheDirectory {
             .map(|&(_, s)| s)
             .filter(|&s| self.slots[s as usize].owner.is_none())
             .collect();
-        let n_units = self.units.len() as u32;
-        let output = (0..self.map.output_clusters).map(|c| self.map.unit(self.map.n_layer, c));
-        let ranked = plan.hot_units.iter().copied().filter(|&u| u < n_units);
+        let map = &self.map;
+        let output = map.every_token_units();
+        let ranked = plan.hot_units.iter().filter_map(|&u| map.from_plain(u));
         let ranked = output
             .take(if plan.hot_units.is_empty() {
                 0

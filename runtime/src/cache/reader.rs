@@ -37,8 +37,8 @@ pub struct Extent {
     pub bundle: Option<(u32, u32)>,
 }
 
-/// The reads of every unit of `map` in `model` (a neuron store); output clusters hold
-/// `output_rows` rows of the output projection.
+/// The reads of every unit of `map` in `model` (a neuron store), in unit order; output
+/// clusters hold `output_rows` rows of the output projection.
 pub fn unit_extents(model: &Model, map: &UnitMap, output_rows: u32) -> Vec<Extent> {
     let mut out = Vec::with_capacity(map.n_units() as usize);
     let Some(store) = &model.store else {
@@ -46,6 +46,20 @@ pub fn unit_extents(model: &Model, map: &UnitMap, output_rows: u32) -> Vec<Exten
     };
     let layout = &store.layout;
     for (l, layer) in model.layers.iter().enumerate() {
+        if map.attn_units > 0 {
+            for (name, t) in [
+                ("attn_q", &layer.wq),
+                ("attn_k", &layer.wk),
+                ("attn_v", &layer.wv),
+                ("attn_output", &layer.wo),
+            ] {
+                out.push(rows_extent(
+                    t,
+                    0..t.rows as u64,
+                    format!("layer {l} {name}"),
+                ));
+            }
+        }
         let base = layer.bundles.as_ref().map_or(0, |r| r.start as u64);
         for b in 0..map.ffn_clusters {
             let neurons = layout.neurons_of(b);
@@ -59,23 +73,38 @@ pub fn unit_extents(model: &Model, map: &UnitMap, output_rows: u32) -> Vec<Exten
         }
     }
     let t = &model.output;
-    let rb = t.row_bytes() as u64;
     for c in 0..map.output_clusters {
         let first = u64::from(c * output_rows);
         let end_row = (first + u64::from(output_rows)).min(t.rows as u64);
-        let start = t.bytes.start as u64 + first * rb;
-        let end = t.bytes.start as u64 + end_row * rb;
-        let offset = start / READ_ALIGN * READ_ALIGN;
-        let stop = end.div_ceil(READ_ALIGN) * READ_ALIGN;
-        out.push(Extent {
-            offset,
-            len: (stop - offset) as usize,
-            data: (start - offset) as usize..(end - offset) as usize,
-            what: format!("output rows {first}..{end_row}"),
-            bundle: None,
-        });
+        out.push(rows_extent(
+            t,
+            first..end_row,
+            format!("output rows {first}..{end_row}"),
+        ));
     }
     out
+}
+
+/// The length of the aligned read that covers the file bytes `bytes`.
+pub(crate) fn read_len(bytes: &Range<usize>) -> u64 {
+    let offset = bytes.start as u64 / READ_ALIGN * READ_ALIGN;
+    (bytes.end as u64).div_ceil(READ_ALIGN) * READ_ALIGN - offset
+}
+
+/// The read of rows `rows` of tensor `t`: widened to aligned offsets, the rows' bytes inside.
+fn rows_extent(t: &crate::model::TensorRef, rows: Range<u64>, what: String) -> Extent {
+    let rb = t.row_bytes() as u64;
+    let start = t.bytes.start as u64 + rows.start * rb;
+    let end = t.bytes.start as u64 + rows.end * rb;
+    let offset = start / READ_ALIGN * READ_ALIGN;
+    let stop = end.div_ceil(READ_ALIGN) * READ_ALIGN;
+    Extent {
+        offset,
+        len: (stop - offset) as usize,
+        data: (start - offset) as usize..(end - offset) as usize,
+        what,
+        bundle: None,
+    }
 }
 
 /// A neuron store opened for unit reads.

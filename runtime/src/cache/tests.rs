@@ -7,6 +7,7 @@ fn plan(slots: u32, hot: u32, policy: CachePolicy) -> CachePlan {
         policy,
         max_loads: 2,
         stream_output: false,
+        stream_attention: false,
         coalesce: 1,
         hot_units: Vec::new(),
     }
@@ -17,6 +18,7 @@ fn map(n_layer: u32, ffn_clusters: u32) -> UnitMap {
         n_layer,
         ffn_clusters,
         output_clusters: 0,
+        attn_units: 0,
     }
 }
 
@@ -122,6 +124,7 @@ fn units_follow_the_order_a_step_needs_them() {
         n_layer: 2,
         ffn_clusters: 3,
         output_clusters: 4,
+        attn_units: 0,
     };
     assert_eq!(m.n_units(), 10);
     for u in 0..m.n_units() {
@@ -182,10 +185,11 @@ fn a_plans_hot_units_take_the_hot_slots_before_the_round_robin_order() {
     assert!(matches!(d.acquire(1, 3), Acquired::Load { slot: 0, .. }));
 }
 
-#[test]
-fn a_deeper_pipeline_keeps_more_cold_slots() {
-    let sizes = StoreSizes {
-        resident_weights: 10 << 20,
+/// A 4-layer store of 8 bundles of 64 KiB per layer, with `resident` bytes resident, of
+/// which `attention` are attention matrices (the longest read `attention_unit` bytes).
+fn small_store(resident: u64, attention: u64, attention_unit: u64) -> StoreSizes {
+    StoreSizes {
+        resident_weights: resident,
         n_layer: 4,
         n_embd: 256,
         n_ff: 1024,
@@ -195,8 +199,15 @@ fn a_deeper_pipeline_keeps_more_cold_slots() {
         bundles_per_layer: 8,
         bundle_stride: 64 << 10,
         output_row_bytes: 288,
-    };
-    let budget = 32 << 20; // about 16 slots beside a 31 MiB fixed segment
+        attention_bytes: attention,
+        attention_unit_bytes: attention_unit,
+    }
+}
+
+#[test]
+fn a_deeper_pipeline_keeps_more_cold_slots() {
+    let sizes = small_store(10 << 20, 0, 0);
+    let budget = 34 << 20; // about 17 slots beside a 33 MiB fixed segment
     let split = |max_loads| {
         split_sizes(
             &sizes,
@@ -221,4 +232,99 @@ fn a_deeper_pipeline_keeps_more_cold_slots() {
     // Too small: the error names what is needed.
     let err = split_sizes(&sizes, 12 << 20, 128, 64, &CachePlan::default()).unwrap_err();
     assert!(err.to_string().contains("give at least"), "{err}");
+}
+
+#[test]
+fn streamed_attention_units_come_before_their_layers_bundles() {
+    // 3 layers of 5 bundles and 4 attention matrices, 2 output clusters: 29 units.
+    let m = UnitMap {
+        n_layer: 3,
+        ffn_clusters: 5,
+        output_clusters: 2,
+        attn_units: ATTN_UNITS,
+    };
+    assert_eq!(m.n_units(), 29);
+    for u in 0..m.n_units() {
+        let (l, c) = m.layer_cluster(u);
+        assert_eq!(m.unit(l, c), u, "unit {u}");
+    }
+    // Step order: a layer's q, k, v and output matrices, then its bundles, then the next layer.
+    let order: Vec<(u32, u32)> = (0..m.n_units()).map(|u| m.layer_cluster(u)).collect();
+    let expected: Vec<(u32, u32)> = (0..3)
+        .flat_map(|l| (5..9).chain(0..5).map(move |c| (l, c)))
+        .chain([(3, 0), (3, 1)])
+        .collect();
+    assert_eq!(order, expected);
+    // Each streamed phase's cluster reads one unit, and the unit names it back.
+    for (phase, clusters) in [
+        (Phase::QkvHeads, 0..3),
+        (Phase::AttnOutRows, 0..1),
+        (Phase::FfnNeurons, 0..5),
+    ] {
+        assert!(m.streams(phase));
+        for c in clusters {
+            assert_eq!(m.phase_cluster(1, m.unit_cluster(phase, c)), (phase, c));
+        }
+    }
+    assert_eq!(m.phase_cluster(3, 1), (Phase::OutputRows, 1));
+    assert!(!m.streams(Phase::AttnHeads));
+    // A plan's ranking numbers bundles as if attention did not stream.
+    assert_eq!(m.from_plain(2 * 5 + 3), Some(m.unit(2, 3)));
+    assert_eq!(m.from_plain(15 + 1), Some(m.unit(3, 1)));
+    assert_eq!(m.from_plain(15 + 2), None);
+    // Reads merge bundles only: never an attention matrix, never across a layer.
+    assert!(m.adjacent(m.unit(0, 1), m.unit(0, 2)));
+    assert!(!m.adjacent(m.unit(0, 4), m.unit(1, 5)));
+    assert!(!m.adjacent(m.unit(1, 8), m.unit(1, 0)));
+    // Hot slots go to attention first (every token reads all of it), then bundles.
+    let mut hot = m.hot_order();
+    assert!(hot[..12].iter().all(|&u| m
+        .phase_cluster(m.layer_cluster(u).0, m.layer_cluster(u).1)
+        .0
+        != Phase::FfnNeurons));
+    hot.sort_unstable();
+    assert_eq!(hot, (0..29).collect::<Vec<_>>());
+    // What every token reads whatever its predictions: all attention, then the output.
+    let every: Vec<(u32, u32)> = m.every_token_units().map(|u| m.layer_cluster(u)).collect();
+    assert_eq!(every.len(), 14);
+    assert!(every[..12].iter().all(|&(l, c)| l < 3 && c >= 5));
+    assert_eq!(&every[12..], &[(3, 0), (3, 1)]);
+}
+
+#[test]
+fn attention_streams_only_when_the_budget_cannot_hold_it() {
+    let sizes = small_store(12 << 20, 8 << 20, 80 << 10);
+    let fit = |budget: u64| {
+        let mut plan = crate::plan::ExecutionPlan::default();
+        fit_plan_to_budget(&sizes, &mut plan, budget, 128).map(|split| (split, plan))
+    };
+    // Room for everything resident: attention stays, prefill steps of 64 tokens.
+    let (split, plan) = fit(64 << 20).unwrap();
+    assert!(!split.plan.stream_attention);
+    assert_eq!(split.resident_weights, 12 << 20);
+    assert_eq!(plan.prefill_max_tokens, 64);
+    // Just too small for 64-token prefill steps: shorter steps, attention still resident.
+    let need_64 = split.resident_weights
+        + split.kv_cache
+        + split.scratch
+        + split.runtime_overhead
+        + 2 * (sizes.bundle_stride + SLOT_ALIGN as u64);
+    let (split, plan) = fit(need_64 - 1).unwrap();
+    assert!(!split.plan.stream_attention);
+    assert!(plan.prefill_max_tokens < 64);
+    // Too small for resident attention at any step: it streams, its bytes leave the fixed
+    // segment, slots hold the longest unit, and the units count the matrices.
+    let (split, plan) = fit(need_64 - (4 << 20)).unwrap();
+    assert!(split.plan.stream_attention);
+    assert!(plan.cache.as_ref().unwrap().stream_attention);
+    assert_eq!(split.resident_weights, 4 << 20);
+    assert!(split.plan.slots >= 2);
+    let slot = (80 << 10) + SLOT_ALIGN as u64;
+    assert!(u64::from(split.plan.slots) * slot <= split.cache);
+    // Below even that: the error gives the least budget, the one with attention streamed.
+    let err = fit(20 << 20).unwrap_err();
+    let BudgetError::TooSmall { weights, .. } = err else {
+        panic!("{err}")
+    };
+    assert_eq!(weights, 4 << 20);
 }

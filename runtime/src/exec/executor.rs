@@ -702,7 +702,19 @@ impl StepState {
                     &mut buf[first * n * hd..(first + len) * n * hd],
                     clusters.iter().map(|r| r.len() * n * hd),
                 );
+                // Streamed attention: cluster `c` is matrix `c` (q, k, v), in its cache slot.
+                let streamed = self.cache.as_deref().filter(|a| a.streams(Phase::QkvHeads));
+                let (first_cluster, layer_index) = (work.clusters.start, work.layer);
                 runner.run(&mut outs, &|_, i, out| {
+                    let slot = streamed.map(|a| {
+                        let c = a
+                            .map()
+                            .unit_cluster(Phase::QkvHeads, first_cluster + i as u32);
+                        let slot = a.slot_of(layer_index, c).unwrap_or_else(|| {
+                            panic!("attention unit {c} computed before it was loaded")
+                        });
+                        (a.read(slot), a.data_range(layer_index, c))
+                    });
                     for (k, head) in units(&clusters[i]).enumerate() {
                         let dst = &mut out[k * n * hd..(k + 1) * n * hd];
                         let (w, bias, row0, rotate) = if head < n_head {
@@ -712,7 +724,19 @@ impl StepState {
                         } else {
                             (&l.wv, &l.bv, (head - n_head - n_kv) * hd, false)
                         };
-                        let mat = model.rows(w, row0..row0 + hd);
+                        let mat = match &slot {
+                            Some((guard, data)) => {
+                                let rb = w.row_bytes();
+                                let at = data.start + row0 * rb;
+                                MatRef {
+                                    ty: w.ty,
+                                    data: &guard.bytes()[at..at + hd * rb],
+                                    rows: hd,
+                                    cols: w.cols,
+                                }
+                            }
+                            None => model.rows(w, row0..row0 + hd),
+                        };
                         cx.project(mat, acts.get(w.ty), n, dst, hd);
                         for t in 0..n {
                             let v = &mut dst[t * hd..(t + 1) * hd];
@@ -792,11 +816,12 @@ impl StepState {
                 let n = self.rows_in(work.phase);
                 let mut outs = row_blocks(buf, clusters, n, w.rows);
                 let act = acts.get(w.ty);
-                // A streamed output projection: cluster `first + i` is in its cache slot.
-                let streamed = self
-                    .cache
-                    .as_deref()
-                    .filter(|a| work.phase == Phase::OutputRows && a.streams(Phase::OutputRows));
+                // A streamed output projection or attention output: cluster `first + i` reads
+                // its unit's cache slot.
+                let streamed = self.cache.as_deref().filter(|a| {
+                    matches!(work.phase, Phase::OutputRows | Phase::AttnOutRows)
+                        && a.streams(work.phase)
+                });
                 let first = work.clusters.start;
                 let layer_index = work.layer;
                 runner.run(&mut outs, &|_, i, out| {
@@ -805,9 +830,9 @@ impl StepState {
                     let Some(arena) = streamed else {
                         return cx.project(model.rows(w, rows), act, n, out, m);
                     };
-                    let c = first + i as u32;
+                    let c = arena.map().unit_cluster(work.phase, first + i as u32);
                     let slot = arena.slot_of(layer_index, c).unwrap_or_else(|| {
-                        panic!("output cluster {c} computed before it was loaded")
+                        panic!("{:?} cluster {c} computed before it was loaded", work.phase)
                     });
                     let guard = arena.read(slot);
                     let mat = MatRef {

@@ -5,7 +5,7 @@ use super::ModelError;
 use crate::gguf::GgufFile;
 use crate::plan::{ModelDescription, ModelShape, WeightTypes};
 use crate::quant::{dequantize_row, GgmlType, MatRef};
-use crate::store::{bundle_tensor_name, stays_on_storage, StoreInfo};
+use crate::store::{bundle_tensor_name, is_attention_matrix, stays_on_storage, StoreInfo};
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -137,6 +137,16 @@ impl Model {
     /// the output projection stay there too (embedding rows are read per token, the output
     /// projection streams through the cache). An ordinary model loads as [`Model::load`].
     pub fn load_resident(path: &Path, stream_output: bool) -> Result<Model, ModelError> {
+        Model::load_resident_with(path, stream_output, false)
+    }
+
+    /// [`Model::load_resident`], and with `stream_attention` each layer's attention matrices
+    /// stay on storage too (the cache streams them; a budget too small to hold them).
+    pub fn load_resident_with(
+        path: &Path,
+        stream_output: bool,
+        stream_attention: bool,
+    ) -> Result<Model, ModelError> {
         let io = |source| crate::gguf::GgufError::Io {
             op: "read",
             path: path.display().to_string(),
@@ -157,7 +167,11 @@ impl Model {
                 probe
                     .tensors()
                     .iter()
-                    .filter(|t| !stays_on_storage(&t.name, stream_output))
+                    .filter(|t| {
+                        let streams = stays_on_storage(&t.name, stream_output)
+                            || stream_attention && is_attention_matrix(&t.name);
+                        !streams
+                    })
                     .map(|t| {
                         let start = (probe.data_offset() + t.offset) as usize;
                         start..start + t.n_bytes as usize

@@ -12,7 +12,7 @@ mod program;
 
 pub use program::{ffn_clusters, split_by_weight, PhaseClusters, Program, StepShape};
 
-use crate::cache::{Acquired, CacheDirectory, LayerCacheStats, UnitMap};
+use crate::cache::{Acquired, CacheDirectory, LayerCacheStats, UnitMap, ATTN_UNITS};
 use crate::neuron::Phase;
 use crate::plan::{ExecutionPlan, ModelShape, PlanError, Share};
 use serde::{Deserialize, Serialize};
@@ -308,6 +308,7 @@ impl Scheduler {
                     } else {
                         0
                     },
+                    attn_units: if c.stream_attention { ATTN_UNITS } else { 0 },
                 };
                 let n_units = map.n_units() as usize;
                 Some(CacheFlow {
@@ -324,8 +325,12 @@ impl Scheduler {
                 })
             }
         };
-        let decode = Program::new(shape, &plan.decode, StepShape::Decode, &decode_shares);
-        let prefill = Program::new(shape, &plan.prefill, StepShape::Prefill, &prefill_shares);
+        let mut decode = Program::new(shape, &plan.decode, StepShape::Decode, &decode_shares);
+        let mut prefill = Program::new(shape, &plan.prefill, StepShape::Prefill, &prefill_shares);
+        if cache.as_ref().is_some_and(|c| c.map.attn_units > 0) {
+            decode.stream_attention(shape, &decode_shares);
+            prefill.stream_attention(shape, &prefill_shares);
+        }
         let most_clusters = [&decode, &prefill]
             .iter()
             .flat_map(|p| p.layer_phases.iter().chain(std::iter::once(&p.output)))
@@ -499,12 +504,16 @@ impl Scheduler {
         let gated = self.await_predictions && shape == StepShape::Decode;
         if let Some(cache) = self.cache.as_mut() {
             cache.units.fill(UnitState::NotAcquired);
-            cache.gate = if gated { 0 } else { u32::MAX };
+            cache.gate = if gated {
+                cache.map.unit(0, 0)
+            } else {
+                u32::MAX
+            };
             cache.cursor = 0;
             cache.cursor_end = if wants_logits {
                 cache.map.n_units()
             } else {
-                cache.map.n_ffn_units()
+                cache.map.n_layer_units()
             };
         }
         self.issue_current_phase(out);
@@ -533,6 +542,7 @@ impl Scheduler {
         }
         if let Some(cache) = self.cache.as_mut().filter(|c| c.map.streams(work.phase)) {
             for c in work.clusters.clone() {
+                let c = cache.map.unit_cluster(work.phase, c);
                 // A skipped cluster never held a slot.
                 if cache.units[cache.unit(work.layer, c)] != UnitState::Skipped {
                     cache.directory.release(work.layer, c);
@@ -615,7 +625,8 @@ impl Scheduler {
             for (xpu, range) in &layout.parts {
                 let mut run_start = None;
                 for c in range.clone().chain(std::iter::once(range.end)) {
-                    let state = (c < range.end).then(|| cache.units[cache.unit(flight.layer, c)]);
+                    let unit = |c| cache.unit(flight.layer, cache.map.unit_cluster(phase, c));
+                    let state = (c < range.end).then(|| cache.units[unit(c)]);
                     let ready = matches!(state, Some(UnitState::Ready | UnitState::Skipped));
                     match (ready, run_start) {
                         (true, None) => run_start = Some(c),
@@ -636,7 +647,7 @@ impl Scheduler {
                         _ => {}
                     }
                     if c < range.end {
-                        let u = cache.unit(flight.layer, c);
+                        let u = unit(c);
                         if state == Some(UnitState::Ready) {
                             cache.units[u] = UnitState::Sent;
                         } else if !ready {
@@ -678,10 +689,9 @@ impl Scheduler {
         let (Some(flight), Some(cache)) = (self.in_flight.as_mut(), self.cache.as_mut()) else {
             return Err(unexpected);
         };
-        let first = layer.checked_mul(cache.map.ffn_clusters);
         if flight.request.step != step
             || layer >= cache.map.n_layer
-            || first != Some(cache.gate)
+            || cache.map.unit(layer, 0) != cache.gate
             || cache.cursor != cache.gate
         {
             return Err(unexpected);
@@ -707,7 +717,7 @@ impl Scheduler {
             }
         }
         cache.gate = if layer + 1 < cache.map.n_layer {
-            (layer + 1) * cache.map.ffn_clusters
+            cache.map.unit(layer + 1, 0)
         } else {
             u32::MAX
         };
@@ -733,7 +743,7 @@ impl Scheduler {
         let clusters = if layer == cache.map.n_layer {
             cache.map.output_clusters
         } else {
-            cache.map.ffn_clusters
+            cache.map.ffn_clusters + cache.map.attn_units
         };
         if flight.request.step != step || layer > cache.map.n_layer || cluster >= clusters {
             return Err(unexpected);
@@ -765,8 +775,8 @@ fn pump(flight: &mut InFlight, program: &Program, cache: &mut CacheFlow, out: &m
     cache.newly_ready = ready;
 }
 
-/// Sends FFN cluster `(layer, cluster)`, now ready (or skipped), if its phase is the one
-/// computing and it waits; otherwise it goes out with its phase.
+/// Sends the cluster that reads unit `(layer, cluster)`, now ready (or skipped), if its phase
+/// is the one computing and it waits; otherwise it goes out with its phase.
 fn dispatch_if_current(
     flight: &mut InFlight,
     program: &Program,
@@ -776,13 +786,14 @@ fn dispatch_if_current(
     out: &mut Vec<Command>,
 ) {
     let current = program.phase_layout_at(flight.phase_index);
-    if flight.layer != layer || !cache.map.streams(current.phase) {
+    let u = cache.unit(layer, cluster);
+    let (phase, cluster) = cache.map.phase_cluster(layer, cluster);
+    if flight.layer != layer || current.phase != phase {
         return;
     }
     let Some((xpu, _)) = current.parts.iter().find(|(_, r)| r.contains(&cluster)) else {
         return;
     };
-    let u = cache.unit(layer, cluster);
     // A skipped cluster stays marked so: it holds no slot to release.
     if cache.units[u] != UnitState::Skipped {
         cache.units[u] = UnitState::Sent;

@@ -140,6 +140,21 @@ impl Program {
         }
     }
 
+    /// Recuts the attention phases for attention that streams through the cache, one unit
+    /// per matrix: `QkvHeads` into one cluster per matrix (query heads, key heads, value
+    /// heads) and `AttnOutRows` into one cluster, so each cluster reads exactly one unit.
+    pub fn stream_attention(&mut self, model: &ModelShape, shares: &[(XpuId, u32)]) {
+        let (q, kv) = (model.n_head, model.n_head_kv);
+        for p in &mut self.layer_phases {
+            let clusters = match p.phase {
+                Phase::QkvHeads => vec![0..q, q..q + kv, q + kv..q + 2 * kv],
+                Phase::AttnOutRows => std::iter::once(0..model.n_embd).collect(),
+                _ => continue,
+            };
+            *p = PhaseClusters::new(p.phase, clusters, shares);
+        }
+    }
+
     /// The phase at `index` of a layer; `layer_phases.len()` is the output projection.
     pub fn phase_at(&self, index: usize) -> Phase {
         self.layer_phases

@@ -476,7 +476,12 @@ fn run_cached_steps(
             map.ffn_clusters
         );
         for n in needed.iter_mut().take(n_layer as usize) {
-            *n += u64::from(map.ffn_clusters);
+            *n += u64::from(map.ffn_clusters + map.attn_units);
+        }
+        // Streamed attention: one cluster per matrix, each reading its own unit.
+        if map.attn_units > 0 {
+            assert_eq!(program.clusters(Phase::QkvHeads).len(), 3);
+            assert_eq!(program.clusters(Phase::AttnOutRows).len(), 1);
         }
         if map.output_clusters > 0 {
             assert_eq!(program.output.clusters.len() as u32, map.output_clusters);
@@ -522,10 +527,10 @@ fn run_cached_steps(
                             );
                             seen[c as usize] = true;
                             if map.streams(phase) {
-                                let u = map.unit(layer, c) as usize;
+                                let u = map.unit(layer, map.unit_cluster(phase, c)) as usize;
                                 assert!(
                                     resident[u],
-                                    "layer {layer} cluster {c} computed while its bundle is not in"
+                                    "layer {layer} {phase:?} cluster {c} computed while its unit is not in"
                                 );
                                 held[u] = true;
                             }
@@ -571,7 +576,7 @@ fn run_cached_steps(
                     } => {
                         assert_eq!(step, req.step);
                         let needs = if layer < n_layer {
-                            cluster < map.ffn_clusters
+                            cluster < map.ffn_clusters + map.attn_units
                         } else {
                             layer == n_layer && req.wants_logits() && cluster < map.output_clusters
                         };
@@ -646,7 +651,7 @@ fn run_cached_steps(
                     computing.swap_remove(at);
                     if map.streams(work.phase) {
                         for c in work.clusters.clone() {
-                            let u = map.unit(work.layer, c) as usize;
+                            let u = map.unit(work.layer, map.unit_cluster(work.phase, c)) as usize;
                             held[u] = false;
                             computed[u] = true;
                         }
@@ -699,6 +704,7 @@ fn a_cache_holding_every_unit_loads_nothing_after_the_first_step() {
             policy,
             max_loads: 3,
             stream_output: true,
+            stream_attention: false,
             coalesce: 2,
             hot_units: Vec::new(),
         };
@@ -760,13 +766,15 @@ proptest! {
         max_loads in 1u32..=6,
         coalesce in 1u32..=5,
         stream_output in any::<bool>(),
+        stream_attention in any::<bool>(),
         steps in prop::collection::vec((any::<bool>(), 2u32..12, 0u32..3), 1..6),
         picks in prop::collection::vec(0usize..32, 1..96),
     ) {
         let model = store_shape(n_layer, ffn_bundle);
         let ffn_clusters = model.n_ff.div_ceil(ffn_bundle);
         let output_clusters = if stream_output { model.n_vocab.div_ceil(output_rows) } else { 0 };
-        let n_units = n_layer * ffn_clusters + output_clusters;
+        let attn_units = if stream_attention { crate::cache::ATTN_UNITS } else { 0 };
+        let n_units = n_layer * (ffn_clusters + attn_units) + output_clusters;
         let slots = 1 + slots_pick % (n_units + 2);
         let cache = CachePlan {
             slots,
@@ -774,6 +782,7 @@ proptest! {
             policy: if lru { CachePolicy::Lru } else { CachePolicy::Segmented },
             max_loads,
             stream_output,
+            stream_attention,
             coalesce,
             hot_units: Vec::new(),
         };
@@ -874,22 +883,79 @@ fn without_loads(cmds: &[Command]) -> Vec<Command> {
         .collect()
 }
 
-#[test]
-fn decode_with_predictions_loads_only_the_predicted_clusters() {
-    // 3 layers of 5 bundles of 32 neurons; 4 slots, no hot segment: every needed cluster misses.
-    let model = store_shape(3, 32);
+/// An LRU cache of `slots` slots for the 3-layer store model, no output streaming, awaiting
+/// predictions: the predicted-decode tests' scheduler.
+fn predicting_scheduler(slots: u32, max_loads: u32, stream_attention: bool) -> Scheduler {
     let cache = CachePlan {
-        slots: 4,
+        slots,
         hot_slots: 0,
         policy: CachePolicy::Lru,
-        max_loads: 2,
+        max_loads,
         stream_output: false,
+        stream_attention,
         coalesce: 1,
         hot_units: Vec::new(),
     };
     let plan = cached_plan(ExecutionPlan::default(), 50, cache);
-    let mut s = Scheduler::new(&model, &plan).unwrap();
+    let mut s = Scheduler::new(&store_shape(3, 32), &plan).unwrap();
     s.await_predictions(true);
+    s
+}
+
+/// The (layer, cluster) of every `Load` in `cmds`, in order.
+fn loaded_units(cmds: &[Command]) -> Vec<(u32, u32)> {
+    cmds.iter()
+        .filter_map(|c| match c {
+            Command::Load { layer, cluster, .. } => Some((*layer, *cluster)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn streamed_attention_is_loaded_every_layer_and_predictions_gate_only_the_ffn() {
+    // 3 layers of 5 bundles and 4 attention units each; 3 slots: the attention matrices pass
+    // through the cache like bundles, one unit per matrix.
+    let mut s = predicting_scheduler(3, 1, true);
+    assert_eq!(s.unit_map().unwrap().n_units(), 3 * (5 + 4));
+    let needed = |layer: u32, c: u32| (layer + c).is_multiple_of(2);
+    let cmds = run_predicted_step(&mut s, request(1, 1, 0), &needed);
+    let computes = without_loads(&cmds);
+    check_stream_skipping(&s, &request(1, 1, 0), &computes, &|l, c| !needed(l, c));
+    let loaded = loaded_units(&cmds);
+    // Per layer: q, k, v, the attention output, then the predicted bundles.
+    let expected: Vec<(u32, u32)> = (0..3)
+        .flat_map(|l| {
+            (5..9)
+                .map(move |c| (l, c))
+                .chain((0..5).map(move |c| (l, c)))
+        })
+        .filter(|&(l, c)| c >= 5 || needed(l, c))
+        .collect();
+    assert_eq!(loaded, expected);
+    // Each attention cluster is computed after its own unit landed, never before.
+    for (i, c) in cmds.iter().enumerate() {
+        let Command::Compute { work, .. } = c else {
+            continue;
+        };
+        let map = s.unit_map().unwrap();
+        if matches!(work.phase, Phase::QkvHeads | Phase::AttnOutRows) {
+            for k in work.clusters.clone() {
+                let unit = map.unit_cluster(work.phase, k);
+                let load = cmds.iter().position(|c| {
+                    matches!(c, Command::Load { layer, cluster, .. } if *layer == work.layer && *cluster == unit)
+                });
+                assert!(load.is_some_and(|p| p < i), "{work:?} before its load");
+            }
+        }
+    }
+    assert!(!s.is_busy());
+}
+
+#[test]
+fn decode_with_predictions_loads_only_the_predicted_clusters() {
+    // 3 layers of 5 bundles of 32 neurons; 4 slots, no hot segment: every needed cluster misses.
+    let mut s = predicting_scheduler(4, 2, false);
     assert!(s.awaits_predictions());
     let needed = |layer: u32, c: u32| (layer + c).is_multiple_of(3);
     let cmds = run_predicted_step(&mut s, request(1, 1, 0), &needed);
@@ -897,13 +963,7 @@ fn decode_with_predictions_loads_only_the_predicted_clusters() {
     // aside).
     let computes = without_loads(&cmds);
     check_stream_skipping(&s, &request(1, 1, 0), &computes, &|l, c| !needed(l, c));
-    let loaded: Vec<(u32, u32)> = cmds
-        .iter()
-        .filter_map(|c| match c {
-            Command::Load { layer, cluster, .. } => Some((*layer, *cluster)),
-            _ => None,
-        })
-        .collect();
+    let loaded = loaded_units(&cmds);
     let expected: Vec<(u32, u32)> = (0..3)
         .flat_map(|l| (0..5).map(move |c| (l, c)))
         .filter(|&(l, c)| needed(l, c))

@@ -55,6 +55,20 @@ pub fn stays_on_storage(name: &str, stream_output: bool) -> bool {
         || stream_output && (name == "token_embd.weight" || name == "output.weight")
 }
 
+/// Whether `name` is one of a layer's four attention matrices: what stays on storage, read
+/// through the cache, when attention streams (`CachePlan::stream_attention`).
+pub fn is_attention_matrix(name: &str) -> bool {
+    name.starts_with("blk.")
+        && [
+            ".attn_q.weight",
+            ".attn_k.weight",
+            ".attn_v.weight",
+            ".attn_output.weight",
+        ]
+        .iter()
+        .any(|s| name.ends_with(s))
+}
+
 /// The name of layer `layer`'s bundle tensor.
 pub fn bundle_tensor_name(layer: u32) -> String {
     format!("blk.{layer}.ffn_bundles")
