@@ -102,7 +102,11 @@ pub fn simulate(
         storage: StorageModel::new(&profile.storage, &plan.storage),
         bundle_bytes: workload.model.shape.ffn_bundle_stride,
         reads_per_bundle: if workload.bundled { 1 } else { 3 },
-        attention_bytes: attention_read_bytes(&workload.model),
+        // One aligned read per streamed attention matrix.
+        attention_bytes: workload
+            .model
+            .attention_matrix_bytes()
+            .map(|b| b.div_ceil(4096) * 4096),
     };
     let group_names = machine.group_names.clone();
     let outcome = Engine::new(scheduler, machine, workload, options).run()?;
@@ -166,19 +170,4 @@ pub fn simulate(
     };
     report.summarise();
     Ok(report)
-}
-
-/// Bytes of one aligned read of each attention matrix of `model` (q, k, v, output): what a
-/// load of a streamed attention unit reads.
-fn attention_read_bytes(model: &conductor_runtime::plan::ModelDescription) -> [u64; 4] {
-    let (s, t) = (&model.shape, &model.types);
-    let row = conductor_runtime::plan::ModelDescription::row_bytes;
-    let (q, kv) = (s.n_head * s.head_dim, s.n_head_kv * s.head_dim);
-    [
-        u64::from(q) * row(t.attn_q, s.n_embd),
-        u64::from(kv) * row(t.attn_k, s.n_embd),
-        u64::from(kv) * row(t.attn_v, s.n_embd),
-        u64::from(s.n_embd) * row(t.attn_out, q),
-    ]
-    .map(|b| b.div_ceil(4096) * 4096)
 }

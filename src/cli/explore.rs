@@ -465,6 +465,13 @@ fn paper(args: &ExploreArgs, options: ExploreOptions) -> Result<()> {
             .map(|(k, &i)| (x(k, i), f(i)))
             .collect(),
     };
+    // The paper's figures and the simulator's, for the rows `idx`, at x positions `x`.
+    let paper_and_simulator = |idx: &[usize], x: &dyn Fn(usize, usize) -> f64| {
+        vec![
+            series("paper", &|i| rows[i].paper_tok_s, idx, x),
+            series("Conductor simulator", &|i| results[i].decode_tok_s, idx, x),
+        ]
+    };
     let categorical = |k: usize, _| k as f64;
     chart::write(
         &Chart {
@@ -472,15 +479,7 @@ fn paper(args: &ExploreArgs, options: ExploreOptions) -> Result<()> {
             x_label: "features added",
             y_label: "decode tokens/s",
             x_categories: ablation.iter().map(|&i| rows[i].step.to_string()).collect(),
-            series: vec![
-                series("paper", &|i| rows[i].paper_tok_s, &ablation, &categorical),
-                series(
-                    "Conductor simulator",
-                    &|i| results[i].decode_tok_s,
-                    &ablation,
-                    &categorical,
-                ),
-            ],
+            series: paper_and_simulator(&ablation, &categorical),
         },
         &args.out.join("paper-ablation"),
     )?;
@@ -494,15 +493,7 @@ fn paper(args: &ExploreArgs, options: ExploreOptions) -> Result<()> {
             x_label: "memory budget (GB)",
             y_label: "decode tokens/s",
             x_categories: Vec::new(),
-            series: vec![
-                series("paper", &|i| rows[i].paper_tok_s, &mixtral, &gb),
-                series(
-                    "Conductor simulator",
-                    &|i| results[i].decode_tok_s,
-                    &mixtral,
-                    &gb,
-                ),
-            ],
+            series: paper_and_simulator(&mixtral, &gb),
         },
         &args.out.join("paper-mixtral"),
     )?;

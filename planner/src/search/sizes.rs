@@ -67,10 +67,12 @@ pub fn planned_store_sizes_with(
         bundle_stride: s.ffn_bundle_stride,
         output_row_bytes: row(t.output, s.n_embd),
         attention_bytes: attention * u64::from(s.n_layer),
-        // The longest matrix, q or the output projection (k and v are narrower), on 4 KiB
-        // aligned reads.
-        attention_unit_bytes: (u64::from(q) * row(t.attn_q, s.n_embd))
-            .max(u64::from(s.n_embd) * row(t.attn_out, q))
+        // The longest matrix, on 4 KiB aligned reads.
+        attention_unit_bytes: model
+            .attention_matrix_bytes()
+            .into_iter()
+            .max()
+            .unwrap_or(0)
             .div_ceil(4096)
             * 4096,
     };

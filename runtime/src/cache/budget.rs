@@ -315,18 +315,23 @@ pub fn fit_plan_to_budget(
         vec![shape, streamed]
     };
     let longest = plan.prefill_max_tokens.clamp(1, 64);
-    let steps = [longest, 16.min(longest)].into_iter();
-    let mut tries = shapes
-        .iter()
-        .flat_map(|shape| steps.clone().map(move |t| (shape, t)))
-        .map(|(shape, t)| (t, split_sizes(sizes, budget, n_ctx, t, shape)));
-    let (mut tokens, mut split) = tries.next().expect("at least one try");
-    for (t, next) in tries {
-        if split.is_ok() {
-            break;
+    let steps: &[u32] = if longest > 16 {
+        &[longest, 16]
+    } else {
+        &[longest]
+    };
+    let mut last = None;
+    'fit: for shape in &shapes {
+        for &tokens in steps {
+            let split = split_sizes(sizes, budget, n_ctx, tokens, shape);
+            let fits = split.is_ok();
+            last = Some((tokens, split));
+            if fits {
+                break 'fit;
+            }
         }
-        (tokens, split) = (t, next);
     }
+    let (tokens, split) = last.expect("at least one try");
     let split = split?;
     plan.prefill_max_tokens = tokens;
     plan.cache = Some(split.plan.clone());

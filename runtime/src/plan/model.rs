@@ -78,14 +78,22 @@ impl ModelDescription {
 
     /// Bytes of one layer's attention matrices (q, k, v and the output projection).
     pub fn attention_bytes_per_layer(&self) -> u64 {
+        self.attention_matrix_bytes().iter().sum()
+    }
+
+    /// Bytes of each of one layer's attention matrices: q, k, v, the output projection (the
+    /// order of a streamed layer's attention units).
+    pub fn attention_matrix_bytes(&self) -> [u64; 4] {
         let s = &self.shape;
         let t = &self.types;
         let q = u64::from(s.n_head * s.head_dim);
         let kv = u64::from(s.n_head_kv * s.head_dim);
-        q * Self::row_bytes(t.attn_q, s.n_embd)
-            + kv * Self::row_bytes(t.attn_k, s.n_embd)
-            + kv * Self::row_bytes(t.attn_v, s.n_embd)
-            + u64::from(s.n_embd) * Self::row_bytes(t.attn_out, s.n_head * s.head_dim)
+        [
+            q * Self::row_bytes(t.attn_q, s.n_embd),
+            kv * Self::row_bytes(t.attn_k, s.n_embd),
+            kv * Self::row_bytes(t.attn_v, s.n_embd),
+            u64::from(s.n_embd) * Self::row_bytes(t.attn_out, s.n_head * s.head_dim),
+        ]
     }
 
     /// Bytes of one layer's MoE router (`n_expert` rows of `n_embd` f32 values; 0 for a dense
