@@ -347,9 +347,5 @@ fn plans_that_do_not_parse_or_do_not_fit_the_machine_name_the_field() {
         ))
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::assert_success(&out);
 }

@@ -3,16 +3,7 @@
 
 mod common;
 
-use std::path::PathBuf;
-
-fn out_dir(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "conductor-cli-explore-{tag}-{}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
-}
+use common::ScratchDir;
 
 fn profile() -> String {
     concat!(env!("CARGO_MANIFEST_DIR"), "/profiles/oneplus-12.toml").to_string()
@@ -20,7 +11,8 @@ fn profile() -> String {
 
 #[test]
 fn a_sweep_writes_a_row_per_point_and_the_charts() {
-    let dir = out_dir("sweep");
+    let scratch = ScratchDir::new("cli-explore-sweep");
+    let dir = scratch.join("out");
     let out = common::conductor()
         .args([
             "explore",
@@ -39,11 +31,7 @@ fn a_sweep_writes_a_row_per_point_and_the_charts() {
         .arg(&dir)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::assert_success(&out);
     let csv = std::fs::read_to_string(dir.join("results.csv")).unwrap();
     let lines: Vec<&str> = csv.lines().collect();
     assert!(lines[0].starts_with("model,profile,memory,budget_bytes"));
@@ -77,7 +65,6 @@ fn a_sweep_writes_a_row_per_point_and_the_charts() {
     assert!(std::fs::read_to_string(dir.join("decode.svg"))
         .unwrap()
         .contains("<svg"));
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -110,7 +97,8 @@ fn bad_sweeps_are_one_line_errors_and_write_nothing() {
             "is below what this model needs",
         ),
     ] {
-        let dir = out_dir("bad");
+        let scratch = ScratchDir::new("cli-explore-bad");
+        let dir = scratch.join("out");
         let args: Vec<String> = args
             .iter()
             .map(|a| a.replace("PROFILE", &profile()))

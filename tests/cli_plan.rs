@@ -4,57 +4,25 @@
 
 mod common;
 
+use common::ScratchDir;
+
 use conductor::runtime::cache::{CachePlan, CachePolicy, MemoryBudget};
 use conductor::runtime::plan::ExecutionPlan;
-use conductor::runtime::store::{convert, ConvertOptions};
-use conductor::runtime::synthetic::{synthetic_model, SyntheticSpec};
+use conductor::runtime::store::ConvertOptions;
+use conductor::runtime::synthetic::synthetic_model;
 use conductor::{DriverKind, Engine, GenerateOptions};
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(tag: &str) -> Dir {
-        let dir =
-            std::env::temp_dir().join(format!("conductor-cli-plan-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Dir(dir)
-    }
-
-    /// A generated model converted into a store of 64-neuron bundles.
-    fn store(&self) -> PathBuf {
-        let source = self.0.join("model.gguf");
-        let spec = SyntheticSpec {
-            n_layer: 3,
-            n_embd: 128,
-            n_ff: 512,
-            n_head: 4,
-            n_head_kv: 2,
-            seed: 11,
-            ..SyntheticSpec::default()
-        };
-        synthetic_model(&spec)
+/// A generated model converted into a store of 64-neuron bundles, in `dir`.
+fn store(dir: &ScratchDir) -> PathBuf {
+    let source = dir.file("model.gguf", || {
+        synthetic_model(&common::small_spec(11))
             .unwrap()
-            .write_file_atomic(&source)
-            .unwrap();
-        let store = self.0.join("store.gguf");
-        convert(
-            &source,
-            &store,
-            &ConvertOptions::neuron_columns(64),
-            &mut |_, _| {},
-        )
-        .unwrap();
-        store
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+            .to_bytes()
+            .unwrap()
+    });
+    dir.store(&source, &ConvertOptions::neuron_columns(64))
 }
 
 fn profile() -> String {
@@ -114,9 +82,9 @@ fn engine(store: &Path, plan: Option<ExecutionPlan>, memory: Option<MemoryBudget
 
 #[test]
 fn a_plan_under_a_budget_runs_under_that_budget_with_the_in_memory_tokens() {
-    let dir = Dir::new("run");
-    let store = dir.store();
-    let out_path = dir.0.join("plan.json");
+    let dir = ScratchDir::new("cli-plan-run");
+    let store = store(&dir);
+    let out_path = dir.join("plan.json");
     let store_arg = store.to_str().unwrap();
     let out_arg = out_path.to_str().unwrap();
 
@@ -140,11 +108,7 @@ fn a_plan_under_a_budget_runs_under_that_budget_with_the_in_memory_tokens() {
         "-m", store_arg, "--memory", &budget, "-c", "64", "-t", "1", "-o", out_arg,
     ]);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::assert_success(&out);
     assert!(
         stdout.contains("predicted:") && stdout.contains("why:"),
         "{stdout}"
@@ -184,8 +148,8 @@ fn a_plan_under_a_budget_runs_under_that_budget_with_the_in_memory_tokens() {
 
 #[test]
 fn limits_no_plan_meets_and_bad_arguments_write_nothing() {
-    let dir = Dir::new("errors");
-    let out_path = dir.0.join("plan.json");
+    let dir = ScratchDir::new("cli-plan-errors");
+    let out_path = dir.join("plan.json");
     let out_arg = out_path.to_str().unwrap();
     for (args, expect) in [
         (vec!["--shape", "gpt-5"], "unknown model shape `gpt-5`"),
@@ -215,11 +179,7 @@ fn limits_no_plan_meets_and_bad_arguments_write_nothing() {
     }
     // A shape with a speed it can reach: the smallest memory, written.
     let out = plan_cmd(&["--shape", "smollm2-135m", "--min-speed", "5", "-o", out_arg]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::assert_success(&out);
     let plan = ExecutionPlan::from_file(&out_path).unwrap();
     assert!(plan.predicted.unwrap().decode_tok_s >= 5.0);
     assert!(plan.memory.is_some());

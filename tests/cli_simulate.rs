@@ -4,14 +4,6 @@
 
 mod common;
 
-use std::path::PathBuf;
-
-fn temp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("conductor-cli-sim-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
-}
-
 fn profiles(name: &str) -> String {
     format!("{}/profiles/{name}", env!("CARGO_MANIFEST_DIR"))
 }
@@ -38,8 +30,9 @@ fn error(args: &[&str]) -> String {
 
 #[test]
 fn a_real_runs_trace_replays_and_its_timeline_is_written() {
+    let dir = common::ScratchDir::new("cli-sim-replay");
     let model = common::default_model();
-    let trace = temp("run.trace");
+    let trace = dir.join("run.trace");
     let (_, stderr) = ok(&[
         "run",
         "-m",
@@ -70,7 +63,7 @@ fn a_real_runs_trace_replays_and_its_timeline_is_written() {
     assert!(stdout.contains("identical command stream"), "{stdout}");
 
     // The same trace checked against another model's shape: refused, naming both.
-    let other = temp("other.gguf");
+    let other = dir.join("other.gguf");
     conductor::runtime::synthetic::synthetic_model(&Default::default())
         .unwrap()
         .write_file_atomic(&other)
@@ -88,7 +81,7 @@ fn a_real_runs_trace_replays_and_its_timeline_is_written() {
     let mut bytes = std::fs::read(&trace).unwrap();
     let keep = bytes.len() / 2;
     bytes.truncate(keep);
-    let broken = temp("broken.trace");
+    let broken = dir.join("broken.trace");
     std::fs::write(&broken, bytes).unwrap();
     let line = error(&["simulate", "--replay", broken.to_str().unwrap()]);
     assert!(line.contains("corrupt"), "{line}");
@@ -124,6 +117,7 @@ fn predictions_come_out_as_bench_json_lines() {
 
 #[test]
 fn bad_profiles_and_shapes_are_named() {
+    let dir = common::ScratchDir::new("cli-sim-bad");
     let line = error(&[
         "simulate",
         "--profile",
@@ -134,7 +128,7 @@ fn bad_profiles_and_shapes_are_named() {
     assert!(line.contains("/nonexistent/profile.toml"), "{line}");
 
     let text = std::fs::read_to_string(profiles("oneplus-12.toml")).unwrap();
-    let broken = temp("broken.toml");
+    let broken = dir.join("broken.toml");
     std::fs::write(
         &broken,
         text.replacen("bandwidth_gbs = 43.9", "bandwidth_gbs = -1.0", 1),
@@ -161,7 +155,8 @@ fn bad_profiles_and_shapes_are_named() {
 
 #[test]
 fn profile_hw_writes_a_profile_the_simulator_takes() {
-    let out = temp("quick.toml");
+    let dir = common::ScratchDir::new("cli-sim-profile-hw");
+    let out = dir.join("quick.toml");
     ok(&[
         "profile-hw",
         "--quick",

@@ -185,11 +185,7 @@ fn cli_output_is_identical_on_1_and_2_threads_and_both_drivers() {
             .args(["--ignore-eos", "-t", threads, "--driver", driver])
             .output()
             .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        common::assert_success(&out);
         out.stdout
     };
     let one = run("1", "inline");

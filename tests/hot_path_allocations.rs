@@ -7,16 +7,19 @@
 //! (a load, its `ClusterLoaded`, the cluster's `Compute`) are the price of the actors, bounded
 //! here so that none creeps in per neuron.
 
+mod common;
+
+use common::ScratchDir;
 use conductor::actors::{ActorDriver, ActorOptions};
 use conductor::runtime::cache::{CachePlan, CachePolicy};
 use conductor::runtime::exec::{Driver, InlineDriver, Serial, Session};
 use conductor::runtime::model::Model;
 use conductor::runtime::plan::{ExecutionPlan, Topology};
 use conductor::runtime::quant::Kernels;
-use conductor::runtime::store::{convert, ConvertOptions};
-use conductor::runtime::synthetic::{synthetic_model, SyntheticSpec};
+use conductor::runtime::store::ConvertOptions;
+use conductor::runtime::synthetic::synthetic_model;
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -53,28 +56,15 @@ static GLOBAL: Counting = Counting;
 const STEPS: u32 = 8;
 
 /// A small store (3 layers, 8 bundles each) in a temporary directory.
-fn store(dir: &Path) -> PathBuf {
-    std::fs::create_dir_all(dir).unwrap();
-    let source = dir.join("model.gguf");
-    let spec = SyntheticSpec {
-        n_layer: 3,
-        n_embd: 128,
-        n_ff: 512,
-        n_head: 4,
-        n_head_kv: 2,
-        seed: 3,
-        ..SyntheticSpec::default()
-    };
-    std::fs::write(&source, synthetic_model(&spec).unwrap().to_bytes().unwrap()).unwrap();
-    let store = dir.join("store.gguf");
-    convert(
-        &source,
-        &store,
-        &ConvertOptions::neuron_columns(64),
-        &mut |_, _| {},
-    )
-    .unwrap();
-    store
+/// A generated model converted into a store of 64-neuron bundles, in `dir`.
+fn store(dir: &ScratchDir) -> PathBuf {
+    let source = dir.file("model.gguf", || {
+        synthetic_model(&common::small_spec(3))
+            .unwrap()
+            .to_bytes()
+            .unwrap()
+    });
+    dir.store(&source, &ConvertOptions::neuron_columns(64))
 }
 
 /// Too few slots to keep the model: every step loads most clusters again.
@@ -116,7 +106,7 @@ fn count<D: Driver>(d: &mut D, loads: impl Fn(&D) -> u64) -> (u64, u64) {
 
 #[test]
 fn decode_steps_allocate_nothing_per_load() {
-    let dir = std::env::temp_dir().join(format!("conductor-alloc-{}", std::process::id()));
+    let dir = ScratchDir::new("alloc");
     let store = store(&dir);
     for (slots, hot) in [(3, 0), (12, 6)] {
         let model = Arc::new(Model::load_resident(&store, true).unwrap());
@@ -168,5 +158,4 @@ fn decode_steps_allocate_nothing_per_load() {
         // Measured: about 10 per load (kameo's boxes for three messages, the load's item list).
         assert!(per_load < 16.0, "{per_load:.1} allocations per load");
     }
-    std::fs::remove_dir_all(dir).unwrap();
 }

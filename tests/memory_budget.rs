@@ -5,7 +5,8 @@
 
 mod common;
 
-use conductor::runtime::store::{convert, ConvertOptions};
+use common::ScratchDir;
+use conductor::runtime::store::ConvertOptions;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -15,13 +16,9 @@ fn conductor() -> Command {
     Command::new(env!("CARGO_BIN_EXE_conductor"))
 }
 
-fn store(tag: &str) -> (PathBuf, PathBuf) {
-    let dir = std::env::temp_dir().join(format!("conductor-budget-{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("smollm2-store.gguf");
-    let options = ConvertOptions::default().overwriting();
-    convert(&common::default_model(), &path, &options, &mut |_, _| {}).unwrap();
-    (dir, path)
+/// The default model converted into a neuron store, in `dir`.
+fn store(dir: &ScratchDir) -> PathBuf {
+    dir.store(&common::default_model(), &ConvertOptions::default())
 }
 
 /// A fresh memory cgroup limited to `limit` bytes: (directory, file to write a pid into,
@@ -60,12 +57,12 @@ fn memory_cgroup(limit: u64) -> Option<(PathBuf, PathBuf, PathBuf)> {
 
 #[test]
 fn a_budgeted_run_completes_inside_a_cgroup_of_that_size() {
-    let (dir, store) = store("cgroup");
+    let dir = ScratchDir::new("budget-cgroup");
+    let store = store(&dir);
     // Half the store keeps attention resident; a quarter streams it too.
     for percent in [50, 25] {
         run_in_cgroup(&store, percent);
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// `conductor bench` of `store` with `--memory {percent}%` inside a memory cgroup of that
@@ -118,14 +115,14 @@ fn run_in_cgroup(store: &Path, percent: u64) {
 
 #[test]
 fn a_budget_below_the_fixed_segment_says_how_much_is_needed() {
-    let (dir, store) = store("small");
+    let dir = ScratchDir::new("budget-small");
+    let store = store(&dir);
     let out = conductor()
         .args(["run", "-m"])
         .arg(&store)
         .args(["--memory", "16MiB", "-p", "hello", "-n", "4"])
         .output()
         .unwrap();
-    std::fs::remove_dir_all(&dir).unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(

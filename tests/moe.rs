@@ -4,6 +4,9 @@
 //! in-memory bits while reading only the chosen experts' bundles; bad files and options give
 //! clear errors. (The numerics against a plain reference: `runtime/tests/forward_reference.rs`.)
 
+mod common;
+
+use common::ScratchDir;
 use conductor::actors::{ActorDriver, ActorOptions, PoolConfig, WorkerPool};
 use conductor::runtime::cache::{split_budget, CachePlan, CachePolicy, MemoryBudget};
 use conductor::runtime::exec::{Driver, InlineDriver, Serial, Session};
@@ -39,41 +42,9 @@ fn bytes() -> Vec<u8> {
     synthetic_model(&spec()).unwrap().to_bytes().unwrap()
 }
 
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(tag: &str) -> Dir {
-        let dir = std::env::temp_dir().join(format!("conductor-moe-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Dir(dir)
-    }
-
-    fn source(&self) -> PathBuf {
-        let path = self.0.join("moe.gguf");
-        if !path.exists() {
-            std::fs::write(&path, bytes()).unwrap();
-        }
-        path
-    }
-
-    fn store(&self, options: &ConvertOptions) -> PathBuf {
-        let path = self.0.join(format!(
-            "store-{}-{}.gguf",
-            options.down_layout.name(),
-            options.bundle_neurons
-        ));
-        if !path.exists() {
-            convert(&self.source(), &path, options, &mut |_, _| {}).unwrap();
-        }
-        path
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// The generated MoE model, written into `dir` the first time.
+fn source_model(dir: &ScratchDir) -> PathBuf {
+    dir.file("moe.gguf", bytes)
 }
 
 const PROMPT: [u32; 9] = [3, 17, 42, 5, 99, 120, 7, 250, 31];
@@ -221,8 +192,8 @@ fn drift(a: &[u32], b: &[u32]) -> f32 {
 
 #[test]
 fn a_moe_store_under_a_budget_reads_only_the_chosen_experts() {
-    let dir = Dir::new("store");
-    let source = Arc::new(Model::load(&dir.source()).unwrap());
+    let dir = ScratchDir::new("moe-store");
+    let source = Arc::new(Model::load(&source_model(&dir)).unwrap());
     let plan = ExecutionPlan {
         prefill_max_tokens: 4,
         ..ExecutionPlan::default()
@@ -233,7 +204,7 @@ fn a_moe_store_under_a_budget_reads_only_the_chosen_experts() {
         (ConvertOptions::block_columns(32), 1e-4),
         (ConvertOptions::neuron_columns(32), 2e-2),
     ] {
-        let path = dir.store(&options);
+        let path = dir.store(&source_model(&dir), &options);
         let store = Arc::new(Model::load(&path).unwrap());
         let layout = &store.store.as_ref().unwrap().layout;
         assert_eq!(layout.n_bundles, 8);
@@ -295,9 +266,9 @@ fn a_moe_store_under_a_budget_reads_only_the_chosen_experts() {
 
 #[test]
 fn the_engine_runs_a_moe_store_under_a_memory_budget_and_refuses_sparse_modes() {
-    let dir = Dir::new("engine");
-    let source = dir.source();
-    let store = dir.store(&ConvertOptions::neuron_columns(32));
+    let dir = ScratchDir::new("moe-engine");
+    let source = source_model(&dir);
+    let store = dir.store(&source_model(&dir), &ConvertOptions::neuron_columns(32));
     let engine = |path: &Path, memory: Option<u64>, mode: Option<SparsityMode>| {
         let mut b = Engine::builder()
             .model(path)
@@ -451,10 +422,10 @@ fn bad_moe_files_and_layouts_give_clear_errors() {
     assert!(e.contains("blk.0.ffn_gate_inp.weight"), "{e}");
 
     // Bundles that would straddle experts are refused at conversion.
-    let dir = Dir::new("bad");
+    let dir = ScratchDir::new("moe-bad");
     let err = convert(
-        &dir.source(),
-        &dir.0.join("store.gguf"),
+        &source_model(&dir),
+        &dir.join("store.gguf"),
         &ConvertOptions::neuron_columns(48),
         &mut |_, _| {},
     )

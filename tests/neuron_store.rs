@@ -2,6 +2,9 @@
 //! bit-identical for every cache size, policy and pipeline depth (inline and actors), and the
 //! bad inputs (another version, corrupt bundles, a file truncated while running, overwriting).
 
+mod common;
+
+use common::ScratchDir;
 use conductor::actors::{ActorDriver, ActorOptions};
 use conductor::runtime::cache::{CachePlan, CachePolicy};
 use conductor::runtime::exec::{Driver, InlineDriver, Serial, Session, StepError};
@@ -9,66 +12,23 @@ use conductor::runtime::model::Model;
 use conductor::runtime::plan::{ExecutionPlan, IoEngine, Topology};
 use conductor::runtime::quant::Kernels;
 use conductor::runtime::store::{convert, ConvertOptions, DownLayout, StoreError};
-use conductor::runtime::synthetic::{synthetic_model, SyntheticSpec};
+use conductor::runtime::synthetic::synthetic_model;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-fn spec() -> SyntheticSpec {
-    SyntheticSpec {
-        n_layer: 3,
-        n_embd: 128,
-        n_ff: 512,
-        n_head: 4,
-        n_head_kv: 2,
-        seed: 7,
-        ..SyntheticSpec::default()
-    }
+/// The generated source model, written into `dir` the first time.
+fn source_model(dir: &ScratchDir) -> PathBuf {
+    dir.file("model.gguf", || {
+        synthetic_model(&common::small_spec(7))
+            .unwrap()
+            .to_bytes()
+            .unwrap()
+    })
 }
 
-struct Files {
-    dir: PathBuf,
-}
-
-impl Files {
-    fn new(tag: &str) -> Files {
-        let dir =
-            std::env::temp_dir().join(format!("conductor-store-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Files { dir }
-    }
-
-    fn source(&self) -> PathBuf {
-        let path = self.dir.join("model.gguf");
-        if !path.exists() {
-            let bytes = synthetic_model(&spec()).unwrap().to_bytes().unwrap();
-            std::fs::write(&path, bytes).unwrap();
-        }
-        path
-    }
-
-    /// A store with neuron columns (the default layout) of `neurons` per bundle.
-    fn store(&self, neurons: u32) -> PathBuf {
-        self.store_with(&ConvertOptions::neuron_columns(neurons))
-    }
-
-    fn store_with(&self, options: &ConvertOptions) -> PathBuf {
-        let path = self.dir.join(format!(
-            "store-{}-{}.gguf",
-            options.down_layout.name(),
-            options.bundle_neurons
-        ));
-        if !path.exists() {
-            convert(&self.source(), &path, options, &mut |_, _| {}).unwrap();
-        }
-        path
-    }
-}
-
-impl Drop for Files {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+/// A store with neuron columns (the default layout) of `neurons` per bundle.
+fn store(dir: &ScratchDir, neurons: u32) -> PathBuf {
+    dir.store(&source_model(dir), &ConvertOptions::neuron_columns(neurons))
 }
 
 const PROMPT: [u32; 9] = [3, 17, 42, 5, 99, 120, 7, 250, 31];
@@ -155,8 +115,8 @@ fn drift(a: &[u32], b: &[u32]) -> f32 {
 
 #[test]
 fn a_store_decodes_like_its_source_and_every_cache_gives_the_same_bits() {
-    let files = Files::new("bits");
-    let source = Model::load(&files.source()).unwrap();
+    let dir = ScratchDir::new("store-bits");
+    let source = Model::load(&source_model(&dir)).unwrap();
     let plan = plan_with(None);
     let mut original = InlineDriver::new(Arc::new(source), &plan, Kernels::best(), Serial).unwrap();
     let from_source = run(&mut original).unwrap();
@@ -168,7 +128,7 @@ fn a_store_decodes_like_its_source_and_every_cache_gives_the_same_bits() {
         (ConvertOptions::neuron_columns(64), 8, 2e-2),
         (ConvertOptions::neuron_columns(50), 11, 2e-2),
     ] {
-        let store_path = files.store_with(&options);
+        let store_path = dir.store(&source_model(&dir), &options);
         let store = Model::load(&store_path).unwrap();
         let layout = &store.store.as_ref().unwrap().layout;
         assert_eq!(
@@ -240,8 +200,8 @@ fn a_store_decodes_like_its_source_and_every_cache_gives_the_same_bits() {
 
 #[test]
 fn the_actor_driver_pipelines_loads_with_the_same_bits() {
-    let files = Files::new("actors");
-    let store_path = files.store(64);
+    let dir = ScratchDir::new("store-actors");
+    let store_path = store(&dir, 64);
     let reference = run(&mut inline(&store_path, None)).unwrap();
     for (slots, hot, loads, stream, attention) in [
         (2, 0, 1, false, false),
@@ -281,8 +241,8 @@ fn the_actor_driver_pipelines_loads_with_the_same_bits() {
 /// while running is the same clear error.
 #[test]
 fn io_uring_reads_give_the_same_bits_and_the_same_errors() {
-    let files = Files::new("uring");
-    let store_path = files.store(64);
+    let dir = ScratchDir::new("store-uring");
+    let store_path = store(&dir, 64);
     let reference = run(&mut inline(&store_path, None)).unwrap();
     let model = Arc::new(Model::load_resident(&store_path, true).unwrap());
     let mut plan = plan_with(streaming(9, 3, CachePolicy::Segmented, 4));
@@ -317,7 +277,7 @@ fn io_uring_reads_give_the_same_bits_and_the_same_errors() {
     );
     drop(d);
     // Inline driver, a file cut inside the last layer's bundles.
-    let copy = files.dir.join("victim.gguf");
+    let copy = dir.join("victim.gguf");
     std::fs::copy(&store_path, &copy).unwrap();
     let victim = Arc::new(Model::load_resident(&copy, false).unwrap());
     let mut plan = plan_with(cache(3, 0, CachePolicy::Lru, 1));
@@ -354,8 +314,8 @@ fn truncate_while_running(d: &mut InlineDriver<Serial>, copy: &Path, store: &Pat
 
 #[test]
 fn hot_clusters_stay_and_cold_ones_stream() {
-    let files = Files::new("stats");
-    let store_path = files.store(64);
+    let dir = ScratchDir::new("store-stats");
+    let store_path = store(&dir, 64);
     // 3 layers x 8 clusters = 24 per step; the prompt runs as steps of 4, 4 and 1 tokens,
     // then 4 decode steps: 7 steps, each touching every cluster once, in order.
     let steps = 7;
@@ -391,27 +351,33 @@ fn hot_clusters_stay_and_cold_ones_stream() {
 
 #[test]
 fn bad_stores_are_refused_with_a_reason() {
-    let files = Files::new("bad");
-    let store_path = files.store(64);
+    let dir = ScratchDir::new("store-bad");
+    let store_path = store(&dir, 64);
 
     // Converting a store again, or writing over an existing file, or over the source.
-    let again = files.dir.join("again.gguf");
+    let again = dir.join("again.gguf");
     let options = ConvertOptions::neuron_columns(64);
     let err = convert(&store_path, &again, &options, &mut |_, _| {}).unwrap_err();
     assert!(matches!(err, StoreError::AlreadyStore { .. }), "{err}");
     assert!(!again.exists());
-    let err = convert(&files.source(), &store_path, &options, &mut |_, _| {}).unwrap_err();
+    let err = convert(&source_model(&dir), &store_path, &options, &mut |_, _| {}).unwrap_err();
     assert!(err.to_string().contains("exists"), "{err}");
     let overwrite = options.clone().overwriting();
-    let err = convert(&files.source(), &files.source(), &overwrite, &mut |_, _| {}).unwrap_err();
+    let err = convert(
+        &source_model(&dir),
+        &source_model(&dir),
+        &overwrite,
+        &mut |_, _| {},
+    )
+    .unwrap_err();
     assert!(err.to_string().contains("being converted"), "{err}");
     // Block-columns need whole blocks of the down type; no layout takes empty bundles.
-    let x = files.dir.join("x.gguf");
+    let x = dir.join("x.gguf");
     for options in [
         ConvertOptions::block_columns(48),
         ConvertOptions::neuron_columns(0),
     ] {
-        let err = convert(&files.source(), &x, &options, &mut |_, _| {}).unwrap_err();
+        let err = convert(&source_model(&dir), &x, &options, &mut |_, _| {}).unwrap_err();
         assert!(matches!(err, StoreError::BundleSize { .. }), "{err}");
         assert!(!x.exists());
     }
@@ -422,7 +388,7 @@ fn bad_stores_are_refused_with_a_reason() {
     let range = model.layers[1].bundles.clone().unwrap();
     let mut corrupt = bytes.clone();
     corrupt[range.start + 100] ^= 0x55;
-    let corrupt_path = files.dir.join("corrupt.gguf");
+    let corrupt_path = dir.join("corrupt.gguf");
     std::fs::write(&corrupt_path, &corrupt).unwrap();
     let err = Model::load(&corrupt_path).err().expect("checksum failure");
     assert!(err.to_string().contains("layer 1"), "{err}");
@@ -453,7 +419,7 @@ fn bad_stores_are_refused_with_a_reason() {
             w.add_tensor(t.name.clone(), t.dims.clone(), t.ty, data)
                 .unwrap();
         }
-        let path = files.dir.join(name);
+        let path = dir.join(name);
         w.write_file_atomic(&path).unwrap();
         path
     };
@@ -468,7 +434,7 @@ fn bad_stores_are_refused_with_a_reason() {
     let err = refused(&edited(&store_path, "diag.gguf", 2, Some("diagonal")));
     assert!(err.contains("unknown layout `diagonal`"), "{err}");
     // A version-1 store (block-columns, no layout key) still reads, with the same bits.
-    let blocks = files.store_with(&ConvertOptions::block_columns(64));
+    let blocks = dir.store(&source_model(&dir), &ConvertOptions::block_columns(64));
     let v1 = edited(&blocks, "v1.gguf", 1, None);
     assert_eq!(
         run(&mut inline(&v1, None)).unwrap(),
@@ -478,9 +444,9 @@ fn bad_stores_are_refused_with_a_reason() {
 
 #[test]
 fn a_store_truncated_while_running_fails_the_request_and_the_engine_recovers() {
-    let files = Files::new("trunc");
-    let store_path = files.store(64);
-    let copy = files.dir.join("victim.gguf");
+    let dir = ScratchDir::new("store-trunc");
+    let store_path = store(&dir, 64);
+    let copy = dir.join("victim.gguf");
     std::fs::copy(&store_path, &copy).unwrap();
     let mut d = inline(&copy, cache(3, 0, CachePolicy::Lru, 1));
     truncate_while_running(&mut d, &copy, &store_path);

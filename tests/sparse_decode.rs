@@ -3,6 +3,9 @@
 //! that keep what the threshold keeps, and the bad inputs (another model's profile, no
 //! profile, no predictors, calibration text too short).
 
+mod common;
+
+use common::{assert_success, ScratchDir};
 use conductor::profile::{profile_model, ProfileOptions, ProfileRunError};
 use conductor::runtime::cache::{split_budget, CachePolicy, MemoryBudget};
 use conductor::runtime::model::{FfnActivation, Model};
@@ -17,41 +20,15 @@ use std::path::{Path, PathBuf};
 
 fn spec(seed: u64, activation: FfnActivation) -> SyntheticSpec {
     SyntheticSpec {
-        n_layer: 3,
-        n_embd: 128,
-        n_ff: 512,
-        n_head: 4,
-        n_head_kv: 2,
         n_ctx: 512,
-        seed,
         activation,
-        ..SyntheticSpec::default()
+        ..common::small_spec(seed)
     }
 }
 
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(tag: &str) -> Dir {
-        let dir =
-            std::env::temp_dir().join(format!("conductor-sparse-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Dir(dir)
-    }
-
-    fn model(&self, name: &str, spec: &SyntheticSpec) -> PathBuf {
-        let path = self.0.join(name);
-        let bytes = synthetic_model(spec).unwrap().to_bytes().unwrap();
-        std::fs::write(&path, bytes).unwrap();
-        path
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// A generated model of `spec` written into `dir` as `name`.
+fn write_model(dir: &ScratchDir, name: &str, spec: &SyntheticSpec) -> PathBuf {
+    dir.file(name, || synthetic_model(spec).unwrap().to_bytes().unwrap())
 }
 
 /// Text of many different words, so every token position sees varied inputs.
@@ -149,8 +126,8 @@ fn argmax(v: &[f32]) -> u32 {
 
 #[test]
 fn sparse_decode_end_to_end() {
-    let dir = Dir::new("e2e");
-    let model = dir.model("m.gguf", &spec(3, FfnActivation::Silu));
+    let dir = ScratchDir::new("sparse-e2e");
+    let model = write_model(&dir, "m.gguf", &spec(3, FfnActivation::Silu));
     let p = profile(&model);
     assert_eq!(p.layers.len(), 3);
     let set = p.predictors.as_ref().expect("predictors trained");
@@ -264,9 +241,9 @@ fn sparse_decode_end_to_end() {
 
 #[test]
 fn bad_profiles_and_texts_are_clear_errors() {
-    let dir = Dir::new("bad");
-    let model = dir.model("a.gguf", &spec(5, FfnActivation::Silu));
-    let other = dir.model("b.gguf", &spec(6, FfnActivation::Silu));
+    let dir = ScratchDir::new("sparse-bad");
+    let model = write_model(&dir, "a.gguf", &spec(5, FfnActivation::Silu));
+    let other = write_model(&dir, "b.gguf", &spec(6, FfnActivation::Silu));
 
     // No profile: the explicit modes say where they looked; the default is dense.
     let e = build(
@@ -354,10 +331,10 @@ fn bad_profiles_and_texts_are_clear_errors() {
 /// memory.
 #[test]
 fn sparse_decode_of_a_neuron_store_through_the_cache() {
-    let dir = Dir::new("store");
-    let model = dir.model("m.gguf", &spec(5, FfnActivation::Silu));
+    let dir = ScratchDir::new("sparse-store");
+    let model = write_model(&dir, "m.gguf", &spec(5, FfnActivation::Silu));
     profile(&model);
-    let store = dir.0.join("m.store.gguf");
+    let store = dir.join("m.store.gguf");
     convert(
         &model,
         &store,
@@ -433,9 +410,9 @@ fn sparse_decode_of_a_neuron_store_through_the_cache() {
     // `conductor plan --sparsity threshold` on the store: the plan carries the mode, the
     // target, the profile's thresholds per layer, a hot segment ranked by the profile, and its
     // budget; the engine then decodes sparsely under that budget with the in-memory bits.
-    let plan_path = dir.0.join("sparse-plan.json");
+    let plan_path = dir.join("sparse-plan.json");
     let budget = format!("{}KiB", (sparse_fixed + 10 * sparse_slot) / 1024);
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_conductor"))
+    let out = common::conductor()
         .args(["plan", "-m", store.to_str().unwrap()])
         .args([
             "--profile",
@@ -446,11 +423,7 @@ fn sparse_decode_of_a_neuron_store_through_the_cache() {
         .args(["-o", plan_path.to_str().unwrap()])
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     let plan = ExecutionPlan::from_file(&plan_path).unwrap();
     let sparsity = plan
         .sparsity
@@ -487,12 +460,12 @@ fn sparse_decode_of_a_neuron_store_through_the_cache() {
 
 #[test]
 fn relu_model_natural_sparsity_and_predictors() {
-    let dir = Dir::new("relu");
+    let dir = ScratchDir::new("sparse-relu");
     let spec = SyntheticSpec {
         relu_active_share: Some(0.1),
         ..spec(9, FfnActivation::Relu)
     };
-    let model = dir.model("relu.gguf", &spec);
+    let model = write_model(&dir, "relu.gguf", &spec);
     let p = profile(&model);
     for (l, layer) in p.layers.iter().enumerate() {
         assert!(
@@ -555,13 +528,13 @@ fn relu_model_natural_sparsity_and_predictors() {
 #[test]
 fn powerinfer_files_run_with_their_own_predictors() {
     use conductor::runtime::sparse::powerinfer::{write_powerinfer_test_files, PowerInferTestSpec};
-    let dir = Dir::new("powerinfer");
+    let dir = ScratchDir::new("sparse-powerinfer");
     let spec = SyntheticSpec {
         relu_active_share: Some(0.1),
         ..spec(11, FfnActivation::Relu)
     };
-    let model = dir.0.join("pi.gguf");
-    let pred = dir.0.join("pi.predictor.gguf");
+    let model = dir.join("pi.gguf");
+    let pred = dir.join("pi.predictor.gguf");
     write_powerinfer_test_files(&spec, &PowerInferTestSpec::default(), &model, &pred).unwrap();
     // No profile next to the file: the default still turns the file's predictors on.
     let mut engine = build(&model, DriverKind::Inline, 2, SparsitySettings::default()).unwrap();

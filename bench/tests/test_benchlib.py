@@ -12,6 +12,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchlib import engines, report  # noqa: E402
+from benchlib.profiles import median_profile  # noqa: E402
 from benchlib.errors import BenchError  # noqa: E402
 from benchlib.procs import run_measured  # noqa: E402
 from benchlib.sandbox import parse_memory_limit  # noqa: E402
@@ -192,6 +193,27 @@ class SparseQuality(unittest.TestCase):
         svg = self.sq.svg(points, "t")
         self.assertEqual(svg.count("<polyline"), 2)
         self.assertIn("dense +3%", svg)
+
+
+class MedianProfile(unittest.TestCase):
+    def test_numbers_are_medians_tables_row_by_row_and_the_rest_from_the_first(self):
+        def profile(mbps, latency, name):
+            return {"name": name, "single_queue": False,
+                    "storage": {"latency_us": latency,
+                                "random": [{"size_bytes": 4096, "queue_depth": 1, "mbps": mbps},
+                                           {"size_bytes": 8192, "queue_depth": 1, "mbps": 2 * mbps}]}}
+        merged = median_profile([profile(100.0, 90, "a"), profile(300.0, 70, "b"), profile(200.0, 80, "c")])
+        self.assertEqual(merged["name"], "a")
+        self.assertIs(merged["single_queue"], False)
+        self.assertEqual(merged["storage"]["latency_us"], 80)
+        self.assertIsInstance(merged["storage"]["latency_us"], int)
+        rows = merged["storage"]["random"]
+        self.assertEqual([r["mbps"] for r in rows], [200.0, 400.0])
+        self.assertEqual([r["size_bytes"] for r in rows], [4096, 8192])
+
+    def test_tables_of_different_lengths_come_from_the_first(self):
+        first = {"rates": [1.0, 2.0]}
+        self.assertEqual(median_profile([first, {"rates": [5.0]}, {"rates": [7.0]}]), first)
 
 
 if __name__ == "__main__":

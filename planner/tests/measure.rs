@@ -4,7 +4,7 @@
 
 use conductor_planner::hardware::{
     check_options, measure, MeasureError, MeasureOptions, MIN_FILE_BYTES, QUEUE_DEPTHS,
-    STORAGE_SIZES,
+    REPLAY_DEPTHS, STORAGE_SIZES,
 };
 use conductor_runtime::plan::{HardwareProfile, MessagingProfile, Topology};
 use conductor_runtime::quant::GgmlType;
@@ -72,6 +72,7 @@ fn quick(dir: &Path) -> MeasureOptions {
         storage_file_bytes: 8 << 20,
         skip_storage: false,
         storage_file: None,
+        storage_reads: Vec::new(),
     }
 }
 
@@ -246,8 +247,15 @@ fn storage_measured_on_an_existing_file_reads_it_and_leaves_it_as_it_was() {
     let path = dir.path().join("model.bin");
     let bytes: Vec<u8> = (0..(9u32 << 20)).map(|i| (i % 253) as u8).collect();
     std::fs::write(&path, &bytes).unwrap();
+    // A run's reads to replay: eight of 12 KiB and eight of 68 KiB at scattered offsets, and
+    // one past the file's end (skipped, not an error).
+    let mut reads: Vec<(u64, usize)> = (0..8u64)
+        .flat_map(|i| [(i << 20, 12 << 10), ((i << 20) + (256 << 10), 68 << 10)])
+        .collect();
+    reads.push(((9 << 20) - 4096, 20 << 10));
     let opts = MeasureOptions {
         storage_file: Some(path.clone()),
+        storage_reads: reads,
         ..quick(Path::new("/nonexistent/never/used"))
     };
     let topo = Topology {
@@ -256,6 +264,32 @@ fn storage_measured_on_an_existing_file_reads_it_and_leaves_it_as_it_was() {
     let profile = measure(&opts, &topo, messaging(), &mut |_| {}).unwrap();
     profile.validate().unwrap();
     assert!(profile.storage.random.iter().all(|r| r.mbps > 0.0));
+    // The replayed sizes join the random table at each replay depth, beside the curve's own
+    // sizes; the read past the end does not.
+    for depth in REPLAY_DEPTHS {
+        let at_depth: Vec<u64> = profile
+            .storage
+            .random
+            .iter()
+            .filter(|r| r.queue_depth == depth)
+            .map(|r| r.size_bytes)
+            .collect();
+        for size in [12 << 10, 68 << 10] {
+            assert!(
+                at_depth.contains(&size),
+                "{size} at QD{depth}: {at_depth:?}"
+            );
+        }
+        assert!(
+            !at_depth.contains(&(20 << 10)) && STORAGE_SIZES.iter().all(|s| at_depth.contains(s)),
+            "QD{depth}: {at_depth:?}"
+        );
+    }
+    assert!(
+        profile.description.contains("replaying the 16 reads"),
+        "{}",
+        profile.description
+    );
     assert!(
         profile.description.contains("model.bin") && profile.description.contains("never written"),
         "{}",

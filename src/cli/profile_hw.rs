@@ -4,8 +4,14 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
+use conductor::apply_budget;
+use conductor::runtime::cache::{unit_extents, MemoryBudget};
+use conductor::runtime::gguf::GgufFile;
+use conductor::runtime::model::Model;
+use conductor::runtime::plan::ExecutionPlan;
+use conductor::runtime::schedule::Scheduler;
 use conductor_planner::hardware::{check_options, measure, MeasureOptions};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(Args)]
 pub struct ProfileHwArgs {
@@ -30,8 +36,52 @@ pub struct ProfileHwArgs {
     pub no_storage: bool,
 }
 
+/// The reads a decode of the neuron store at `path` issues, `(offset, length)` in its order,
+/// under the smallest budget the engine fits of 25%, 50% and 100% of the file (32 tokens of
+/// context, so that the KV cache leaves the most to stream): every unit
+/// streamed where the budget makes it so (attention and output projection included). Empty
+/// for a file that is not a neuron store.
+fn store_reads(path: &Path) -> Result<Vec<(u64, usize)>> {
+    let is_store = GgufFile::open(path)
+        .map(|f| f.tensors().iter().any(|t| t.name.ends_with(".ffn_bundles")))
+        .unwrap_or(false);
+    if !is_store {
+        return Ok(Vec::new());
+    }
+    let load = |attention| {
+        Model::load_resident_with(path, true, attention)
+            .with_context(|| format!("cannot load the neuron store {}", path.display()))
+    };
+    let model = load(false)?;
+    for percent in [25.0, 50.0, 100.0] {
+        let mut plan = ExecutionPlan::default();
+        let Ok(split) = apply_budget(&model, &mut plan, MemoryBudget::PercentOfModel(percent), 32)
+        else {
+            continue;
+        };
+        let model = if split.plan.stream_attention {
+            load(true)?
+        } else {
+            load(false)?
+        };
+        let scheduler = Scheduler::new(&model.shape(), &plan)?;
+        let Some(map) = scheduler.unit_map() else {
+            continue;
+        };
+        return Ok(unit_extents(&model, map, plan.decode.output_rows)
+            .iter()
+            .map(|e| (e.offset, e.len))
+            .collect());
+    }
+    Ok(Vec::new())
+}
+
 pub fn run(args: ProfileHwArgs) -> Result<()> {
     let default_mb = if args.quick { 64 } else { 1024 };
+    let storage_reads = match &args.storage_file {
+        Some(path) if !args.no_storage => store_reads(path)?,
+        _ => Vec::new(),
+    };
     let opts = MeasureOptions {
         quick: args.quick,
         storage_dir: args.storage_dir.unwrap_or_else(std::env::temp_dir),
@@ -41,6 +91,7 @@ pub fn run(args: ProfileHwArgs) -> Result<()> {
             .saturating_mul(1 << 20),
         skip_storage: args.no_storage,
         storage_file: args.storage_file,
+        storage_reads,
     };
     // Before the messaging measurement: a bad --storage-dir fails at once.
     check_options(&opts).context("profile-hw")?;

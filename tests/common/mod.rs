@@ -1,8 +1,10 @@
 //! Shared helpers of the end-to-end tests.
 #![allow(dead_code)]
 
+use conductor::runtime::store::{convert, ConvertOptions};
+use conductor::runtime::synthetic::SyntheticSpec;
 use serde::Deserialize;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// The default model, fetched into the cache on first use (once, whatever the test threads).
 pub fn default_model() -> PathBuf {
@@ -41,4 +43,76 @@ pub fn references() -> Vec<Reference> {
 /// The `conductor` binary built for these tests.
 pub fn conductor() -> std::process::Command {
     std::process::Command::new(env!("CARGO_BIN_EXE_conductor"))
+}
+
+/// A scratch directory for one test, `$TMPDIR/conductor-{tag}-{pid}`: emptied when made,
+/// removed when dropped (also when the test fails).
+pub struct ScratchDir(PathBuf);
+
+impl ScratchDir {
+    pub fn new(tag: &str) -> ScratchDir {
+        let dir = std::env::temp_dir().join(format!("conductor-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        ScratchDir(dir)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+
+    pub fn join(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+
+    /// `name` in the directory, written from `bytes()` the first time it is asked for.
+    pub fn file(&self, name: &str, bytes: impl FnOnce() -> Vec<u8>) -> PathBuf {
+        let path = self.join(name);
+        if !path.exists() {
+            std::fs::write(&path, bytes()).unwrap();
+        }
+        path
+    }
+
+    /// `source` converted into a neuron store with `options`, the first time it is asked for.
+    pub fn store(&self, source: &Path, options: &ConvertOptions) -> PathBuf {
+        let path = self.join(&format!(
+            "store-{}-{}.gguf",
+            options.down_layout.name(),
+            options.bundle_neurons
+        ));
+        if !path.exists() {
+            convert(source, &path, options, &mut |_, _| {}).unwrap();
+        }
+        path
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Fails the test with the command's stderr unless it succeeded.
+pub fn assert_success(out: &std::process::Output) {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The small generated llama the store and cache tests share: 3 layers, 128 wide, 512 FFN
+/// neurons, grouped-query attention (4 heads, 2 KV heads); weights drawn from `seed`.
+pub fn small_spec(seed: u64) -> SyntheticSpec {
+    SyntheticSpec {
+        n_layer: 3,
+        n_embd: 128,
+        n_ff: 512,
+        n_head: 4,
+        n_head_kv: 2,
+        seed,
+        ..SyntheticSpec::default()
+    }
 }

@@ -33,7 +33,7 @@ use std::path::PathBuf;
 use std::sync::mpsc;
 use timing::Effort;
 
-pub use storage::{MIN_FILE_BYTES, QUEUE_DEPTHS, SIZES as STORAGE_SIZES};
+pub use storage::{MIN_FILE_BYTES, QUEUE_DEPTHS, REPLAY_DEPTHS, SIZES as STORAGE_SIZES};
 
 /// What to measure and how long to take.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -50,6 +50,11 @@ pub struct MeasureOptions {
     /// Measure storage by reading this existing file (never written) instead of a test file:
     /// the device, file system and placement the model itself is read from (a model store).
     pub storage_file: Option<PathBuf>,
+    /// Reads of `storage_file` as a run issues them, `(offset, length)` in issue order (a
+    /// neuron store's units in decode order; empty: none). Replayed one at a time after the
+    /// curves; their rates by size join the random table at queue depth 1 (see
+    /// [`storage::measure_storage_on`]).
+    pub storage_reads: Vec<(u64, usize)>,
 }
 
 impl Default for MeasureOptions {
@@ -60,6 +65,7 @@ impl Default for MeasureOptions {
             storage_file_bytes: 1 << 30,
             skip_storage: false,
             storage_file: None,
+            storage_reads: Vec::new(),
         }
     }
 }
@@ -278,7 +284,9 @@ pub fn measure(
         storage::placeholder()
     } else {
         match &opts.storage_file {
-            Some(path) => storage::measure_storage_on(path, &effort, progress)?,
+            Some(path) => {
+                storage::measure_storage_on(path, &opts.storage_reads, &effort, progress)?
+            }
             None => storage::measure_storage(
                 &opts.storage_dir,
                 opts.storage_file_bytes,

@@ -9,6 +9,7 @@
 
 use super::timing::{median, Effort, Rng};
 use super::MeasureError;
+use conductor_runtime::cache::read_full;
 use conductor_runtime::plan::{StorageProfile, StorageRate};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -421,10 +422,22 @@ pub fn measurable_len(path: &Path) -> Result<u64, MeasureError> {
     Ok(len / MIB * MIB)
 }
 
+/// Queue depths at which a file's own reads are replayed: the I/O threads the planner tries.
+pub const REPLAY_DEPTHS: [u32; 2] = [1, 2];
+
 /// Measures by reading the existing file `path` (whole MiB of it; it is never written): the
 /// figures of the device, file system and placement a model is actually read from.
+///
+/// `reads` (offset, length), when given, are the reads a run of this file issues, in its
+/// order: after the curves they are replayed at each of [`REPLAY_DEPTHS`] (that many threads
+/// taking the next read in turn), cycling, and each read size's rate replaces the random
+/// table's figure at that depth and size. On a shared virtual disk the rate of a run's stream
+/// of reads differs from what the same sizes give in the curve's short samples at uniformly
+/// random offsets (`docs/benchmarks.md`, 2026-11-25, third session), and the simulator predicts
+/// a run from the figures at the sizes it reads.
 pub fn measure_storage_on(
     path: &Path,
+    reads: &[(u64, usize)],
     effort: &Effort,
     progress: &mut dyn FnMut(&str),
 ) -> Result<StorageOutcome, MeasureError> {
@@ -434,7 +447,140 @@ pub fn measure_storage_on(
         path.display(),
         len / MIB
     );
-    measure_reads(path, &open_reader(path)?, len, &what, effort, progress)
+    let reader = open_reader(path)?;
+    let mut outcome = measure_reads(path, &reader, len, &what, effort, progress)?;
+    if reads.is_empty() {
+        return Ok(outcome);
+    }
+    let duration = effort.storage_target * (effort.storage_reps as u32 * 10);
+    let mut replayed = 0;
+    let mut sizes = std::collections::BTreeSet::new();
+    for depth in REPLAY_DEPTHS {
+        let (rates, count) =
+            replay_reads(&reader, reads, duration, depth).map_err(|e| io_error(path, "read", e))?;
+        replayed = count;
+        let mut line = format!("storage: the file's own reads, replayed (QD{depth}):");
+        for &(size, mbps) in &rates {
+            line += &format!(" {} {mbps:.0}", size_label(size));
+            sizes.insert(size);
+        }
+        progress(&format!("{line} MB/s"));
+        merge_rates(&mut outcome.profile.random, &rates, depth);
+    }
+    outcome.notes.push(format!(
+        "Random reads of {} at queue depths {} come from replaying the {} reads a run of this \
+         file issues, in its order, for {:.1} s at each depth (N threads taking the next read in \
+         turn; per size: N x bytes / time spent reading them).",
+        sizes
+            .iter()
+            .map(|size| format!("{size} B"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        REPLAY_DEPTHS
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(" and "),
+        replayed,
+        duration.as_secs_f64()
+    ));
+    Ok(outcome)
+}
+
+/// Replays `reads` of `reader`'s file in order with `depth` threads, each taking the next read
+/// in turn, cycling, for about `duration` (at least one pass). Returns MB/s at that depth by
+/// read size, ascending, of the sizes read at least 8 times — `depth` × bytes / seconds spent
+/// reading them, so that with `depth` reads in flight one read of the size costs
+/// bytes × depth / rate, as the simulator computes it — and how many of `reads` were replayed
+/// (those that run past the file's end are not).
+fn replay_reads(
+    reader: &Reader,
+    reads: &[(u64, usize)],
+    duration: Duration,
+    depth: u32,
+) -> std::io::Result<(Vec<(u64, f64)>, usize)> {
+    use std::collections::BTreeMap;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let depth = depth.max(1);
+    let file_len = reader.file.metadata()?.len();
+    let reads: Vec<(u64, usize)> = reads
+        .iter()
+        .copied()
+        .filter(|&(offset, len)| len > 0 && offset.saturating_add(len as u64) <= file_len)
+        .collect();
+    let Some(longest) = reads.iter().map(|&(_, len)| len).max() else {
+        return Ok((Vec::new(), 0));
+    };
+    let next = AtomicUsize::new(0);
+    let start = Instant::now();
+    // Per thread: size -> (reads, seconds).
+    type Tally = std::io::Result<BTreeMap<u64, (u32, f64)>>;
+    let tallies: Vec<Tally> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..depth)
+            .map(|_| {
+                s.spawn(|| -> Tally {
+                    // Rounded up to whole blocks: O_DIRECT reads need aligned lengths.
+                    let mut buf = AlignedBuf::new(longest.div_ceil(ALIGN) * ALIGN);
+                    let mut by_size = BTreeMap::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= reads.len() && start.elapsed() >= duration {
+                            return Ok(by_size);
+                        }
+                        let (offset, len) = reads[i % reads.len()];
+                        let want = if reader.mode == Mode::Direct {
+                            len.div_ceil(ALIGN) * ALIGN
+                        } else {
+                            len
+                        };
+                        let t0 = Instant::now();
+                        let got = read_full(&reader.file, &mut buf.as_mut()[..want], offset)?;
+                        let secs = t0.elapsed().as_secs_f64();
+                        if got >= len {
+                            let e = by_size.entry(len as u64).or_insert((0u32, 0.0f64));
+                            e.0 += 1;
+                            e.1 += secs;
+                        }
+                    }
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a storage thread panicked"))
+            .collect()
+    });
+    let mut by_size: BTreeMap<u64, (u32, f64)> = BTreeMap::new();
+    for tally in tallies {
+        for (size, (n, secs)) in tally? {
+            let e = by_size.entry(size).or_insert((0, 0.0));
+            e.0 += n;
+            e.1 += secs;
+        }
+    }
+    let rates = by_size
+        .into_iter()
+        .filter(|&(_, (n, secs))| n >= 8 && secs > 0.0)
+        .map(|(size, (n, secs))| {
+            let bytes = size as f64 * f64::from(n);
+            (size, f64::from(depth) * bytes / secs / 1e6)
+        })
+        .collect();
+    Ok((rates, reads.len()))
+}
+
+/// Puts `rates` (size, MB/s) into `table` at `depth`, replacing a figure of the same size and
+/// depth.
+fn merge_rates(table: &mut Vec<StorageRate>, rates: &[(u64, f64)], depth: u32) {
+    for &(size_bytes, mbps) in rates {
+        table.retain(|r| !(r.queue_depth == depth && r.size_bytes == size_bytes));
+        table.push(StorageRate {
+            size_bytes,
+            queue_depth: depth,
+            mbps,
+        });
+    }
+    table.sort_by_key(|r| (r.size_bytes, r.queue_depth));
 }
 
 /// Writes a test file of `bytes` (rounded down to whole MiB) in `dir`, measures, removes it.
@@ -522,7 +668,9 @@ fn measure_reads(
     notes.push(
         "Queue depth N = N threads each issuing blocking preads (N reads in flight); random \
          offsets are uniform over the whole file, aligned to the read size; latency_us = median \
-         4 KiB random read at depth 1; sequential = one thread reading consecutive offsets."
+         4 KiB random read at depth 1; sequential = one thread reading consecutive offsets; each \
+         figure is the median of repetitions made in passes over every pattern, spread over the \
+         whole measurement (a shared disk drifts over seconds)."
             .into(),
     );
     // The directory holding the file (`.` for a bare file name).
@@ -536,24 +684,49 @@ fn measure_reads(
     }
     notes.push(format!("{}.", device.why));
 
+    // Repetitions are passes over every pattern, not runs of one pattern: a shared or
+    // virtual disk drifts by tens of percent over seconds, and a figure measured in one
+    // stretch of time would carry that stretch's level (adjacent sizes measured a few seconds
+    // apart then disagree by more than their real difference). Each figure is the median of
+    // samples spread over the whole measurement, so every figure sees the same drift.
     let reps = effort.storage_reps.max(1);
-    let mut random = Vec::new();
+    let patterns: Vec<(usize, u64, u32)> = SIZES
+        .iter()
+        .enumerate()
+        .flat_map(|(si, &size)| QUEUE_DEPTHS.iter().map(move |&depth| (si, size, depth)))
+        .collect();
+    let mut random_samples = vec![Vec::with_capacity(reps); patterns.len()];
+    let mut sequential_samples = vec![Vec::with_capacity(reps); SIZES.len()];
     let mut latencies = Vec::new();
+    for rep in 0..reps {
+        progress(&format!("storage: pass {}/{reps}", rep + 1));
+        // Each pass starts at another pattern, so no pattern always follows the same one.
+        let shift = rep * patterns.len() / reps;
+        for k in 0..patterns.len() {
+            let p = (k + shift) % patterns.len();
+            let (si, size, depth) = patterns[p];
+            uncache(file, mode, false);
+            let record = depth == 1 && size == SIZES[0];
+            let seed = (si * 16 + depth as usize) as u64 * 1000 + rep as u64;
+            let (rate, lat) =
+                random_rep(file, len, size, depth, effort.storage_target, seed, record)
+                    .map_err(read_err)?;
+            random_samples[p].push(rate);
+            latencies.extend(lat);
+        }
+        for (si, &size) in SIZES.iter().enumerate() {
+            uncache(file, mode, true);
+            let from = len / reps as u64 * rep as u64;
+            sequential_samples[si].push(
+                sequential_rep(file, len, size, from, effort.storage_target).map_err(read_err)?,
+            );
+        }
+    }
+    let mut random = Vec::new();
     for (si, &size) in SIZES.iter().enumerate() {
         let mut line = format!("storage: random {:>4}:", size_label(size));
-        for &depth in &QUEUE_DEPTHS {
-            let record = depth == 1 && size == SIZES[0];
-            let mut mbps = Vec::new();
-            for rep in 0..reps {
-                uncache(file, mode, false);
-                let seed = (si * 16 + depth as usize) as u64 * 1000 + rep as u64;
-                let (rate, lat) =
-                    random_rep(file, len, size, depth, effort.storage_target, seed, record)
-                        .map_err(read_err)?;
-                mbps.push(rate);
-                latencies.extend(lat);
-            }
-            let mbps = median(&mut mbps);
+        for (p, &(_, _, depth)) in patterns.iter().enumerate().filter(|(_, q)| q.0 == si) {
+            let mbps = median(&mut random_samples[p]);
             line += &format!(" QD{depth} {mbps:.0} MB/s");
             random.push(StorageRate {
                 size_bytes: size,
@@ -565,16 +738,8 @@ fn measure_reads(
     }
     let mut sequential = Vec::new();
     let mut line = String::from("storage: sequential:");
-    for &size in &SIZES {
-        let mut mbps = Vec::new();
-        for rep in 0..reps {
-            uncache(file, mode, true);
-            let from = len / reps as u64 * rep as u64;
-            mbps.push(
-                sequential_rep(file, len, size, from, effort.storage_target).map_err(read_err)?,
-            );
-        }
-        let mbps = median(&mut mbps);
+    for (&size, samples) in SIZES.iter().zip(&mut sequential_samples) {
+        let mbps = median(samples);
         line += &format!(" {} {mbps:.0}", size_label(size));
         sequential.push(StorageRate {
             size_bytes: size,

@@ -197,17 +197,25 @@ impl ModelProfile {
             path: path.display().to_string(),
             source,
         };
-        let body = bincode::serde::encode_to_vec(self, bincode::config::standard())
+        let bytes = self
+            .encode()
             .map_err(|e| io(std::io::Error::other(e.to_string())))?;
+        // Written beside and renamed, so a failure never leaves half a profile.
+        let tmp = path.with_extension("profile.tmp");
+        std::fs::write(&tmp, &bytes).map_err(io)?;
+        std::fs::rename(&tmp, path).map_err(io)
+    }
+
+    /// The file's bytes: magic, version, checksum of the body, body (what [`ModelProfile::decode`]
+    /// reads).
+    pub fn encode(&self) -> Result<Vec<u8>, bincode::error::EncodeError> {
+        let body = bincode::serde::encode_to_vec(self, bincode::config::standard())?;
         let mut bytes = Vec::with_capacity(body.len() + 16);
         bytes.extend_from_slice(MAGIC);
         bytes.extend_from_slice(&PROFILE_VERSION.to_le_bytes());
         bytes.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
         bytes.extend_from_slice(&body);
-        // Written beside and renamed, so a failure never leaves half a profile.
-        let tmp = path.with_extension("profile.tmp");
-        std::fs::write(&tmp, &bytes).map_err(io)?;
-        std::fs::rename(&tmp, path).map_err(io)
+        Ok(bytes)
     }
 
     /// Reads a profile and checks it belongs to `model`.
@@ -556,11 +564,7 @@ mod tests {
             edits in proptest::collection::vec((0usize..1 << 16, proptest::prelude::any::<u8>()), 1..8),
             cut in 0usize..1 << 16,
         ) {
-            let dir = std::env::temp_dir().join(format!("cnd-profile-prop-{}", std::process::id()));
-            std::fs::create_dir_all(&dir).unwrap();
-            let path = dir.join("p.profile");
-            profile_with_predictors().save(&path).unwrap();
-            let bytes = std::fs::read(&path).unwrap();
+            let bytes = profile_with_predictors().encode().unwrap();
             let mut body = bytes[16..].to_vec();
             for (at, value) in edits {
                 let n = body.len();
