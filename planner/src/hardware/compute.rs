@@ -140,7 +140,8 @@ pub const FFN_CLUSTER: usize = 128;
 
 /// Decode's FFN neuron clusters, streamed: a 1536×576 FFN swept cluster by cluster (128
 /// neurons: the gate and up rows, SiLU·up, the hidden values quantized, the down projection over
-/// those neurons' columns — exactly what the executor does per cluster), each call a fresh
+/// those neurons' columns held as the cluster's own contiguous block-column, as the engine lays
+/// it out at load (`DownBlocks`) — exactly what the executor does per cluster), each call a fresh
 /// copy of the layer, as decode reaches every layer's weights from DRAM. `None` for types whose
 /// blocks do not divide the 576-wide rows (K-quants).
 fn ffn_cluster_rate(k: &Kernels, ty: GgmlType, stream_bytes: u64, effort: &Effort) -> Option<f64> {
@@ -157,7 +158,9 @@ fn ffn_cluster_rate(k: &Kernels, ty: GgmlType, stream_bytes: u64, effort: &Effor
         layers.push((
             quantized(ty, ff, embd, seed),
             quantized(ty, ff, embd, seed + 1),
-            quantized(ty, embd, ff, seed + 2),
+            // The down projection as the engine holds it in memory (`DownBlocks`): one
+            // contiguous block-column of n_embd rows per cluster, in cluster order.
+            quantized(ty, embd * (ff / FFN_CLUSTER), FFN_CLUSTER, seed + 2),
         ));
     }
     let act = activations(k, ty, embd, 1, 4);
@@ -180,8 +183,10 @@ fn ffn_cluster_rate(k: &Kernels, ty: GgmlType, stream_bytes: u64, effort: &Effor
             k.matvec(um, 0..embd, black_box(&act), &mut up);
             gated_activation(FfnActivation::Silu, &mut gate, &up);
             k.quantize_activations(ty, &gate, &mut hidden);
-            let dm = MatRef::new(ty, d, embd, ff).expect("valid geometry");
-            k.matvec(dm, rows, &hidden, &mut out);
+            let block = embd * ty.bytes_for(FFN_CLUSTER as u64).expect("whole blocks") as usize;
+            let dm = MatRef::new(ty, &d[c * block..(c + 1) * block], embd, FFN_CLUSTER)
+                .expect("valid geometry");
+            k.matvec(dm, 0..FFN_CLUSTER, &hidden, &mut out);
             black_box(&out);
         }
     });

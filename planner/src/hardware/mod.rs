@@ -325,8 +325,8 @@ pub fn measure(
              256-element blocks do not divide 576); in cache = the same matrix again and \
              again; streamed = rotating over {} MiB of copies (>= 4x the {} MiB LLC); FFN \
              cluster = a streamed 1536x576 FFN swept in clusters of {} neurons (gate and up \
-             rows, down columns); matmul = clusters of {} rows against {} tokens; medians of {} \
-             repetitions.",
+             rows, down as each cluster's contiguous block-column); matmul = clusters of {} \
+             rows against {} tokens; medians of {} repetitions.",
             mib(stream_bytes),
             mib(llc),
             compute::FFN_CLUSTER,

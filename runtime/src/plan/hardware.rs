@@ -62,7 +62,8 @@ pub struct KernelRates {
     pub matmul_gmacs: f64,
     /// Decode FFN neuron cluster — gate and up rows, then the down projection's columns of the
     /// same neurons — with the weights streamed from DRAM, GMAC/s over all three products.
-    /// Column slices of the down matrix stream less well than whole rows. Absent: the
+    /// The down columns are the cluster's contiguous block-column (as the engine lays a model
+    /// in memory out at load). Absent: the
     /// cluster's work runs at `matvec_stream_gmacs`.
     #[serde(default)]
     pub ffn_cluster_stream_gmacs: Option<f64>,
