@@ -37,10 +37,10 @@ pub struct ProfileHwArgs {
 }
 
 /// The reads a decode of the neuron store at `path` issues, `(offset, length)` in its order,
-/// under the smallest budget the engine fits of 25%, 50% and 100% of the file (32 tokens of
-/// context, so that the KV cache leaves the most to stream): every unit
-/// streamed where the budget makes it so (attention and output projection included). Empty
-/// for a file that is not a neuron store.
+/// under the smallest of 25%, 50% and 100% of the file that the engine fits (32 tokens of
+/// context, so that the KV cache leaves the most to stream): the budget where the most units
+/// stream, attention and output projection included when it streams them. Empty for a file
+/// that is not a neuron store.
 fn store_reads(path: &Path) -> Result<Vec<(u64, usize)>> {
     let is_store = GgufFile::open(path)
         .map(|f| f.tensors().iter().any(|t| t.name.ends_with(".ffn_bundles")))
@@ -59,11 +59,7 @@ fn store_reads(path: &Path) -> Result<Vec<(u64, usize)>> {
         else {
             continue;
         };
-        let model = if split.plan.stream_attention {
-            load(true)?
-        } else {
-            load(false)?
-        };
+        let model = load(split.plan.stream_attention)?;
         let scheduler = Scheduler::new(&model.shape(), &plan)?;
         let Some(map) = scheduler.unit_map() else {
             continue;

@@ -51,8 +51,8 @@ pub struct MeasureOptions {
     /// the device, file system and placement the model itself is read from (a model store).
     pub storage_file: Option<PathBuf>,
     /// Reads of `storage_file` as a run issues them, `(offset, length)` in issue order (a
-    /// neuron store's units in decode order; empty: none). Replayed one at a time after the
-    /// curves; their rates by size join the random table at queue depth 1 (see
+    /// neuron store's units in decode order; empty: none). Replayed after the curves at each of
+    /// [`REPLAY_DEPTHS`]; their rates by size join the random table at those depths (see
     /// [`storage::measure_storage_on`]).
     pub storage_reads: Vec<(u64, usize)>,
 }

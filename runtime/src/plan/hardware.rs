@@ -63,8 +63,7 @@ pub struct KernelRates {
     /// Decode FFN neuron cluster — gate and up rows, then the down projection's columns of the
     /// same neurons — with the weights streamed from DRAM, GMAC/s over all three products.
     /// The down columns are the cluster's contiguous block-column (as the engine lays a model
-    /// in memory out at load). Absent: the
-    /// cluster's work runs at `matvec_stream_gmacs`.
+    /// in memory out at load). Absent: the cluster's work runs at `matvec_stream_gmacs`.
     #[serde(default)]
     pub ffn_cluster_stream_gmacs: Option<f64>,
 }
