@@ -59,10 +59,12 @@ impl MemoryBudget {
 
 /// Memory the process needs besides weights, KV cache and prefill scratch: code, the GGUF
 /// metadata and the tokenizer's tables, thread stacks,
-/// decode buffers, allocator slack. Measured on SmolLM2-135M: peak RSS of runs under the
-/// smallest budgets (attention streamed, 3 slots, short prefill steps: 24.8–25.1 MiB) minus
-/// the weights, KV cache, scratch and slots they hold (20.3–20.7 MiB), rounded up.
-pub const RUNTIME_OVERHEAD: u64 = 21 << 20;
+/// decode buffers, allocator slack. Measured on SmolLM2-135M (49k-token vocabulary): peak RSS
+/// of runs under the smallest budgets (attention streamed; `run -c 128`, `bench -p 16` and
+/// `bench -p 64`: 18.3–20.6 MiB) minus the weights, KV cache, scratch and slots they hold
+/// (8.6–11.6 MiB), plus 1.4 MiB of margin. It was 21 MiB while the vocabulary was held as
+/// one allocation per string, three times over (see `tokenizer/vocab.rs`).
+pub const RUNTIME_OVERHEAD: u64 = 13 << 20;
 
 /// Loads the scheduler keeps in flight by default: enough to keep one issuer busy.
 pub const DEFAULT_MAX_LOADS: u32 = 4;

@@ -207,7 +207,8 @@ fn small_store(resident: u64, attention: u64, attention_unit: u64) -> StoreSizes
 #[test]
 fn a_deeper_pipeline_keeps_more_cold_slots() {
     let sizes = small_store(10 << 20, 0, 0);
-    let budget = 34 << 20; // about 17 slots beside a 33 MiB fixed segment
+    // About 17 slots beside a fixed segment of the runtime plus 12 MiB.
+    let budget = RUNTIME_OVERHEAD + (13 << 20);
     let split = |max_loads| {
         split_sizes(
             &sizes,
@@ -322,7 +323,7 @@ fn attention_streams_only_when_the_budget_cannot_hold_it() {
     let slot = (80 << 10) + SLOT_ALIGN as u64;
     assert!(u64::from(split.plan.slots) * slot <= split.cache);
     // Below even that: the error gives the least budget, the one with attention streamed.
-    let err = fit(20 << 20).unwrap_err();
+    let err = fit(RUNTIME_OVERHEAD - (1 << 20)).unwrap_err();
     let BudgetError::TooSmall { weights, .. } = err else {
         panic!("{err}")
     };

@@ -6,6 +6,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use super::pretok::PreConfig;
 use super::unicode::BYTE_TO_CHAR;
+use super::vocab::Vocab;
 
 /// No symbol: a string that is neither a token nor part of any merge.
 const NONE: u32 = u32::MAX;
@@ -51,16 +52,10 @@ pub(crate) struct Bpe {
 }
 
 impl Bpe {
-    /// `token_to_id` must map every token string to its (last) id.
-    pub(crate) fn new(
-        pre: PreConfig,
-        n_tokens: usize,
-        token_to_id: &HashMap<String, u32>,
-        merges: &[String],
-    ) -> Bpe {
+    pub(crate) fn new(pre: PreConfig, n_tokens: usize, vocab: &Vocab, merges: &[String]) -> Bpe {
         let mut extra: HashMap<String, u32> = HashMap::new();
         let intern = |s: &str, extra: &mut HashMap<String, u32>| -> u32 {
-            if let Some(&id) = token_to_id.get(s) {
+            if let Some(id) = vocab.id(s) {
                 return id;
             }
             let next = n_tokens as u32 + extra.len() as u32;
@@ -87,18 +82,14 @@ impl Bpe {
         let mut byte_sym = [NONE; 256];
         for (b, sym) in byte_sym.iter_mut().enumerate() {
             let s = BYTE_TO_CHAR[b].to_string();
-            *sym = token_to_id
-                .get(&s)
-                .copied()
+            *sym = vocab
+                .id(&s)
                 .or_else(|| extra.get(&s).copied())
                 .unwrap_or(NONE);
         }
         let mut ascii_token = [NONE; 128];
         for (b, tok) in ascii_token.iter_mut().enumerate().take(0x7F).skip(0x21) {
-            *tok = token_to_id
-                .get(&(b as u8 as char).to_string())
-                .copied()
-                .unwrap_or(NONE);
+            *tok = vocab.id(&(b as u8 as char).to_string()).unwrap_or(NONE);
         }
         Bpe {
             pre,
@@ -110,17 +101,12 @@ impl Bpe {
     }
 
     /// Tokenizes a text fragment (no special tokens in it).
-    pub(crate) fn tokenize(
-        &self,
-        text: &str,
-        token_to_id: &HashMap<String, u32>,
-        out: &mut Vec<u32>,
-    ) {
+    pub(crate) fn tokenize(&self, text: &str, vocab: &Vocab, out: &mut Vec<u32>) {
         let mut work = Work::default();
         for word in self.pre.splitter.split(text) {
             if self.pre.ignore_merges {
                 let encoded: String = word.bytes().map(|b| BYTE_TO_CHAR[b as usize]).collect();
-                if let Some(&id) = token_to_id.get(&encoded) {
+                if let Some(id) = vocab.id(&encoded) {
                     out.push(id);
                     continue;
                 }

@@ -10,10 +10,26 @@ fn bad(key: &str, e: impl std::fmt::Display) -> TokenizerError {
     }
 }
 
+/// The vocabulary and merges of a GGUF file, borrowed from its parsed metadata.
+struct BigArrays<'f> {
+    tokens: &'f [String],
+    merges: Option<&'f [String]>,
+}
+
 impl TokenizerSpec {
     /// Reads the tokenizer metadata of a GGUF file (typed arrays are copied once, not
     /// converted element by element).
     pub fn from_gguf(file: &GgufFile) -> Result<TokenizerSpec, TokenizerError> {
+        let (mut spec, arrays) = TokenizerSpec::from_gguf_borrowing(file)?;
+        spec.tokens = arrays.tokens.to_vec();
+        spec.merges = arrays.merges.map(<[String]>::to_vec);
+        Ok(spec)
+    }
+
+    /// Everything but the vocabulary and merges, which are borrowed.
+    fn from_gguf_borrowing(
+        file: &GgufFile,
+    ) -> Result<(TokenizerSpec, BigArrays<'_>), TokenizerError> {
         let string = |key: &str| -> Result<Option<String>, TokenizerError> {
             Ok(file
                 .get_str(key)
@@ -25,12 +41,12 @@ impl TokenizerSpec {
         let array = |key: &str| -> Result<Option<&Array>, TokenizerError> {
             file.get_array(key).map_err(|e: GgufError| bad(key, e))
         };
-        let strings = |key: &str| -> Result<Option<Vec<String>>, TokenizerError> {
+        let strings = |key: &str| -> Result<Option<&[String]>, TokenizerError> {
             match array(key)? {
                 None => Ok(None),
                 Some(a) => a
                     .as_strings()
-                    .map(|s| Some(s.to_vec()))
+                    .map(Some)
                     .ok_or_else(|| bad(key, format!("expected strings, found {}", a.type_name()))),
             }
         };
@@ -61,13 +77,17 @@ impl TokenizerSpec {
                 ))
             }
         };
-        Ok(TokenizerSpec {
+        let arrays = BigArrays {
+            tokens,
+            merges: strings("tokenizer.ggml.merges")?,
+        };
+        let spec = TokenizerSpec {
             model,
             pre: string("tokenizer.ggml.pre")?,
-            tokens,
+            tokens: Vec::new(),
             token_types,
             scores,
-            merges: strings("tokenizer.ggml.merges")?,
+            merges: None,
             bos: id("tokenizer.ggml.bos_token_id")?,
             eos: id("tokenizer.ggml.eos_token_id")?,
             eot: id("tokenizer.ggml.eot_token_id")?,
@@ -81,13 +101,15 @@ impl TokenizerSpec {
             add_space_prefix: flag("tokenizer.ggml.add_space_prefix")?,
             chat_template: string("tokenizer.chat_template")?,
             model_name: string("general.name")?,
-        })
+        };
+        Ok((spec, arrays))
     }
 }
 
 impl Tokenizer {
     /// The tokenizer a GGUF model file describes.
     pub fn from_gguf(file: &GgufFile) -> Result<Tokenizer, TokenizerError> {
-        Tokenizer::new(TokenizerSpec::from_gguf(file)?)
+        let (spec, arrays) = TokenizerSpec::from_gguf_borrowing(file)?;
+        Tokenizer::build(spec, arrays.tokens, arrays.merges)
     }
 }

@@ -22,14 +22,14 @@ mod spm;
 mod stream;
 mod unicode;
 mod unicode_data;
-
-use std::collections::HashMap;
+mod vocab;
 
 pub use chat::{ChatMessage, ChatTemplate};
 pub use stream::StreamDecoder;
 
 use bpe::Bpe;
 use pretok::PreConfig;
+use vocab::{ByteTable, Vocab};
 
 /// Errors from building a tokenizer, looking up tokens and rendering chat templates.
 #[derive(Debug, thiserror::Error)]
@@ -213,14 +213,14 @@ enum Fragment {
 /// A tokenizer built from GGUF metadata. Immutable and `Sync`: share it freely.
 pub struct Tokenizer {
     model: Model,
-    tokens: Vec<String>,
+    /// Token texts, and ids by text.
+    vocab: Vocab,
     attrs: Vec<u8>,
     scores: Vec<f32>,
-    token_to_id: HashMap<String, u32>,
     /// Tokens cut out of the text before tokenizing: longest text first.
     special_order: Vec<u32>,
     /// `token_to_piece(id, special = true)` of every token.
-    pieces: Vec<Vec<u8>>,
+    pieces: ByteTable,
     eog: Vec<bool>,
     bos: Option<u32>,
     eos: Option<u32>,
@@ -247,7 +247,7 @@ impl std::fmt::Debug for Tokenizer {
                     Model::Spm { .. } => "llama (SentencePiece)",
                 },
             )
-            .field("n_vocab", &self.tokens.len())
+            .field("n_vocab", &self.vocab.len())
             .field("bos", &self.bos)
             .field("eos", &self.eos)
             .field("eog", &self.eog_tokens())
@@ -263,14 +263,26 @@ impl Tokenizer {
     /// As in llama.cpp: special-token ids outside the vocabulary are ignored (the family's
     /// default applies), `scores`/`token_types` may be longer than `tokens` but not shorter,
     /// and an empty token text becomes `[EMPTY_<id>]`.
-    pub fn new(spec: TokenizerSpec) -> Result<Self, TokenizerError> {
+    pub fn new(mut spec: TokenizerSpec) -> Result<Self, TokenizerError> {
+        let tokens = std::mem::take(&mut spec.tokens);
+        let merges = spec.merges.take();
+        Tokenizer::build(spec, &tokens, merges.as_deref())
+    }
+
+    /// [`Tokenizer::new`] with the two big arrays borrowed (a GGUF file's parsed metadata, so
+    /// loading never holds a second copy of them); `spec.tokens` and `spec.merges` are ignored.
+    fn build(
+        spec: TokenizerSpec,
+        tokens: &[String],
+        merges: Option<&[String]>,
+    ) -> Result<Self, TokenizerError> {
         let TokenizerSpec {
             model,
             pre,
-            mut tokens,
+            tokens: _,
             token_types,
             scores,
-            merges,
+            merges: _,
             bos: meta_bos,
             eos: meta_eos,
             eot: meta_eot,
@@ -318,16 +330,14 @@ impl Tokenizer {
                 });
             }
         }
-        for (i, t) in tokens.iter_mut().enumerate() {
+        // A repeated text maps to its last id.
+        let token_to_id = Vocab::new(tokens.iter().enumerate().map(|(i, t)| {
             if t.is_empty() {
-                *t = format!("[EMPTY_{i}]");
+                std::borrow::Cow::Owned(format!("[EMPTY_{i}]"))
+            } else {
+                std::borrow::Cow::Borrowed(t.as_str())
             }
-        }
-        let mut token_to_id = HashMap::with_capacity(n);
-        for (i, t) in tokens.iter().enumerate() {
-            // A repeated text maps to its last id.
-            token_to_id.insert(t.clone(), i as u32);
-        }
+        }));
         let scores: Vec<f32> = match scores {
             // -0.0 and 0.0 must tie when scores are compared.
             Some(s) => s[..n]
@@ -361,9 +371,9 @@ impl Tokenizer {
             for (b, slot) in byte_token.iter_mut().enumerate() {
                 let hex = format!("<0x{b:02X}>");
                 let raw = (b < 128).then(|| (b as u8 as char).to_string());
-                if let Some(&id) = token_to_id
-                    .get(&hex)
-                    .or_else(|| raw.and_then(|r| token_to_id.get(&r)))
+                if let Some(id) = token_to_id
+                    .id(&hex)
+                    .or_else(|| raw.and_then(|r| token_to_id.id(&r)))
                 {
                     *slot = id;
                 }
@@ -378,7 +388,7 @@ impl Tokenizer {
             add_bos_default = cfg.add_bos_default;
             add_space_default = false;
             clean_spaces = cfg.clean_spaces;
-            model_impl = Model::Bpe(Box::new(Bpe::new(cfg, n, &token_to_id, &merges)));
+            model_impl = Model::Bpe(Box::new(Bpe::new(cfg, n, &token_to_id, merges)));
         }
         bos = in_range(meta_bos).or(in_range(bos));
         eos = in_range(meta_eos).or(in_range(eos));
@@ -392,7 +402,7 @@ impl Tokenizer {
         // candidate in hash order; here the first of the list, so "<|eot_id|>" and "<|im_end|>"
         // win over "<|endoftext|>".
         let by_text = |texts: &[&str], attrs: &mut [u8]| -> Option<u32> {
-            let id = texts.iter().find_map(|t| token_to_id.get(*t).copied())?;
+            let id = texts.iter().find_map(|t| token_to_id.id(t))?;
             attrs[id as usize] |= ATTR_CONTROL;
             Some(id)
         };
@@ -411,7 +421,7 @@ impl Tokenizer {
             by_text(FIM_SEP_TEXTS, &mut attrs),
         ];
         // (Like llama.cpp, these go by text: a repeated text counts at its last id only.)
-        for (t, &id) in &token_to_id {
+        for (t, id) in token_to_id.entries() {
             let a = &mut attrs[id as usize];
             if *a & ATTR_CONTROL != 0 && t.contains("unused") {
                 *a |= ATTR_UNUSED;
@@ -422,14 +432,14 @@ impl Tokenizer {
             eog[id as usize] = true;
         }
         for text in EOG_TEXTS {
-            if let Some(&id) = token_to_id.get(*text) {
+            if let Some(id) = token_to_id.id(text) {
                 eog[id as usize] = true;
                 attrs[id as usize] |= ATTR_CONTROL;
             }
         }
         // gpt-oss: these structure tokens always render.
         for text in ["<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"] {
-            if let Some(&id) = token_to_id.get(text) {
+            if let Some(id) = token_to_id.id(text) {
                 attrs[id as usize] = ATTR_USER_DEFINED;
             }
         }
@@ -438,8 +448,8 @@ impl Tokenizer {
         }
         let eog_with = |eog: &[bool], text: &str| {
             token_to_id
-                .get(text)
-                .map(|&id| id as usize)
+                .id(text)
+                .map(|id| id as usize)
                 .filter(|&id| eog[id])
         };
         let has = |eog: &[bool], text: &str| eog_with(eog, text).is_some();
@@ -463,14 +473,15 @@ impl Tokenizer {
         let mut special_order: Vec<u32> = (0..n as u32)
             .filter(|&i| attrs[i as usize] & (ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN) != 0)
             .collect();
-        special_order.sort_by(|&a, &b| tokens[b as usize].len().cmp(&tokens[a as usize].len()));
+        let text_len = |id: u32| token_to_id.text(id).map_or(0, str::len);
+        special_order.sort_by_key(|&id| std::cmp::Reverse(text_len(id)));
         let name = model_name.as_deref().unwrap_or("").to_lowercase();
         if name.contains("phi-3") || name.contains("phi3") {
             for &id in &special_order {
                 attrs[id as usize] |= ATTR_RSTRIP;
             }
             let mut set = |text: &str, on: bool| {
-                if let Some(&id) = token_to_id.get(text) {
+                if let Some(id) = token_to_id.id(text) {
                     let a = &mut attrs[id as usize];
                     *a = if on {
                         *a | ATTR_RSTRIP
@@ -487,12 +498,11 @@ impl Tokenizer {
 
         let mut tok = Tokenizer {
             model: model_impl,
-            tokens,
+            vocab: token_to_id,
             attrs,
             scores,
-            token_to_id,
             special_order,
-            pieces: Vec::new(),
+            pieces: ByteTable::default(),
             eog,
             bos,
             eos,
@@ -507,13 +517,17 @@ impl Tokenizer {
             clean_spaces,
             chat_template,
         };
-        tok.pieces = (0..n as u32).map(|id| tok.render_piece(id)).collect();
+        let mut pieces = ByteTable::with_capacity(n, tok.vocab.text_bytes());
+        for id in 0..n as u32 {
+            pieces.push(&tok.render_piece(id));
+        }
+        tok.pieces = pieces;
         Ok(tok)
     }
 
     /// Number of tokens in the vocabulary.
     pub fn n_vocab(&self) -> usize {
-        self.tokens.len()
+        self.vocab.len()
     }
 
     pub fn bos(&self) -> Option<u32> {
@@ -577,12 +591,12 @@ impl Tokenizer {
 
     /// The vocabulary string of a token (byte-encoded for BPE, `▁` for spaces in SPM).
     pub fn token_text(&self, id: u32) -> Option<&str> {
-        self.tokens.get(id as usize).map(String::as_str)
+        self.vocab.text(id)
     }
 
     /// The id of a vocabulary string.
     pub fn token_id(&self, text: &str) -> Option<u32> {
-        self.token_to_id.get(text).copied()
+        self.vocab.id(text)
     }
 
     /// The model's chat template source (`tokenizer.chat_template`).
@@ -613,16 +627,14 @@ impl Tokenizer {
             Model::Bpe(bpe) => {
                 for f in fragments {
                     match f {
-                        Fragment::Text(a, b) => {
-                            bpe.tokenize(&text[a..b], &self.token_to_id, &mut out)
-                        }
+                        Fragment::Text(a, b) => bpe.tokenize(&text[a..b], &self.vocab, &mut out),
                         Fragment::Token(id) => out.push(id),
                     }
                 }
             }
             Model::Spm { byte_token } => {
                 let spm = spm::Spm {
-                    token_to_id: &self.token_to_id,
+                    vocab: &self.vocab,
                     scores: &self.scores,
                     byte_token,
                     unk: self.unk,
@@ -665,7 +677,7 @@ impl Tokenizer {
             if !parse_special && self.attrs[id as usize] & (ATTR_CONTROL | ATTR_UNKNOWN) != 0 {
                 continue;
             }
-            let pat = self.tokens[id as usize].as_str();
+            let pat = self.vocab.text(id).unwrap_or_default();
             if !text.contains(pat) {
                 continue;
             }
@@ -719,12 +731,12 @@ impl Tokenizer {
     }
 
     fn check(&self, id: u32) -> Result<(), TokenizerError> {
-        if (id as usize) < self.tokens.len() {
+        if (id as usize) < self.vocab.len() {
             Ok(())
         } else {
             Err(TokenizerError::TokenOutOfRange {
                 id,
-                n_vocab: self.tokens.len(),
+                n_vocab: self.vocab.len(),
             })
         }
     }
@@ -732,14 +744,14 @@ impl Tokenizer {
     pub(crate) fn piece(&self, id: u32, special: bool) -> &[u8] {
         match self.attrs.get(id as usize) {
             Some(a) if special || a & (ATTR_CONTROL | ATTR_UNKNOWN) == 0 => {
-                &self.pieces[id as usize]
+                self.pieces.get(id as usize).unwrap_or_default()
             }
             _ => &[],
         }
     }
 
     fn render_piece(&self, id: u32) -> Vec<u8> {
-        let text = &self.tokens[id as usize];
+        let text = self.vocab.text(id).unwrap_or_default();
         let attr = self.attrs[id as usize];
         if attr & (ATTR_CONTROL | ATTR_UNKNOWN | ATTR_USER_DEFINED) != 0 {
             return text.as_bytes().to_vec();
@@ -826,7 +838,7 @@ impl Tokenizer {
         let valid: Vec<u32> = ids
             .iter()
             .copied()
-            .filter(|&i| (i as usize) < self.tokens.len())
+            .filter(|&i| (i as usize) < self.vocab.len())
             .collect();
         let bytes = self.detokenize(&valid, false, false).unwrap_or_default();
         String::from_utf8_lossy(&bytes).into_owned()

@@ -2,12 +2,14 @@
 //! form, best first; whatever is left that is not a token falls back to byte tokens.
 
 use std::cmp::Ordering;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
+
+use super::vocab::Vocab;
 
 const NONE: u32 = u32::MAX;
 
 pub(crate) struct Spm<'a> {
-    pub(crate) token_to_id: &'a HashMap<String, u32>,
+    pub(crate) vocab: &'a Vocab,
     pub(crate) scores: &'a [f32],
     /// Token of each byte (`<0xXX>`, else the one-byte string), `NONE` if there is none.
     pub(crate) byte_token: &'a [u32; 256],
@@ -96,8 +98,8 @@ impl Spm<'_> {
         while i != NONE && (i as usize) < syms.len() {
             let s = &syms[i as usize];
             let piece = &text[s.start as usize..(s.start + s.len) as usize];
-            match self.token_to_id.get(piece) {
-                Some(&id) => out.push(id),
+            match self.vocab.id(piece) {
+                Some(id) => out.push(id),
                 None => {
                     for b in piece.bytes() {
                         match self.byte_token[b as usize] {
@@ -121,7 +123,7 @@ impl Spm<'_> {
     ) {
         let (l, r) = (&syms[left as usize], &syms[right as usize]);
         let merged = &text[l.start as usize..(r.start + r.len) as usize];
-        if let Some(&id) = self.token_to_id.get(merged) {
+        if let Some(id) = self.vocab.id(merged) {
             let score = self.scores.get(id as usize).copied().unwrap_or(0.0);
             heap.push(Pair {
                 score,
