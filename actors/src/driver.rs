@@ -151,7 +151,8 @@ fn prepare<A: Actor>() -> PreparedActor<A> {
 }
 
 /// Spin window of hosts under a memory budget (see `ActorDriver::new`).
-const IO_BOUND_HOST_SPIN: Duration = Duration::from_micros(5);
+const IO_BOUND_HOST_SPIN: Duration =
+    Duration::from_nanos(conductor_runtime::cache::IO_BOUND_SPIN_NS);
 /// Spin iterations of pool helpers under a memory budget.
 const IO_BOUND_POOL_SPIN: u32 = 200;
 

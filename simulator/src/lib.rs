@@ -98,7 +98,7 @@ pub fn simulate(
         n_hosts: group_host.iter().max().map_or(1, |&h| h + 1),
         group_host,
         finish: FinishModel::new(&workload.model, sched_class.finish_ns_per_element),
-        messages: MessageModel::new(&profile.messaging),
+        messages: MessageModel::new(&profile.messaging, plan.cache.is_some()),
         storage: StorageModel::new(&profile.storage, &plan.storage),
         bundle_bytes: workload.model.shape.ffn_bundle_stride,
         reads_per_bundle: if workload.bundled { 1 } else { 3 },

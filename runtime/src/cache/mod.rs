@@ -31,6 +31,13 @@ pub use uring::{Ring, RING_ENTRIES};
 #[cfg(test)]
 mod tests;
 
+/// How long an idle thread waits for work before parking under a plan with a cache (decode
+/// then waits on storage most of the time): the actor driver's hosts spin this long, its pool
+/// helpers a few hundred iterations (about a microsecond). On a virtual machine a spinning vCPU
+/// holds time the host's disk emulation needs. The simulator charges a wake-up to a message
+/// that finds its host idle longer than this, and to every phase shared by several workers.
+pub const IO_BOUND_SPIN_NS: u64 = 5_000;
+
 use crate::neuron::Phase;
 
 /// Numbers the units the cache holds, in the order a step needs them: layer by layer, each

@@ -14,7 +14,8 @@
 //! A phase's clusters are list-scheduled in index order onto the earliest available worker
 //! (ties: lowest index), as the worker pool's atomic counter hands them out. Phase time =
 //! max(makespan, bytes / min(cores · per_core_gbs, bandwidth_gbs)) + dispatch_ns when more
-//! than one worker takes part; the bandwidth floor applies only when the weights are streamed
+//! than one worker takes part (+ wakeup_ns under a plan with a cache, whose pool helpers park
+//! at once); the bandwidth floor applies only when the weights are streamed
 //! from DRAM (dense weights larger than the LLC).
 //!
 //! Cores streaming weights at once share the memory system: `k` workers streaming a decode
@@ -89,11 +90,13 @@ pub(crate) struct CpuGroup {
 }
 
 impl CpuGroup {
+    /// `io_bound`: the plan has a cache (see [`conductor_runtime::cache::IO_BOUND_SPIN_NS`]).
     pub fn new(
         profile: &HardwareProfile,
         topology: &Topology,
         group: &PlacedGroup,
         model: &ModelDescription,
+        io_bound: bool,
     ) -> Result<CpuGroup, SimError> {
         let streamed = model.dense_weight_bytes() > profile.memory.llc_bytes;
         let types = role_types(model);
@@ -189,7 +192,13 @@ impl CpuGroup {
             bandwidth,
             stream_scaling,
             streamed,
-            dispatch_ns: profile.messaging.dispatch_ns,
+            // Under a cache's plan the helpers park at once: each shared phase wakes them.
+            dispatch_ns: profile.messaging.dispatch_ns
+                + if io_bound {
+                    profile.messaging.wakeup_ns
+                } else {
+                    0.0
+                },
             head_dim: f64::from(model.shape.head_dim),
         })
     }

@@ -19,12 +19,14 @@
 //!   group's buffer (`collect`; one group's buffer is swapped in for free).
 
 use super::{role_types, StepCtx};
+use conductor_runtime::cache::IO_BOUND_SPIN_NS;
 use conductor_runtime::neuron::Phase;
 use conductor_runtime::plan::{MessagingProfile, ModelDescription};
 use conductor_runtime::quant::{try_activation_type, GgmlType};
 
 /// A host that has been idle longer than this has parked its thread: waking it costs
-/// `wakeup_ns` (the worker pool and the actors spin about this long before parking).
+/// `wakeup_ns` (the worker pool and the actors spin about this long before parking; under a
+/// plan with a cache, [`IO_BOUND_SPIN_NS`]).
 pub const SPIN_WINDOW_NS: u64 = 50_000;
 
 pub(crate) struct FinishModel {
@@ -134,14 +136,22 @@ pub(crate) struct MessageModel {
     local_ns: f64,
     remote_ns: f64,
     wakeup_ns: f64,
+    /// How long an idle host spins before parking: [`SPIN_WINDOW_NS`], or
+    /// [`IO_BOUND_SPIN_NS`] under a plan with a cache (as the actor driver does).
+    spin_window_ns: u64,
 }
 
 impl MessageModel {
-    pub fn new(m: &MessagingProfile) -> MessageModel {
+    pub fn new(m: &MessagingProfile, io_bound: bool) -> MessageModel {
         MessageModel {
             local_ns: m.local_message_ns,
             remote_ns: m.remote_message_ns,
             wakeup_ns: m.wakeup_ns,
+            spin_window_ns: if io_bound {
+                IO_BOUND_SPIN_NS
+            } else {
+                SPIN_WINDOW_NS
+            },
         }
     }
 
@@ -155,7 +165,7 @@ impl MessageModel {
         }
         let remote = self.remote_ns.round() as u64;
         let arrives = sent + remote;
-        if arrives.saturating_sub(receiver_free_at) > SPIN_WINDOW_NS {
+        if arrives.saturating_sub(receiver_free_at) > self.spin_window_ns {
             remote + self.wakeup_ns.round() as u64
         } else {
             remote
@@ -225,6 +235,7 @@ mod tests {
             local_ns: 100.0,
             remote_ns: 1000.0,
             wakeup_ns: 10_000.0,
+            spin_window_ns: SPIN_WINDOW_NS,
         };
         assert_eq!(m.latency_ns(true, 90_000, 0), 100);
         // Busy until after the message arrives, or idle for less than the spin window.
@@ -232,5 +243,13 @@ mod tests {
         assert_eq!(m.latency_ns(false, 5_000, 0), 1000);
         assert_eq!(m.latency_ns(false, 60_000, 0), 11_000);
         assert_eq!(m.latency_ns(false, 60_000, 20_000), 1000);
+        // Under a cache's plan hosts park after a few microseconds.
+        let io_bound = MessageModel {
+            spin_window_ns: IO_BOUND_SPIN_NS,
+            ..m
+        };
+        assert_eq!(io_bound.latency_ns(false, 3_000, 0), 1000);
+        assert_eq!(io_bound.latency_ns(false, 20_000, 0), 11_000);
+        assert_eq!(io_bound.latency_ns(false, 20_000, 19_000), 1000);
     }
 }

@@ -280,7 +280,8 @@ pub(crate) fn build_groups(
                 ))),
                 // Without an NPU in the profile, the dense backend runs on the group's cores,
                 // as it does on machines without one.
-                _ => cpu::CpuGroup::new(profile, topology, g, model).map(GroupModel::Cpu),
+                _ => cpu::CpuGroup::new(profile, topology, g, model, plan.cache.is_some())
+                    .map(GroupModel::Cpu),
             }
         })
         .collect()
