@@ -28,7 +28,7 @@ use crate::scheduler::{
     TakeRecording,
 };
 use crate::step::{write, Counters, StepShared};
-use crate::storage::{ReadAt, Storage, StorageArgs, StorageError, StorageFile};
+use crate::storage::{QueuedLoads, ReadAt, Storage, StorageArgs, StorageError, StorageFile};
 use conductor_runtime::cache::CacheReport;
 use conductor_runtime::exec::{
     open_cache, DenseBackend, Driver, GroupOutput, Session, StepError, StepState, WholeMatmul,
@@ -542,18 +542,21 @@ fn start_actors(
         .expect("validated plan");
     let scheduler_host = &hosts[group_hosts[decode_group]].host;
     let mut file = storage;
-    let storage: Vec<ActorRef<Storage>> = storage_hosts
+    let storage: Vec<(ActorRef<Storage>, QueuedLoads)> = storage_hosts
         .iter()
         .map(|host| {
-            spawn_on(
+            let queued = QueuedLoads::default();
+            let actor = spawn_on(
                 host,
                 prepare::<Storage>(),
                 StorageArgs {
                     file: file.take(),
                     shared: Some(Arc::clone(shared)),
                     scheduler: Some(scheduler_ref.clone()),
+                    queued: queued.clone(),
                 },
-            )
+            );
+            (actor, queued)
         })
         .collect();
     spawn_on(
@@ -569,7 +572,7 @@ fn start_actors(
     Actors {
         scheduler: scheduler_ref,
         groups,
-        storage,
+        storage: storage.into_iter().map(|(actor, _)| actor).collect(),
     }
 }
 

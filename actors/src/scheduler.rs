@@ -9,7 +9,7 @@
 
 use crate::group::Compute;
 use crate::step::{read, write, StepShared};
-use crate::storage::{LoadClusters, LoadItem, Storage};
+use crate::storage::{LoadClusters, LoadItem, QueuedLoads, Storage};
 use conductor_runtime::cache::{LayerCacheStats, LoadError};
 use conductor_runtime::exec::{awaits_predictions, StepError};
 use conductor_runtime::schedule::{
@@ -84,8 +84,9 @@ pub struct SchedulerActor {
     shared: Arc<StepShared>,
     /// Group names and mailboxes, by `XpuId`.
     groups: Vec<(String, Recipient<Compute>)>,
-    /// The I/O threads' storage actors; loads go round-robin.
-    storage: Vec<ActorRef<Storage>>,
+    /// The I/O threads' storage actors, each with its count of loads not yet done: a load goes
+    /// to the one with the fewest (ties: the next after the last one chosen).
+    storage: Vec<(ActorRef<Storage>, QueuedLoads)>,
     next_io: usize,
     /// Loads of the command batch being carried out, merged while they continue each other.
     pending_loads: Option<LoadClusters>,
@@ -98,7 +99,7 @@ pub struct SchedulerArgs {
     pub(crate) scheduler: Scheduler,
     pub(crate) shared: Arc<StepShared>,
     pub(crate) groups: Vec<(String, Recipient<Compute>)>,
-    pub(crate) storage: Vec<ActorRef<Storage>>,
+    pub(crate) storage: Vec<(ActorRef<Storage>, QueuedLoads)>,
 }
 
 impl SchedulerActor {
@@ -133,16 +134,25 @@ impl SchedulerActor {
         self.commands = commands;
     }
 
-    /// Sends the loads gathered so far to the next storage actor. False if none runs.
+    /// Sends the loads gathered so far to the storage actor with the fewest loads not yet
+    /// done. False if none runs.
     fn flush_loads(&mut self) -> bool {
         let Some(loads) = self.pending_loads.take() else {
             return true;
         };
-        self.next_io = (self.next_io + 1) % self.storage.len().max(1);
+        let storage = &self.storage;
+        self.next_io = least_queued(storage.len(), self.next_io, |i| storage[i].1.get());
         let sent = self
             .storage
             .get(self.next_io)
-            .is_some_and(|s| s.tell(loads).try_send().is_ok());
+            .is_some_and(|(actor, queued)| {
+                queued.add();
+                let sent = actor.tell(loads).try_send().is_ok();
+                if !sent {
+                    queued.done();
+                }
+                sent
+            });
         if !sent {
             self.fail(StepError::Actor {
                 actor: "storage".into(),
@@ -423,5 +433,37 @@ impl Message<TakeRecording> for SchedulerActor {
     async fn handle(&mut self, msg: TakeRecording, _: &mut Context<Self, ()>) {
         self.shared.recording.store(false, Ordering::Relaxed);
         let _ = msg.0.send(self.recording.take().unwrap_or_default());
+    }
+}
+
+/// Which of `n` storage actors gets the next load: the one with the fewest loads not yet done
+/// (`queued(i)`), looking from the one after `last` so that ties go round-robin.
+fn least_queued(n: usize, last: usize, queued: impl Fn(usize) -> u32) -> usize {
+    let n = n.max(1);
+    (1..=n)
+        .map(|k| (last + k) % n)
+        .min_by_key(|&i| queued(i))
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::least_queued;
+
+    #[test]
+    fn loads_go_to_the_least_queued_storage_actor() {
+        // Ties go round-robin from the last one chosen.
+        assert_eq!(least_queued(2, 0, |_| 0), 1);
+        assert_eq!(least_queued(2, 1, |_| 0), 0);
+        assert_eq!(least_queued(3, 2, |_| 1), 0);
+        // A thread still busy with two loads is passed over, whoever's turn it is.
+        let queued = [2, 0, 1];
+        assert_eq!(least_queued(3, 0, |i| queued[i]), 1);
+        assert_eq!(least_queued(3, 1, |i| queued[i]), 1);
+        let queued = [0, 3];
+        assert_eq!(least_queued(2, 0, |i| queued[i]), 0);
+        // One actor (or none): always the first.
+        assert_eq!(least_queued(1, 0, |_| 5), 0);
+        assert_eq!(least_queued(0, 0, |_| 5), 0);
     }
 }

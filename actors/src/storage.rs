@@ -18,7 +18,7 @@ use kameo::error::Infallible;
 use kameo::message::{Context, Message};
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc::SyncSender;
 use std::sync::Arc;
 use std::time::Instant;
@@ -136,6 +136,38 @@ pub struct Storage {
     bytes_read: u64,
     shared: Option<Arc<StepShared>>,
     scheduler: Option<ActorRef<SchedulerActor>>,
+    queued: QueuedLoads,
+}
+
+/// [`LoadClusters`] messages sent to one storage actor and not yet carried out: the scheduler
+/// counts one up when it sends, the actor counts it down when done (read, failed or stale), and
+/// the scheduler gives the next load to the actor with the fewest. So with several I/O threads
+/// a thread whose read finished early takes the next one, as from a shared queue, rather than
+/// one thread's mailbox backing up behind a slow read while another idles.
+#[derive(Clone, Debug, Default)]
+pub struct QueuedLoads(pub(crate) Arc<AtomicU32>);
+
+impl QueuedLoads {
+    pub(crate) fn get(&self) -> u32 {
+        self.0.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn add(&self) {
+        self.0.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub(crate) fn done(&self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Counts one [`LoadClusters`] done however its handler returns.
+struct DoneOnDrop(QueuedLoads);
+
+impl Drop for DoneOnDrop {
+    fn drop(&mut self) {
+        self.0.done();
+    }
 }
 
 /// What the storage actor starts with.
@@ -145,6 +177,8 @@ pub struct StorageArgs {
     /// The engine's shared state (cache slots, bundle file, counters), for [`LoadCluster`].
     pub(crate) shared: Option<Arc<StepShared>>,
     pub(crate) scheduler: Option<ActorRef<SchedulerActor>>,
+    /// This actor's count of loads sent and not yet done.
+    pub(crate) queued: QueuedLoads,
 }
 
 /// One unit of a [`LoadClusters`]: read `(layer, cluster)` into cache slot `slot`.
@@ -174,6 +208,7 @@ impl Actor for Storage {
             bytes_read: 0,
             shared: args.shared,
             scheduler: args.scheduler,
+            queued: args.queued,
         })
     }
 }
@@ -182,6 +217,7 @@ impl Message<LoadClusters> for Storage {
     type Reply = ();
 
     async fn handle(&mut self, msg: LoadClusters, _: &mut Context<Self, ()>) {
+        let _done = DoneOnDrop(self.queued.clone());
         let (Some(shared), Some(scheduler)) = (&self.shared, &self.scheduler) else {
             return;
         };
