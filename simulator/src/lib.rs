@@ -99,7 +99,14 @@ pub fn simulate(
         group_host,
         finish: FinishModel::new(&workload.model, sched_class.finish_ns_per_element),
         messages: MessageModel::new(&profile.messaging, plan.cache.is_some()),
-        storage: StorageModel::new(&profile.storage, &plan.storage),
+        storage: StorageModel::new(&profile.storage, &plan.storage).with_wakeups(
+            if plan.cache.is_some() {
+                conductor_runtime::cache::IO_BOUND_SPIN_NS
+            } else {
+                SPIN_WINDOW_NS
+            },
+            profile.messaging.wakeup_ns.round() as u64,
+        ),
         bundle_bytes: workload.model.shape.ffn_bundle_stride,
         reads_per_bundle: if workload.bundled { 1 } else { 3 },
         // One aligned read per streamed attention matrix.
