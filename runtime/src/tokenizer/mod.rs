@@ -331,7 +331,7 @@ impl Tokenizer {
             }
         }
         // A repeated text maps to its last id.
-        let token_to_id = Vocab::new(tokens.iter().enumerate().map(|(i, t)| {
+        let vocab = Vocab::new(tokens.iter().enumerate().map(|(i, t)| {
             if t.is_empty() {
                 std::borrow::Cow::Owned(format!("[EMPTY_{i}]"))
             } else {
@@ -371,10 +371,7 @@ impl Tokenizer {
             for (b, slot) in byte_token.iter_mut().enumerate() {
                 let hex = format!("<0x{b:02X}>");
                 let raw = (b < 128).then(|| (b as u8 as char).to_string());
-                if let Some(id) = token_to_id
-                    .id(&hex)
-                    .or_else(|| raw.and_then(|r| token_to_id.id(&r)))
-                {
+                if let Some(id) = vocab.id(&hex).or_else(|| raw.and_then(|r| vocab.id(&r))) {
                     *slot = id;
                 }
             }
@@ -388,7 +385,7 @@ impl Tokenizer {
             add_bos_default = cfg.add_bos_default;
             add_space_default = false;
             clean_spaces = cfg.clean_spaces;
-            model_impl = Model::Bpe(Box::new(Bpe::new(cfg, n, &token_to_id, merges)));
+            model_impl = Model::Bpe(Box::new(Bpe::new(cfg, n, &vocab, merges)));
         }
         bos = in_range(meta_bos).or(in_range(bos));
         eos = in_range(meta_eos).or(in_range(eos));
@@ -402,7 +399,7 @@ impl Tokenizer {
         // candidate in hash order; here the first of the list, so "<|eot_id|>" and "<|im_end|>"
         // win over "<|endoftext|>".
         let by_text = |texts: &[&str], attrs: &mut [u8]| -> Option<u32> {
-            let id = texts.iter().find_map(|t| token_to_id.id(t))?;
+            let id = texts.iter().find_map(|t| vocab.id(t))?;
             attrs[id as usize] |= ATTR_CONTROL;
             Some(id)
         };
@@ -421,7 +418,7 @@ impl Tokenizer {
             by_text(FIM_SEP_TEXTS, &mut attrs),
         ];
         // (Like llama.cpp, these go by text: a repeated text counts at its last id only.)
-        for (t, id) in token_to_id.entries() {
+        for (t, id) in vocab.entries() {
             let a = &mut attrs[id as usize];
             if *a & ATTR_CONTROL != 0 && t.contains("unused") {
                 *a |= ATTR_UNUSED;
@@ -432,26 +429,22 @@ impl Tokenizer {
             eog[id as usize] = true;
         }
         for text in EOG_TEXTS {
-            if let Some(id) = token_to_id.id(text) {
+            if let Some(id) = vocab.id(text) {
                 eog[id as usize] = true;
                 attrs[id as usize] |= ATTR_CONTROL;
             }
         }
         // gpt-oss: these structure tokens always render.
         for text in ["<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"] {
-            if let Some(id) = token_to_id.id(text) {
+            if let Some(id) = vocab.id(text) {
                 attrs[id as usize] = ATTR_USER_DEFINED;
             }
         }
         for id in [eos, eot, eom].into_iter().flatten() {
             eog[id as usize] = true;
         }
-        let eog_with = |eog: &[bool], text: &str| {
-            token_to_id
-                .id(text)
-                .map(|id| id as usize)
-                .filter(|&id| eog[id])
-        };
+        let eog_with =
+            |eog: &[bool], text: &str| vocab.id(text).map(|id| id as usize).filter(|&id| eog[id]);
         let has = |eog: &[bool], text: &str| eog_with(eog, text).is_some();
         // Harmony-style vocabularies: "<|end|>" ends a message, not the generation.
         if let Some(end) = eog_with(&eog, "<|end|>") {
@@ -473,7 +466,7 @@ impl Tokenizer {
         let mut special_order: Vec<u32> = (0..n as u32)
             .filter(|&i| attrs[i as usize] & (ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN) != 0)
             .collect();
-        let text_len = |id: u32| token_to_id.text(id).map_or(0, str::len);
+        let text_len = |id: u32| vocab.text(id).map_or(0, str::len);
         special_order.sort_by_key(|&id| std::cmp::Reverse(text_len(id)));
         let name = model_name.as_deref().unwrap_or("").to_lowercase();
         if name.contains("phi-3") || name.contains("phi3") {
@@ -481,7 +474,7 @@ impl Tokenizer {
                 attrs[id as usize] |= ATTR_RSTRIP;
             }
             let mut set = |text: &str, on: bool| {
-                if let Some(id) = token_to_id.id(text) {
+                if let Some(id) = vocab.id(text) {
                     let a = &mut attrs[id as usize];
                     *a = if on {
                         *a | ATTR_RSTRIP
@@ -498,7 +491,7 @@ impl Tokenizer {
 
         let mut tok = Tokenizer {
             model: model_impl,
-            vocab: token_to_id,
+            vocab,
             attrs,
             scores,
             special_order,
