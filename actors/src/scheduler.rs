@@ -141,7 +141,9 @@ impl SchedulerActor {
             return true;
         };
         let storage = &self.storage;
-        self.next_io = least_queued(storage.len(), self.next_io, |i| storage[i].1.get());
+        self.next_io = least_queued(storage.len(), self.next_io, |i| {
+            storage.get(i).map_or(u32::MAX, |(_, queued)| queued.get())
+        });
         let sent = self
             .storage
             .get(self.next_io)

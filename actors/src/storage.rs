@@ -145,7 +145,7 @@ pub struct Storage {
 /// a thread whose read finished early takes the next one, as from a shared queue, rather than
 /// one thread's mailbox backing up behind a slow read while another idles.
 #[derive(Clone, Debug, Default)]
-pub struct QueuedLoads(pub(crate) Arc<AtomicU32>);
+pub struct QueuedLoads(Arc<AtomicU32>);
 
 impl QueuedLoads {
     pub(crate) fn get(&self) -> u32 {

@@ -30,7 +30,7 @@ pub use workload::{describe_model_file, DecodeStart, PlannedStep, Workload};
 use conductor_runtime::plan::{hosts_of, ExecutionPlan, HardwareProfile, Topology};
 use conductor_runtime::schedule::Scheduler;
 use conductor_runtime::trace::{Trace, TraceHeader, TRACE_FORMAT_VERSION};
-use devices::host::{FinishModel, MessageModel};
+use devices::host::{spin_window_ns, FinishModel, MessageModel};
 use engine::{Engine, Machine, SCHEDULER_TRACK};
 
 /// What a simulation records besides the timings.
@@ -98,13 +98,9 @@ pub fn simulate(
         n_hosts: group_host.iter().max().map_or(1, |&h| h + 1),
         group_host,
         finish: FinishModel::new(&workload.model, sched_class.finish_ns_per_element),
-        messages: MessageModel::new(&profile.messaging, plan.cache.is_some()),
+        messages: MessageModel::new(&profile.messaging, spin_window_ns(plan)),
         storage: StorageModel::new(&profile.storage, &plan.storage).with_wakeups(
-            if plan.cache.is_some() {
-                conductor_runtime::cache::IO_BOUND_SPIN_NS
-            } else {
-                SPIN_WINDOW_NS
-            },
+            spin_window_ns(plan),
             profile.messaging.wakeup_ns.round() as u64,
         ),
         bundle_bytes: workload.model.shape.ffn_bundle_stride,

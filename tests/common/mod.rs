@@ -77,7 +77,6 @@ impl ScratchDir {
     /// `source` converted into a neuron store with `options`, the first time it is asked for
     /// (one source per directory: the name tells stores apart by their options only).
     pub fn store(&self, source: &Path, options: &ConvertOptions) -> PathBuf {
-        // Every option that changes the file is in its name: a cached store is the one asked for.
         let path = self.join(&format!(
             "store-{}-{:?}-{}.gguf",
             options.down_layout.name(),

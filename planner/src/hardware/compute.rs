@@ -170,6 +170,7 @@ fn ffn_cluster_rate(k: &Kernels, ty: GgmlType, stream_bytes: u64, effort: &Effor
     let mut out = vec![0f32; embd];
     let clusters = ff / FFN_CLUSTER;
     let row_bytes = ty.bytes_for(embd as u64).expect("whole blocks") as usize;
+    let block = embd * ty.bytes_for(FFN_CLUSTER as u64).expect("whole blocks") as usize;
     let mut i = 0;
     let secs = secs_per_call(effort, || {
         i += 1;
@@ -183,7 +184,6 @@ fn ffn_cluster_rate(k: &Kernels, ty: GgmlType, stream_bytes: u64, effort: &Effor
             k.matvec(um, 0..embd, black_box(&act), &mut up);
             gated_activation(FfnActivation::Silu, &mut gate, &up);
             k.quantize_activations(ty, &gate, &mut hidden);
-            let block = embd * ty.bytes_for(FFN_CLUSTER as u64).expect("whole blocks") as usize;
             let dm = MatRef::new(ty, &d[c * block..(c + 1) * block], embd, FFN_CLUSTER)
                 .expect("valid geometry");
             k.matvec(dm, 0..FFN_CLUSTER, &hidden, &mut out);

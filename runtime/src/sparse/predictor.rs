@@ -983,8 +983,8 @@ fn split(
 
 /// Trains one layer's predictor: the rank candidates ascending, skipping those that cannot beat
 /// the best so far and stopping once a rank that meets the target costs no less than a smaller
-/// one that met it (see [`TrainedPredictor::stopped`]), quantized and calibrated, and keeps the cheapest one whose held-out
-/// recall meets the target (see the module docs). `progress` gets the share of the work done,
+/// one that met it (see [`TrainedPredictor::stopped`]), each quantized and calibrated, and
+/// keeps the cheapest one whose held-out recall meets the target (see the module docs). `progress` gets the share of the work done,
 /// in `[0, 1]`, after every epoch.
 pub fn train_layer(
     set: &TrainingSet,

@@ -2,8 +2,9 @@
 //! offset table and by text through an open-addressing index of ids.
 //!
 //! A 49k-token vocabulary held as `Vec<String>` plus a `HashMap<String, u32>` plus a
-//! `Vec<Vec<u8>>` of rendered pieces costs ~8 MB, mostly per-string allocations; these tables
-//! hold the same in ~1.5 MB, which a run under a tight memory budget gives to the neuron cache.
+//! `Vec<Vec<u8>>` of rendered pieces is mostly per-string allocations; with these tables (and
+//! the GGUF's arrays no longer copied to build them) a SmolLM2 run under a budget peaks 7 MiB
+//! lower, memory the neuron cache gets instead (`docs/benchmarks.md`).
 
 /// Byte strings in one buffer, by index.
 #[derive(Clone, Debug, Default)]

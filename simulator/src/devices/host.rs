@@ -21,13 +21,23 @@
 use super::{role_types, StepCtx};
 use conductor_runtime::cache::IO_BOUND_SPIN_NS;
 use conductor_runtime::neuron::Phase;
-use conductor_runtime::plan::{MessagingProfile, ModelDescription};
+use conductor_runtime::plan::{ExecutionPlan, MessagingProfile, ModelDescription};
 use conductor_runtime::quant::{try_activation_type, GgmlType};
 
 /// A host that has been idle longer than this has parked its thread: waking it costs
 /// `wakeup_ns` (the worker pool and the actors spin about this long before parking; under a
 /// plan with a cache, [`IO_BOUND_SPIN_NS`]).
 pub const SPIN_WINDOW_NS: u64 = 50_000;
+
+/// How long an idle host spins before parking under `plan`: [`IO_BOUND_SPIN_NS`] when it has
+/// a cache (as the actor driver does), else [`SPIN_WINDOW_NS`].
+pub(crate) fn spin_window_ns(plan: &ExecutionPlan) -> u64 {
+    if plan.cache.is_some() {
+        IO_BOUND_SPIN_NS
+    } else {
+        SPIN_WINDOW_NS
+    }
+}
 
 pub(crate) struct FinishModel {
     ns_per_element: f64,
@@ -136,22 +146,17 @@ pub(crate) struct MessageModel {
     local_ns: f64,
     remote_ns: f64,
     wakeup_ns: f64,
-    /// How long an idle host spins before parking: [`SPIN_WINDOW_NS`], or
-    /// [`IO_BOUND_SPIN_NS`] under a plan with a cache (as the actor driver does).
+    /// How long an idle host spins before parking ([`spin_window_ns`]).
     spin_window_ns: u64,
 }
 
 impl MessageModel {
-    pub fn new(m: &MessagingProfile, io_bound: bool) -> MessageModel {
+    pub fn new(m: &MessagingProfile, spin_window_ns: u64) -> MessageModel {
         MessageModel {
             local_ns: m.local_message_ns,
             remote_ns: m.remote_message_ns,
             wakeup_ns: m.wakeup_ns,
-            spin_window_ns: if io_bound {
-                IO_BOUND_SPIN_NS
-            } else {
-                SPIN_WINDOW_NS
-            },
+            spin_window_ns,
         }
     }
 
