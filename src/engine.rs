@@ -56,6 +56,8 @@ pub enum Error {
     NoProfile { mode: &'static str, path: PathBuf },
     #[error("probes see the inline driver's tensors (this engine runs the actor driver)")]
     NoProbe,
+    #[error("gate-first loading {0}")]
+    GateFirst(&'static str),
 }
 
 /// Which FFN neurons decode computes ([`EngineBuilder::sparsity`]).
@@ -210,6 +212,8 @@ pub struct EngineBuilder {
     io_batch: Option<u32>,
     cache_policy: Option<CachePolicy>,
     max_loads: Option<u32>,
+    gate_first: Option<bool>,
+    gate_first_gap: Option<u32>,
     threads: Option<usize>,
     plan: Option<ExecutionPlan>,
     kernels: Kernels,
@@ -273,6 +277,21 @@ impl EngineBuilder {
     /// depth (default: the plan's, else 4; 1: no read-ahead).
     pub fn max_loads(mut self, n: u32) -> Self {
         self.max_loads = Some(n.max(1));
+        self
+    }
+
+    /// PowerInfer-2's two-phase load under a budget (default: the plan's, else off): decode
+    /// reads each FFN bundle's gate rows first, then only the pages holding the up rows and
+    /// down columns of neurons whose gate passes the threshold. Needs threshold sparsity.
+    pub fn gate_first(mut self, on: bool) -> Self {
+        self.gate_first = Some(on);
+        self
+    }
+
+    /// Under gate-first loading, runs of wanted pages up to `pages` apart are read as one
+    /// (default: the plan's, else [`conductor_runtime::cache::DEFAULT_GATE_FIRST_GAP`]).
+    pub fn gate_first_gap(mut self, pages: u32) -> Self {
+        self.gate_first_gap = Some(pages);
         self
     }
 
@@ -388,6 +407,11 @@ impl EngineBuilder {
         if model.sparse.is_some() && sparsity.all_tokens {
             plan.decode_max_tokens = plan.decode_max_tokens.max(plan.prefill_max_tokens);
         }
+        if memory.is_none() && self.gate_first == Some(true) {
+            return Err(Error::GateFirst(
+                "needs --memory: it reads bundles of a neuron store into the cache",
+            ));
+        }
         let mut budget = None;
         if let Some(memory) = memory {
             let n_ctx = self.context.unwrap_or(1024);
@@ -396,6 +420,23 @@ impl EngineBuilder {
             }
             if let Some(n) = self.max_loads {
                 plan.cache.get_or_insert_with(CachePlan::default).max_loads = n;
+            }
+            if let Some(on) = self.gate_first {
+                plan.cache.get_or_insert_with(CachePlan::default).gate_first = on;
+            }
+            if let Some(gap) = self.gate_first_gap {
+                plan.cache
+                    .get_or_insert_with(CachePlan::default)
+                    .gate_first_gap = gap;
+            }
+            let threshold = model
+                .sparse
+                .as_ref()
+                .is_some_and(|s| s.mode == SparsityMode::Threshold);
+            if plan.cache.as_ref().is_some_and(|c| c.gate_first) && !threshold {
+                return Err(Error::GateFirst(
+                    "needs --sparsity threshold: the gate decides which neurons' pages are read",
+                ));
             }
             let split = apply_budget(&model, &mut plan, memory, n_ctx)?;
             if !split.plan.stream_attention {
@@ -554,6 +595,8 @@ impl Engine {
             io_batch: None,
             cache_policy: None,
             max_loads: None,
+            gate_first: None,
+            gate_first_gap: None,
             threads: None,
             plan: None,
             kernels: Kernels::best(),

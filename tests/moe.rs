@@ -175,6 +175,8 @@ fn cache(slots: u32) -> CachePlan {
         stream_attention: false,
         coalesce: 1,
         hot_units: Vec::new(),
+        gate_first: false,
+        gate_first_gap: 0,
     }
 }
 

@@ -12,6 +12,7 @@ use crate::step::{read, write, StepShared};
 use crate::storage::{LoadClusters, LoadItem, QueuedLoads, Storage};
 use conductor_runtime::cache::{LayerCacheStats, LoadError};
 use conductor_runtime::exec::{awaits_predictions, StepError};
+use conductor_runtime::neuron::Phase;
 use conductor_runtime::schedule::{
     ClusterWork, Command, Event, ScheduleError, Scheduler, StepId, StepRequest, StepShape, XpuId,
 };
@@ -207,6 +208,14 @@ impl SchedulerActor {
                     });
                 }
                 let program = shared.program(shape);
+                if phase == Phase::FfnGateRows {
+                    let mut pages = Vec::new();
+                    read(&shared.state).ffn_pages(&mut pages);
+                    self.feed(Event::FfnPages { step, layer, pages });
+                    if self.flight.is_none() {
+                        return false;
+                    }
+                }
                 if awaits_predictions(&self.scheduler, program, phase) {
                     let mut needed = Vec::new();
                     read(&shared.state).ffn_needed(&mut needed);
@@ -226,22 +235,36 @@ impl SchedulerActor {
                 cluster,
                 slot,
                 evicted,
+                pages,
+                top_up,
             } => {
                 let Some((arena, file)) = &self.shared.cache else {
                     self.fail(StepError::NoCache);
                     return false;
                 };
-                let generation = arena.assign(layer, cluster, slot, evicted);
+                // A top-up reads more pages into a slot that keeps its unit (and generation).
+                let generation = if top_up {
+                    arena.generation(slot)
+                } else {
+                    arena.assign(layer, cluster, slot, evicted)
+                };
                 let item = LoadItem {
                     layer,
                     cluster,
                     slot,
                     generation,
+                    pages,
                 };
-                // Join the pending request when one read can take both (see `can_batch`).
+                // Join the pending request when one read can take both (see `can_batch`);
+                // reads of some pages of a bundle go alone.
                 if let Some(pending) = self.pending_loads.as_mut() {
-                    let last = pending.items.last().map(|i| (i.layer, i.cluster));
+                    let last = pending
+                        .items
+                        .last()
+                        .filter(|i| i.pages.is_none())
+                        .map(|i| (i.layer, i.cluster));
                     let joins = pending.step == step
+                        && item.pages.is_none()
                         && pending.items.len() < self.scheduler.coalesce() as usize
                         && last.is_some_and(|l| file.can_batch(l, (layer, cluster)));
                     if joins {

@@ -189,6 +189,8 @@ pub struct LoadItem {
     /// The slot's generation when the load was decided: a load overtaken by a newer one for
     /// the same slot (after a failed step, with several I/O threads) reads nothing.
     pub generation: u64,
+    /// Gate-first loading: only these pages of the unit (`None`: all of it).
+    pub pages: Option<std::ops::Range<u32>>,
 }
 
 /// Read these units (the scheduler's `Load`s; adjacent ones in the file, so one vectored read
@@ -225,6 +227,8 @@ impl Message<LoadClusters> for Storage {
             return;
         };
         let mut many: Vec<Result<(), LoadError>>;
+        // Bytes each item read (a part of a bundle reads less than the whole).
+        let mut part_bytes = None;
         let timed = shared.recording.load(Ordering::Relaxed);
         let started_ns = if timed { shared.now_ns() } else { 0 };
         let started = Instant::now();
@@ -235,7 +239,14 @@ impl Message<LoadClusters> for Storage {
             if arena.generation(it.slot) != it.generation {
                 return; // stale: the slot was given to another unit since
             }
-            one[0] = file.load(it.layer, it.cluster, slot.bytes_mut());
+            one[0] = match file.load_part(it.layer, it.cluster, it.pages.clone(), slot.bytes_mut())
+            {
+                Ok(bytes) => {
+                    part_bytes = Some(bytes);
+                    Ok(())
+                }
+                Err(e) => Err(e),
+            };
             &mut one
         } else {
             // Lock slots in increasing order of index: two storage threads (a stale read and a
@@ -271,7 +282,7 @@ impl Message<LoadClusters> for Storage {
         for (it, result) in msg.items.iter().zip(results.iter_mut()) {
             let result = std::mem::replace(result, Ok(()));
             if result.is_ok() {
-                let bytes = file.read_bytes(it.layer, it.cluster);
+                let bytes = part_bytes.unwrap_or_else(|| file.read_bytes(it.layer, it.cluster));
                 c.io_bytes.fetch_add(bytes, Ordering::Relaxed);
                 if let Some(l) = c.layer_bytes.get(it.layer as usize) {
                     l.fetch_add(bytes, Ordering::Relaxed);

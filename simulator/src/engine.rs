@@ -30,7 +30,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 /// Phases per layer kind, for per-(group, phase) tables.
-const PHASES: usize = 7;
+const PHASES: usize = 8;
 const UNKNOWN: u64 = u64::MAX;
 
 enum PendingKind {
@@ -82,6 +82,9 @@ pub(crate) struct Machine {
     /// Bytes one load of each streamed attention matrix reads (q, k, v, output; 4 KiB
     /// aligned), when the plan streams attention.
     pub attention_bytes: [u64; 4],
+    /// Gate-first loading: where a bundle's rows lie (which pages an active neuron's up row
+    /// and down column take); `None` without it.
+    pub gate_layout: Option<conductor_runtime::store::BundleLayout>,
 }
 
 /// Spans and records, when asked for.
@@ -147,6 +150,7 @@ const ALL_PHASES: [Phase; PHASES] = [
     Phase::AttnHeads,
     Phase::AttnOutRows,
     Phase::FfnNeurons,
+    Phase::FfnGateRows,
     Phase::FfnGateUpRows,
     Phase::FfnDownRows,
     Phase::OutputRows,
@@ -246,7 +250,10 @@ impl<'a> Engine<'a> {
         Engine {
             steps,
             next_step: 0,
-            costs: ModelCosts::new(&workload.model),
+            costs: ModelCosts {
+                gate_first: scheduler.gate_first(),
+                ..ModelCosts::new(&workload.model)
+            },
             host_free: vec![0; machine.n_hosts],
             heap: BinaryHeap::with_capacity(64),
             seq: 0,
@@ -391,7 +398,7 @@ impl<'a> Engine<'a> {
         let mut step_done = None;
         let mut predictions = Vec::new();
         let mut landed = Vec::new();
-        let mut loads: Vec<(u64, u64, u32, u32)> = Vec::new();
+        let mut loads: Vec<Load> = Vec::new();
         for command in &self.commands {
             match command {
                 Command::Compute { xpu, work } => self.sends.push((*xpu, work.clone(), t)),
@@ -419,6 +426,24 @@ impl<'a> Engine<'a> {
                     self.recorder
                         .span(SCHEDULER_TRACK, |r| r.finish_names[i].clone(), t, t + d);
                     t += d;
+                    if *phase == Phase::FfnGateRows {
+                        // Drivers feed the pages the gate let through right after this finish.
+                        let pages = gate_first_pages(
+                            self.machine.gate_layout.as_ref(),
+                            self.scheduler.bundle_pages(),
+                            self.program.clusters(Phase::FfnNeurons),
+                            self.ctx.activity,
+                            *layer,
+                        );
+                        predictions.push((
+                            t,
+                            Event::FfnPages {
+                                step: *step,
+                                layer: *layer,
+                                pages,
+                            },
+                        ));
+                    }
                     if *phase == Phase::AttnOutRows
                         && self.ctx.shape == StepShape::Decode
                         && self.scheduler.awaits_predictions()
@@ -444,8 +469,15 @@ impl<'a> Engine<'a> {
                     step,
                     layer,
                     cluster,
+                    pages,
                     ..
-                } => loads.push((t, *step, *layer, *cluster)),
+                } => loads.push(Load {
+                    at: t,
+                    step: *step,
+                    layer: *layer,
+                    cluster: *cluster,
+                    pages: pages.as_ref().map(|p| p.len() as u64),
+                }),
                 Command::StepDone { step } => {
                     self.timings.push(StepTiming {
                         step: *step,
@@ -487,7 +519,7 @@ impl<'a> Engine<'a> {
     /// The loads of one command batch, merged as the actor driver merges them (adjacent
     /// bundles, at most the plan's `coalesce` per read): one issuer on its own host, a read
     /// starts when the device is free and its completion travels back as messages.
-    fn submit_loads(&mut self, loads: &[(u64, u64, u32, u32)], landed: &mut Vec<(u64, Event)>) {
+    fn submit_loads(&mut self, loads: &[Load], landed: &mut Vec<(u64, Event)>) {
         let sched = self.machine.sched_host;
         let coalesce = self.scheduler.coalesce().max(1) as usize;
         let Some(map) = self.scheduler.unit_map().cloned() else {
@@ -495,22 +527,35 @@ impl<'a> Engine<'a> {
         };
         let mut i = 0;
         while i < loads.len() {
-            let (t, step, layer, cluster) = loads[i];
+            let Load {
+                at: t,
+                step,
+                layer,
+                cluster,
+                pages,
+            } = loads[i];
             let mut end = i + 1;
             while end < loads.len()
+                && pages.is_none()
                 && end - i < coalesce
-                && loads[end].1 == step
+                && loads[end].step == step
+                && loads[end].pages.is_none()
                 && map.adjacent(
-                    map.unit(loads[end - 1].2, loads[end - 1].3),
-                    map.unit(loads[end].2, loads[end].3),
+                    map.unit(loads[end - 1].layer, loads[end - 1].cluster),
+                    map.unit(loads[end].layer, loads[end].cluster),
                 )
             {
                 end += 1;
             }
-            // Reads merge bundles only: an attention matrix is one read of its own.
+            // Reads merge bundles only: an attention matrix is one read of its own; some pages
+            // of a bundle (gate-first loading) are one read of their own.
             let (bytes, parts) = match map.phase_cluster(layer, cluster) {
                 (Phase::QkvHeads, m) => (self.machine.attention_bytes[m as usize], 1),
                 (Phase::AttnOutRows, _) => (self.machine.attention_bytes[3], 1),
+                _ if pages.is_some() => (
+                    (pages.unwrap_or(0) * 4096).min(self.machine.bundle_bytes),
+                    1,
+                ),
                 _ => (
                     self.machine.bundle_bytes * (end - i) as u64,
                     self.machine.reads_per_bundle.max(1),
@@ -537,7 +582,13 @@ impl<'a> Engine<'a> {
                 read.start_ns,
                 read.end_ns,
             );
-            for &(_, step, layer, cluster) in &loads[i..end] {
+            for &Load {
+                step,
+                layer,
+                cluster,
+                ..
+            } in &loads[i..end]
+            {
                 landed.push((
                     read.end_ns + latency,
                     Event::Loaded {
@@ -590,6 +641,53 @@ impl<'a> Engine<'a> {
         }
         ns
     }
+}
+
+/// A `Load` command as the storage model sees it: when it was issued, what it reads and how
+/// many pages (`None`: the whole unit).
+#[derive(Clone, Copy)]
+struct Load {
+    at: u64,
+    step: u64,
+    layer: u32,
+    cluster: u32,
+    pages: Option<u64>,
+}
+
+/// Gate-first loading: the pages of each FFN cluster's bundle the neurons active in `layer`
+/// read (as the executor marks them for one token: their up rows, every up row when more than
+/// half the cluster fires, and their down columns); every page of every bundle without a
+/// layout or an activity.
+fn gate_first_pages(
+    layout: Option<&conductor_runtime::store::BundleLayout>,
+    bundle_pages: u32,
+    clusters: &[Range<u32>],
+    activity: Option<&StepActivity>,
+    layer: u32,
+) -> Vec<u64> {
+    let per = bundle_pages as usize;
+    let mut words = vec![0u64; (clusters.len() * per).div_ceil(64)];
+    let active = match activity.and_then(|a| a.layers.get(layer as usize)) {
+        Some(ActiveSet::Neurons(v)) => Some(v.as_slice()),
+        _ => None,
+    };
+    let (Some(layout), Some(active)) = (layout, active) else {
+        (0..clusters.len() * per).for_each(|i| words[i / 64] |= 1 << (i % 64));
+        return words;
+    };
+    let mut local = Vec::new();
+    for (c, r) in clusters.iter().enumerate() {
+        let from = active.partition_point(|&n| n < r.start);
+        let to = active.partition_point(|&n| n < r.end);
+        local.clear();
+        local.extend(active[from..to].iter().map(|&n| n - r.start));
+        if local.is_empty() {
+            continue;
+        }
+        let whole = local.len() * 2 > r.len();
+        layout.mark_active_pages(c as u32, &local, whole, &mut words, c * per);
+    }
+    words
 }
 
 /// Indices of the FFN clusters (`clusters`, ascending ranges) that hold an active neuron of

@@ -62,6 +62,28 @@ impl SimOptions {
     }
 }
 
+/// The bundle layout of a store of `model` whose geometry matches its shape (neuron columns, of
+/// the model's down type or the converter's default), for gate-first loading's pages.
+fn gate_first_layout(
+    model: &conductor_runtime::plan::ModelDescription,
+) -> Option<conductor_runtime::store::BundleLayout> {
+    use conductor_runtime::store::{BundleLayout, DownLayout, DEFAULT_DOWN_TYPE};
+    let (s, t) = (&model.shape, &model.types);
+    [DEFAULT_DOWN_TYPE, t.ffn_down]
+        .into_iter()
+        .find_map(|down| {
+            BundleLayout::new(
+                s.n_embd,
+                s.n_ff,
+                [t.ffn_gate, t.ffn_up, down],
+                DownLayout::NeuronColumns,
+                s.ffn_bundle,
+            )
+            .ok()
+            .filter(|l| l.stride == s.ffn_bundle_stride)
+        })
+}
+
 /// Simulates `workload` on the machine `profile` describes, following `plan`.
 pub fn simulate(
     profile: &HardwareProfile,
@@ -104,6 +126,10 @@ pub fn simulate(
             profile.messaging.wakeup_ns.round() as u64,
         ),
         bundle_bytes: workload.model.shape.ffn_bundle_stride,
+        gate_layout: scheduler
+            .gate_first()
+            .then(|| gate_first_layout(&workload.model))
+            .flatten(),
         reads_per_bundle: if workload.bundled { 1 } else { 3 },
         // One aligned read per streamed attention matrix.
         attention_bytes: workload

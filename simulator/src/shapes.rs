@@ -42,6 +42,7 @@ fn llama_shape(
         ffn_granule: 32,
         ffn_bundle: 0,
         ffn_bundle_stride: 0,
+        ffn_bundle_gate_bytes: 0,
         n_expert: 0,
         n_expert_used: 0,
     }

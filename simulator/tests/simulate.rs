@@ -389,6 +389,8 @@ fn a_neuron_store_under_a_cache_reads_what_it_misses_and_waits_for_it() {
             stream_attention: false,
             coalesce: 1,
             hot_units: Vec::new(),
+            gate_first: false,
+            gate_first_gap: 0,
         });
         run(&pc(), &plan, &w)
     };
@@ -412,4 +414,75 @@ fn a_neuron_store_under_a_cache_reads_what_it_misses_and_waits_for_it() {
         .filter(|c| matches!(c, Command::Load { .. }))
         .count() as u64;
     assert_eq!(loads, half.cache_misses);
+}
+
+#[test]
+fn gate_first_loading_reads_only_the_pages_the_activity_needs() {
+    use conductor_runtime::cache::{CachePlan, CachePolicy};
+    use conductor_runtime::store::{BundleLayout, DownLayout};
+    let mut w = workload("llama-2-7b", 0, 4);
+    let s = w.model.shape.clone();
+    let t = &w.model.types;
+    let layout = BundleLayout::new(
+        s.n_embd,
+        s.n_ff,
+        [
+            t.ffn_gate,
+            t.ffn_up,
+            conductor_runtime::quant::GgmlType::Q8_0,
+        ],
+        DownLayout::NeuronColumns,
+        256,
+    )
+    .unwrap();
+    w.model.shape.ffn_bundle = 256;
+    w.model.shape.ffn_bundle_stride = layout.stride;
+    w.model.shape.ffn_bundle_gate_bytes = layout.gate_bytes(256) as u64;
+    // Every 16th neuron fires: each bundle has active neurons, most pages of it none.
+    let active: Vec<u32> = (0..s.n_ff).step_by(16).collect();
+    w.activity = Some(vec![StepActivity {
+        step: 0,
+        layers: vec![ActiveSet::Neurons(active); s.n_layer as usize],
+    }]);
+    let bundles = s.n_ff.div_ceil(256);
+    let report = |gate_first: bool| {
+        let cache = Some(CachePlan {
+            slots: bundles + 8,
+            hot_slots: 0,
+            policy: CachePolicy::Lru,
+            max_loads: 4,
+            stream_output: false,
+            stream_attention: false,
+            coalesce: 1,
+            hot_units: Vec::new(),
+            gate_first,
+            gate_first_gap: 0,
+        });
+        let plan = ExecutionPlan {
+            cache,
+            ..ExecutionPlan::default()
+        };
+        run(&pc(), &plan, &w)
+    };
+    let whole = report(false);
+    let gated = report(true);
+    // Gate rows are a third of a bundle; the active sixteenth's up rows and down columns
+    // take a page each of the rest.
+    assert!(
+        gated.bytes_read * 2 < whole.bytes_read,
+        "{} vs {}",
+        gated.bytes_read,
+        whole.bytes_read
+    );
+    assert!(gated.bytes_read * 4 > whole.bytes_read);
+    assert_eq!(gated.cache_misses, whole.cache_misses);
+    // The gate phase is in the trace; the trace replays.
+    let gate_phases = gated
+        .trace
+        .records
+        .iter()
+        .flat_map(|r| &r.commands)
+        .filter(|c| matches!(c, Command::Compute { work, .. } if work.phase == conductor_runtime::neuron::Phase::FfnGateRows))
+        .count();
+    assert!(gate_phases > 0);
 }

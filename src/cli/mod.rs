@@ -132,6 +132,15 @@ pub struct EngineArgs {
     /// (default: the plan's, else 4; 1: no read-ahead).
     #[arg(long = "max-loads")]
     pub max_loads: Option<u32>,
+    /// Under --memory with --sparsity threshold: read each FFN bundle's gate rows first and
+    /// then only the pages holding the up rows and down columns of neurons the gate lets
+    /// through (PowerInfer-2's two-phase load). Default: the plan's, else off.
+    #[arg(long = "gate-first")]
+    pub gate_first: bool,
+    /// With --gate-first: runs of wanted pages up to N pages (4 KiB) apart are read as one,
+    /// the pages between coming along: fewer, larger reads (default: the plan's, else 0).
+    #[arg(long = "gate-first-gap", value_name = "N")]
+    pub gate_first_gap: Option<u32>,
     /// Loads issued together under --memory (default 1): with `--io-engine uring` up to N
     /// reads in flight at once; with `pread`, adjacent ones merged into one vectored read.
     #[arg(long = "io-batch")]
@@ -292,6 +301,12 @@ pub fn load_engine(model: Option<&Path>, threads: usize, engine: &EngineArgs) ->
             bail!("--max-loads must be at least 1");
         }
         builder = builder.max_loads(n);
+    }
+    if engine.gate_first {
+        builder = builder.gate_first(true);
+    }
+    if let Some(gap) = engine.gate_first_gap {
+        builder = builder.gate_first_gap(gap);
     }
     if let Some(n) = engine.io_batch {
         if n == 0 {

@@ -45,6 +45,7 @@ pub fn planned_store_sizes_with(
         .map_err(|e| e.to_string())?;
         model.shape.ffn_bundle = layout.neurons;
         model.shape.ffn_bundle_stride = layout.stride;
+        model.shape.ffn_bundle_gate_bytes = layout.gate_bytes(layout.neurons) as u64;
         model.shape.ffn_granule = 1;
     }
     let s = &model.shape;

@@ -69,6 +69,10 @@ pub const RUNTIME_OVERHEAD: u64 = 13 << 20;
 /// Loads the scheduler keeps in flight by default: enough to keep one issuer busy.
 pub const DEFAULT_MAX_LOADS: u32 = 4;
 
+/// Gate-first loading's default [`super::CachePlan::gate_first_gap`]: runs of wanted pages up
+/// to this many pages apart are read as one.
+pub const DEFAULT_GATE_FIRST_GAP: u32 = 0;
+
 /// Adjacent bundles merged into one read by default: none. Merging (a vectored read into
 /// several slots, `CachePlan::coalesce`) measured no faster on the build machine's disk than
 /// one read per bundle (SmolLM2 at 50%: 1.7 bundles per read, 103 against 102 ms of I/O per
@@ -247,7 +251,14 @@ pub fn split_sizes(
         0
     };
     let n_units = s.n_layer * (s.bundles_per_layer + attn_units) + s.n_vocab.div_ceil(output_rows);
-    if budget < fixed + 2 * slot {
+    // Gate-first loading keeps a layer's bundles in their slots from its gate rows to its
+    // neurons: the cold segment must hold a whole layer's.
+    let min_slots = if shape.gate_first {
+        u64::from(s.bundles_per_layer.max(1)) + 1
+    } else {
+        2
+    };
+    if budget < fixed + min_slots * slot {
         return Err(BudgetError::TooSmall {
             budget,
             fixed,
@@ -255,15 +266,21 @@ pub fn split_sizes(
             kv: kv_cache,
             scratch,
             runtime: RUNTIME_OVERHEAD,
-            slots: 2 * slot,
+            slots: min_slots * slot,
             n_ctx,
         });
     }
     let cache = budget - fixed;
     let slots = ((cache / slot) as u32).min(n_units);
     let max_loads = shape.max_loads.max(1);
-    // Enough cold slots for the loads in flight and the clusters being computed.
-    let cold = (max_loads + 2).min(slots.saturating_sub(1)).max(1);
+    // Enough cold slots for the loads in flight and the clusters being computed (under
+    // gate-first loading, a whole layer's bundles besides).
+    let cold = if shape.gate_first {
+        s.bundles_per_layer + max_loads + 1
+    } else {
+        max_loads + 2
+    };
+    let cold = cold.min(slots.saturating_sub(1)).max(1);
     let hot_slots = if slots >= n_units {
         n_units
     } else {

@@ -17,6 +17,7 @@
 use super::UnitMap;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
+use std::ops::Range;
 
 /// How slots are shared between clusters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -58,6 +59,21 @@ pub struct CachePlan {
     /// Empty: the hot order alone (every cluster equally hot, as in dense decode).
     #[serde(default)]
     pub hot_units: Vec<u32>,
+    /// Gate-first loading (PowerInfer-2's two-phase load) in decode steps: each FFN bundle's
+    /// gate rows are read and computed first, then only the pages holding the up rows and down
+    /// columns of neurons the gate let through (threshold sparsity). Slots may then hold a
+    /// bundle in part; a later step reads only the pages it lacks.
+    #[serde(default)]
+    pub gate_first: bool,
+    /// Gate-first loading: runs of wanted pages this many pages apart or closer are read as
+    /// one (the pages between come along): fewer, larger reads where a read's own cost
+    /// outweighs the bytes between (storage's latency against its bandwidth).
+    #[serde(default = "default_gap")]
+    pub gate_first_gap: u32,
+}
+
+fn default_gap() -> u32 {
+    super::DEFAULT_GATE_FIRST_GAP
 }
 
 fn one() -> u32 {
@@ -77,6 +93,8 @@ impl Default for CachePlan {
             stream_attention: false,
             coalesce: super::DEFAULT_COALESCE,
             hot_units: Vec::new(),
+            gate_first: false,
+            gate_first_gap: super::DEFAULT_GATE_FIRST_GAP,
         }
     }
 }
@@ -90,7 +108,7 @@ pub struct LayerCacheStats {
 }
 
 /// What [`CacheDirectory::acquire`] decided.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Acquired {
     /// The cluster is in a slot (or on its way there): nothing to read.
     Hit,
@@ -98,6 +116,18 @@ pub enum Acquired {
     Load { slot: u32, evicted: Option<u32> },
     /// Every slot it could use is busy: try again after a release.
     Full,
+    /// The unit is in `slot` but only in part (gate-first loading): read pages `pages` of it
+    /// into the slot, which keeps the pages it has.
+    TopUp { slot: u32, pages: Range<u32> },
+}
+
+/// What part of a unit a step asks [`CacheDirectory::acquire_part`] for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Want {
+    /// All of it.
+    Whole,
+    /// Its first `n` pages (a bundle's gate rows, under gate-first loading).
+    Prefix(u32),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -114,6 +144,8 @@ struct Slot {
     hot: bool,
     /// When it was last released (for LRU).
     stamp: u64,
+    /// It holds only some pages of its unit (gate-first loading): those set in its page bits.
+    partial: bool,
 }
 
 /// Which unit (see [`UnitMap`]) is where.
@@ -127,6 +159,13 @@ pub struct CacheDirectory {
     evictable: BTreeSet<(u64, u32)>,
     clock: u64,
     stats: Vec<LayerCacheStats>,
+    /// Gate-first loading: pages per bundle, and for each slot the bits of the pages it holds
+    /// (`page_words` words a slot; 0 words without gate-first loading).
+    bundle_pages: u32,
+    page_words: usize,
+    pages: Vec<u64>,
+    /// Runs of pages at most this far apart are read as one.
+    gap: u32,
 }
 
 impl CacheDirectory {
@@ -170,6 +209,7 @@ impl CacheDirectory {
                 pins: 0,
                 hot: s < hot,
                 stamp: 0,
+                partial: false,
             })
             .collect();
         let evictable = (hot..plan.slots).map(|s| (0, s)).collect();
@@ -181,7 +221,28 @@ impl CacheDirectory {
             evictable,
             clock: 0,
             stats: vec![LayerCacheStats::default(); map.n_layer as usize + 1],
+            bundle_pages: 0,
+            page_words: 0,
+            pages: Vec::new(),
+            gap: plan.gate_first_gap,
         }
+    }
+
+    /// Slots that units without a reserved (hot) slot share; every unit's count when every
+    /// unit has a hot slot of its own.
+    pub fn cold_slots(&self) -> u32 {
+        if self.hot_slot.iter().all(|s| s.is_some()) {
+            return self.units.len() as u32;
+        }
+        self.slots.iter().filter(|s| !s.hot).count() as u32
+    }
+
+    /// Lets slots hold bundles of `bundle_pages` pages in part (gate-first loading).
+    pub fn with_pages(mut self, bundle_pages: u32) -> CacheDirectory {
+        self.bundle_pages = bundle_pages;
+        self.page_words = (bundle_pages as usize).div_ceil(64);
+        self.pages = vec![0; self.slots.len() * self.page_words];
+        self
     }
 
     fn unit(&self, layer: u32, cluster: u32) -> usize {
@@ -196,8 +257,33 @@ impl CacheDirectory {
     /// Pins `(layer, cluster)` for use by the current step: a hit, a load to issue, or `Full`
     /// (nothing changed).
     pub fn acquire(&mut self, layer: u32, cluster: u32) -> Acquired {
+        self.acquire_part(layer, cluster, Want::Whole)
+    }
+
+    /// [`CacheDirectory::acquire`] for `want` of the unit: a unit held in part whose missing
+    /// pages are wanted is a [`Acquired::TopUp`] (counted as a miss).
+    pub fn acquire_part(&mut self, layer: u32, cluster: u32, want: Want) -> Acquired {
         let u = self.unit(layer, cluster);
         match self.units[u] {
+            Residency::Ready(s)
+                if want == Want::Whole
+                    && self.slots[s as usize].partial
+                    && (0..self.bundle_pages).any(|p| !self.has_page(s, p)) =>
+            {
+                // Partial slots always hold a prefix (the gate rows): read from the first
+                // page missing on; pages already in are read again, the same bytes.
+                let first = (0..self.bundle_pages)
+                    .find(|&p| !self.has_page(s, p))
+                    .unwrap_or(self.bundle_pages);
+                self.pin(s);
+                self.set_whole(s);
+                self.units[u] = Residency::Loading(s);
+                self.stats[layer as usize].misses += 1;
+                Acquired::TopUp {
+                    slot: s,
+                    pages: first..self.bundle_pages,
+                }
+            }
             Residency::Ready(s) | Residency::Loading(s) => {
                 self.pin(s);
                 self.stats[layer as usize].hits += 1;
@@ -220,9 +306,77 @@ impl CacheDirectory {
                 self.units[u] = Residency::Loading(slot);
                 self.pin(slot);
                 self.stats[layer as usize].misses += 1;
+                match want {
+                    Want::Prefix(n) if self.page_words > 0 => {
+                        let at = slot as usize * self.page_words;
+                        self.pages[at..at + self.page_words].fill(0);
+                        for p in 0..n.min(self.bundle_pages) {
+                            self.pages[at + p as usize / 64] |= 1 << (p % 64);
+                        }
+                        self.slots[slot as usize].partial = true;
+                    }
+                    _ => self.slots[slot as usize].partial = false,
+                }
                 Acquired::Load { slot, evicted }
             }
         }
+    }
+
+    fn has_page(&self, slot: u32, page: u32) -> bool {
+        let at = slot as usize * self.page_words + page as usize / 64;
+        self.pages
+            .get(at)
+            .is_some_and(|w| w >> (page % 64) & 1 == 1)
+    }
+
+    fn set_whole(&mut self, slot: u32) {
+        self.slots[slot as usize].partial = false;
+    }
+
+    /// Gate-first loading: `(layer, cluster)`, ready in its slot, is wanted for the pages
+    /// `wanted` says. Appends to `runs` the runs of those pages its slot lacks (now marked
+    /// held, the unit loading until [`CacheDirectory::loaded`]) and returns the slot; `None`
+    /// when the unit is not ready in a slot.
+    pub fn top_up(
+        &mut self,
+        layer: u32,
+        cluster: u32,
+        wanted: impl Fn(u32) -> bool,
+        runs: &mut Vec<Range<u32>>,
+    ) -> Option<u32> {
+        let u = self.unit(layer, cluster);
+        let Residency::Ready(s) = self.units[u] else {
+            return None;
+        };
+        if !self.slots[s as usize].partial {
+            return Some(s);
+        }
+        let before = runs.len();
+        let mut run: Option<Range<u32>> = None;
+        for p in 0..self.bundle_pages {
+            if !wanted(p) || self.has_page(s, p) {
+                continue;
+            }
+            match &mut run {
+                // Close enough to the run: the pages between come along.
+                Some(r) if p - r.end <= self.gap => r.end = p + 1,
+                _ => {
+                    runs.extend(run.take());
+                    run = Some(p..p + 1);
+                }
+            }
+        }
+        runs.extend(run);
+        let at = s as usize * self.page_words;
+        for r in &runs[before..] {
+            for p in r.clone() {
+                self.pages[at + p as usize / 64] |= 1 << (p % 64);
+            }
+        }
+        if runs.len() > before {
+            self.units[u] = Residency::Loading(s);
+        }
+        Some(s)
     }
 
     fn pin(&mut self, slot: u32) {
@@ -272,6 +426,7 @@ impl CacheDirectory {
             if let Residency::Loading(s) = self.units[u] {
                 self.units[u] = Residency::Absent;
                 self.slots[s as usize].owner = None;
+                self.slots[s as usize].partial = false;
             }
         }
         self.evictable.clear();
@@ -336,6 +491,7 @@ impl CacheDirectory {
             self.clock += 1;
             let s = &mut self.slots[slot as usize];
             s.owner = Some(u);
+            s.partial = false;
             s.stamp = self.clock;
             self.evictable.insert((s.stamp, slot));
             self.units[u as usize] = Residency::Ready(slot);

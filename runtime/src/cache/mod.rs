@@ -19,9 +19,9 @@ mod uring;
 pub use arena::{SlotArena, SlotBuf, SLOT_ALIGN};
 pub use budget::{
     fit_plan_to_budget, split_budget, split_sizes, BudgetError, BudgetSplit, MemoryBudget,
-    StoreSizes, DEFAULT_COALESCE, DEFAULT_MAX_LOADS, RUNTIME_OVERHEAD,
+    StoreSizes, DEFAULT_COALESCE, DEFAULT_GATE_FIRST_GAP, DEFAULT_MAX_LOADS, RUNTIME_OVERHEAD,
 };
-pub use directory::{Acquired, CacheDirectory, CachePlan, CachePolicy, LayerCacheStats};
+pub use directory::{Acquired, CacheDirectory, CachePlan, CachePolicy, LayerCacheStats, Want};
 pub use reader::{
     open_for_reads, read_full, unit_extents, BundleFile, Extent, LoadError, OpenError,
 };
@@ -85,7 +85,7 @@ impl UnitMap {
     /// Whether clusters of `phase` come through the cache.
     pub fn streams(&self, phase: Phase) -> bool {
         match phase {
-            Phase::FfnNeurons => true,
+            Phase::FfnNeurons | Phase::FfnGateRows => true,
             Phase::OutputRows => self.output_clusters > 0,
             Phase::QkvHeads | Phase::AttnOutRows => self.attn_units > 0,
             _ => false,
@@ -103,7 +103,8 @@ impl UnitMap {
         }
     }
 
-    /// The phase whose cluster reads unit `(layer, cluster)`, and that cluster's index.
+    /// The phase whose cluster reads unit `(layer, cluster)`, and that cluster's index (an FFN
+    /// bundle is named by `FfnNeurons`; under gate-first loading `FfnGateRows` reads it first).
     pub fn phase_cluster(&self, layer: u32, cluster: u32) -> (Phase, u32) {
         if layer >= self.n_layer {
             (Phase::OutputRows, cluster)

@@ -257,6 +257,59 @@ impl BundleFile {
 }
 
 impl BundleFile {
+    /// Reads pages `pages` (of 4096 bytes from the unit's start; `None`: all of it) of unit
+    /// `(layer, cluster)` into the same places of `dst`, its slot, retrying once; returns the
+    /// bytes read. A bundle's checksum covers the bundle whole, so until one read of it has
+    /// been checked it is read whole (and checked) whatever part was asked for.
+    pub fn load_part(
+        &self,
+        layer: u32,
+        cluster: u32,
+        pages: Option<Range<u32>>,
+        dst: &mut [u8],
+    ) -> Result<u64, LoadError> {
+        let u = self.map.unit(layer, cluster) as usize;
+        let extent = self.extents.get(u).filter(|_| layer <= self.map.n_layer);
+        let (Some(pages), Some(e)) = (pages, extent) else {
+            self.load(layer, cluster, dst)?;
+            return Ok(self.read_bytes(layer, cluster));
+        };
+        if e.bundle.is_none() || !self.verified[u].load(Ordering::Relaxed) {
+            self.load(layer, cluster, dst)?;
+            return Ok(e.len as u64);
+        }
+        let page = READ_ALIGN as usize;
+        let start = (pages.start as usize).saturating_mul(page).min(e.len);
+        let end = (pages.end as usize).saturating_mul(page).min(e.len);
+        if start >= end {
+            return Ok(0);
+        }
+        let fail = |why: String| LoadError {
+            what: format!("{} (pages {}..{})", e.what, pages.start, pages.end),
+            path: self.path.display().to_string(),
+            why,
+        };
+        if dst.len() < end {
+            return Err(fail(format!("slot of {} bytes < read to {end}", dst.len())));
+        }
+        // Bytes past the bundle's data are padding: a file may end before them.
+        let need = e.data.end.min(end).saturating_sub(start);
+        let (len, offset) = (end - start, e.offset + start as u64);
+        let mut last = String::new();
+        for _attempt in 0..2 {
+            match self.read_into(&mut dst[start..end], offset) {
+                Ok(got) if got >= need => return Ok(len as u64),
+                Ok(got) => {
+                    last = format!(
+                        "read of {len} bytes at offset {offset} returned {got} (file truncated?)"
+                    )
+                }
+                Err(err) => last = format!("read of {len} bytes at offset {offset}: {err}"),
+            }
+        }
+        Err(fail(format!("{last}, twice")))
+    }
+
     /// Whether units `a` and `b` (as `(layer, cluster)`) can go in one run of
     /// [`BundleFile::load_run`]: always with io_uring (every unit its own read, all in
     /// flight together), otherwise when they lie back to back in the file, so that one vectored

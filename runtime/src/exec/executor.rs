@@ -211,6 +211,7 @@ fn sparse_ffn_cluster(
     ffn: &FfnCluster<'_>,
     acts: &Activations,
     predicted: Option<&[u64]>,
+    gated: Option<&[f32]>,
     n: usize,
     s: &mut WorkerScratch,
     out: &mut [f32],
@@ -257,16 +258,27 @@ fn sparse_ffn_cluster(
                 s.coefs.push(a);
             }
         };
-        match predicted {
-            None => {
-                cx.kernels.matvec(gate, 0..gate.cols, act_gate, &mut s.gate);
+        match (predicted, gated) {
+            // Gate-first loading: the `FfnGateRows` phase computed these rows with the same
+            // kernel call (the same bits).
+            (None, Some(gated)) => {
+                let ff = gated.len() / n;
+                s.gate
+                    .copy_from_slice(&gated[t * ff + neurons.start..t * ff + neurons.end]);
+                for j in 0..m {
+                    let g = s.gate[j];
+                    consider(s, j, g);
+                }
+            }
+            (None, None) => {
+                gate_row_values(cx.kernels, gate, act_gate, &mut s.gate);
                 gate_rows += m as u64;
                 for j in 0..m {
                     let g = s.gate[j];
                     consider(s, j, g);
                 }
             }
-            Some(bits) => {
+            (Some(bits), _) => {
                 let bits = &bits[t * words..(t + 1) * words];
                 s.picks.clear();
                 s.picks.extend((0..m as u32).filter(|&j| {
@@ -332,6 +344,12 @@ fn sparse_ffn_cluster(
         .stats
         .gate_rows
         .fetch_add(gate_rows, Ordering::Relaxed);
+}
+
+/// One token's gate values of a cluster's rows: the one kernel call that both sparse decode and
+/// gate-first loading's `FfnGateRows` make, so both give the same bits.
+fn gate_row_values(kernels: &Kernels, gate: MatRef<'_>, act: &[u8], out: &mut [f32]) {
+    kernels.matvec(gate, 0..gate.cols, act, out);
 }
 
 /// Temporary vectors of one worker, reused across clusters so the hot path does not allocate.
@@ -553,6 +571,12 @@ pub struct StepState {
     /// set after its attention: the FFN finish sums only their partial outputs, as the
     /// scheduler may leave the others unsent.
     needed: Vec<u64>,
+    /// Gate-first loading: the current layer's gate values `[token][n_ff]` (from
+    /// `FfnGateRows`), the bundle pages its FFN clusters read next ([`Self::ffn_pages`]), and
+    /// scratch for one token's active neurons of a cluster.
+    gated: Vec<f32>,
+    pages: Vec<u64>,
+    active: Vec<u32>,
 }
 
 /// Receives intermediate tensors by llama.cpp's names (`attn_norm-3`, `ffn_out-3`, `l_out-3`,
@@ -586,6 +610,9 @@ impl StepState {
             predictor_scratch: PredictorScratch::default(),
             moe: MoeState::default(),
             needed: Vec::new(),
+            gated: Vec::new(),
+            pages: Vec::new(),
+            active: Vec::new(),
         }
     }
 
@@ -869,6 +896,44 @@ impl StepState {
                     gated_activation(c.activation, out, &s.up);
                 });
             }
+            Phase::FfnGateRows => {
+                // Gate-first loading: each bundle's gate rows, from the first pages of its slot.
+                let Some(store) = &model.store else {
+                    panic!("gate-first loading needs a neuron store");
+                };
+                let mut outs = row_blocks(buf, clusters, n, c.n_ff as usize);
+                let act = acts.get(store.layout.gate_ty);
+                let row = act.len() / n.max(1);
+                let (cache, first, layer_index) =
+                    (self.cache.as_deref(), work.clusters.start, work.layer);
+                let sparse = model.sparse.as_ref();
+                runner.run(&mut outs, &|_, i, out| {
+                    let bundle = first + i as u32;
+                    let slot_guard;
+                    let bytes: &[u8] = match cache {
+                        Some(arena) => {
+                            let slot = arena.slot_of(layer_index, bundle).unwrap_or_else(|| {
+                                panic!("layer {layer_index} gate rows of cluster {bundle} computed before they were loaded")
+                            });
+                            slot_guard = arena.read(slot);
+                            &slot_guard.bytes()[arena.data_range(layer_index, bundle)]
+                        }
+                        None => model.bundle_bytes(layer_index as usize, bundle),
+                    };
+                    let gate = store.layout.split(bundle, bytes).gate;
+                    let m = gate.rows;
+                    for t in 0..n {
+                        let o = &mut out[t * m..(t + 1) * m];
+                        gate_row_values(kernels, gate, &act[t * row..(t + 1) * row], o);
+                    }
+                    if let Some(sparse) = sparse {
+                        sparse
+                            .stats
+                            .gate_rows
+                            .fetch_add((n * m) as u64, Ordering::Relaxed);
+                    }
+                });
+            }
             Phase::FfnNeurons => {
                 let l = layer.expect("layer");
                 let n_clusters = program.clusters(Phase::FfnNeurons).len();
@@ -894,6 +959,7 @@ impl StepState {
                 let predicted = sparse
                     .filter(|sp| sp.mode == SparsityMode::Predictor)
                     .and_then(|_| self.predictions(program.shape));
+                let gated = program.is_gate_first().then_some(self.gated.as_slice());
                 let moe = &self.moe;
                 runner.run(&mut outs, &|worker, i, out| {
                     let mut guard = scratch[worker].lock().unwrap_or_else(|e| e.into_inner());
@@ -969,7 +1035,7 @@ impl StepState {
                     if let Some(sparse) = sparse {
                         let l = layer_index as usize;
                         return sparse_ffn_cluster(
-                            cx, sparse, l, neurons, &ffn, acts, predicted, n, s, out,
+                            cx, sparse, l, neurons, &ffn, acts, predicted, gated, n, s, out,
                         );
                     }
                     ffn.compute(
@@ -1145,6 +1211,12 @@ impl StepState {
                 self.emit(|| format!("l_out-{l}"), Tensor::X, embd);
                 self.prepare_next_layer(model, l);
             }
+            Phase::FfnGateRows => {
+                let ff = c.n_ff as usize;
+                self.gated.resize(n * ff, 0.0);
+                gather_row_blocks(&self.blocks, clusters, n, ff, &mut self.gated);
+                self.find_ffn_pages(model, program, l);
+            }
             Phase::FfnGateUpRows => {
                 let ff = c.n_ff as usize;
                 self.gathered.resize(n * ff, 0.0);
@@ -1311,6 +1383,75 @@ impl StepState {
                 needed[c / 64] |= 1 << (c % 64);
             }
         }
+    }
+
+    /// Gate-first loading, after a layer's `FfnGateRows`: the pages of each FFN cluster's
+    /// bundle that its `FfnNeurons` compute reads (what drivers feed the scheduler as
+    /// [`crate::schedule::Event::FfnPages`]).
+    pub fn ffn_pages(&self, pages: &mut Vec<u64>) {
+        pages.clear();
+        pages.extend_from_slice(&self.pages);
+    }
+
+    /// From the layer's gate values: which neurons of each cluster fire for some token (the
+    /// threshold of sparse decode, decided exactly as `sparse_ffn_cluster` decides it), the
+    /// clusters with any (`needed`) and the bundle pages their up rows and down columns lie in
+    /// (`pages`). Without threshold sparsity every neuron fires: every page.
+    fn find_ffn_pages(&mut self, model: &Model, program: &Program, l: usize) {
+        let Some(store) = &model.store else {
+            return;
+        };
+        let layout = &store.layout;
+        let per = layout.bundle_pages() as usize;
+        let clusters = program.clusters(Phase::FfnNeurons);
+        let n = self.request.n_tokens as usize;
+        let ff = model.config.n_ff as usize;
+        let threshold = model
+            .sparse
+            .as_ref()
+            .filter(|s| s.mode == SparsityMode::Threshold && program.shape == StepShape::Decode);
+        let mut pages = std::mem::take(&mut self.pages);
+        let mut active = std::mem::take(&mut self.active);
+        pages.clear();
+        pages.resize((clusters.len() * per).div_ceil(64), 0);
+        self.needed.clear();
+        self.needed.resize(clusters.len().div_ceil(64), 0);
+        for (c, r) in clusters.iter().enumerate() {
+            let neurons = units(r);
+            if self.moe.expert_of(model, &neurons).is_err() {
+                continue;
+            }
+            let mut any = false;
+            for t in 0..n {
+                active.clear();
+                match threshold {
+                    Some(sparse) => {
+                        let layer = &sparse.layers[l];
+                        for (j, &g) in self.gated[t * ff + neurons.start..t * ff + neurons.end]
+                            .iter()
+                            .enumerate()
+                        {
+                            let a = sparse.activate(g);
+                            if a.abs() * layer.importance[neurons.start + j] > layer.threshold {
+                                active.push(j as u32);
+                            }
+                        }
+                    }
+                    None => active.extend(0..neurons.len() as u32),
+                }
+                if active.is_empty() {
+                    continue;
+                }
+                any = true;
+                let up_whole = active.len() * 2 > neurons.len();
+                layout.mark_active_pages(c as u32, &active, up_whole, &mut pages, c * per);
+            }
+            if any {
+                self.needed[c / 64] |= 1 << (c % 64);
+            }
+        }
+        self.pages = pages;
+        self.active = active;
     }
 
     /// The current layer's predicted neurons `[token][n_ff bits]`, in decode steps with

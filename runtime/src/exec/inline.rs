@@ -147,6 +147,15 @@ impl<R: ClusterRunner> InlineDriver<R> {
                         phase,
                         &self.outputs,
                     );
+                    if phase == crate::neuron::Phase::FfnGateRows {
+                        let mut pages = Vec::new();
+                        self.state.ffn_pages(&mut pages);
+                        let event = Event::FfnPages { step, layer, pages };
+                        if let Err(e) = self.scheduler.on_event(event, &mut self.commands) {
+                            self.scheduler.abort();
+                            return Err(e.into());
+                        }
+                    }
                     if awaits_predictions(&self.scheduler, &program, phase) {
                         let mut needed = Vec::new();
                         self.state.ffn_needed(&mut needed);
@@ -170,20 +179,27 @@ impl<R: ClusterRunner> InlineDriver<R> {
                     cluster,
                     slot,
                     evicted,
+                    pages,
+                    top_up,
                 } => {
                     let Some((arena, file)) = &self.cache else {
                         self.scheduler.abort();
                         return Err(StepError::NoCache);
                     };
-                    arena.assign(layer, cluster, slot, evicted);
-                    let loaded = file.load(layer, cluster, arena.write(slot).bytes_mut());
-                    if let Err(e) = loaded {
-                        arena.forget(layer, cluster);
-                        self.scheduler.abort();
-                        return Err(e.into());
+                    if !top_up {
+                        arena.assign(layer, cluster, slot, evicted);
                     }
+                    let loaded =
+                        file.load_part(layer, cluster, pages, arena.write(slot).bytes_mut());
+                    let bytes = match loaded {
+                        Ok(bytes) => bytes,
+                        Err(e) => {
+                            arena.forget(layer, cluster);
+                            self.scheduler.abort();
+                            return Err(e.into());
+                        }
+                    };
                     self.loads += 1;
-                    let bytes = file.read_bytes(layer, cluster);
                     self.bytes_read += bytes;
                     self.layer_bytes[layer as usize] += bytes;
                     let event = Event::Loaded {

@@ -296,6 +296,7 @@ impl ModelConfig {
             ffn_granule,
             ffn_bundle,
             ffn_bundle_stride,
+            ffn_bundle_gate_bytes: 0,
             n_expert: self.n_expert,
             n_expert_used: self.n_expert_used,
         }

@@ -487,7 +487,11 @@ impl Model {
             .store
             .as_ref()
             .map_or((0, 0), |s| (s.layout.neurons, s.layout.stride));
-        self.config.shape(self.ffn_granule(), bundle, stride)
+        let mut shape = self.config.shape(self.ffn_granule(), bundle, stride);
+        if let Some(store) = &self.store {
+            shape.ffn_bundle_gate_bytes = store.layout.gate_bytes(store.layout.neurons) as u64;
+        }
+        shape
     }
 
     /// Re-lays every layer's down projection as block-columns of `neurons` columns

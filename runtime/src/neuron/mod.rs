@@ -21,6 +21,11 @@ pub enum Phase {
     /// FFN neurons; a unit is neuron `i`: gate row `i`, up row `i`, down column `i`. Each cluster
     /// yields a partial down projection; partials are summed in cluster order.
     FfnNeurons,
+    /// Gate-first loading (decode under a neuron cache, `cache.gate_first`): the gate rows of
+    /// each FFN cluster, computed from the first pages of its bundle before the rest is read;
+    /// a unit is one neuron. `FfnNeurons` follows with the same clusters, reading only the
+    /// pages that hold the neurons the gate let through.
+    FfnGateRows,
     /// Rows of the FFN gate and up projections (dense prefill); a unit is one neuron's two rows.
     FfnGateUpRows,
     /// Rows of the FFN down projection (dense prefill); a unit is one row.
@@ -37,6 +42,7 @@ impl Phase {
             Phase::AttnHeads => "attn",
             Phase::AttnOutRows => "attn_out",
             Phase::FfnNeurons => "ffn",
+            Phase::FfnGateRows => "ffn_gate",
             Phase::FfnGateUpRows => "ffn_gate_up",
             Phase::FfnDownRows => "ffn_down",
             Phase::OutputRows => "output",

@@ -25,6 +25,10 @@ pub struct ModelShape {
     /// included); 0 for an ordinary model.
     #[serde(default)]
     pub ffn_bundle_stride: u64,
+    /// Bytes of a bundle's gate rows (they come first in it): what gate-first loading reads
+    /// before the rest; 0 for an ordinary model.
+    #[serde(default)]
+    pub ffn_bundle_gate_bytes: u64,
     /// Experts of a mixture-of-experts FFN (0: a dense FFN). The layer's `n_ff` neurons are
     /// the experts' neurons side by side: expert `e` owns neurons
     /// `e * n_ff / n_expert .. (e + 1) * n_ff / n_expert`, so experts go through the same

@@ -12,7 +12,7 @@ mod program;
 
 pub use program::{ffn_clusters, split_by_weight, PhaseClusters, Program, StepShape};
 
-use crate::cache::{Acquired, CacheDirectory, LayerCacheStats, UnitMap, ATTN_UNITS};
+use crate::cache::{Acquired, CacheDirectory, LayerCacheStats, UnitMap, Want, ATTN_UNITS};
 use crate::neuron::Phase;
 use crate::plan::{ExecutionPlan, ModelShape, PlanError, Share};
 use serde::{Deserialize, Serialize};
@@ -78,6 +78,16 @@ pub enum Event {
         layer: u32,
         needed: Vec<u64>,
     },
+    /// Gate-first loading ([`crate::cache::CachePlan::gate_first`]), once a decode step's
+    /// `FfnGateRows` of `layer` is finished: the pages of each FFN cluster's bundle that its
+    /// `FfnNeurons` compute reads, bit `c * bundle_pages + p` (words of 64) for page `p` of
+    /// cluster `c`'s bundle. A cluster with no page is skipped; the others read the pages their
+    /// slots lack, then compute.
+    FfnPages {
+        step: StepId,
+        layer: u32,
+        pages: Vec<u64>,
+    },
 }
 
 /// What to do next. Commands of one batch are carried out in order; `Compute` may run
@@ -108,6 +118,12 @@ pub enum Command {
         cluster: u32,
         slot: u32,
         evicted: Option<(u32, u32)>,
+        /// Gate-first loading: only these pages of the unit (4096 bytes each, from its start);
+        /// `None`: all of it.
+        pages: Option<Range<u32>>,
+        /// The slot already holds this unit in part and keeps the pages it has (nothing is
+        /// evicted, the slot is not given anew).
+        top_up: bool,
     },
 }
 
@@ -133,6 +149,12 @@ pub enum ScheduleError {
     CacheWithoutStore,
     #[error("FFN predictions for layer {layer} of step {step}, which does not wait for them")]
     UnexpectedPrediction { step: StepId, layer: u32 },
+    #[error("FFN pages for layer {layer} of step {step}, which is not waiting for them")]
+    UnexpectedPages { step: StepId, layer: u32 },
+    #[error("the plan loads gate rows first, but the model is not a neuron store with gate rows first in its bundles")]
+    GateFirstWithoutStore,
+    #[error("gate-first loading keeps a layer's {need} bundles in slots at once, but the cache has {cold} slots for them (a larger budget, or fewer hot slots)")]
+    GateFirstSlots { need: u32, cold: u32 },
     #[error(
         "load completion for layer {layer} cluster {cluster} of step {step}, which is not loading"
     )]
@@ -218,6 +240,9 @@ enum UnitState {
     Sent,
     /// Not needed by this step (predicted inactive): computed without a slot.
     Skipped,
+    /// Gate-first loading: its gate rows are computed; it keeps its slot until the step's
+    /// [`Event::FfnPages`] says which of its pages the rest of the compute reads.
+    Gated,
 }
 
 /// The neuron cache as the scheduler drives it: every FFN cluster of a step is acquired in
@@ -237,8 +262,17 @@ struct CacheFlow {
     /// predictions ([`Event::FfnPredicted`]).
     gate: u32,
     units: Vec<UnitState>,
-    /// Scratch: units a pump found ready.
+    /// Reads in flight per unit (gate-first loading reads a bundle in several runs of pages).
+    pending: Vec<u32>,
+    /// Gate-first loading: the plan asks for it, the step in flight does it (decode), pages
+    /// a bundle's gate rows take, pages per bundle.
+    gate_first: bool,
+    two_phase: bool,
+    gate_pages: u32,
+    bundle_pages: u32,
+    /// Scratch: units a pump found ready; runs of pages to read.
     newly_ready: Vec<u32>,
+    runs: Vec<Range<u32>>,
 }
 
 /// The scheduler state machine.
@@ -311,8 +345,22 @@ impl Scheduler {
                     attn_units: if c.stream_attention { ATTN_UNITS } else { 0 },
                 };
                 let n_units = map.n_units() as usize;
+                let page = crate::store::STORE_ALIGN;
+                let bundle_pages = (shape.ffn_bundle_stride / page) as u32;
+                let gate_pages = shape.ffn_bundle_gate_bytes.div_ceil(page) as u32;
+                if c.gate_first && (gate_pages == 0 || gate_pages > bundle_pages) {
+                    return Err(ScheduleError::GateFirstWithoutStore);
+                }
+                let mut directory = CacheDirectory::new(c, &map);
+                if c.gate_first {
+                    let (need, cold) = (map.ffn_clusters, directory.cold_slots());
+                    if cold < need {
+                        return Err(ScheduleError::GateFirstSlots { need, cold });
+                    }
+                    directory = directory.with_pages(bundle_pages);
+                }
                 Some(CacheFlow {
-                    directory: CacheDirectory::new(c, &map),
+                    directory,
                     max_loads: c.max_loads,
                     coalesce: c.coalesce.max(1),
                     loads_in_flight: 0,
@@ -321,7 +369,13 @@ impl Scheduler {
                     cursor_end: n_units as u32,
                     gate: u32::MAX,
                     units: vec![UnitState::NotAcquired; n_units],
+                    pending: vec![0; n_units],
+                    gate_first: c.gate_first,
+                    two_phase: false,
+                    gate_pages,
+                    bundle_pages,
                     newly_ready: Vec::new(),
+                    runs: Vec::new(),
                 })
             }
         };
@@ -330,6 +384,9 @@ impl Scheduler {
         if cache.as_ref().is_some_and(|c| c.map.attn_units > 0) {
             decode.stream_attention(shape, &decode_shares);
             prefill.stream_attention(shape, &prefill_shares);
+        }
+        if cache.as_ref().is_some_and(|c| c.gate_first) {
+            decode.gate_first(&decode_shares);
         }
         let most_clusters = [&decode, &prefill]
             .iter()
@@ -403,6 +460,7 @@ impl Scheduler {
         if let Some(cache) = self.cache.as_mut() {
             cache.directory.abort();
             cache.loads_in_flight = 0;
+            cache.pending.fill(0);
             cache.cursor = cache.units.len() as u32;
         }
     }
@@ -467,6 +525,7 @@ impl Scheduler {
                 layer,
                 needed,
             } => self.predicted(step, layer, &needed, out),
+            Event::FfnPages { step, layer, pages } => self.pages(step, layer, &pages, out),
         }
     }
 
@@ -504,6 +563,7 @@ impl Scheduler {
         let gated = self.await_predictions && shape == StepShape::Decode;
         if let Some(cache) = self.cache.as_mut() {
             cache.units.fill(UnitState::NotAcquired);
+            cache.two_phase = cache.gate_first && shape == StepShape::Decode;
             cache.gate = if gated {
                 cache.map.unit(0, 0)
             } else {
@@ -543,8 +603,14 @@ impl Scheduler {
         if let Some(cache) = self.cache.as_mut().filter(|c| c.map.streams(work.phase)) {
             for c in work.clusters.clone() {
                 let c = cache.map.unit_cluster(work.phase, c);
+                let u = cache.unit(work.layer, c);
+                // Gate-first: the bundle stays pinned for the rest of the cluster's compute.
+                if work.phase == Phase::FfnGateRows {
+                    cache.units[u] = UnitState::Gated;
+                    continue;
+                }
                 // A skipped cluster never held a slot.
-                if cache.units[cache.unit(work.layer, c)] != UnitState::Skipped {
+                if cache.units[u] != UnitState::Skipped {
                     cache.directory.release(work.layer, c);
                 }
             }
@@ -725,6 +791,92 @@ impl Scheduler {
         self.finish_phase_if_done(out)
     }
 
+    /// Gate-first loading: the pages each FFN cluster of `layer` still needs. Clusters that
+    /// need none are skipped (their slots released); those whose pages are all in go to
+    /// compute at once; the others read the runs of pages their slots lack.
+    fn pages(
+        &mut self,
+        step: StepId,
+        layer: u32,
+        pages: &[u64],
+        out: &mut Vec<Command>,
+    ) -> Result<(), ScheduleError> {
+        let unexpected = ScheduleError::UnexpectedPages { step, layer };
+        let (Some(flight), Some(cache)) = (self.in_flight.as_mut(), self.cache.as_mut()) else {
+            return Err(unexpected);
+        };
+        let program = match flight.shape {
+            StepShape::Decode => &self.decode,
+            StepShape::Prefill => &self.prefill,
+        };
+        let current = program.phase_layout_at(flight.phase_index).phase;
+        let all_gated = (0..cache.map.ffn_clusters)
+            .all(|c| cache.units[cache.unit(layer, c)] == UnitState::Gated);
+        if flight.request.step != step
+            || !cache.two_phase
+            || flight.layer != layer
+            || current != Phase::FfnNeurons
+            || !all_gated
+        {
+            return Err(unexpected);
+        }
+        let per = cache.bundle_pages as usize;
+        let bit = |i: usize| pages.get(i / 64).is_some_and(|w| w >> (i % 64) & 1 == 1);
+        let mut runs = std::mem::take(&mut cache.runs);
+        for c in 0..cache.map.ffn_clusters {
+            let u = cache.unit(layer, c);
+            let first = c as usize * per;
+            if !(first..first + per).any(bit) {
+                cache.units[u] = UnitState::Skipped;
+                cache.directory.release(layer, c);
+                flight.waiting -= 1;
+                continue;
+            }
+            runs.clear();
+            let wanted = |p: u32| bit(first + p as usize);
+            let Some(slot) = cache.directory.top_up(layer, c, wanted, &mut runs) else {
+                cache.runs = runs;
+                return Err(unexpected);
+            };
+            if runs.is_empty() {
+                cache.units[u] = UnitState::Ready;
+                dispatch_if_current(flight, program, cache, layer, c, out);
+                continue;
+            }
+            cache.units[u] = UnitState::Loading;
+            cache.pending[u] = runs.len() as u32;
+            cache.loads_in_flight += runs.len() as u32;
+            for r in &runs {
+                out.push(Command::Load {
+                    step,
+                    layer,
+                    cluster: c,
+                    slot,
+                    evicted: None,
+                    pages: Some(r.clone()),
+                    top_up: true,
+                });
+            }
+        }
+        cache.runs = runs;
+        // Every cluster may have been skipped.
+        self.finish_phase_if_done(out)
+    }
+
+    /// Whether decode steps load FFN gate rows first ([`Event::FfnPages`] after each layer's
+    /// `FfnGateRows`).
+    pub fn gate_first(&self) -> bool {
+        self.cache.as_ref().is_some_and(|c| c.gate_first)
+    }
+
+    /// Pages per FFN bundle under gate-first loading (0 otherwise).
+    pub fn bundle_pages(&self) -> u32 {
+        self.cache
+            .as_ref()
+            .filter(|c| c.gate_first)
+            .map_or(0, |c| c.bundle_pages)
+    }
+
     fn loaded(
         &mut self,
         step: StepId,
@@ -749,10 +901,17 @@ impl Scheduler {
             return Err(unexpected);
         }
         let u = cache.unit(layer, cluster);
-        if cache.units[u] != UnitState::Loading || !cache.directory.loaded(layer, cluster) {
+        if cache.units[u] != UnitState::Loading || cache.pending[u] == 0 {
             return Err(unexpected);
         }
         cache.loads_in_flight -= 1;
+        cache.pending[u] -= 1;
+        if cache.pending[u] > 0 {
+            return Ok(()); // more runs of its pages to come
+        }
+        if !cache.directory.loaded(layer, cluster) {
+            return Err(unexpected);
+        }
         cache.units[u] = UnitState::Ready;
         let program = match flight.shape {
             StepShape::Decode => &self.decode,
@@ -787,7 +946,11 @@ fn dispatch_if_current(
 ) {
     let current = program.phase_layout_at(flight.phase_index);
     let u = cache.unit(layer, cluster);
-    let (phase, cluster) = cache.map.phase_cluster(layer, cluster);
+    let (mut phase, cluster) = cache.map.phase_cluster(layer, cluster);
+    // Gate-first: a bundle's first read serves the gate phase, its later ones the neurons'.
+    if phase == Phase::FfnNeurons && current.phase == Phase::FfnGateRows {
+        phase = Phase::FfnGateRows;
+    }
     if flight.layer != layer || current.phase != phase {
         return;
     }
@@ -833,7 +996,13 @@ impl CacheFlow {
                 self.cursor += 1;
                 continue;
             }
-            match self.directory.acquire(layer, cluster) {
+            let want =
+                if self.two_phase && layer < self.map.n_layer && cluster < self.map.ffn_clusters {
+                    Want::Prefix(self.gate_pages)
+                } else {
+                    Want::Whole
+                };
+            match self.directory.acquire_part(layer, cluster, want) {
                 Acquired::Full => break,
                 Acquired::Hit => {
                     self.units[u] = if self.directory.is_ready(layer, cluster) {
@@ -845,6 +1014,7 @@ impl CacheFlow {
                 }
                 Acquired::Load { slot, evicted } => {
                     self.units[u] = UnitState::Loading;
+                    self.pending[u] = 1;
                     self.loads_in_flight += 1;
                     out.push(Command::Load {
                         step,
@@ -852,6 +1022,25 @@ impl CacheFlow {
                         cluster,
                         slot,
                         evicted: evicted.map(|e| self.directory.split_unit(e)),
+                        pages: match want {
+                            Want::Prefix(n) => Some(0..n),
+                            Want::Whole => None,
+                        },
+                        top_up: false,
+                    });
+                }
+                Acquired::TopUp { slot, pages } => {
+                    self.units[u] = UnitState::Loading;
+                    self.pending[u] = 1;
+                    self.loads_in_flight += 1;
+                    out.push(Command::Load {
+                        step,
+                        layer,
+                        cluster,
+                        slot,
+                        evicted: None,
+                        pages: Some(pages),
+                        top_up: true,
                     });
                 }
             }

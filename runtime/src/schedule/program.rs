@@ -155,6 +155,26 @@ impl Program {
         }
     }
 
+    /// Inserts `FfnGateRows` before `FfnNeurons`, with the same clusters (gate-first loading:
+    /// each cluster's gate rows are computed before the rest of its bundle is read).
+    pub fn gate_first(&mut self, shares: &[(XpuId, u32)]) {
+        let Some(at) = self
+            .layer_phases
+            .iter()
+            .position(|p| p.phase == Phase::FfnNeurons)
+        else {
+            return;
+        };
+        let clusters = self.layer_phases[at].clusters.clone();
+        self.layer_phases
+            .insert(at, PhaseClusters::new(Phase::FfnGateRows, clusters, shares));
+    }
+
+    /// Whether this program computes FFN gates before reading the rest of the bundles.
+    pub fn is_gate_first(&self) -> bool {
+        self.phase(Phase::FfnGateRows).is_some()
+    }
+
     /// The phase at `index` of a layer; `layer_phases.len()` is the output projection.
     pub fn phase_at(&self, index: usize) -> Phase {
         self.layer_phases

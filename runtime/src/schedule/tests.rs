@@ -14,6 +14,7 @@ fn shape() -> ModelShape {
         ffn_granule: 32,
         ffn_bundle: 0,
         ffn_bundle_stride: 0,
+        ffn_bundle_gate_bytes: 0,
         n_expert: 0,
         n_expert_used: 0,
     }
@@ -573,8 +574,14 @@ fn run_cached_steps(
                         cluster,
                         slot,
                         evicted,
+                        ref pages,
+                        top_up,
                     } => {
                         assert_eq!(step, req.step);
+                        assert!(
+                            pages.is_none() && !top_up,
+                            "{cmd:?}: a part without gate-first"
+                        );
                         let needs = if layer < n_layer {
                             cluster < map.ffn_clusters + map.attn_units
                         } else {
@@ -657,7 +664,9 @@ fn run_cached_steps(
                         }
                     }
                 }
-                Event::StepRequested(_) | Event::FfnPredicted { .. } => unreachable!(),
+                Event::StepRequested(_) | Event::FfnPredicted { .. } | Event::FfnPages { .. } => {
+                    unreachable!()
+                }
             }
             events.push(event.clone());
             s.on_event(event, &mut out).unwrap();
@@ -707,6 +716,8 @@ fn a_cache_holding_every_unit_loads_nothing_after_the_first_step() {
             stream_attention: false,
             coalesce: 2,
             hot_units: Vec::new(),
+            gate_first: false,
+            gate_first_gap: 0,
         };
         let plan = cached_plan(ExecutionPlan::default(), 50, cache);
         let mut s = Scheduler::new(&model, &plan).unwrap();
@@ -785,6 +796,8 @@ proptest! {
             stream_attention,
             coalesce,
             hot_units: Vec::new(),
+            gate_first: false,
+            gate_first_gap: 0,
         };
         let base = ExecutionPlan {
             decode,
@@ -895,6 +908,8 @@ fn predicting_scheduler(slots: u32, max_loads: u32, stream_attention: bool) -> S
         stream_attention,
         coalesce: 1,
         hot_units: Vec::new(),
+        gate_first: false,
+        gate_first_gap: 0,
     };
     let plan = cached_plan(ExecutionPlan::default(), 50, cache);
     let mut s = Scheduler::new(&store_shape(3, 32), &plan).unwrap();
@@ -1009,4 +1024,335 @@ fn decode_with_predictions_loads_only_the_predicted_clusters() {
         s.on_event(wrong, &mut out),
         Err(ScheduleError::UnexpectedPrediction { step: 3, layer: 1 })
     ));
+}
+
+/// A 3-layer store of 5 bundles of 8 pages, its gate rows on the first 2 (the last page of
+/// the gate shares the up rows' first bytes), for gate-first loading.
+fn gate_first_shape() -> ModelShape {
+    ModelShape {
+        ffn_bundle_stride: 8 * 4096,
+        ffn_bundle_gate_bytes: 2 * 4096 - 100,
+        ..store_shape(3, 32)
+    }
+}
+
+fn gate_first_plan(
+    slots: u32,
+    hot_slots: u32,
+    max_loads: u32,
+    stream_attention: bool,
+    gap: u32,
+) -> ExecutionPlan {
+    let cache = CachePlan {
+        slots,
+        hot_slots,
+        policy: CachePolicy::Segmented,
+        max_loads,
+        stream_output: true,
+        stream_attention,
+        coalesce: 1,
+        hot_units: Vec::new(),
+        gate_first: true,
+        gate_first_gap: gap,
+    };
+    cached_plan(ExecutionPlan::default(), 50, cache)
+}
+
+/// What a driver's slots hold, as the loads it carries out leave them: each slot's unit and
+/// pages. It answers the scheduler's commands (completions in the order `pick` says), feeds
+/// `FfnPages` from `wanted` after each `FfnGateRows` finish, and checks that every cluster is
+/// computed only once the pages it reads are in its slot.
+struct PageDriver {
+    bundle_pages: u32,
+    slot_unit: Vec<Option<u32>>,
+    slot_pages: Vec<std::collections::BTreeSet<u32>>,
+    /// Pages read, over the driver's life.
+    pages_read: u64,
+    gap: u32,
+}
+
+impl PageDriver {
+    fn new(slots: u32, bundle_pages: u32, gap: u32) -> PageDriver {
+        PageDriver {
+            gap,
+            bundle_pages,
+            slot_unit: vec![None; slots as usize],
+            slot_pages: vec![Default::default(); slots as usize],
+            pages_read: 0,
+        }
+    }
+
+    fn slot_of(&self, unit: u32) -> Option<usize> {
+        self.slot_unit.iter().position(|&u| u == Some(unit))
+    }
+
+    /// Runs one step to its end; returns the FFN clusters computed per phase as
+    /// (layer, cluster, phase).
+    fn run_step(
+        &mut self,
+        s: &mut Scheduler,
+        req: StepRequest,
+        wanted: &dyn Fn(u32, u32, u32) -> bool,
+        pick: &mut dyn Iterator<Item = usize>,
+    ) -> Vec<(u32, u32, Phase)> {
+        let map = s.unit_map().unwrap().clone();
+        let gate_pages = 2;
+        let per = self.bundle_pages;
+        let mut computed = Vec::new();
+        let mut pending: Vec<Event> = Vec::new();
+        let mut out = Vec::new();
+        s.on_event(Event::StepRequested(req.clone()), &mut out)
+            .unwrap();
+        let mut done = false;
+        loop {
+            for cmd in std::mem::take(&mut out) {
+                match cmd {
+                    Command::Load {
+                        step,
+                        layer,
+                        cluster,
+                        slot,
+                        evicted,
+                        pages,
+                        top_up,
+                    } => {
+                        let unit = map.unit(layer, cluster);
+                        let slot = slot as usize;
+                        if top_up {
+                            assert_eq!(self.slot_unit[slot], Some(unit), "top-up of another unit");
+                            assert!(evicted.is_none());
+                        } else {
+                            self.slot_unit[slot] = Some(unit);
+                            self.slot_pages[slot].clear();
+                        }
+                        let is_bundle = layer < map.n_layer && cluster < map.ffn_clusters;
+                        let pages = pages.unwrap_or(0..if is_bundle { per } else { 1 });
+                        assert!(pages.start < pages.end && pages.end <= per.max(1));
+                        if req.n_tokens == 1 && top_up && self.gap == 0 {
+                            // A decode step reads only pages its slot lacks (unless the
+                            // pages between two runs come along).
+                            for p in pages.clone() {
+                                assert!(
+                                    !self.slot_pages[slot].contains(&p),
+                                    "page {p} of {layer}/{cluster} read again"
+                                );
+                            }
+                        }
+                        self.pages_read += pages.len() as u64;
+                        self.slot_pages[slot].extend(pages);
+                        pending.push(Event::Loaded {
+                            step,
+                            layer,
+                            cluster,
+                        });
+                    }
+                    Command::Compute { work, .. } => {
+                        if map.streams(work.phase) {
+                            for c in work.clusters.clone() {
+                                let uc = map.unit_cluster(work.phase, c);
+                                let unit = map.unit(work.layer, uc);
+                                let slot = self.slot_of(unit).expect("computed without a slot");
+                                let have = &self.slot_pages[slot];
+                                let ffn =
+                                    matches!(work.phase, Phase::FfnNeurons | Phase::FfnGateRows);
+                                if work.phase == Phase::FfnGateRows {
+                                    assert!(
+                                        (0..gate_pages).all(|p| have.contains(&p)),
+                                        "{work:?}: gate pages missing"
+                                    );
+                                } else if ffn && req.n_tokens == 1 {
+                                    for p in (0..per).filter(|&p| wanted(work.layer, c, p)) {
+                                        assert!(have.contains(&p), "{work:?}: page {p} missing");
+                                    }
+                                } else if ffn {
+                                    assert!(
+                                        (0..per).all(|p| have.contains(&p)),
+                                        "{work:?}: prefill of a partial bundle"
+                                    );
+                                }
+                                if ffn {
+                                    computed.push((work.layer, c, work.phase));
+                                }
+                            }
+                        }
+                        pending.push(Event::ClusterDone(work));
+                    }
+                    Command::FinishPhase {
+                        step,
+                        layer,
+                        phase: Phase::FfnGateRows,
+                        ..
+                    } => {
+                        let mut bits = vec![0u64; (map.ffn_clusters * per).div_ceil(64) as usize];
+                        for c in 0..map.ffn_clusters {
+                            for p in (0..per).filter(|&p| wanted(layer, c, p)) {
+                                let i = (c * per + p) as usize;
+                                bits[i / 64] |= 1 << (i % 64);
+                            }
+                        }
+                        // The pages come right after the finish, before any other event.
+                        let event = Event::FfnPages {
+                            step,
+                            layer,
+                            pages: bits,
+                        };
+                        let mut more = Vec::new();
+                        s.on_event(event, &mut more).unwrap();
+                        out.extend(more);
+                    }
+                    Command::StepDone { .. } => done = true,
+                    Command::FinishPhase { .. } => {}
+                }
+            }
+            if !out.is_empty() {
+                continue;
+            }
+            if done {
+                break;
+            }
+            assert!(!pending.is_empty(), "deadlock in step {}", req.step);
+            let i = pick.next().unwrap_or(0) % pending.len();
+            let event = pending.swap_remove(i);
+            s.on_event(event, &mut out).unwrap();
+        }
+        assert!(!s.is_busy());
+        computed
+    }
+}
+
+#[test]
+fn gate_first_reads_gate_pages_then_only_the_wanted_ones() {
+    let shape = gate_first_shape();
+    // 5 bundles a layer: 6 slots, 1 hot; 3 loads ahead.
+    let plan = gate_first_plan(6, 1, 3, false, 0);
+    let mut s = Scheduler::new(&shape, &plan).unwrap();
+    assert!(s.gate_first());
+    assert_eq!(s.bundle_pages(), 8);
+    let decode = s.program(StepShape::Decode);
+    let phases: Vec<Phase> = decode.layer_phases.iter().map(|p| p.phase).collect();
+    assert_eq!(
+        phases,
+        [
+            Phase::QkvHeads,
+            Phase::AttnHeads,
+            Phase::AttnOutRows,
+            Phase::FfnGateRows,
+            Phase::FfnNeurons
+        ]
+    );
+    // Prefill has no gate phase: it reads bundles whole.
+    assert!(!s.program(StepShape::Prefill).is_gate_first());
+    let mut d = PageDriver::new(6, 8, 0);
+    // Cluster 1 of every layer wants nothing; the others their odd pages past the gate.
+    let wanted = |_l: u32, c: u32, p: u32| c != 1 && p >= 2 && p % 2 == 1;
+    let computed = d.run_step(&mut s, request(1, 1, 0), &wanted, &mut std::iter::empty());
+    for l in 0..3 {
+        for c in 0..5 {
+            assert!(computed.contains(&(l, c, Phase::FfnGateRows)));
+            assert_eq!(
+                computed.contains(&(l, c, Phase::FfnNeurons)),
+                c != 1,
+                "layer {l} cluster {c}"
+            );
+        }
+    }
+    // 2 gate pages and 3 wanted pages of 4 clusters, 2 gate pages of the skipped one, a page
+    // per output cluster (2 of 50 rows).
+    assert_eq!(d.pages_read, 3 * (5 * 2 + 4 * 3) + 2);
+    // With runs a page apart read as one, the pages between come along: 3, 5 and 7 become
+    // one read of 3..8 per cluster.
+    let mut s = Scheduler::new(&shape, &gate_first_plan(6, 1, 3, false, 1)).unwrap();
+    let mut d = PageDriver::new(6, 8, 1);
+    d.run_step(&mut s, request(1, 1, 0), &wanted, &mut std::iter::empty());
+    assert_eq!(d.pages_read, 3 * (5 * 2 + 4 * 5) + 2);
+    // A prefill step after it reads every bundle whole (tops up the partial ones).
+    let before = d.pages_read;
+    let computed = d.run_step(&mut s, request(2, 4, 1), &wanted, &mut std::iter::empty());
+    assert_eq!(computed.len(), 15);
+    assert!(d.pages_read > before);
+    // Unexpected pages are an error, not a hang.
+    let mut out = Vec::new();
+    s.on_event(Event::StepRequested(request(3, 1, 5)), &mut out)
+        .unwrap();
+    let early = Event::FfnPages {
+        step: 3,
+        layer: 0,
+        pages: vec![u64::MAX],
+    };
+    assert_eq!(
+        s.on_event(early, &mut out),
+        Err(ScheduleError::UnexpectedPages { step: 3, layer: 0 })
+    );
+}
+
+#[test]
+fn gate_first_refuses_too_few_cold_slots_and_models_without_gate_pages() {
+    let shape = gate_first_shape();
+    // 5 bundles a layer need 5 cold slots; 6 slots with 2 hot leave 4.
+    assert_eq!(
+        Scheduler::new(&shape, &gate_first_plan(6, 2, 1, false, 0)).err(),
+        Some(ScheduleError::GateFirstSlots { need: 5, cold: 4 })
+    );
+    let plain = store_shape(3, 32);
+    assert_eq!(
+        Scheduler::new(&plain, &gate_first_plan(8, 0, 1, false, 0)).err(),
+        Some(ScheduleError::GateFirstWithoutStore)
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Any slots, hot segment, depth, streamed attention, wanted pages and completion order:
+    /// steps finish, clusters compute only with their pages in, decode reads no page twice,
+    /// and a later decode of the same wants reads nothing its slots already hold.
+    #[test]
+    fn gate_first_is_correct_for_any_completion_order(
+        extra_slots in 0u32..12,
+        hot in 0u32..6,
+        max_loads in 1u32..5,
+        stream_attention in any::<bool>(),
+        gap in 0u32..3,
+        seed in any::<u64>(),
+        picks in proptest::collection::vec(any::<usize>(), 0..400),
+    ) {
+        let shape = gate_first_shape();
+        let slots = 5 + hot + extra_slots.max(1);
+        let plan = gate_first_plan(slots, hot, max_loads, stream_attention, gap);
+        let mut s = Scheduler::new(&shape, &plan).unwrap();
+        let mut d = PageDriver::new(slots, 8, gap);
+        let wanted = |l: u32, c: u32, p: u32| {
+            let h = (u64::from(l) * 131 + u64::from(c) * 31 + u64::from(p)).wrapping_mul(seed | 1);
+            p >= 2 && (h >> 17) % 3 == 0
+        };
+        let mut pick = picks.iter().copied().cycle();
+        for (step, req) in [request(1, 1, 0), request(2, 1, 1), request(3, 6, 2), request(4, 1, 8)]
+            .into_iter()
+            .enumerate()
+        {
+            let computed = d.run_step(&mut s, req.clone(), &wanted, &mut pick);
+            if req.n_tokens == 1 {
+                for l in 0..3 {
+                    for c in 0..5 {
+                        let needs = (0..8).any(|p| wanted(l, c, p));
+                        prop_assert!(computed.contains(&(l, c, Phase::FfnGateRows)));
+                        prop_assert_eq!(
+                            computed.iter().filter(|&&x| x == (l, c, Phase::FfnNeurons)).count(),
+                            usize::from(needs),
+                            "step {} layer {} cluster {}", step, l, c
+                        );
+                    }
+                }
+            }
+        }
+        // With every unit in a slot of its own, a repeated decode reads nothing.
+        let all = 3 * 5 + 2 + if stream_attention { 12 } else { 0 };
+        let plan = gate_first_plan(all, all, max_loads, stream_attention, gap);
+        let mut s = Scheduler::new(&shape, &plan).unwrap();
+        let mut d = PageDriver::new(all, 8, gap);
+        d.run_step(&mut s, request(1, 1, 0), &wanted, &mut pick);
+        let first = d.pages_read;
+        d.run_step(&mut s, request(2, 1, 1), &wanted, &mut pick);
+        prop_assert_eq!(d.pages_read, first);
+    }
 }

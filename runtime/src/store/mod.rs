@@ -209,6 +209,73 @@ impl BundleLayout {
         }
     }
 
+    /// Bytes of the gate rows of a bundle of `m` neurons (the bundle's first bytes).
+    pub fn gate_bytes(&self, m: u32) -> usize {
+        m as usize * self.gate_row()
+    }
+
+    /// Pages of [`STORE_ALIGN`] bytes in one bundle (padding included).
+    pub fn bundle_pages(&self) -> u32 {
+        (self.stride / STORE_ALIGN) as u32
+    }
+
+    /// Pages that hold bundle `b`'s gate rows (pages `0..n`): what gate-first loading reads
+    /// first.
+    pub fn gate_pages(&self, b: u32) -> u32 {
+        (self.gate_bytes(self.neurons_of(b).len() as u32) as u64).div_ceil(STORE_ALIGN) as u32
+    }
+
+    /// Sets in `bits` (bit `first + p` for page `p` of bundle `b`) the pages the sparse FFN
+    /// of bundle `b` reads for one token beyond its gate rows: the up rows and down columns of
+    /// `active` (bundle-local neuron indices), every up row when `up_whole`, and the whole
+    /// down part for block-columns (they are read as one matrix).
+    pub fn mark_active_pages(
+        &self,
+        b: u32,
+        active: &[u32],
+        up_whole: bool,
+        bits: &mut [u64],
+        first: usize,
+    ) {
+        let m = self.neurons_of(b).len();
+        let (g, u) = (m * self.gate_row(), m * self.up_row());
+        let mut mark = |bytes: std::ops::Range<usize>| {
+            if bytes.is_empty() {
+                return;
+            }
+            let (p0, p1) = (
+                bytes.start / STORE_ALIGN as usize,
+                (bytes.end - 1) / STORE_ALIGN as usize,
+            );
+            for p in p0..=p1 {
+                let i = first + p;
+                bits[i / 64] |= 1 << (i % 64);
+            }
+        };
+        let ur = self.up_row();
+        if up_whole {
+            mark(g..g + u);
+        } else {
+            for &j in active {
+                let j = j as usize;
+                mark(g + j * ur..g + (j + 1) * ur);
+            }
+        }
+        match self.down_layout {
+            DownLayout::NeuronColumns => {
+                let dr = row_bytes(self.down_ty, self.n_embd as usize).unwrap_or(0);
+                for &j in active {
+                    let j = j as usize;
+                    mark(g + u + j * dr..g + u + (j + 1) * dr);
+                }
+            }
+            DownLayout::BlockColumns if !active.is_empty() => {
+                mark(g + u..g + u + self.down_bytes(m as u32));
+            }
+            DownLayout::BlockColumns => {}
+        }
+    }
+
     /// Bytes of a bundle of `m` neurons without padding.
     pub fn payload_bytes(&self, m: u32) -> usize {
         let m_ = m as usize;

@@ -18,7 +18,7 @@ use std::io::{Read, Write};
 use std::path::Path;
 
 /// Version of the trace format.
-pub const TRACE_FORMAT_VERSION: u32 = 1;
+pub const TRACE_FORMAT_VERSION: u32 = 2;
 const MAGIC: &[u8; 8] = b"CNDTRACE";
 /// A trace larger than this is refused rather than allocated (hostile or corrupt file).
 const MAX_TRACE_BYTES: usize = 1 << 30;

@@ -29,6 +29,7 @@ fn sample() -> Trace {
                     ffn_granule: 32,
                     ffn_bundle: 0,
                     ffn_bundle_stride: 0,
+                    ffn_bundle_gate_bytes: 0,
                     n_expert: 0,
                     n_expert_used: 0,
                 },

@@ -121,6 +121,8 @@ impl FinishModel {
             Phase::AttnHeads => 2.0 * n * self.q_dim,
             Phase::AttnOutRows => n * embd * (3.0 + self.acts_gate_up + self.n_expert),
             Phase::FfnNeurons => clusters as f64 * n * embd + n * embd + next(),
+            // Gather the gate values; decide each neuron (gate-first loading).
+            Phase::FfnGateRows => 2.0 * n * self.n_ff,
             Phase::FfnGateUpRows => 2.0 * n * self.n_ff,
             Phase::FfnDownRows => 2.0 * n * embd + next(),
             Phase::OutputRows => n_out * self.n_vocab,
@@ -131,7 +133,7 @@ impl FinishModel {
                 Phase::AttnHeads => self.n_head * n * self.head_dim,
                 Phase::AttnOutRows | Phase::FfnDownRows => n * embd,
                 Phase::FfnNeurons => clusters as f64 * n * embd,
-                Phase::FfnGateUpRows => n * self.n_ff,
+                Phase::FfnGateUpRows | Phase::FfnGateRows => n * self.n_ff,
                 Phase::OutputRows => n_out * self.n_vocab,
             }
         } else {

@@ -111,6 +111,9 @@ pub(crate) struct ModelCosts {
     pub head_dim: f64,
     /// Bytes per weight element of each role (block bytes / block size).
     pub bytes_per_element: [f64; ROLES],
+    /// Gate-first loading: `FfnGateRows` computes every gate row, `FfnNeurons` then only the
+    /// active neurons' up rows and down columns.
+    pub gate_first: bool,
 }
 
 impl ModelCosts {
@@ -124,6 +127,7 @@ impl ModelCosts {
             n_head_kv: s.n_head_kv,
             head_dim: f64::from(s.head_dim),
             bytes_per_element: types.map(|t| t.type_size() as f64 / t.block_size() as f64),
+            gate_first: false,
         }
     }
 
@@ -156,10 +160,13 @@ impl ModelCosts {
             }
             Phase::AttnHeads => load.heads = count,
             Phase::AttnOutRows => self.weights(&mut load, Role::O, count, self.q_dim()),
+            Phase::FfnGateRows => self.weights(&mut load, Role::Gate, count, embd),
             Phase::FfnNeurons => {
                 let active = active.count_in(units.clone()).map_or(count, f64::from);
                 // Neuron i: gate row i, up row i (n_embd each) and down column i (n_embd).
-                self.weights(&mut load, Role::Gate, active, embd);
+                if !self.gate_first {
+                    self.weights(&mut load, Role::Gate, active, embd);
+                }
                 self.weights(&mut load, Role::Up, active, embd);
                 self.weights(&mut load, Role::Down, active, embd);
                 load.activations = active;
