@@ -9,12 +9,13 @@ use common::{assert_success, ScratchDir};
 use conductor::profile::{profile_model, ProfileOptions, ProfileRunError};
 use conductor::runtime::cache::{split_budget, CachePolicy, MemoryBudget};
 use conductor::runtime::model::{FfnActivation, Model};
-use conductor::runtime::plan::ExecutionPlan;
+use conductor::runtime::plan::{ExecutionPlan, IoEngine};
 use conductor::runtime::sparse::predictor::PredictorConfig;
 use conductor::runtime::sparse::profile::ModelProfile;
 use conductor::runtime::sparse::SparsityMode;
 use conductor::runtime::store::{convert, ConvertOptions};
 use conductor::runtime::synthetic::{synthetic_model, SyntheticSpec};
+use conductor::runtime::trace::ActiveSet;
 use conductor::{DriverKind, Engine, Error, SparsitySettings};
 use std::path::{Path, PathBuf};
 
@@ -614,13 +615,23 @@ fn gate_first_loading_reads_fewer_bytes_with_the_same_bits() {
     // check its checksum.)
     let budget = fixed + (u64::from(layout.n_bundles) + 2) * slot;
     let mut read = Vec::new();
-    for (gate_first, gap, driver, threads) in [
-        (false, 0, DriverKind::Inline, 1),
-        (true, 0, DriverKind::Inline, 1),
-        (true, 0, DriverKind::Actors, 2),
-        (true, 3, DriverKind::Actors, 1),
+    // The last: runs of pages in flight together through io_uring where the kernel has it.
+    #[cfg(feature = "io-uring")]
+    let uring = conductor::runtime::cache::Ring::new().is_ok();
+    #[cfg(not(feature = "io-uring"))]
+    let uring = false;
+    for (gate_first, gap, driver, threads, batch) in [
+        (false, 0, DriverKind::Inline, 1, false),
+        (true, 0, DriverKind::Inline, 1, false),
+        (true, 0, DriverKind::Actors, 2, false),
+        (true, 3, DriverKind::Actors, 1, false),
+        (true, 0, DriverKind::Actors, 2, uring),
     ] {
-        let mut engine = Engine::builder()
+        let mut builder = Engine::builder();
+        if batch {
+            builder = builder.io_engine(IoEngine::Uring).io_batch(16);
+        }
+        let mut engine = builder
             .model(&store)
             .threads(threads)
             .driver(driver)
@@ -634,18 +645,38 @@ fn gate_first_loading_reads_fewer_bytes_with_the_same_bits() {
             .on_progress(|_| {})
             .build()
             .unwrap();
+        let recorded = driver == DriverKind::Actors;
+        if recorded {
+            engine.start_trace().unwrap();
+        }
         let got = decode_logits(&mut engine);
         assert!(
             got == reference,
             "gate-first {gate_first} (gap {gap}), {driver:?} x{threads}: not the in-memory bits"
         );
+        if recorded {
+            // The trace keeps the neurons the gates let through, for the simulator.
+            let trace = engine.take_trace().unwrap();
+            let decode = trace.activity.last().expect("decode steps recorded");
+            for set in &decode.layers {
+                let ActiveSet::Neurons(v) = set else {
+                    panic!("a gate-first step records its active neurons");
+                };
+                assert!(!v.is_empty() && v.len() < 1024 / 2, "{} active", v.len());
+                assert!(v.windows(2).all(|w| w[0] < w[1]));
+            }
+        }
         let report = engine.cache_report().expect("a cache");
         assert!(report.misses() > 0, "{report:?}");
+        if batch {
+            assert!(report.reads < report.loads, "runs batched: {report:?}");
+        }
         read.push(report.bytes_read);
     }
-    // The same reads whichever driver; fewer bytes than whole bundles (measured: 13% fewer,
-    // about 14% of neurons firing); a gap reads more.
+    // The same reads whichever driver or engine; fewer bytes than whole bundles (measured:
+    // 13% fewer, about 14% of neurons firing); a gap reads more.
     assert_eq!(read[1], read[2], "{read:?}");
+    assert_eq!(read[1], read[4], "{read:?}");
     assert!(read[1] * 100 < read[0] * 95, "gate-first read {read:?}");
     assert!(read[3] >= read[1], "{read:?}");
 

@@ -94,6 +94,9 @@ pub struct SchedulerActor {
     flight: Option<Flight>,
     commands: Vec<Command>,
     recording: Option<Recording>,
+    /// While recording: the active neurons of each layer of the decode step in flight, where
+    /// gate-first loading decided them (the other layers count as all active).
+    step_active: Vec<ActiveSet>,
 }
 
 pub struct SchedulerArgs {
@@ -210,7 +213,16 @@ impl SchedulerActor {
                 let program = shared.program(shape);
                 if phase == Phase::FfnGateRows {
                     let mut pages = Vec::new();
-                    read(&shared.state).ffn_pages(&mut pages);
+                    let state = read(&shared.state);
+                    state.ffn_pages(&mut pages);
+                    if self.recording.is_some() {
+                        let n = shared.model.layers.len();
+                        self.step_active.resize(n, ActiveSet::All);
+                        if let Some(slot) = self.step_active.get_mut(layer as usize) {
+                            *slot = ActiveSet::Neurons(state.ffn_active().to_vec());
+                        }
+                    }
+                    drop(state);
                     self.feed(Event::FfnPages { step, layer, pages });
                     if self.flight.is_none() {
                         return false;
@@ -256,17 +268,21 @@ impl SchedulerActor {
                     pages,
                 };
                 // Join the pending request when one read can take both (see `can_batch`);
-                // reads of some pages of a bundle go alone.
+                // runs of pages of bundles join each other where they can be in flight
+                // together (io_uring), never whole units.
                 if let Some(pending) = self.pending_loads.as_mut() {
-                    let last = pending
-                        .items
-                        .last()
+                    let last = pending.items.last();
+                    let parts = item.pages.is_some()
+                        && last.is_some_and(|l| l.pages.is_some())
+                        && file.batches_parts();
+                    let last = last
                         .filter(|i| i.pages.is_none())
                         .map(|i| (i.layer, i.cluster));
-                    let joins = pending.step == step
-                        && item.pages.is_none()
-                        && pending.items.len() < self.scheduler.coalesce() as usize
+                    let whole = item.pages.is_none()
                         && last.is_some_and(|l| file.can_batch(l, (layer, cluster)));
+                    let joins = pending.step == step
+                        && pending.items.len() < self.scheduler.coalesce() as usize
+                        && (parts || whole);
                     if joins {
                         pending.items.push(item);
                         return true;
@@ -285,8 +301,11 @@ impl SchedulerActor {
                     debug_assert_eq!(flight.step, step);
                     if let Some(rec) = self.recording.as_mut() {
                         if flight.shape == StepShape::Decode {
-                            // Decode is dense until the sparsity issue: every neuron active.
-                            let layers = vec![ActiveSet::All; self.shared.model.layers.len()];
+                            // The layers whose active neurons gate-first loading decided;
+                            // every neuron of the others (dense, or decided inside clusters).
+                            let n = self.shared.model.layers.len();
+                            let mut layers = std::mem::take(&mut self.step_active);
+                            layers.resize(n, ActiveSet::All);
                             rec.activity.push(StepActivity { step, layers });
                         }
                     }
@@ -300,6 +319,7 @@ impl SchedulerActor {
     /// Fails the step in flight (if any) with `error`; the scheduler forgets it.
     fn fail(&mut self, error: StepError) {
         self.scheduler.abort();
+        self.step_active.clear();
         if let Some(flight) = self.flight.take() {
             let _ = flight.reply.send(Err(error));
         }
@@ -325,6 +345,7 @@ impl Actor for SchedulerActor {
             flight: None,
             commands: Vec::new(),
             recording: None,
+            step_active: Vec::new(),
         })
     }
 

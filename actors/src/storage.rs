@@ -11,7 +11,7 @@
 
 use crate::scheduler::{ClusterLoaded, SchedulerActor};
 use crate::step::StepShared;
-use conductor_runtime::cache::{open_for_reads, read_full, LoadError};
+use conductor_runtime::cache::{open_for_reads, read_full, BundleFile, LoadError, SlotArena};
 use conductor_runtime::schedule::StepId;
 use kameo::actor::{Actor, ActorRef};
 use kameo::error::Infallible;
@@ -226,28 +226,41 @@ impl Message<LoadClusters> for Storage {
         let Some((arena, file)) = &shared.cache else {
             return;
         };
-        let mut many: Vec<Result<(), LoadError>>;
-        // Bytes each item read (a part of a bundle reads less than the whole).
-        let mut part_bytes = None;
+        // Bytes each item read (some pages of a bundle read less than the whole).
+        let mut many: Vec<Result<u64, LoadError>>;
         let timed = shared.recording.load(Ordering::Relaxed);
         let started_ns = if timed { shared.now_ns() } else { 0 };
         let started = Instant::now();
-        let mut one = [Ok(())];
-        let results: &mut [Result<(), LoadError>] = if let [it] = msg.items.as_slice() {
+        let mut one = [Ok(0)];
+        let items = msg.items.as_slice();
+        let parts = |it: &LoadItem| it.pages.is_some() && file.part_ready(it.layer, it.cluster);
+        let results: &mut [Result<u64, LoadError>] = if let [it] = items {
             // One unit (the default: loads are not batched): no lists to build.
             let mut slot = arena.write(it.slot);
             if arena.generation(it.slot) != it.generation {
                 return; // stale: the slot was given to another unit since
             }
-            one[0] = match file.load_part(it.layer, it.cluster, it.pages.clone(), slot.bytes_mut())
-            {
-                Ok(bytes) => {
-                    part_bytes = Some(bytes);
-                    Ok(())
-                }
-                Err(e) => Err(e),
-            };
+            one[0] = file.load_part(it.layer, it.cluster, it.pages.clone(), slot.bytes_mut());
             &mut one
+        } else if items.iter().all(parts) {
+            // Runs of pages (gate-first loading), in flight together.
+            let Some(results) = read_parts(arena, file, items) else {
+                return; // stale
+            };
+            many = results;
+            &mut many
+        } else if items.iter().any(|it| it.pages.is_some()) {
+            // Pages and whole units mixed (the scheduler actor does not batch them so): one
+            // after another.
+            many = Vec::with_capacity(items.len());
+            for it in items {
+                let mut slot = arena.write(it.slot);
+                if arena.generation(it.slot) != it.generation {
+                    return; // stale
+                }
+                many.push(file.load_part(it.layer, it.cluster, it.pages.clone(), slot.bytes_mut()));
+            }
+            &mut many
         } else {
             // Lock slots in increasing order of index: two storage threads (a stale read and a
             // new one) never wait on each other in opposite orders.
@@ -271,7 +284,12 @@ impl Message<LoadClusters> for Storage {
                 .zip(guards.iter_mut())
                 .map(|(it, g)| (it.layer, it.cluster, g.bytes_mut()))
                 .collect();
-            many = file.load_run(&mut units);
+            many = file
+                .load_run(&mut units)
+                .into_iter()
+                .zip(items)
+                .map(|(r, it)| r.map(|()| file.read_bytes(it.layer, it.cluster)))
+                .collect();
             &mut many
         };
         let c = &shared.counters;
@@ -280,9 +298,8 @@ impl Message<LoadClusters> for Storage {
         c.reads.fetch_add(1, Ordering::Relaxed);
         let finished_ns = if timed { shared.now_ns() } else { 0 };
         for (it, result) in msg.items.iter().zip(results.iter_mut()) {
-            let result = std::mem::replace(result, Ok(()));
-            if result.is_ok() {
-                let bytes = part_bytes.unwrap_or_else(|| file.read_bytes(it.layer, it.cluster));
+            let result = std::mem::replace(result, Ok(0));
+            if let Ok(bytes) = result {
                 c.io_bytes.fetch_add(bytes, Ordering::Relaxed);
                 if let Some(l) = c.layer_bytes.get(it.layer as usize) {
                     l.fetch_add(bytes, Ordering::Relaxed);
@@ -295,13 +312,71 @@ impl Message<LoadClusters> for Storage {
                     step: msg.step,
                     layer: it.layer,
                     cluster: it.cluster,
-                    result,
+                    result: result.map(|_| ()),
                     started_ns,
                     finished_ns,
                 })
                 .try_send();
         }
     }
+}
+
+/// Reads the pages of `items` (every one some pages of a bundle whose checksum was confirmed)
+/// with [`BundleFile::load_parts`], all in flight together: each slot locked once (in
+/// increasing order, as for whole units), each item's pages carved out of it. `None` when a
+/// slot was given to another unit since (stale). The bytes each item read, in item order.
+fn read_parts(
+    arena: &SlotArena,
+    file: &BundleFile,
+    items: &[LoadItem],
+) -> Option<Vec<Result<u64, LoadError>>> {
+    let page = conductor_runtime::store::STORE_ALIGN as usize;
+    let mut slots: Vec<u32> = items.iter().map(|it| it.slot).collect();
+    slots.sort_unstable();
+    slots.dedup();
+    let mut guards: Vec<_> = slots.iter().map(|&s| arena.write(s)).collect();
+    if items
+        .iter()
+        .any(|it| arena.generation(it.slot) != it.generation)
+    {
+        return None;
+    }
+    // A slot's items in page order: their runs are disjoint, so each gets its own slice.
+    let first_page = |i: usize| items[i].pages.as_ref().map_or(0, |p| p.start);
+    let mut order: Vec<usize> = (0..items.len()).collect();
+    order.sort_by_key(|&i| (items[i].slot, first_page(i)));
+    let mut results: Vec<Result<u64, LoadError>> = items.iter().map(|_| Ok(0)).collect();
+    let mut parts = Vec::with_capacity(items.len());
+    let mut index = Vec::with_capacity(items.len());
+    let mut next = order.iter().peekable();
+    for (guard, &slot) in guards.iter_mut().zip(&slots) {
+        let mut rest: &mut [u8] = guard.bytes_mut();
+        let mut at = 0;
+        while let Some(&i) = next.next_if(|&&i| items[i].slot == slot) {
+            let it = &items[i];
+            let pages = it.pages.clone().unwrap_or(0..0);
+            let start = pages.start as usize * page;
+            if start < at || start > at + rest.len() {
+                results[i] = Err(LoadError {
+                    what: format!("layer {} cluster {} pages {pages:?}", it.layer, it.cluster),
+                    path: String::new(),
+                    why: "runs of pages overlap or lie past the slot".into(),
+                });
+                continue;
+            }
+            let (_, tail) = std::mem::take(&mut rest).split_at_mut(start - at);
+            let len = (pages.len() * page).min(tail.len());
+            let (dst, tail) = tail.split_at_mut(len);
+            rest = tail;
+            at = start + len;
+            parts.push((it.layer, it.cluster, pages, dst));
+            index.push(i);
+        }
+    }
+    for (i, result) in index.into_iter().zip(file.load_parts(&mut parts)) {
+        results[i] = result;
+    }
+    Some(results)
 }
 
 impl Message<ReadAt> for Storage {

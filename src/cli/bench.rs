@@ -59,8 +59,10 @@ struct CacheDelta {
     bytes_per_token: f64,
     io_ms_per_token: f64,
     compute_ms_per_token: f64,
-    /// Units per read request (adjacent bundles merged).
+    /// Units per read request (adjacent bundles merged; runs of pages in flight together).
     units_per_read: f64,
+    /// Loads the scheduler issued (units, or runs of a unit's pages) per token.
+    loads_per_token: f64,
 }
 
 impl CacheDelta {
@@ -76,6 +78,7 @@ impl CacheDelta {
             bytes_per_token: (after.bytes_read - before.bytes_read) as f64 / tokens,
             units_per_read: (after.loads - before.loads) as f64
                 / ((after.reads - before.reads) as f64).max(1.0),
+            loads_per_token: (after.loads - before.loads) as f64 / tokens,
             io_ms_per_token: (after.io_ns - before.io_ns) as f64 / 1e6 / tokens,
             compute_ms_per_token: (after.decode_compute_ns - before.decode_compute_ns) as f64
                 / 1e6
@@ -258,6 +261,7 @@ fn report(args: &BenchArgs, engine: &Engine, m: &Measured, printed_header: &mut 
                 "decode_compute_ms_per_token": c.compute_ms_per_token,
                 "ms_per_token": 1000.0 / med,
                 "units_per_read": c.units_per_read,
+                "loads_per_token": c.loads_per_token,
             })),
             "sparsity": m.sparsity.map(|(gate, active)| json!({
                 "mode": model.sparse.as_ref().map(|s| s.mode.name()),
@@ -298,9 +302,10 @@ fn report(args: &BenchArgs, engine: &Engine, m: &Measured, printed_header: &mut 
     if let Some(c) = &m.cache {
         let wall = 1000.0 / med;
         println!(
-            "|   cache | hit rate {:.1}% | {:.2} MiB read/token ({:.1} units per read) | I/O {:.2} ms/token | compute {:.2} ms/token | wall {:.2} ms/token | I/O wait {:.0}% |",
+            "|   cache | hit rate {:.1}% | {:.2} MiB read/token ({:.0} loads, {:.1} per read) | I/O {:.2} ms/token | compute {:.2} ms/token | wall {:.2} ms/token | I/O wait {:.0}% |",
             c.hit_rate * 100.0,
             c.bytes_per_token / (1024.0 * 1024.0),
+            c.loads_per_token,
             c.units_per_read,
             c.io_ms_per_token,
             c.compute_ms_per_token,

@@ -41,6 +41,13 @@ pub struct SimulateArgs {
     /// I/O threads (as `--io-threads`).
     #[arg(long = "io-threads")]
     io_threads: Option<u32>,
+    /// Gate-first loading (as `--gate-first`; with --memory): the pages read come from
+    /// --activity, every page without it.
+    #[arg(long = "gate-first", requires = "memory")]
+    gate_first: bool,
+    /// As `--gate-first-gap`.
+    #[arg(long = "gate-first-gap", value_name = "N", requires = "gate_first")]
+    gate_first_gap: Option<u32>,
     /// Prompt length (0: no prompt test).
     #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
     n_prompt: u32,
@@ -80,6 +87,13 @@ pub fn run(args: SimulateArgs) -> Result<()> {
             bail!("--io-threads must be at least 1");
         }
         plan.storage.io_threads = n;
+    }
+    if args.gate_first {
+        let cache = plan.cache.get_or_insert_with(Default::default);
+        cache.gate_first = true;
+        if let Some(gap) = args.gate_first_gap {
+            cache.gate_first_gap = gap;
+        }
     }
     if let (Some(memory), Some(path)) = (args.memory, &args.model) {
         let store = Model::load_resident(path, true)

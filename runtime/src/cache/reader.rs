@@ -274,30 +274,64 @@ impl BundleFile {
             self.load(layer, cluster, dst)?;
             return Ok(self.read_bytes(layer, cluster));
         };
-        if e.bundle.is_none() || !self.verified[u].load(Ordering::Relaxed) {
+        if !self.part_ready(layer, cluster) {
             self.load(layer, cluster, dst)?;
             return Ok(e.len as u64);
         }
+        let span = self.part_span(e, &pages);
+        if span.is_empty() {
+            return Ok(0);
+        }
+        if dst.len() < span.end {
+            return Err(self.part_error(
+                e,
+                &pages,
+                format!("slot of {} bytes < read to {}", dst.len(), span.end),
+            ));
+        }
+        self.read_part(e, &pages, &mut dst[span])
+    }
+
+    /// Whether some pages of unit `(layer, cluster)` may be read on their own: it is a bundle
+    /// whose checksum a whole read already confirmed (until then it is read whole).
+    pub fn part_ready(&self, layer: u32, cluster: u32) -> bool {
+        let u = self.map.unit(layer, cluster) as usize;
+        self.extents
+            .get(u)
+            .is_some_and(|e| e.bundle.is_some() && self.verified[u].load(Ordering::Relaxed))
+    }
+
+    /// Where pages `pages` of extent `e` lie in its slot (empty past its end).
+    fn part_span(&self, e: &Extent, pages: &Range<u32>) -> Range<usize> {
         let page = READ_ALIGN as usize;
         let start = (pages.start as usize).saturating_mul(page).min(e.len);
         let end = (pages.end as usize).saturating_mul(page).min(e.len);
-        if start >= end {
-            return Ok(0);
-        }
-        let fail = |why: String| LoadError {
+        start..end.max(start)
+    }
+
+    fn part_error(&self, e: &Extent, pages: &Range<u32>, why: String) -> LoadError {
+        LoadError {
             what: format!("{} (pages {}..{})", e.what, pages.start, pages.end),
             path: self.path.display().to_string(),
             why,
-        };
-        if dst.len() < end {
-            return Err(fail(format!("slot of {} bytes < read to {end}", dst.len())));
         }
-        // Bytes past the bundle's data are padding: a file may end before them.
-        let need = e.data.end.min(end).saturating_sub(start);
-        let (len, offset) = (end - start, e.offset + start as u64);
+    }
+
+    /// Bytes of pages `pages` of `e` the read must return: past the bundle's data is padding,
+    /// which a file may end before.
+    fn part_need(&self, e: &Extent, pages: &Range<u32>) -> usize {
+        let span = self.part_span(e, pages);
+        e.data.end.min(span.end).saturating_sub(span.start)
+    }
+
+    /// Reads pages `pages` of `e` into `dst` (exactly their span), retrying once.
+    fn read_part(&self, e: &Extent, pages: &Range<u32>, dst: &mut [u8]) -> Result<u64, LoadError> {
+        let span = self.part_span(e, pages);
+        let need = self.part_need(e, pages);
+        let (len, offset) = (span.len(), e.offset + span.start as u64);
         let mut last = String::new();
         for _attempt in 0..2 {
-            match self.read_into(&mut dst[start..end], offset) {
+            match self.read_into(&mut dst[..len], offset) {
                 Ok(got) if got >= need => return Ok(len as u64),
                 Ok(got) => {
                     last = format!(
@@ -307,7 +341,76 @@ impl BundleFile {
                 Err(err) => last = format!("read of {len} bytes at offset {offset}: {err}"),
             }
         }
-        Err(fail(format!("{last}, twice")))
+        Err(self.part_error(e, pages, format!("{last}, twice")))
+    }
+
+    /// Reads pages of several units at once, each `(layer, cluster, pages, dst)` with `dst`
+    /// exactly the pages' span of its slot (every unit [`BundleFile::part_ready`]): with
+    /// io_uring all in flight together, otherwise one after another. A read that fails or
+    /// comes back short is read again on its own (with [`BundleFile::load_part`]'s retry and
+    /// errors). Returns the bytes each read.
+    pub fn load_parts(
+        &self,
+        parts: &mut [(u32, u32, Range<u32>, &mut [u8])],
+    ) -> Vec<Result<u64, LoadError>> {
+        let extent = |layer: u32, cluster: u32| {
+            let u = self.map.unit(layer, cluster) as usize;
+            self.extents.get(u).filter(|_| layer <= self.map.n_layer)
+        };
+        let mut done: Vec<Option<Result<u64, LoadError>>> = parts.iter().map(|_| None).collect();
+        #[cfg(feature = "io-uring")]
+        if let Reads::Uring(ring) = &self.reads {
+            let mut reads: Vec<(&mut [u8], u64)> = Vec::with_capacity(parts.len());
+            let mut which = Vec::with_capacity(parts.len());
+            for (i, (layer, cluster, pages, dst)) in parts.iter_mut().enumerate() {
+                let Some(e) = extent(*layer, *cluster) else {
+                    continue;
+                };
+                let span = self.part_span(e, pages);
+                if !span.is_empty() && dst.len() >= span.len() {
+                    reads.push((&mut dst[..span.len()], e.offset + span.start as u64));
+                    which.push(i);
+                }
+            }
+            let mut out: Vec<std::io::Result<usize>> = reads.iter().map(|_| Ok(0)).collect();
+            ring.read_all(&self.file, &mut reads, &mut out);
+            drop(reads);
+            for (&i, got) in which.iter().zip(&out) {
+                let (layer, cluster, pages, _) = &parts[i];
+                let e = extent(*layer, *cluster).expect("checked above");
+                if got.as_ref().is_ok_and(|&n| n >= self.part_need(e, pages)) {
+                    done[i] = Some(Ok(self.part_span(e, pages).len() as u64));
+                }
+            }
+        }
+        parts
+            .iter_mut()
+            .zip(done)
+            .map(|((layer, cluster, pages, dst), done)| {
+                if let Some(result) = done {
+                    return result;
+                }
+                let e = extent(*layer, *cluster).ok_or_else(|| LoadError {
+                    what: format!("layer {layer} cluster {cluster}"),
+                    path: self.path.display().to_string(),
+                    why: "no such unit in this store".into(),
+                })?;
+                if dst.len() < self.part_span(e, pages).len() {
+                    return Err(self.part_error(e, pages, "buffer shorter than the pages".into()));
+                }
+                self.read_part(e, pages, dst)
+            })
+            .collect()
+    }
+
+    /// Whether reads of some pages of units are best issued together ([`BundleFile::load_parts`]
+    /// keeps them in flight at once): with io_uring.
+    pub fn batches_parts(&self) -> bool {
+        #[cfg(feature = "io-uring")]
+        if matches!(self.reads, Reads::Uring(_)) {
+            return true;
+        }
+        false
     }
 
     /// Whether units `a` and `b` (as `(layer, cluster)`) can go in one run of

@@ -577,6 +577,9 @@ pub struct StepState {
     gated: Vec<f32>,
     pages: Vec<u64>,
     active: Vec<u32>,
+    /// Gate-first loading: the neurons of the current layer that fire for some token of the
+    /// step, ascending (what a trace records as the step's activity).
+    layer_active: Vec<u32>,
 }
 
 /// Receives intermediate tensors by llama.cpp's names (`attn_norm-3`, `ffn_out-3`, `l_out-3`,
@@ -613,6 +616,7 @@ impl StepState {
             gated: Vec::new(),
             pages: Vec::new(),
             active: Vec::new(),
+            layer_active: Vec::new(),
         }
     }
 
@@ -1393,6 +1397,12 @@ impl StepState {
         pages.extend_from_slice(&self.pages);
     }
 
+    /// Gate-first loading, after a layer's `FfnGateRows`: its neurons that fire for some
+    /// token of the step, ascending.
+    pub fn ffn_active(&self) -> &[u32] {
+        &self.layer_active
+    }
+
     /// From the layer's gate values: which neurons of each cluster fire for some token (the
     /// threshold of sparse decode, decided exactly as `sparse_ffn_cluster` decides it), the
     /// clusters with any (`needed`) and the bundle pages their up rows and down columns lie in
@@ -1412,6 +1422,7 @@ impl StepState {
             .filter(|s| s.mode == SparsityMode::Threshold && program.shape == StepShape::Decode);
         let mut pages = std::mem::take(&mut self.pages);
         let mut active = std::mem::take(&mut self.active);
+        self.layer_active.clear();
         pages.clear();
         pages.resize((clusters.len() * per).div_ceil(64), 0);
         self.needed.clear();
@@ -1441,6 +1452,17 @@ impl StepState {
                 }
                 if active.is_empty() {
                     continue;
+                }
+                // Clusters ascend, so the layer's list stays ascending; tokens of one cluster
+                // merge into its part of it.
+                let from = self
+                    .layer_active
+                    .partition_point(|&i| (i as usize) < neurons.start);
+                for &j in &active {
+                    let i = (neurons.start + j as usize) as u32;
+                    if let Err(at) = self.layer_active[from..].binary_search(&i) {
+                        self.layer_active.insert(from + at, i);
+                    }
                 }
                 any = true;
                 let up_whole = active.len() * 2 > neurons.len();
