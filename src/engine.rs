@@ -429,13 +429,14 @@ impl EngineBuilder {
                     .get_or_insert_with(CachePlan::default)
                     .gate_first_gap = gap;
             }
-            let threshold = model
-                .sparse
-                .as_ref()
-                .is_some_and(|s| s.mode == SparsityMode::Threshold);
-            if plan.cache.as_ref().is_some_and(|c| c.gate_first) && !threshold {
+            // Threshold: the gate decides which neurons' pages are read; predictor: the
+            // predictions do, and the predicted neurons' pages are read in one phase.
+            let decides = model.sparse.as_ref().is_some_and(|s| {
+                matches!(s.mode, SparsityMode::Threshold | SparsityMode::Predictor)
+            });
+            if plan.cache.as_ref().is_some_and(|c| c.gate_first) && !decides {
                 return Err(Error::GateFirst(
-                    "needs --sparsity threshold: the gate decides which neurons' pages are read",
+                    "needs --sparsity threshold or predictor: the gate or the predictors decide which neurons' pages are read",
                 ));
             }
             let split = apply_budget(&model, &mut plan, memory, n_ctx)?;

@@ -270,6 +270,7 @@ impl ActorDriver {
         if let Some((arena, _)) = &shared.cache {
             write(&shared.state).set_cache(Some(Arc::clone(arena)));
         }
+        write(&shared.state).set_page_reads(scheduler.reads_predicted_pages());
         let storage_path = options.model_path.clone();
         let actors = start_actors(
             scheduler,

@@ -230,12 +230,21 @@ impl SchedulerActor {
                 }
                 if awaits_predictions(&self.scheduler, program, phase) {
                     let mut needed = Vec::new();
-                    read(&shared.state).ffn_needed(&mut needed);
-                    self.feed(Event::FfnPredicted {
-                        step,
-                        layer,
-                        needed,
-                    });
+                    if self.scheduler.reads_predicted_pages() {
+                        read(&shared.state).ffn_pages(&mut needed);
+                        self.feed(Event::FfnPages {
+                            step,
+                            layer,
+                            pages: needed,
+                        });
+                    } else {
+                        read(&shared.state).ffn_needed(&mut needed);
+                        self.feed(Event::FfnPredicted {
+                            step,
+                            layer,
+                            needed,
+                        });
+                    }
                     if self.flight.is_none() {
                         return false;
                     }

@@ -251,7 +251,7 @@ impl<'a> Engine<'a> {
             steps,
             next_step: 0,
             costs: ModelCosts {
-                gate_first: scheduler.gate_first(),
+                gate_first: scheduler.program(StepShape::Decode).is_gate_first(),
                 ..ModelCosts::new(&workload.model)
             },
             host_free: vec![0; machine.n_hosts],
@@ -450,19 +450,27 @@ impl<'a> Engine<'a> {
                     {
                         // The drivers feed the layer's predictions right after this finish;
                         // nothing moves the scheduler's load cursor in between.
-                        let needed = needed_clusters(
-                            self.program.clusters(Phase::FfnNeurons),
-                            self.ctx.activity,
-                            *layer,
-                        );
-                        predictions.push((
-                            t,
+                        let clusters = self.program.clusters(Phase::FfnNeurons);
+                        let event = if self.scheduler.reads_predicted_pages() {
+                            Event::FfnPages {
+                                step: *step,
+                                layer: *layer,
+                                pages: predicted_pages(
+                                    self.machine.gate_layout.as_ref(),
+                                    self.scheduler.bundle_pages(),
+                                    clusters,
+                                    self.ctx.activity,
+                                    *layer,
+                                ),
+                            }
+                        } else {
                             Event::FfnPredicted {
                                 step: *step,
                                 layer: *layer,
-                                needed,
-                            },
-                        ));
+                                needed: needed_clusters(clusters, self.ctx.activity, *layer),
+                            }
+                        };
+                        predictions.push((t, event));
                     }
                 }
                 Command::Load {
@@ -686,6 +694,37 @@ fn gate_first_pages(
         }
         let whole = local.len() * 2 > r.len();
         layout.mark_active_pages(c as u32, &local, whole, &mut words, c * per);
+    }
+    words
+}
+
+/// Gate-first loading with predictors: the pages of each FFN cluster's bundle holding the gate
+/// rows, up rows and down columns of the neurons active in `layer` (the activity stands for the
+/// predictions); every page of every bundle without a layout or an activity.
+fn predicted_pages(
+    layout: Option<&conductor_runtime::store::BundleLayout>,
+    bundle_pages: u32,
+    clusters: &[Range<u32>],
+    activity: Option<&StepActivity>,
+    layer: u32,
+) -> Vec<u64> {
+    let per = bundle_pages as usize;
+    let mut words = vec![0u64; (clusters.len() * per).div_ceil(64)];
+    let active = match activity.and_then(|a| a.layers.get(layer as usize)) {
+        Some(ActiveSet::Neurons(v)) => Some(v.as_slice()),
+        _ => None,
+    };
+    let (Some(layout), Some(active)) = (layout, active) else {
+        (0..clusters.len() * per).for_each(|i| words[i / 64] |= 1 << (i % 64));
+        return words;
+    };
+    let mut local = Vec::new();
+    for (c, r) in clusters.iter().enumerate() {
+        let from = active.partition_point(|&n| n < r.start);
+        let to = active.partition_point(|&n| n < r.end);
+        local.clear();
+        local.extend(active[from..to].iter().map(|&n| n - r.start));
+        layout.mark_neuron_pages(c as u32, &local, &mut words, c * per);
     }
     words
 }

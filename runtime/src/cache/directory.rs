@@ -121,6 +121,15 @@ pub enum Acquired {
     TopUp { slot: u32, pages: Range<u32> },
 }
 
+/// A slot [`CacheDirectory::acquire_pages`] pinned: given to the unit now (`fresh`, after
+/// holding `evicted`), or its slot already.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PagesAcquired {
+    pub slot: u32,
+    pub evicted: Option<u32>,
+    pub fresh: bool,
+}
+
 /// What part of a unit a step asks [`CacheDirectory::acquire_part`] for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Want {
@@ -331,6 +340,45 @@ impl CacheDirectory {
 
     fn set_whole(&mut self, slot: u32) {
         self.slots[slot as usize].partial = false;
+    }
+
+    /// Pins `(layer, cluster)` for the pages `wanted` says (predicted neurons' pages): a slot
+    /// for it if it has none (then every wanted page is to read), else the wanted pages its
+    /// slot lacks. Appends the runs to read to `runs` (marked held; the unit loading until
+    /// [`CacheDirectory::loaded`]); `None` when every slot it could use is busy.
+    pub fn acquire_pages(
+        &mut self,
+        layer: u32,
+        cluster: u32,
+        wanted: impl Fn(u32) -> bool,
+        runs: &mut Vec<Range<u32>>,
+    ) -> Option<PagesAcquired> {
+        let u = self.unit(layer, cluster);
+        if let Residency::Ready(s) | Residency::Loading(s) = self.units[u] {
+            self.pin(s);
+            self.stats[layer as usize].hits += 1;
+            if matches!(self.units[u], Residency::Ready(_)) {
+                self.top_up(layer, cluster, wanted, runs);
+            }
+            return Some(PagesAcquired {
+                slot: s,
+                evicted: None,
+                fresh: false,
+            });
+        }
+        let Acquired::Load { slot, evicted } = self.acquire_part(layer, cluster, Want::Prefix(0))
+        else {
+            return None;
+        };
+        // A slot of no pages yet: every wanted page is missing.
+        self.units[u] = Residency::Ready(slot);
+        self.top_up(layer, cluster, wanted, runs);
+        self.units[u] = Residency::Loading(slot);
+        Some(PagesAcquired {
+            slot,
+            evicted,
+            fresh: true,
+        })
     }
 
     /// Gate-first loading: `(layer, cluster)`, ready in its slot, is wanted for the pages

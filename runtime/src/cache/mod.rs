@@ -21,7 +21,9 @@ pub use budget::{
     fit_plan_to_budget, split_budget, split_sizes, BudgetError, BudgetSplit, MemoryBudget,
     StoreSizes, DEFAULT_COALESCE, DEFAULT_GATE_FIRST_GAP, DEFAULT_MAX_LOADS, RUNTIME_OVERHEAD,
 };
-pub use directory::{Acquired, CacheDirectory, CachePlan, CachePolicy, LayerCacheStats, Want};
+pub use directory::{
+    Acquired, CacheDirectory, CachePlan, CachePolicy, LayerCacheStats, PagesAcquired, Want,
+};
 pub use reader::{
     open_for_reads, read_full, unit_extents, BundleFile, Extent, LoadError, OpenError,
 };

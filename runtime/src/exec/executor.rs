@@ -212,6 +212,7 @@ fn sparse_ffn_cluster(
     acts: &Activations,
     predicted: Option<&[u64]>,
     gated: Option<&[f32]>,
+    rows_only: bool,
     n: usize,
     s: &mut WorkerScratch,
     out: &mut [f32],
@@ -295,9 +296,10 @@ fn sparse_ffn_cluster(
                 }
             }
         }
-        if s.neurons.len() * 2 > m {
+        if s.neurons.len() * 2 > m && !rows_only {
             // Most fire: the multi-row kernel over the whole cluster costs less than a dot
-            // product per active row (each the same bits as the row's own dot product).
+            // product per active row (each the same bits as the row's own dot product). Not
+            // where only the predicted neurons' rows were read (`rows_only`).
             s.up.resize(m, 0.0);
             cx.kernels.matvec(up, 0..up.cols, act_up, &mut s.up);
             for (k, &j) in s.neurons.iter().enumerate() {
@@ -580,6 +582,9 @@ pub struct StepState {
     /// Gate-first loading: the neurons of the current layer that fire for some token of the
     /// step, ascending (what a trace records as the step's activity).
     layer_active: Vec<u32>,
+    /// Decode with predictors reads only the predicted neurons' pages (gate-first loading with
+    /// predictors): [`Self::ffn_pages`] names them after each layer's attention.
+    page_reads: bool,
 }
 
 /// Receives intermediate tensors by llama.cpp's names (`attn_norm-3`, `ffn_out-3`, `l_out-3`,
@@ -617,12 +622,19 @@ impl StepState {
             pages: Vec::new(),
             active: Vec::new(),
             layer_active: Vec::new(),
+            page_reads: false,
         }
     }
 
     /// Reads a store's FFN clusters from these cache slots (instead of the file in memory).
     pub fn set_cache(&mut self, cache: Option<std::sync::Arc<crate::cache::SlotArena>>) {
         self.cache = cache;
+    }
+
+    /// Decode with predictors reads only the predicted neurons' pages
+    /// ([`crate::schedule::Scheduler::reads_predicted_pages`]).
+    pub fn set_page_reads(&mut self, on: bool) {
+        self.page_reads = on;
     }
 
     /// Installs (or removes) a [`Probe`].
@@ -964,6 +976,7 @@ impl StepState {
                     .filter(|sp| sp.mode == SparsityMode::Predictor)
                     .and_then(|_| self.predictions(program.shape));
                 let gated = program.is_gate_first().then_some(self.gated.as_slice());
+                let rows_only = self.page_reads && predicted.is_some();
                 let moe = &self.moe;
                 runner.run(&mut outs, &|worker, i, out| {
                     let mut guard = scratch[worker].lock().unwrap_or_else(|e| e.into_inner());
@@ -1039,7 +1052,8 @@ impl StepState {
                     if let Some(sparse) = sparse {
                         let l = layer_index as usize;
                         return sparse_ffn_cluster(
-                            cx, sparse, l, neurons, &ffn, acts, predicted, gated, n, s, out,
+                            cx, sparse, l, neurons, &ffn, acts, predicted, gated, rows_only, n,
+                            s, out,
                         );
                     }
                     ffn.compute(
@@ -1190,6 +1204,9 @@ impl StepState {
                 let mut needed = std::mem::take(&mut self.needed);
                 self.find_ffn_needed(model, program, &mut needed);
                 self.needed = needed;
+                if self.page_reads {
+                    self.find_predicted_pages(model, program);
+                }
             }
             Phase::FfnNeurons => {
                 self.delta.clear();
@@ -1474,6 +1491,45 @@ impl StepState {
         }
         self.pages = pages;
         self.active = active;
+    }
+
+    /// Decode with predictors, reading pages: the pages of each FFN cluster's bundle holding
+    /// the rows of neurons some token's prediction names (none for a layer without predictions:
+    /// then every page of every needed cluster).
+    fn find_predicted_pages(&mut self, model: &Model, program: &Program) {
+        let Some(store) = &model.store else {
+            return;
+        };
+        let layout = &store.layout;
+        let per = layout.bundle_pages() as usize;
+        let clusters = program.clusters(Phase::FfnNeurons);
+        let n = self.request.n_tokens as usize;
+        let words = (model.config.n_ff as usize).div_ceil(64);
+        let mut pages = std::mem::take(&mut self.pages);
+        let mut picked = std::mem::take(&mut self.active);
+        pages.clear();
+        pages.resize((clusters.len() * per).div_ceil(64), 0);
+        let predicted = self.predictions(program.shape);
+        for (c, r) in clusters.iter().enumerate() {
+            if self
+                .needed
+                .get(c / 64)
+                .is_none_or(|w| w >> (c % 64) & 1 == 0)
+            {
+                continue;
+            }
+            let neurons = units(r);
+            picked.clear();
+            picked.extend((0..neurons.len() as u32).filter(|&j| {
+                let i = neurons.start + j as usize;
+                predicted.is_none_or(|bits| {
+                    (0..n).any(|t| bits[t * words + i / 64] >> (i % 64) & 1 == 1)
+                })
+            }));
+            layout.mark_neuron_pages(c as u32, &picked, &mut pages, c * per);
+        }
+        self.pages = pages;
+        self.active = picked;
     }
 
     /// The current layer's predicted neurons `[token][n_ff bits]`, in decode steps with

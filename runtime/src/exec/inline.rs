@@ -42,6 +42,7 @@ impl<R: ClusterRunner> InlineDriver<R> {
         let cache = open_cache(&model, plan, scheduler.unit_map())?;
         let mut state = StepState::new(kernels);
         state.set_cache(cache.as_ref().map(|(arena, _)| Arc::clone(arena)));
+        state.set_page_reads(scheduler.reads_predicted_pages());
         Ok(InlineDriver {
             cache,
             loads: 0,
@@ -158,11 +159,20 @@ impl<R: ClusterRunner> InlineDriver<R> {
                     }
                     if awaits_predictions(&self.scheduler, &program, phase) {
                         let mut needed = Vec::new();
-                        self.state.ffn_needed(&mut needed);
-                        let event = Event::FfnPredicted {
-                            step,
-                            layer,
-                            needed,
+                        let event = if self.scheduler.reads_predicted_pages() {
+                            self.state.ffn_pages(&mut needed);
+                            Event::FfnPages {
+                                step,
+                                layer,
+                                pages: needed,
+                            }
+                        } else {
+                            self.state.ffn_needed(&mut needed);
+                            Event::FfnPredicted {
+                                step,
+                                layer,
+                                needed,
+                            }
                         };
                         if let Err(e) = self.scheduler.on_event(event, &mut self.commands) {
                             self.scheduler.abort();

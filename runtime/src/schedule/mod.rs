@@ -12,7 +12,9 @@ mod program;
 
 pub use program::{ffn_clusters, split_by_weight, PhaseClusters, Program, StepShape};
 
-use crate::cache::{Acquired, CacheDirectory, LayerCacheStats, UnitMap, Want, ATTN_UNITS};
+use crate::cache::{
+    Acquired, CacheDirectory, LayerCacheStats, PagesAcquired, UnitMap, Want, ATTN_UNITS,
+};
 use crate::neuron::Phase;
 use crate::plan::{ExecutionPlan, ModelShape, PlanError, Share};
 use serde::{Deserialize, Serialize};
@@ -268,8 +270,15 @@ struct CacheFlow {
     /// a bundle's gate rows take, pages per bundle.
     gate_first: bool,
     two_phase: bool,
+    /// The step in flight waits for predictions (decode with predictors).
+    gated_step: bool,
     gate_pages: u32,
     bundle_pages: u32,
+    /// Gate-first loading with predictors: decode reads the predicted neurons' pages (gate,
+    /// up and down rows) in one phase, no gate phase first; `layer_pages` are the pages of the
+    /// layer whose FFN the cursor acquires ([`Event::FfnPages`] in place of `FfnPredicted`).
+    page_predicted: bool,
+    layer_pages: Vec<u64>,
     /// Scratch: units a pump found ready; runs of pages to read.
     newly_ready: Vec<u32>,
     runs: Vec<Range<u32>>,
@@ -372,8 +381,11 @@ impl Scheduler {
                     pending: vec![0; n_units],
                     gate_first: c.gate_first,
                     two_phase: false,
+                    gated_step: false,
                     gate_pages,
                     bundle_pages,
+                    page_predicted: false,
+                    layer_pages: Vec::new(),
                     newly_ready: Vec::new(),
                     runs: Vec::new(),
                 })
@@ -411,8 +423,39 @@ impl Scheduler {
     /// before loading the layer's FFN clusters, and load only the predicted ones. Reads no
     /// longer run ahead of a layer's attention, but skip every cluster no token needs. The
     /// driver must then send the event for every layer of every decode step.
+    ///
+    /// Under gate-first loading (`cache.gate_first`) the predictions come as
+    /// [`Event::FfnPages`] instead: the pages of the predicted neurons' rows, read in one
+    /// phase (the decode program then has no `FfnGateRows`).
     pub fn await_predictions(&mut self, on: bool) {
         self.await_predictions = on;
+        let Some(cache) = self.cache.as_mut().filter(|c| c.gate_first) else {
+            return;
+        };
+        cache.page_predicted = on;
+        let decode = Arc::make_mut(&mut self.decode);
+        if on {
+            decode
+                .layer_phases
+                .retain(|p| p.phase != Phase::FfnGateRows);
+        } else if !decode.is_gate_first() {
+            let shares = decode
+                .phase(Phase::FfnNeurons)
+                .map(|p| {
+                    p.parts
+                        .iter()
+                        .map(|(x, r)| (*x, r.len() as u32))
+                        .collect::<Vec<_>>()
+                })
+                .unwrap_or_default();
+            decode.gate_first(&shares);
+        }
+    }
+
+    /// Whether decode steps read the predicted neurons' pages ([`Event::FfnPages`] after each
+    /// layer's attention) rather than whole predicted bundles.
+    pub fn reads_predicted_pages(&self) -> bool {
+        self.await_predictions && self.cache.as_ref().is_some_and(|c| c.page_predicted)
     }
 
     /// Whether decode steps wait for FFN predictions (under a cache).
@@ -563,7 +606,9 @@ impl Scheduler {
         let gated = self.await_predictions && shape == StepShape::Decode;
         if let Some(cache) = self.cache.as_mut() {
             cache.units.fill(UnitState::NotAcquired);
-            cache.two_phase = cache.gate_first && shape == StepShape::Decode;
+            cache.two_phase =
+                cache.gate_first && !cache.page_predicted && shape == StepShape::Decode;
+            cache.gated_step = gated;
             cache.gate = if gated {
                 cache.map.unit(0, 0)
             } else {
@@ -810,6 +855,39 @@ impl Scheduler {
             StepShape::Prefill => &self.prefill,
         };
         let current = program.phase_layout_at(flight.phase_index).phase;
+        if cache.page_predicted {
+            // The predicted neurons' pages, as predictions: the cursor acquires the layer's
+            // clusters with pages, the others are skipped.
+            if flight.request.step != step
+                || layer >= cache.map.n_layer
+                || cache.map.unit(layer, 0) != cache.gate
+                || cache.cursor != cache.gate
+            {
+                return Err(unexpected);
+            }
+            let per = cache.bundle_pages as usize;
+            let bit = |i: usize| pages.get(i / 64).is_some_and(|w| w >> (i % 64) & 1 == 1);
+            let waits = flight.layer == layer && current == Phase::FfnNeurons;
+            for c in 0..cache.map.ffn_clusters {
+                let first = c as usize * per;
+                if (first..first + per).any(bit) {
+                    continue;
+                }
+                let u = cache.unit(layer, c);
+                let state = std::mem::replace(&mut cache.units[u], UnitState::Skipped);
+                if waits && !matches!(state, UnitState::Sent | UnitState::Skipped) {
+                    flight.waiting -= 1;
+                }
+            }
+            cache.layer_pages.clear();
+            cache.layer_pages.extend_from_slice(pages);
+            cache.gate = if layer + 1 < cache.map.n_layer {
+                cache.map.unit(layer + 1, 0)
+            } else {
+                u32::MAX
+            };
+            return self.finish_phase_if_done(out);
+        }
         let all_gated = (0..cache.map.ffn_clusters)
             .all(|c| cache.units[cache.unit(layer, c)] == UnitState::Gated);
         if flight.request.step != step
@@ -996,12 +1074,65 @@ impl CacheFlow {
                 self.cursor += 1;
                 continue;
             }
-            let want =
-                if self.two_phase && layer < self.map.n_layer && cluster < self.map.ffn_clusters {
-                    Want::Prefix(self.gate_pages)
-                } else {
-                    Want::Whole
+            let ffn_unit = layer < self.map.n_layer && cluster < self.map.ffn_clusters;
+            if self.page_predicted && self.gated_step && ffn_unit {
+                // The predicted neurons' pages (the cursor is in the layer they are for).
+                let first = cluster as usize * self.bundle_pages as usize;
+                let bits = &self.layer_pages;
+                let wanted = |p: u32| {
+                    let i = first + p as usize;
+                    bits.get(i / 64).is_some_and(|w| w >> (i % 64) & 1 == 1)
                 };
+                let mut runs = std::mem::take(&mut self.runs);
+                runs.clear();
+                let got = self
+                    .directory
+                    .acquire_pages(layer, cluster, wanted, &mut runs);
+                let Some(PagesAcquired {
+                    slot,
+                    evicted,
+                    fresh,
+                }) = got
+                else {
+                    self.runs = runs;
+                    break;
+                };
+                if runs.is_empty() {
+                    self.units[u] = if self.directory.is_ready(layer, cluster) {
+                        ready.push(self.cursor);
+                        UnitState::Ready
+                    } else {
+                        UnitState::Loading
+                    };
+                } else {
+                    self.units[u] = UnitState::Loading;
+                    self.pending[u] = runs.len() as u32;
+                    self.loads_in_flight += runs.len() as u32;
+                    for (i, r) in runs.iter().enumerate() {
+                        // The first run gives the slot to the unit; the others add pages.
+                        let gives = fresh && i == 0;
+                        out.push(Command::Load {
+                            step,
+                            layer,
+                            cluster,
+                            slot,
+                            evicted: evicted
+                                .filter(|_| gives)
+                                .map(|e| self.directory.split_unit(e)),
+                            pages: Some(r.clone()),
+                            top_up: !gives,
+                        });
+                    }
+                }
+                self.runs = runs;
+                self.cursor += 1;
+                continue;
+            }
+            let want = if self.two_phase && ffn_unit {
+                Want::Prefix(self.gate_pages)
+            } else {
+                Want::Whole
+            };
             match self.directory.acquire_part(layer, cluster, want) {
                 Acquired::Full => break,
                 Acquired::Hit => {

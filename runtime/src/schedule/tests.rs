@@ -1178,11 +1178,12 @@ impl PageDriver {
                         pending.push(Event::ClusterDone(work));
                     }
                     Command::FinishPhase {
-                        step,
-                        layer,
-                        phase: Phase::FfnGateRows,
-                        ..
-                    } => {
+                        step, layer, phase, ..
+                    } if phase == Phase::FfnGateRows
+                        || (phase == Phase::AttnOutRows
+                            && req.n_tokens == 1
+                            && s.reads_predicted_pages()) =>
+                    {
                         let mut bits = vec![0u64; (map.ffn_clusters * per).div_ceil(64) as usize];
                         for c in 0..map.ffn_clusters {
                             for p in (0..per).filter(|&p| wanted(layer, c, p)) {
@@ -1354,5 +1355,75 @@ proptest! {
         let first = d.pages_read;
         d.run_step(&mut s, request(2, 1, 1), &wanted, &mut pick);
         prop_assert_eq!(d.pages_read, first);
+    }
+}
+
+#[test]
+fn predicted_pages_are_read_in_one_phase() {
+    let shape = gate_first_shape();
+    let mut s = Scheduler::new(&shape, &gate_first_plan(6, 1, 3, false, 0)).unwrap();
+    s.await_predictions(true);
+    assert!(s.reads_predicted_pages());
+    // No gate phase: the predicted neurons' pages come with the predictions.
+    assert!(!s.program(StepShape::Decode).is_gate_first());
+    let mut d = PageDriver::new(6, 8, 0);
+    // Cluster 2 of every layer has no predicted neuron; the others pages 1 and 6.
+    let wanted = |_l: u32, c: u32, p: u32| c != 2 && (p == 1 || p == 6);
+    let computed = d.run_step(&mut s, request(1, 1, 0), &wanted, &mut std::iter::empty());
+    for l in 0..3 {
+        for c in 0..5 {
+            assert_eq!(computed.contains(&(l, c, Phase::FfnNeurons)), c != 2);
+            assert!(!computed.contains(&(l, c, Phase::FfnGateRows)));
+        }
+    }
+    // 2 pages of 4 clusters a layer, a page per output cluster.
+    assert_eq!(d.pages_read, 3 * 4 * 2 + 2);
+    // A prefill reads whole bundles; a decode after it finds its pages in.
+    d.run_step(&mut s, request(2, 4, 1), &wanted, &mut std::iter::empty());
+    let before = d.pages_read;
+    d.run_step(&mut s, request(3, 1, 5), &wanted, &mut std::iter::empty());
+    assert!(d.pages_read - before <= 3 * 4 * 2 + 2);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Predicted pages under any slots, depth, gap and completion order: steps finish and
+    /// clusters compute only with their pages in.
+    #[test]
+    fn predicted_pages_are_correct_for_any_completion_order(
+        extra_slots in 1u32..12,
+        hot in 0u32..6,
+        max_loads in 1u32..5,
+        stream_attention in any::<bool>(),
+        gap in 0u32..3,
+        seed in any::<u64>(),
+        picks in proptest::collection::vec(any::<usize>(), 0..400),
+    ) {
+        let shape = gate_first_shape();
+        let slots = 5 + hot + extra_slots;
+        let plan = gate_first_plan(slots, hot, max_loads, stream_attention, gap);
+        let mut s = Scheduler::new(&shape, &plan).unwrap();
+        s.await_predictions(true);
+        let mut d = PageDriver::new(slots, 8, gap);
+        let wanted = |l: u32, c: u32, p: u32| {
+            let h = (u64::from(l) * 131 + u64::from(c) * 31 + u64::from(p)).wrapping_mul(seed | 1);
+            (h >> 17) % 3 == 0
+        };
+        let mut pick = picks.iter().copied().cycle();
+        for req in [request(1, 1, 0), request(2, 1, 1), request(3, 6, 2), request(4, 1, 8)] {
+            let computed = d.run_step(&mut s, req.clone(), &wanted, &mut pick);
+            if req.n_tokens == 1 {
+                for l in 0..3 {
+                    for c in 0..5 {
+                        let needs = (0..8).any(|p| wanted(l, c, p));
+                        prop_assert_eq!(
+                            computed.iter().filter(|&&x| x == (l, c, Phase::FfnNeurons)).count(),
+                            usize::from(needs)
+                        );
+                    }
+                }
+            }
+        }
     }
 }

@@ -276,6 +276,23 @@ impl BundleLayout {
         }
     }
 
+    /// Sets in `bits` (bit `first + p` for page `p` of bundle `b`) the pages holding the gate
+    /// rows, up rows and down columns of `neurons` (bundle-local indices): what sparse decode
+    /// with predictors reads of the predicted neurons when it reads rows one by one (the whole
+    /// down part for block-columns).
+    pub fn mark_neuron_pages(&self, b: u32, neurons: &[u32], bits: &mut [u64], first: usize) {
+        let gr = self.gate_row();
+        for &j in neurons {
+            let j = j as usize;
+            let (a, z) = (j * gr, (j + 1) * gr);
+            for p in a / STORE_ALIGN as usize..=(z - 1) / STORE_ALIGN as usize {
+                let i = first + p;
+                bits[i / 64] |= 1 << (i % 64);
+            }
+        }
+        self.mark_active_pages(b, neurons, false, bits, first);
+    }
+
     /// Bytes of a bundle of `m` neurons without padding.
     pub fn payload_bytes(&self, m: u32) -> usize {
         let m_ = m as usize;
