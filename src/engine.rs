@@ -439,7 +439,20 @@ impl EngineBuilder {
                     "needs --sparsity threshold or predictor: the gate or the predictors decide which neurons' pages are read",
                 ));
             }
+            // Predicted pages keep no layer pinned (no gate phase): no cold slots reserved
+            // for one.
+            let predicted_pages = plan.cache.as_ref().is_some_and(|c| c.gate_first)
+                && model
+                    .sparse
+                    .as_ref()
+                    .is_some_and(|s| s.mode == SparsityMode::Predictor);
+            if predicted_pages {
+                plan.cache.get_or_insert_with(CachePlan::default).gate_first = false;
+            }
             let split = apply_budget(&model, &mut plan, memory, n_ctx)?;
+            if predicted_pages {
+                plan.cache.get_or_insert_with(CachePlan::default).gate_first = true;
+            }
             if !split.plan.stream_attention {
                 // The budget keeps attention resident: load the store again with it, keeping
                 // what was resolved from the first load (which held only the header and norms,

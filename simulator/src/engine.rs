@@ -428,12 +428,13 @@ impl<'a> Engine<'a> {
                     t += d;
                     if *phase == Phase::FfnGateRows {
                         // Drivers feed the pages the gate let through right after this finish.
-                        let pages = gate_first_pages(
+                        let pages = active_pages(
                             self.machine.gate_layout.as_ref(),
                             self.scheduler.bundle_pages(),
                             self.program.clusters(Phase::FfnNeurons),
                             self.ctx.activity,
                             *layer,
+                            false,
                         );
                         predictions.push((
                             t,
@@ -455,12 +456,13 @@ impl<'a> Engine<'a> {
                             Event::FfnPages {
                                 step: *step,
                                 layer: *layer,
-                                pages: predicted_pages(
+                                pages: active_pages(
                                     self.machine.gate_layout.as_ref(),
                                     self.scheduler.bundle_pages(),
                                     clusters,
                                     self.ctx.activity,
                                     *layer,
+                                    true,
                                 ),
                             }
                         } else {
@@ -663,15 +665,17 @@ struct Load {
 }
 
 /// Gate-first loading: the pages of each FFN cluster's bundle the neurons active in `layer`
-/// read (as the executor marks them for one token: their up rows, every up row when more than
-/// half the cluster fires, and their down columns); every page of every bundle without a
-/// layout or an activity.
-fn gate_first_pages(
+/// read, as the executor marks them for one token: their up rows (every up row when more than
+/// half the cluster fires) and down columns after a gate phase, or with predictors (`predicted`)
+/// their gate rows, up rows and down columns. Every page of every bundle without a layout or
+/// an activity.
+fn active_pages(
     layout: Option<&conductor_runtime::store::BundleLayout>,
     bundle_pages: u32,
     clusters: &[Range<u32>],
     activity: Option<&StepActivity>,
     layer: u32,
+    predicted: bool,
 ) -> Vec<u64> {
     let per = bundle_pages as usize;
     let mut words = vec![0u64; (clusters.len() * per).div_ceil(64)];
@@ -689,42 +693,13 @@ fn gate_first_pages(
         let to = active.partition_point(|&n| n < r.end);
         local.clear();
         local.extend(active[from..to].iter().map(|&n| n - r.start));
-        if local.is_empty() {
-            continue;
+        let (b, first) = (c as u32, c * per);
+        if predicted {
+            layout.mark_neuron_pages(b, &local, &mut words, first);
+        } else if !local.is_empty() {
+            let whole = local.len() * 2 > r.len();
+            layout.mark_active_pages(b, &local, whole, &mut words, first);
         }
-        let whole = local.len() * 2 > r.len();
-        layout.mark_active_pages(c as u32, &local, whole, &mut words, c * per);
-    }
-    words
-}
-
-/// Gate-first loading with predictors: the pages of each FFN cluster's bundle holding the gate
-/// rows, up rows and down columns of the neurons active in `layer` (the activity stands for the
-/// predictions); every page of every bundle without a layout or an activity.
-fn predicted_pages(
-    layout: Option<&conductor_runtime::store::BundleLayout>,
-    bundle_pages: u32,
-    clusters: &[Range<u32>],
-    activity: Option<&StepActivity>,
-    layer: u32,
-) -> Vec<u64> {
-    let per = bundle_pages as usize;
-    let mut words = vec![0u64; (clusters.len() * per).div_ceil(64)];
-    let active = match activity.and_then(|a| a.layers.get(layer as usize)) {
-        Some(ActiveSet::Neurons(v)) => Some(v.as_slice()),
-        _ => None,
-    };
-    let (Some(layout), Some(active)) = (layout, active) else {
-        (0..clusters.len() * per).for_each(|i| words[i / 64] |= 1 << (i % 64));
-        return words;
-    };
-    let mut local = Vec::new();
-    for (c, r) in clusters.iter().enumerate() {
-        let from = active.partition_point(|&n| n < r.start);
-        let to = active.partition_point(|&n| n < r.end);
-        local.clear();
-        local.extend(active[from..to].iter().map(|&n| n - r.start));
-        layout.mark_neuron_pages(c as u32, &local, &mut words, c * per);
     }
     words
 }

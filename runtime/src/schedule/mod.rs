@@ -279,6 +279,9 @@ struct CacheFlow {
     /// layer whose FFN the cursor acquires ([`Event::FfnPages`] in place of `FfnPredicted`).
     page_predicted: bool,
     layer_pages: Vec<u64>,
+    /// Slots units without a hot slot share: a gate phase keeps a layer's bundles pinned,
+    /// so it needs a layer's worth.
+    cold_slots: u32,
     /// Scratch: units a pump found ready; runs of pages to read.
     newly_ready: Vec<u32>,
     runs: Vec<Range<u32>>,
@@ -361,11 +364,8 @@ impl Scheduler {
                     return Err(ScheduleError::GateFirstWithoutStore);
                 }
                 let mut directory = CacheDirectory::new(c, &map);
+                let cold_slots = directory.cold_slots();
                 if c.gate_first {
-                    let (need, cold) = (map.ffn_clusters, directory.cold_slots());
-                    if cold < need {
-                        return Err(ScheduleError::GateFirstSlots { need, cold });
-                    }
                     directory = directory.with_pages(bundle_pages);
                 }
                 Some(CacheFlow {
@@ -386,6 +386,7 @@ impl Scheduler {
                     bundle_pages,
                     page_predicted: false,
                     layer_pages: Vec::new(),
+                    cold_slots,
                     newly_ready: Vec::new(),
                     runs: Vec::new(),
                 })
@@ -593,6 +594,15 @@ impl Scheduler {
             });
         }
         let shape = self.shape_for(request.n_tokens);
+        if let Some(c) = self.cache.as_ref() {
+            let gate_phase = c.gate_first && !c.page_predicted && shape == StepShape::Decode;
+            if gate_phase && c.cold_slots < c.map.ffn_clusters {
+                return Err(ScheduleError::GateFirstSlots {
+                    need: c.map.ffn_clusters,
+                    cold: c.cold_slots,
+                });
+            }
+        }
         let request_wants_logits = request.wants_logits();
         self.in_flight = Some(InFlight {
             request,

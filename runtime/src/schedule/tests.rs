@@ -1289,10 +1289,27 @@ fn gate_first_reads_gate_pages_then_only_the_wanted_ones() {
 #[test]
 fn gate_first_refuses_too_few_cold_slots_and_models_without_gate_pages() {
     let shape = gate_first_shape();
-    // 5 bundles a layer need 5 cold slots; 6 slots with 2 hot leave 4.
+    // 5 bundles a layer need 5 cold slots; 6 slots with 2 hot leave 4: a decode step is
+    // refused (not a deadlock). Prefill, and predicted pages (no gate phase), run.
+    let mut s = Scheduler::new(&shape, &gate_first_plan(6, 2, 1, false, 0)).unwrap();
+    let mut out = Vec::new();
     assert_eq!(
-        Scheduler::new(&shape, &gate_first_plan(6, 2, 1, false, 0)).err(),
-        Some(ScheduleError::GateFirstSlots { need: 5, cold: 4 })
+        s.on_event(Event::StepRequested(request(1, 1, 0)), &mut out),
+        Err(ScheduleError::GateFirstSlots { need: 5, cold: 4 })
+    );
+    let mut d = PageDriver::new(6, 8, 0);
+    d.run_step(
+        &mut s,
+        request(2, 4, 0),
+        &|_, _, _| true,
+        &mut std::iter::empty(),
+    );
+    s.await_predictions(true);
+    d.run_step(
+        &mut s,
+        request(3, 1, 4),
+        &|_, _, p| p < 3,
+        &mut std::iter::empty(),
     );
     let plain = store_shape(3, 32);
     assert_eq!(
