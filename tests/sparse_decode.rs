@@ -655,8 +655,11 @@ fn gate_first_loading_reads_fewer_bytes_with_the_same_bits() {
             "gate-first {gate_first} (gap {gap}), {driver:?} x{threads}: not the in-memory bits"
         );
         if recorded {
-            // The trace keeps the neurons the gates let through, for the simulator.
+            // The trace keeps the neurons the gates let through, for the simulator, and
+            // replays to the same commands.
             let trace = engine.take_trace().unwrap();
+            let replayed = conductor_simulator::replay(&trace).unwrap();
+            assert_eq!(replayed.mismatched, 0, "{:?}", replayed.first_mismatch);
             let decode = trace.activity.last().expect("decode steps recorded");
             for set in &decode.layers {
                 let ActiveSet::Neurons(v) = set else {
@@ -706,11 +709,20 @@ fn gate_first_loading_reads_fewer_bytes_with_the_same_bits() {
             .on_progress(|_| {})
             .build()
             .unwrap();
+        let recorded = driver == DriverKind::Actors;
+        if recorded {
+            engine.start_trace().unwrap();
+        }
         let got = decode_logits(&mut engine);
         assert!(
             got == reference,
             "predicted pages {pages}, {driver:?} x{threads}: not the in-memory bits"
         );
+        if recorded {
+            // The replay knows the pages came as predictions (no gate phase).
+            let replayed = conductor_simulator::replay(&engine.take_trace().unwrap()).unwrap();
+            assert_eq!(replayed.mismatched, 0, "{:?}", replayed.first_mismatch);
+        }
         let report = engine.cache_report().expect("a cache");
         read.push((report.bytes_read, report.loads));
     }

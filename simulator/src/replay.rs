@@ -59,11 +59,16 @@ impl ReplayReport {
 /// going after a mismatch (the scheduler's state may have diverged; later counts say how far).
 pub fn replay(trace: &Trace) -> Result<ReplayReport, ReplayError> {
     let mut scheduler = Scheduler::new(&trace.header.model.shape, &trace.header.plan)?;
-    // A predictor-mode run's decode steps waited for predictions: so must the replay.
-    let predicted = trace
-        .records
-        .iter()
-        .any(|r| matches!(r.event, Event::FfnPredicted { .. }));
+    // A predictor-mode run's decode steps waited for predictions: so must the replay. Under
+    // gate-first loading they came as the predicted neurons' pages (`FfnPages` without a gate
+    // phase).
+    let event = |f: fn(&Event) -> bool| trace.records.iter().any(|r| f(&r.event));
+    let gate_phase = trace.records.iter().flat_map(|r| &r.commands).any(|c| {
+        matches!(c, conductor_runtime::schedule::Command::Compute { work, .. }
+            if work.phase == conductor_runtime::neuron::Phase::FfnGateRows)
+    });
+    let predicted = event(|e| matches!(e, Event::FfnPredicted { .. }))
+        || (!gate_phase && event(|e| matches!(e, Event::FfnPages { .. })));
     scheduler.await_predictions(predicted);
     let mut report = ReplayReport {
         records: trace.records.len(),
