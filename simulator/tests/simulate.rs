@@ -466,8 +466,8 @@ fn gate_first_loading_reads_only_the_pages_the_activity_needs() {
     };
     let whole = report(false);
     let gated = report(true);
-    // Gate rows are a third of a bundle; the active sixteenth's up rows and down columns
-    // take a page each of the rest.
+    // Gate rows are about a quarter of a bundle; the active sixteenth's up rows and down
+    // columns take a page or two each of the rest.
     assert!(
         gated.bytes_read * 2 < whole.bytes_read,
         "{} vs {}",

@@ -371,9 +371,7 @@ impl CacheDirectory {
             return None;
         };
         // A slot of no pages yet: every wanted page is missing.
-        self.units[u] = Residency::Ready(slot);
-        self.top_up(layer, cluster, wanted, runs);
-        self.units[u] = Residency::Loading(slot);
+        self.missing_runs(slot, wanted, runs);
         Some(PagesAcquired {
             slot,
             evicted,
@@ -396,8 +394,23 @@ impl CacheDirectory {
         let Residency::Ready(s) = self.units[u] else {
             return None;
         };
+        if self.missing_runs(s, wanted, runs) {
+            self.units[u] = Residency::Loading(s);
+        }
+        Some(s)
+    }
+
+    /// Appends to `runs` the runs of pages `wanted` says that `slot` (holding its unit in
+    /// part) lacks, runs at most the gap apart merged, and marks them held. False when it
+    /// lacks none (or holds its unit whole).
+    fn missing_runs(
+        &mut self,
+        s: u32,
+        wanted: impl Fn(u32) -> bool,
+        runs: &mut Vec<Range<u32>>,
+    ) -> bool {
         if !self.slots[s as usize].partial {
-            return Some(s);
+            return false;
         }
         let before = runs.len();
         let mut run: Option<Range<u32>> = None;
@@ -421,10 +434,7 @@ impl CacheDirectory {
                 self.pages[at + p as usize / 64] |= 1 << (p % 64);
             }
         }
-        if runs.len() > before {
-            self.units[u] = Residency::Loading(s);
-        }
-        Some(s)
+        runs.len() > before
     }
 
     fn pin(&mut self, slot: u32) {

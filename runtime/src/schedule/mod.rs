@@ -427,29 +427,18 @@ impl Scheduler {
     ///
     /// Under gate-first loading (`cache.gate_first`) the predictions come as
     /// [`Event::FfnPages`] instead: the pages of the predicted neurons' rows, read in one
-    /// phase (the decode program then has no `FfnGateRows`).
+    /// phase (the decode program then has no `FfnGateRows`). Set once, before the first step
+    /// and before drivers take the programs.
     pub fn await_predictions(&mut self, on: bool) {
         self.await_predictions = on;
         let Some(cache) = self.cache.as_mut().filter(|c| c.gate_first) else {
             return;
         };
         cache.page_predicted = on;
-        let decode = Arc::make_mut(&mut self.decode);
         if on {
-            decode
+            Arc::make_mut(&mut self.decode)
                 .layer_phases
                 .retain(|p| p.phase != Phase::FfnGateRows);
-        } else if !decode.is_gate_first() {
-            let shares = decode
-                .phase(Phase::FfnNeurons)
-                .map(|p| {
-                    p.parts
-                        .iter()
-                        .map(|(x, r)| (*x, r.len() as u32))
-                        .collect::<Vec<_>>()
-                })
-                .unwrap_or_default();
-            decode.gate_first(&shares);
         }
     }
 
@@ -807,6 +796,24 @@ impl Scheduler {
         out: &mut Vec<Command>,
     ) -> Result<(), ScheduleError> {
         let unexpected = ScheduleError::UnexpectedPrediction { step, layer };
+        let bit = |c: u32| {
+            needed
+                .get(c as usize / 64)
+                .is_some_and(|w| w >> (c % 64) & 1 == 1)
+        };
+        self.take_predictions(step, layer, bit, unexpected, out)
+    }
+
+    /// The predictions of decode step `step` for `layer`, `needed(c)` for each FFN cluster:
+    /// the others are skipped, and the cursor moves on to the next layer's predictions.
+    fn take_predictions(
+        &mut self,
+        step: StepId,
+        layer: u32,
+        needed: impl Fn(u32) -> bool,
+        unexpected: ScheduleError,
+        out: &mut Vec<Command>,
+    ) -> Result<(), ScheduleError> {
         let (Some(flight), Some(cache)) = (self.in_flight.as_mut(), self.cache.as_mut()) else {
             return Err(unexpected);
         };
@@ -826,11 +833,7 @@ impl Scheduler {
         // attention finish): a skipped one no longer counts as waiting, and is not sent: it
         // would add nothing, and drivers sum only the clusters a step needs.
         let waits = flight.layer == layer && current.phase == Phase::FfnNeurons;
-        for c in 0..cache.map.ffn_clusters {
-            let word = needed.get(c as usize / 64).copied().unwrap_or(0);
-            if word >> (c % 64) & 1 == 1 {
-                continue;
-            }
+        for c in (0..cache.map.ffn_clusters).filter(|&c| !needed(c)) {
             let u = cache.unit(layer, c);
             let state = std::mem::replace(&mut cache.units[u], UnitState::Skipped);
             if waits && !matches!(state, UnitState::Sent | UnitState::Skipped) {
@@ -848,7 +851,8 @@ impl Scheduler {
 
     /// Gate-first loading: the pages each FFN cluster of `layer` still needs. Clusters that
     /// need none are skipped (their slots released); those whose pages are all in go to
-    /// compute at once; the others read the runs of pages their slots lack.
+    /// compute at once; the others read the runs of pages their slots lack. With predictors
+    /// they are the layer's predictions: the cursor then acquires the clusters with pages.
     fn pages(
         &mut self,
         step: StepId,
@@ -857,7 +861,18 @@ impl Scheduler {
         out: &mut Vec<Command>,
     ) -> Result<(), ScheduleError> {
         let unexpected = ScheduleError::UnexpectedPages { step, layer };
-        let (Some(flight), Some(cache)) = (self.in_flight.as_mut(), self.cache.as_mut()) else {
+        let Some(cache) = self.cache.as_mut() else {
+            return Err(unexpected);
+        };
+        let per = cache.bundle_pages as usize;
+        let bit = |i: usize| pages.get(i / 64).is_some_and(|w| w >> (i % 64) & 1 == 1);
+        if cache.page_predicted {
+            cache.layer_pages.clear();
+            cache.layer_pages.extend_from_slice(pages);
+            let needed = |c: u32| (c as usize * per..(c as usize + 1) * per).any(bit);
+            return self.take_predictions(step, layer, needed, unexpected, out);
+        }
+        let Some(flight) = self.in_flight.as_mut() else {
             return Err(unexpected);
         };
         let program = match flight.shape {
@@ -865,39 +880,6 @@ impl Scheduler {
             StepShape::Prefill => &self.prefill,
         };
         let current = program.phase_layout_at(flight.phase_index).phase;
-        if cache.page_predicted {
-            // The predicted neurons' pages, as predictions: the cursor acquires the layer's
-            // clusters with pages, the others are skipped.
-            if flight.request.step != step
-                || layer >= cache.map.n_layer
-                || cache.map.unit(layer, 0) != cache.gate
-                || cache.cursor != cache.gate
-            {
-                return Err(unexpected);
-            }
-            let per = cache.bundle_pages as usize;
-            let bit = |i: usize| pages.get(i / 64).is_some_and(|w| w >> (i % 64) & 1 == 1);
-            let waits = flight.layer == layer && current == Phase::FfnNeurons;
-            for c in 0..cache.map.ffn_clusters {
-                let first = c as usize * per;
-                if (first..first + per).any(bit) {
-                    continue;
-                }
-                let u = cache.unit(layer, c);
-                let state = std::mem::replace(&mut cache.units[u], UnitState::Skipped);
-                if waits && !matches!(state, UnitState::Sent | UnitState::Skipped) {
-                    flight.waiting -= 1;
-                }
-            }
-            cache.layer_pages.clear();
-            cache.layer_pages.extend_from_slice(pages);
-            cache.gate = if layer + 1 < cache.map.n_layer {
-                cache.map.unit(layer + 1, 0)
-            } else {
-                u32::MAX
-            };
-            return self.finish_phase_if_done(out);
-        }
         let all_gated = (0..cache.map.ffn_clusters)
             .all(|c| cache.units[cache.unit(layer, c)] == UnitState::Gated);
         if flight.request.step != step
@@ -908,8 +890,6 @@ impl Scheduler {
         {
             return Err(unexpected);
         }
-        let per = cache.bundle_pages as usize;
-        let bit = |i: usize| pages.get(i / 64).is_some_and(|w| w >> (i % 64) & 1 == 1);
         let mut runs = std::mem::take(&mut cache.runs);
         for c in 0..cache.map.ffn_clusters {
             let u = cache.unit(layer, c);
