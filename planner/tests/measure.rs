@@ -73,6 +73,7 @@ fn quick(dir: &Path) -> MeasureOptions {
         skip_storage: false,
         storage_file: None,
         storage_reads: Vec::new(),
+        storage_replay_buffers: 0,
     }
 }
 
@@ -256,6 +257,8 @@ fn storage_measured_on_an_existing_file_reads_it_and_leaves_it_as_it_was() {
     let opts = MeasureOptions {
         storage_file: Some(path.clone()),
         storage_reads: reads,
+        // As into a cache's slots: each of the two replay threads cycles through three.
+        storage_replay_buffers: 5,
         ..quick(Path::new("/nonexistent/never/used"))
     };
     let topo = Topology {
@@ -286,7 +289,8 @@ fn storage_measured_on_an_existing_file_reads_it_and_leaves_it_as_it_was() {
         );
     }
     assert!(
-        profile.description.contains("replaying the 16 reads"),
+        profile.description.contains("replaying the 16 reads")
+            && profile.description.contains("into 5 buffers in turn"),
         "{}",
         profile.description
     );

@@ -31,6 +31,10 @@ pub struct ProfileHwArgs {
     /// run will read: the device and placement it actually comes from.
     #[arg(long = "storage-file", conflicts_with_all = ["storage_dir", "storage_mb", "no_storage"])]
     pub storage_file: Option<PathBuf>,
+    /// With --storage-file: how many distinct buffers the replay of a run's reads lands in
+    /// (default: as many as the cache has slots at 50% of the store). 1: one per thread.
+    #[arg(long = "replay-buffers", requires = "storage_file")]
+    pub replay_buffers: Option<usize>,
     /// Do not measure storage (the profile then holds placeholder storage figures, and says so).
     #[arg(long = "no-storage")]
     pub no_storage: bool,
@@ -39,45 +43,56 @@ pub struct ProfileHwArgs {
 /// The reads a decode of the neuron store at `path` issues, `(offset, length)` in its order,
 /// under the smallest of 25%, 50% and 100% of the file that the engine fits (32 tokens of
 /// context, so that the KV cache leaves the most to stream): the budget where the most units
-/// stream, attention and output projection included when it streams them. Empty for a file
-/// that is not a neuron store.
-fn store_reads(path: &Path) -> Result<Vec<(u64, usize)>> {
+/// stream, attention and output projection included when it streams them. With them, how many
+/// slots the cache reads into: the most of that budget and 50% (a run's bytes land in its
+/// cache's slots, and how many there are changes what a virtual disk gives). Empty and 0 for a
+/// file that is not a neuron store.
+fn store_reads(path: &Path) -> Result<(Vec<(u64, usize)>, usize)> {
     let is_store = GgufFile::open(path)
         .map(|f| f.tensors().iter().any(|t| t.name.ends_with(".ffn_bundles")))
         .unwrap_or(false);
     if !is_store {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), 0));
     }
     let load = |attention| {
         Model::load_resident_with(path, true, attention)
             .with_context(|| format!("cannot load the neuron store {}", path.display()))
     };
     let model = load(false)?;
+    let slots_at = |percent: f64| {
+        let mut plan = ExecutionPlan::default();
+        apply_budget(&model, &mut plan, MemoryBudget::PercentOfModel(percent), 32)
+            .map(|split| split.plan.slots as usize)
+            .unwrap_or(0)
+    };
     for percent in [25.0, 50.0, 100.0] {
         let mut plan = ExecutionPlan::default();
         let Ok(split) = apply_budget(&model, &mut plan, MemoryBudget::PercentOfModel(percent), 32)
         else {
             continue;
         };
+        let slots = (split.plan.slots as usize).max(slots_at(50.0));
         let model = load(split.plan.stream_attention)?;
         let scheduler = Scheduler::new(&model.shape(), &plan)?;
         let Some(map) = scheduler.unit_map() else {
             continue;
         };
-        return Ok(unit_extents(&model, map, plan.decode.output_rows)
+        let reads = unit_extents(&model, map, plan.decode.output_rows)
             .iter()
             .map(|e| (e.offset, e.len))
-            .collect());
+            .collect();
+        return Ok((reads, slots));
     }
-    Ok(Vec::new())
+    Ok((Vec::new(), 0))
 }
 
 pub fn run(args: ProfileHwArgs) -> Result<()> {
     let default_mb = if args.quick { 64 } else { 1024 };
-    let storage_reads = match &args.storage_file {
+    let (storage_reads, storage_replay_buffers) = match &args.storage_file {
         Some(path) if !args.no_storage => store_reads(path)?,
-        _ => Vec::new(),
+        _ => (Vec::new(), 0),
     };
+    let storage_replay_buffers = args.replay_buffers.unwrap_or(storage_replay_buffers);
     let opts = MeasureOptions {
         quick: args.quick,
         storage_dir: args.storage_dir.unwrap_or_else(std::env::temp_dir),
@@ -88,6 +103,7 @@ pub fn run(args: ProfileHwArgs) -> Result<()> {
         skip_storage: args.no_storage,
         storage_file: args.storage_file,
         storage_reads,
+        storage_replay_buffers,
     };
     // Before the messaging measurement: a bad --storage-dir fails at once.
     check_options(&opts).context("profile-hw")?;

@@ -55,6 +55,12 @@ pub struct MeasureOptions {
     /// [`REPLAY_DEPTHS`]; their rates by size join the random table at those depths (see
     /// [`storage::measure_storage_on`]).
     pub storage_reads: Vec<(u64, usize)>,
+    /// How many distinct buffers the replay of `storage_reads` reads into, in turn: the slots
+    /// of the cache a run reads into (0 or 1: one buffer per thread). On the virtual disk of
+    /// the build VM a stream of reads into a cache's worth of buffers (35 slots, 12 MiB) got
+    /// 16–25% fewer reads per second than the same reads into one buffer reused
+    /// (`docs/benchmarks.md`, 2026-11-26), so a replay into one buffer overstates a run.
+    pub storage_replay_buffers: usize,
 }
 
 impl Default for MeasureOptions {
@@ -66,6 +72,7 @@ impl Default for MeasureOptions {
             skip_storage: false,
             storage_file: None,
             storage_reads: Vec::new(),
+            storage_replay_buffers: 0,
         }
     }
 }
@@ -284,9 +291,13 @@ pub fn measure(
         storage::placeholder()
     } else {
         match &opts.storage_file {
-            Some(path) => {
-                storage::measure_storage_on(path, &opts.storage_reads, &effort, progress)?
-            }
+            Some(path) => storage::measure_storage_on(
+                path,
+                &opts.storage_reads,
+                opts.storage_replay_buffers,
+                &effort,
+                progress,
+            )?,
             None => storage::measure_storage(
                 &opts.storage_dir,
                 opts.storage_file_bytes,

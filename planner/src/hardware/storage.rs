@@ -430,7 +430,8 @@ pub const REPLAY_DEPTHS: [u32; 2] = [1, 2];
 ///
 /// `reads` (offset, length), when given, are the reads a run of this file issues, in its
 /// order: after the curves they are replayed at each of [`REPLAY_DEPTHS`] (that many threads
-/// taking the next read in turn), cycling, and each read size's rate replaces the random
+/// taking the next read in turn), cycling, into `buffers` distinct buffers in turn (a run's
+/// cache slots; at least one per thread), and each read size's rate replaces the random
 /// table's figure at that depth and size. On a shared virtual disk the rate of a run's stream
 /// of reads differs from what the same sizes give in the curve's short samples at uniformly
 /// random offsets (`docs/benchmarks.md`, 2026-11-25, third session), and the simulator predicts
@@ -438,6 +439,7 @@ pub const REPLAY_DEPTHS: [u32; 2] = [1, 2];
 pub fn measure_storage_on(
     path: &Path,
     reads: &[(u64, usize)],
+    buffers: usize,
     effort: &Effort,
     progress: &mut dyn FnMut(&str),
 ) -> Result<StorageOutcome, MeasureError> {
@@ -456,10 +458,13 @@ pub fn measure_storage_on(
     let mut replayed = 0;
     let mut sizes = std::collections::BTreeSet::new();
     for depth in REPLAY_DEPTHS {
-        let (rates, count) =
-            replay_reads(&reader, reads, duration, depth).map_err(|e| io_error(path, "read", e))?;
+        let (rates, count) = replay_reads(&reader, reads, duration, depth, buffers)
+            .map_err(|e| io_error(path, "read", e))?;
         replayed = count;
-        let mut line = format!("storage: the file's own reads, replayed (QD{depth}):");
+        let mut line = format!(
+            "storage: the file's own reads, replayed (QD{depth}, into {} buffers):",
+            buffers.max(depth as usize)
+        );
         for &(size, mbps) in &rates {
             line += &format!(" {} {mbps:.0}", size_label(size));
             sizes.insert(size);
@@ -470,7 +475,8 @@ pub fn measure_storage_on(
     outcome.notes.push(format!(
         "Random reads of {} at queue depths {} come from replaying the {} reads a run of this \
          file issues, in its order, for {:.1} s at each depth (N threads taking the next read in \
-         turn; per size: N x bytes / time spent reading them).",
+         turn, into {} buffers in turn as into a cache's slots; per size: N x bytes / time \
+         spent reading them).",
         sizes
             .iter()
             .map(|size| format!("{size} B"))
@@ -482,13 +488,17 @@ pub fn measure_storage_on(
             .collect::<Vec<_>>()
             .join(" and "),
         replayed,
-        duration.as_secs_f64()
+        duration.as_secs_f64(),
+        buffers.max(REPLAY_DEPTHS.len())
     ));
     Ok(outcome)
 }
 
 /// Replays `reads` of `reader`'s file in order with `depth` threads, each taking the next read
-/// in turn, cycling, for about `duration` (at least one pass). Returns MB/s at that depth by
+/// in turn, cycling, for about `duration` (at least one pass). The threads read into `buffers`
+/// distinct buffers (at least one each), each thread cycling through its share: where the
+/// bytes land changes what this VM's disk gives (see
+/// [`super::MeasureOptions::storage_replay_buffers`]). Returns MB/s at that depth by
 /// read size, ascending, of the sizes read at least 8 times — `depth` × bytes / seconds spent
 /// reading them, so that with `depth` reads in flight one read of the size costs
 /// bytes × depth / rate, as the simulator computes it — and how many of `reads` were replayed
@@ -498,6 +508,7 @@ fn replay_reads(
     reads: &[(u64, usize)],
     duration: Duration,
     depth: u32,
+    buffers: usize,
 ) -> std::io::Result<(Vec<(u64, f64)>, usize)> {
     use std::collections::BTreeMap;
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -511,6 +522,7 @@ fn replay_reads(
     let Some(longest) = reads.iter().map(|&(_, len)| len).max() else {
         return Ok((Vec::new(), 0));
     };
+    let per_thread = buffers.div_ceil(depth as usize).max(1);
     let next = AtomicUsize::new(0);
     let start = Instant::now();
     // Per thread: size -> (reads, seconds).
@@ -520,9 +532,14 @@ fn replay_reads(
             .map(|_| {
                 s.spawn(|| -> Tally {
                     // Rounded up to whole blocks: O_DIRECT reads need aligned lengths.
-                    let mut buf = AlignedBuf::new(longest.div_ceil(ALIGN) * ALIGN);
+                    let mut bufs: Vec<AlignedBuf> = (0..per_thread)
+                        .map(|_| AlignedBuf::new(longest.div_ceil(ALIGN) * ALIGN))
+                        .collect();
                     let mut by_size = BTreeMap::new();
+                    let mut turn = 0;
                     loop {
+                        let buf = &mut bufs[turn % per_thread];
+                        turn += 1;
                         let i = next.fetch_add(1, Ordering::Relaxed);
                         if i >= reads.len() && start.elapsed() >= duration {
                             return Ok(by_size);
