@@ -49,7 +49,7 @@ fn the_chosen_plan_is_the_fastest_candidate_and_its_prediction_replays() {
     let fastest = outcome.scored[0].decode_tok_s;
     assert_eq!(p.decode_tok_s, outcome.chosen.decode_tok_s);
     assert!(p.decode_tok_s * (1.0 + RESOLUTION) >= fastest);
-    let order = candidates(&r.model, &r.profile, true);
+    let order = candidates(&r.model, &r.profile, true, false);
     let at = order
         .iter()
         .position(|c| c.features == outcome.chosen.features)
@@ -235,4 +235,68 @@ fn a_phone_profile_gets_a_plan_over_its_core_classes() {
     );
     outcome.plan.validate().unwrap();
     assert!(outcome.chosen.decode_tok_s > 0.0);
+}
+
+#[test]
+fn with_threshold_sparsity_gate_first_reads_are_scored_and_skipped_where_they_do_not_fit() {
+    use conductor_planner::search::ReadPolicy;
+    use conductor_runtime::plan::SparsityPlan;
+    use conductor_runtime::sparse::SparsityMode;
+    let sparse = |memory| {
+        let mut r = request("build-machine.toml", Some(memory));
+        r.sparsity = Some(SparsityPlan {
+            mode: SparsityMode::Threshold,
+            target: Some(0.3),
+            thresholds: Vec::new(),
+        });
+        r
+    };
+    let gate_first = |o: &conductor_planner::search::PlanOutcome| {
+        o.scored
+            .iter()
+            .filter(|s| s.features.read != ReadPolicy::Whole)
+            .count()
+    };
+    // A roomy budget: every gate-first candidate is scored, with the plan it describes.
+    let roomy = search(&sparse(48 * MIB), &mut |_, _| {}).unwrap();
+    let all = gate_first(&roomy);
+    let whole = roomy.scored.len() - all;
+    assert!(whole > 10, "{whole} whole-bundle candidates");
+    assert_eq!(
+        all,
+        2 * whole,
+        "two gaps beside every whole-bundle candidate"
+    );
+    for s in &roomy.scored {
+        let cache = s.plan.cache.as_ref().unwrap();
+        match s.features.read {
+            ReadPolicy::Whole => assert!(!cache.gate_first),
+            ReadPolicy::GateFirst { gap } => {
+                assert!(cache.gate_first);
+                assert_eq!(cache.gate_first_gap, gap);
+            }
+        }
+    }
+    // Dense decode has no gate phase: no gate-first candidates.
+    let dense = search(
+        &request("build-machine.toml", Some(48 * MIB)),
+        &mut |_, _| {},
+    )
+    .unwrap();
+    assert_eq!(gate_first(&dense), 0);
+    // The least budget a plan fits: gate-first needs a layer's bundles in the cold segment, so
+    // some of its candidates do not fit there; they are left out, and the search still answers.
+    let mut budget = 16 * MIB;
+    let tight = loop {
+        match search(&sparse(budget), &mut |_, _| {}) {
+            Ok(o) => break o,
+            Err(_) => budget += MIB / 4,
+        }
+        assert!(budget < 48 * MIB, "no budget under 48 MiB fits");
+    };
+    assert!(
+        gate_first(&tight) < all,
+        "at {budget} bytes {} of {all} gate-first candidates fit",
+        gate_first(&tight)
+    );
 }

@@ -15,6 +15,20 @@ const MAX_LOADS: [u32; 4] = [DEFAULT_MAX_LOADS, 1, 2, 8];
 const COALESCE: [u32; 2] = [1, 2];
 /// Threads issuing reads.
 const IO_THREADS: [u32; 2] = [1, 2];
+/// Gate-first loading's gaps tried (runs of wanted pages this many pages apart read as one):
+/// many small reads, or fewer and larger ones carrying some pages not needed.
+const GATE_FIRST_GAPS: [u32; 2] = [0, 4];
+
+/// How decode reads a cluster's FFN bundle under a budget.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadPolicy {
+    /// The whole bundle (the engine's default).
+    Whole,
+    /// Only the pages decode needs: the gate rows first, then the up rows and down columns of
+    /// the neurons the gate lets through (threshold sparsity). Runs up to `gap` pages apart
+    /// are read as one.
+    GateFirst { gap: u32 },
+}
 
 /// How the decode groups are laid over the cores.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,6 +67,7 @@ pub struct Features {
     pub max_loads: u32,
     pub coalesce: u32,
     pub io_threads: u32,
+    pub read: ReadPolicy,
 }
 
 impl Features {
@@ -73,6 +88,9 @@ impl Features {
                 count(self.coalesce, "bundle", "bundles")
             ));
             parts.push(count(self.io_threads, "I/O thread", "I/O threads"));
+            if let ReadPolicy::GateFirst { gap } = self.read {
+                parts.push(format!("gate-first reads, gap {gap}"));
+            }
         }
         parts.join(", ")
     }
@@ -89,12 +107,19 @@ pub struct Candidate {
     pub plan: ExecutionPlan,
 }
 
-/// The candidates for `model` on `profile`'s machine, with cache shapes when `budgeted`.
+/// The candidates for `model` on `profile`'s machine, with cache shapes when `budgeted`; under
+/// a budget with threshold sparsity (`threshold`) on a store whose bundles record their gate
+/// rows' size, gate-first reads too.
 pub fn candidates(
     model: &ModelDescription,
     profile: &HardwareProfile,
     budgeted: bool,
+    threshold: bool,
 ) -> Vec<Candidate> {
+    let mut reads = vec![ReadPolicy::Whole];
+    if budgeted && threshold && model.shape.ffn_bundle_gate_bytes > 0 {
+        reads.extend(GATE_FIRST_GAPS.map(|gap| ReadPolicy::GateFirst { gap }));
+    }
     let topology = Topology::of_profile(profile);
     let mut layouts = vec![GroupLayout::PerClass];
     if topology.classes().len() > 1 {
@@ -121,6 +146,7 @@ pub fn candidates(
                         max_loads: 0,
                         coalesce: 0,
                         io_threads: base.storage.io_threads,
+                        read: ReadPolicy::Whole,
                     },
                     plan: base,
                 });
@@ -130,25 +156,34 @@ pub fn candidates(
                 for max_loads in MAX_LOADS {
                     for coalesce in COALESCE.into_iter().filter(|&c| c <= max_loads) {
                         for io_threads in IO_THREADS {
-                            let mut plan = base.clone();
-                            plan.storage.io_threads = io_threads;
-                            plan.cache = Some(CachePlan {
-                                policy,
-                                max_loads,
-                                coalesce,
-                                ..CachePlan::default()
-                            });
-                            out.push(Candidate {
-                                features: Features {
-                                    groups,
-                                    ffn_neurons,
-                                    policy: Some(policy),
+                            for &read in &reads {
+                                let mut plan = base.clone();
+                                plan.storage.io_threads = io_threads;
+                                let (gate_first, gate_first_gap) = match read {
+                                    ReadPolicy::Whole => (false, 0),
+                                    ReadPolicy::GateFirst { gap } => (true, gap),
+                                };
+                                plan.cache = Some(CachePlan {
+                                    policy,
                                     max_loads,
                                     coalesce,
-                                    io_threads,
-                                },
-                                plan,
-                            });
+                                    gate_first,
+                                    gate_first_gap,
+                                    ..CachePlan::default()
+                                });
+                                out.push(Candidate {
+                                    features: Features {
+                                        groups,
+                                        ffn_neurons,
+                                        policy: Some(policy),
+                                        max_loads,
+                                        coalesce,
+                                        io_threads,
+                                        read,
+                                    },
+                                    plan,
+                                });
+                            }
                         }
                     }
                 }
@@ -251,7 +286,7 @@ mod tests {
         ] {
             let p = profile(file);
             let classes = Topology::of_profile(&p).classes().len();
-            let list = candidates(&model(bundle), &p, budgeted);
+            let list = candidates(&model(bundle), &p, budgeted, false);
             let topology = Topology::of_profile(&p);
             let mut first = ExecutionPlan::for_topology(&topology);
             if budgeted {

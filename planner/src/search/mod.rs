@@ -18,7 +18,7 @@ mod candidates;
 mod sizes;
 
 pub use activity::{activity_from_profile, hot_units_from_frequencies, hot_units_from_profile};
-pub use candidates::{candidates, shares_by_speed, Candidate, Features};
+pub use candidates::{candidates, shares_by_speed, Candidate, Features, ReadPolicy};
 pub use sizes::{planned_store_sizes, planned_store_sizes_with, DEFAULT_HEADER_BYTES};
 
 use conductor_runtime::cache::{fit_plan_to_budget, BudgetError, BudgetSplit, StoreSizes};
@@ -26,6 +26,7 @@ use conductor_runtime::plan::{
     ExecutionPlan, HardwareProfile, ModelDescription, PlanPrediction, SparsityPlan,
 };
 use conductor_runtime::sparse::profile::ModelIdentity;
+use conductor_runtime::sparse::SparsityMode;
 use conductor_runtime::trace::StepActivity;
 use conductor_simulator::{simulate, SimError, SimOptions, SimReport, Workload};
 
@@ -172,11 +173,27 @@ pub fn search(
     if budget.is_some() && request.store.is_none() {
         return Err(SearchError::NotAStore);
     }
-    let list = candidates(&request.model, &request.profile, budget.is_some());
+    let threshold = request
+        .sparsity
+        .as_ref()
+        .is_some_and(|s| s.mode == SparsityMode::Threshold);
+    let list = candidates(
+        &request.model,
+        &request.profile,
+        budget.is_some(),
+        threshold,
+    );
     let total = list.len();
     let mut scored = Vec::with_capacity(total);
     for (i, c) in list.into_iter().enumerate() {
-        scored.push(score(request, c, budget)?);
+        let gate_first = c.features.read != ReadPolicy::Whole;
+        match score(request, c, budget) {
+            Ok(s) => scored.push(s),
+            // Gate-first reads need a layer's bundles in the cold segment at once: a budget
+            // too small for that rules out only those candidates.
+            Err(_) if gate_first => {}
+            Err(e) => return Err(e),
+        }
         progress(i + 1, total);
     }
     // The earliest candidate (the engine's default first, simpler before more elaborate)

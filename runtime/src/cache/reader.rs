@@ -357,6 +357,8 @@ impl BundleFile {
             let u = self.map.unit(layer, cluster) as usize;
             self.extents.get(u).filter(|_| layer <= self.map.n_layer)
         };
+        // Only the io_uring path fills it ahead of the loop below.
+        #[cfg_attr(not(feature = "io-uring"), allow(unused_mut))]
         let mut done: Vec<Option<Result<u64, LoadError>>> = parts.iter().map(|_| None).collect();
         #[cfg(feature = "io-uring")]
         if let Reads::Uring(ring) = &self.reads {
