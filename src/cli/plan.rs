@@ -63,7 +63,8 @@ pub struct PlanArgs {
     bundle_neurons: Option<u32>,
     /// Sparse decode the plan carries and is scored with: `threshold` or `predictor` need the
     /// model's activation profile (`conductor profile`); its neuron frequencies drive the
-    /// simulated steps and rank the hot segment's bundles.
+    /// simulated steps and rank the hot segment's bundles. Under --memory with `threshold`,
+    /// gate-first reads (`run --gate-first`) are candidates too.
     #[arg(long = "sparsity", value_enum, default_value_t = PlanSparsity::Dense)]
     sparsity: PlanSparsity,
     /// Target share of FFN neurons skipped (default 30% for SwiGLU models, 0 = the natural
