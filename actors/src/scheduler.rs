@@ -11,7 +11,7 @@ use crate::group::Compute;
 use crate::step::{read, write, StepShared};
 use crate::storage::{LoadClusters, LoadItem, QueuedLoads, Storage};
 use conductor_runtime::cache::{LayerCacheStats, LoadError};
-use conductor_runtime::exec::{awaits_predictions, StepError};
+use conductor_runtime::exec::{event_after_phase, StepError};
 use conductor_runtime::neuron::Phase;
 use conductor_runtime::schedule::{
     ClusterWork, Command, Event, ScheduleError, Scheduler, StepId, StepRequest, StepShape, XpuId,
@@ -210,41 +210,28 @@ impl SchedulerActor {
                         dur_ns: shared.now_ns() - start,
                     });
                 }
-                let program = shared.program(shape);
-                if phase == Phase::FfnGateRows {
-                    let mut pages = Vec::new();
+                let event = {
                     let state = read(&shared.state);
-                    state.ffn_pages(&mut pages);
-                    if self.recording.is_some() {
+                    let event = event_after_phase(
+                        &self.scheduler,
+                        &state,
+                        shared.program(shape),
+                        step,
+                        layer,
+                        phase,
+                    );
+                    // Gate-first traces record the neurons each gate phase let through.
+                    if phase == Phase::FfnGateRows && self.recording.is_some() {
                         let n = shared.model.layers.len();
                         self.step_active.resize(n, ActiveSet::All);
                         if let Some(slot) = self.step_active.get_mut(layer as usize) {
                             *slot = ActiveSet::Neurons(state.ffn_active().to_vec());
                         }
                     }
-                    drop(state);
-                    self.feed(Event::FfnPages { step, layer, pages });
-                    if self.flight.is_none() {
-                        return false;
-                    }
-                }
-                if awaits_predictions(&self.scheduler, program, phase) {
-                    let mut needed = Vec::new();
-                    if self.scheduler.reads_predicted_pages() {
-                        read(&shared.state).ffn_pages(&mut needed);
-                        self.feed(Event::FfnPages {
-                            step,
-                            layer,
-                            pages: needed,
-                        });
-                    } else {
-                        read(&shared.state).ffn_needed(&mut needed);
-                        self.feed(Event::FfnPredicted {
-                            step,
-                            layer,
-                            needed,
-                        });
-                    }
+                    event
+                };
+                if let Some(event) = event {
+                    self.feed(event);
                     if self.flight.is_none() {
                         return false;
                     }

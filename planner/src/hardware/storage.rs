@@ -475,8 +475,8 @@ pub fn measure_storage_on(
     outcome.notes.push(format!(
         "Random reads of {} at queue depths {} come from replaying the {} reads a run of this \
          file issues, in its order, for {:.1} s at each depth (N threads taking the next read in \
-         turn, into {} buffers in turn as into a cache's slots; per size: N x bytes / time \
-         spent reading them).",
+         turn, into {} buffers in turn as into a cache's slots, at least one per thread; per \
+         size: N x bytes / time spent reading them).",
         sizes
             .iter()
             .map(|size| format!("{size} B"))
@@ -489,7 +489,7 @@ pub fn measure_storage_on(
             .join(" and "),
         replayed,
         duration.as_secs_f64(),
-        buffers.max(REPLAY_DEPTHS.len())
+        buffers.max(1)
     ));
     Ok(outcome)
 }
@@ -522,15 +522,19 @@ fn replay_reads(
     let Some(longest) = reads.iter().map(|&(_, len)| len).max() else {
         return Ok((Vec::new(), 0));
     };
-    let per_thread = buffers.div_ceil(depth as usize).max(1);
+    let depth_n = depth as usize;
+    // Thread k's share of the buffers: `max(buffers, depth)` in all, at least one each.
+    let share = |k: usize| (buffers / depth_n + usize::from(k < buffers % depth_n)).max(1);
     let next = AtomicUsize::new(0);
     let start = Instant::now();
     // Per thread: size -> (reads, seconds).
     type Tally = std::io::Result<BTreeMap<u64, (u32, f64)>>;
     let tallies: Vec<Tally> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..depth)
-            .map(|_| {
-                s.spawn(|| -> Tally {
+        let handles: Vec<_> = (0..depth_n)
+            .map(|k| {
+                let (next, reads, reader) = (&next, &reads, reader);
+                let per_thread = share(k);
+                s.spawn(move || -> Tally {
                     // Rounded up to whole blocks: O_DIRECT reads need aligned lengths.
                     let mut bufs: Vec<AlignedBuf> = (0..per_thread)
                         .map(|_| AlignedBuf::new(longest.div_ceil(ALIGN) * ALIGN))

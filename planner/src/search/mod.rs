@@ -191,7 +191,7 @@ pub fn search(
             Ok(s) => scored.push(s),
             // Gate-first reads need a layer's bundles in the cold segment at once: a budget
             // too small for that rules out only those candidates.
-            Err(_) if gate_first => {}
+            Err(SearchError::Memory(_)) if gate_first => {}
             Err(e) => return Err(e),
         }
         progress(i + 1, total);

@@ -148,32 +148,15 @@ impl<R: ClusterRunner> InlineDriver<R> {
                         phase,
                         &self.outputs,
                     );
-                    if phase == crate::neuron::Phase::FfnGateRows {
-                        let mut pages = Vec::new();
-                        self.state.ffn_pages(&mut pages);
-                        let event = Event::FfnPages { step, layer, pages };
-                        if let Err(e) = self.scheduler.on_event(event, &mut self.commands) {
-                            self.scheduler.abort();
-                            return Err(e.into());
-                        }
-                    }
-                    if awaits_predictions(&self.scheduler, &program, phase) {
-                        let mut needed = Vec::new();
-                        let event = if self.scheduler.reads_predicted_pages() {
-                            self.state.ffn_pages(&mut needed);
-                            Event::FfnPages {
-                                step,
-                                layer,
-                                pages: needed,
-                            }
-                        } else {
-                            self.state.ffn_needed(&mut needed);
-                            Event::FfnPredicted {
-                                step,
-                                layer,
-                                needed,
-                            }
-                        };
+                    let event = event_after_phase(
+                        &self.scheduler,
+                        &self.state,
+                        &program,
+                        step,
+                        layer,
+                        phase,
+                    );
+                    if let Some(event) = event {
                         if let Err(e) = self.scheduler.on_event(event, &mut self.commands) {
                             self.scheduler.abort();
                             return Err(e.into());
@@ -281,14 +264,35 @@ impl<R: ClusterRunner + Send> Driver for InlineDriver<R> {
     }
 }
 
-/// Whether the scheduler waits for FFN predictions after this phase (a decode step's
-/// attention output, with predictors, under a cache).
-pub fn awaits_predictions(
+/// The event a finished phase owes the scheduler, if any: after a gate phase the pages the
+/// gates let through; after a decode step's attention output, with predictors under a cache,
+/// the layer's predictions (as pages when the scheduler reads predicted neurons page by page).
+/// Both drivers feed it the same, so their event streams stay alike.
+pub fn event_after_phase(
     scheduler: &Scheduler,
+    state: &StepState,
     program: &crate::schedule::Program,
+    step: StepId,
+    layer: u32,
     phase: crate::neuron::Phase,
-) -> bool {
-    scheduler.awaits_predictions()
+) -> Option<Event> {
+    use crate::neuron::Phase;
+    let awaits_predictions = scheduler.awaits_predictions()
         && program.shape == crate::schedule::StepShape::Decode
-        && phase == crate::neuron::Phase::AttnOutRows
+        && phase == Phase::AttnOutRows;
+    if phase == Phase::FfnGateRows || (awaits_predictions && scheduler.reads_predicted_pages()) {
+        let mut pages = Vec::new();
+        state.ffn_pages(&mut pages);
+        Some(Event::FfnPages { step, layer, pages })
+    } else if awaits_predictions {
+        let mut needed = Vec::new();
+        state.ffn_needed(&mut needed);
+        Some(Event::FfnPredicted {
+            step,
+            layer,
+            needed,
+        })
+    } else {
+        None
+    }
 }

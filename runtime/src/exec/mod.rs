@@ -14,7 +14,7 @@ mod inline;
 mod session;
 
 pub use executor::{GroupOutput, Probe, StepState};
-pub use inline::{awaits_predictions, open_cache, InlineDriver};
+pub use inline::{event_after_phase, open_cache, InlineDriver};
 pub use session::{Session, StepError};
 
 use crate::model::Model;

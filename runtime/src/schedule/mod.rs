@@ -1123,48 +1123,41 @@ impl CacheFlow {
             } else {
                 Want::Whole
             };
-            match self.directory.acquire_part(layer, cluster, want) {
-                Acquired::Full => break,
-                Acquired::Hit => {
-                    self.units[u] = if self.directory.is_ready(layer, cluster) {
-                        ready.push(self.cursor);
-                        UnitState::Ready
-                    } else {
-                        UnitState::Loading
-                    };
-                }
-                Acquired::Load { slot, evicted } => {
-                    self.units[u] = UnitState::Loading;
-                    self.pending[u] = 1;
-                    self.loads_in_flight += 1;
-                    out.push(Command::Load {
-                        step,
-                        layer,
-                        cluster,
-                        slot,
-                        evicted: evicted.map(|e| self.directory.split_unit(e)),
-                        pages: match want {
+            // One read otherwise: the unit's slot (its prefix or whole), or the pages it lacks.
+            let (slot, evicted, pages, top_up) =
+                match self.directory.acquire_part(layer, cluster, want) {
+                    Acquired::Full => break,
+                    Acquired::Hit => {
+                        self.units[u] = if self.directory.is_ready(layer, cluster) {
+                            ready.push(self.cursor);
+                            UnitState::Ready
+                        } else {
+                            UnitState::Loading
+                        };
+                        self.cursor += 1;
+                        continue;
+                    }
+                    Acquired::Load { slot, evicted } => {
+                        let pages = match want {
                             Want::Prefix(n) => Some(0..n),
                             Want::Whole => None,
-                        },
-                        top_up: false,
-                    });
-                }
-                Acquired::TopUp { slot, pages } => {
-                    self.units[u] = UnitState::Loading;
-                    self.pending[u] = 1;
-                    self.loads_in_flight += 1;
-                    out.push(Command::Load {
-                        step,
-                        layer,
-                        cluster,
-                        slot,
-                        evicted: None,
-                        pages: Some(pages),
-                        top_up: true,
-                    });
-                }
-            }
+                        };
+                        (slot, evicted, pages, false)
+                    }
+                    Acquired::TopUp { slot, pages } => (slot, None, Some(pages), true),
+                };
+            self.units[u] = UnitState::Loading;
+            self.pending[u] = 1;
+            self.loads_in_flight += 1;
+            out.push(Command::Load {
+                step,
+                layer,
+                cluster,
+                slot,
+                evicted: evicted.map(|e| self.directory.split_unit(e)),
+                pages,
+                top_up,
+            });
             self.cursor += 1;
         }
     }
