@@ -3,7 +3,8 @@
 use crate::fetch;
 use conductor_actors::{ActorDriver, ActorOptions, PoolConfig, SetupError, WorkerPool};
 use conductor_runtime::cache::{
-    fit_plan_to_budget, BudgetSplit, CachePlan, CachePolicy, CacheReport, MemoryBudget, StoreSizes,
+    fit_plan_to_budget, BudgetSplit, CachePlan, CachePolicy, CacheReport, MemoryBudget, ReadPolicy,
+    StoreSizes,
 };
 use conductor_runtime::exec::{Driver, InlineDriver, Session, StepError};
 use conductor_runtime::model::{Model, ModelError};
@@ -42,8 +43,8 @@ pub enum Error {
     Threads(std::io::Error),
     #[error(transparent)]
     Setup(#[from] SetupError),
-    #[error("traces are recorded by the actor driver (this engine runs the inline driver)")]
-    NoTrace,
+    #[error("a trace is replayed through the inline driver (this engine runs the actor driver)")]
+    ReplayNeedsInline,
     #[error(transparent)]
     Budget(#[from] conductor_runtime::cache::BudgetError),
     #[error("the prompt is empty")]
@@ -421,8 +422,16 @@ impl EngineBuilder {
             if let Some(n) = self.max_loads {
                 plan.cache.get_or_insert_with(CachePlan::default).max_loads = n;
             }
+            let predicts = model
+                .sparse
+                .as_ref()
+                .is_some_and(|s| s.mode == SparsityMode::Predictor);
             if let Some(on) = self.gate_first {
-                plan.cache.get_or_insert_with(CachePlan::default).gate_first = on;
+                plan.cache.get_or_insert_with(CachePlan::default).reads = if on {
+                    ReadPolicy::pages_for(predicts)
+                } else {
+                    ReadPolicy::Bundles
+                };
             }
             if let Some(gap) = self.gate_first_gap {
                 plan.cache
@@ -434,25 +443,12 @@ impl EngineBuilder {
             let decides = model.sparse.as_ref().is_some_and(|s| {
                 matches!(s.mode, SparsityMode::Threshold | SparsityMode::Predictor)
             });
-            if plan.cache.as_ref().is_some_and(|c| c.gate_first) && !decides {
+            if plan.cache.as_ref().is_some_and(|c| c.reads.reads_pages()) && !decides {
                 return Err(Error::GateFirst(
                     "needs --sparsity threshold or predictor: the gate or the predictors decide which neurons' pages are read",
                 ));
             }
-            // Predicted pages keep no layer pinned (no gate phase): no cold slots reserved
-            // for one.
-            let predicted_pages = plan.cache.as_ref().is_some_and(|c| c.gate_first)
-                && model
-                    .sparse
-                    .as_ref()
-                    .is_some_and(|s| s.mode == SparsityMode::Predictor);
-            if predicted_pages {
-                plan.cache.get_or_insert_with(CachePlan::default).gate_first = false;
-            }
             let split = apply_budget(&model, &mut plan, memory, n_ctx)?;
-            if predicted_pages {
-                plan.cache.get_or_insert_with(CachePlan::default).gate_first = true;
-            }
             if !split.plan.stream_attention {
                 // The budget keeps attention resident: load the store again with it, keeping
                 // what was resolved from the first load (which held only the header and norms,
@@ -690,16 +686,39 @@ impl Engine {
         sparse.stats.take()
     }
 
-    /// Starts recording a trace (actor driver only).
+    /// Starts recording a trace.
     pub fn start_trace(&mut self) -> Result<(), Error> {
-        self.actor_driver().ok_or(Error::NoTrace)?.start_trace();
+        match &mut self.driver {
+            AnyDriver::Inline(d) => d.start_trace(),
+            AnyDriver::Actors(d) => d.start_trace(),
+        }
         Ok(())
     }
 
     /// Stops recording and returns the trace: every scheduler event with the commands it
-    /// produced, activation sets and timed spans.
+    /// produced, activation sets and (actor driver) timed spans.
     pub fn take_trace(&mut self) -> Result<Trace, Error> {
-        Ok(self.actor_driver().ok_or(Error::NoTrace)?.take_trace())
+        Ok(match &mut self.driver {
+            AnyDriver::Inline(d) => d.take_trace(),
+            AnyDriver::Actors(d) => d.take_trace(),
+        })
+    }
+
+    /// Carries `trace` out through this engine's inline driver in a new session, really
+    /// computing and reading: step `i` over the tokens `steps[i]`, completions in the trace's
+    /// order, and the events finished phases owe derived anew from the data. Returns the
+    /// records the dispatch core made, to compare with the trace's: the same events must give
+    /// the same commands whichever backend carries them out.
+    pub fn replay_trace(
+        &mut self,
+        trace: &Trace,
+        steps: &[&[u32]],
+    ) -> Result<Vec<conductor_runtime::trace::TraceRecord>, Error> {
+        let mut session = self.session(None);
+        let AnyDriver::Inline(d) = &mut self.driver else {
+            return Err(Error::ReplayNeedsInline);
+        };
+        Ok(d.replay(&mut session, steps, &trace.records)?.records)
     }
 
     /// Time `build` took (fetch excluded only when the model was already cached).

@@ -79,7 +79,7 @@ fn plan(slots: u32, hot: u32) -> ExecutionPlan {
             stream_attention: false,
             coalesce: 1,
             hot_units: Vec::new(),
-            gate_first: false,
+            reads: conductor_runtime::cache::ReadPolicy::Bundles,
             gate_first_gap: 0,
         }),
         ..ExecutionPlan::default()

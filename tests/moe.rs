@@ -175,7 +175,7 @@ fn cache(slots: u32) -> CachePlan {
         stream_attention: false,
         coalesce: 1,
         hot_units: Vec::new(),
-        gate_first: false,
+        reads: conductor_runtime::cache::ReadPolicy::Bundles,
         gate_first_gap: 0,
     }
 }

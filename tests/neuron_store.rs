@@ -96,7 +96,7 @@ fn cache(slots: u32, hot: u32, policy: CachePolicy, max_loads: u32) -> Option<Ca
         stream_attention: false,
         coalesce: max_loads.div_ceil(2),
         hot_units: Vec::new(),
-        gate_first: false,
+        reads: conductor_runtime::cache::ReadPolicy::Bundles,
         gate_first_gap: 0,
     })
 }

@@ -15,7 +15,7 @@ use conductor::runtime::sparse::profile::ModelProfile;
 use conductor::runtime::sparse::SparsityMode;
 use conductor::runtime::store::{convert, ConvertOptions};
 use conductor::runtime::synthetic::{synthetic_model, SyntheticSpec};
-use conductor::runtime::trace::ActiveSet;
+use conductor::runtime::trace::{ActiveSet, Trace};
 use conductor::{DriverKind, Engine, Error, SparsitySettings};
 use std::path::{Path, PathBuf};
 
@@ -103,8 +103,10 @@ fn profile(model: &Path) -> ModelProfile {
 }
 
 /// Logits of every position of a greedy continuation: the prompt, then 12 decoded tokens.
+const PROMPT: &str = "the quick brown fox jumps over";
+
 fn decode_logits(engine: &mut Engine) -> Vec<Vec<f32>> {
-    let prompt = engine.tokenize("the quick brown fox jumps over");
+    let prompt = engine.tokenize(PROMPT);
     let mut session = engine.session(Some(128));
     let mut all = Vec::new();
     let mut logits = engine.eval_last(&mut session, &prompt).unwrap().to_vec();
@@ -115,6 +117,33 @@ fn decode_logits(engine: &mut Engine) -> Vec<Vec<f32>> {
     }
     all.push(logits);
     all
+}
+
+/// The trace an engine recorded over [`decode_logits`] (which gave `got`) replays to the same
+/// commands through the simulator's backend and through `inline`'s backend, which computes and
+/// reads for real and derives the events finished phases owe from its own data: one dispatch
+/// core, whichever backend carries the commands out.
+fn check_backends_agree(trace: &Trace, inline: &mut Engine, got: &[Vec<f32>]) {
+    let replayed = conductor_simulator::replay(trace).unwrap();
+    assert_eq!(
+        replayed.mismatched, 0,
+        "simulator: {:?}",
+        replayed.first_mismatch
+    );
+    let prompt = inline.tokenize(PROMPT);
+    let decoded: Vec<[u32; 1]> = got[..got.len() - 1].iter().map(|l| [argmax(l)]).collect();
+    let steps: Vec<&[u32]> = std::iter::once(&prompt[..])
+        .chain(decoded.iter().map(|t| &t[..]))
+        .collect();
+    let records = inline.replay_trace(trace, &steps).unwrap();
+    assert_eq!(records.len(), trace.records.len());
+    for (i, (got, want)) in records.iter().zip(&trace.records).enumerate() {
+        assert_eq!(
+            (&got.event, &got.commands),
+            (&want.event, &want.commands),
+            "inline backend, record {i}"
+        );
+    }
 }
 
 fn argmax(v: &[f32]) -> u32 {
@@ -627,24 +656,27 @@ fn gate_first_loading_reads_fewer_bytes_with_the_same_bits() {
         (true, 3, DriverKind::Actors, 1, false),
         (true, 0, DriverKind::Actors, 2, uring),
     ] {
-        let mut builder = Engine::builder();
-        if batch {
-            builder = builder.io_engine(IoEngine::Uring).io_batch(16);
-        }
-        let mut engine = builder
-            .model(&store)
-            .threads(threads)
-            .driver(driver)
-            .sparsity(threshold())
-            .memory(MemoryBudget::Bytes(budget))
-            // One LRU over all slots, so both loadings keep the same units cached.
-            .cache_policy(CachePolicy::Lru)
-            .gate_first(gate_first)
-            .gate_first_gap(gap)
-            .context(128)
-            .on_progress(|_| {})
-            .build()
-            .unwrap();
+        let make = |driver: DriverKind| {
+            let mut builder = Engine::builder();
+            if batch {
+                builder = builder.io_engine(IoEngine::Uring).io_batch(16);
+            }
+            builder
+                .model(&store)
+                .threads(threads)
+                .driver(driver)
+                .sparsity(threshold())
+                .memory(MemoryBudget::Bytes(budget))
+                // One LRU over all slots, so both loadings keep the same units cached.
+                .cache_policy(CachePolicy::Lru)
+                .gate_first(gate_first)
+                .gate_first_gap(gap)
+                .context(128)
+                .on_progress(|_| {})
+                .build()
+                .unwrap()
+        };
+        let mut engine = make(driver);
         let recorded = driver == DriverKind::Actors;
         if recorded {
             engine.start_trace().unwrap();
@@ -656,10 +688,10 @@ fn gate_first_loading_reads_fewer_bytes_with_the_same_bits() {
         );
         if recorded {
             // The trace keeps the neurons the gates let through, for the simulator, and
-            // replays to the same commands.
+            // replays to the same commands through the simulator's backend and the inline
+            // one.
             let trace = engine.take_trace().unwrap();
-            let replayed = conductor_simulator::replay(&trace).unwrap();
-            assert_eq!(replayed.mismatched, 0, "{:?}", replayed.first_mismatch);
+            check_backends_agree(&trace, &mut make(DriverKind::Inline), &got);
             let decode = trace.activity.last().expect("decode steps recorded");
             for set in &decode.layers {
                 let ActiveSet::Neurons(v) = set else {
@@ -693,22 +725,25 @@ fn gate_first_loading_reads_fewer_bytes_with_the_same_bits() {
         (true, DriverKind::Inline, 1, false),
         (true, DriverKind::Actors, 2, uring),
     ] {
-        let mut builder = Engine::builder();
-        if batch {
-            builder = builder.io_engine(IoEngine::Uring).io_batch(16);
-        }
-        let mut engine = builder
-            .model(&store)
-            .threads(threads)
-            .driver(driver)
-            .sparsity(predictor())
-            .memory(MemoryBudget::Bytes(budget + (1 << 20)))
-            .cache_policy(CachePolicy::Lru)
-            .gate_first(pages)
-            .context(128)
-            .on_progress(|_| {})
-            .build()
-            .unwrap();
+        let make = |driver: DriverKind| {
+            let mut builder = Engine::builder();
+            if batch {
+                builder = builder.io_engine(IoEngine::Uring).io_batch(16);
+            }
+            builder
+                .model(&store)
+                .threads(threads)
+                .driver(driver)
+                .sparsity(predictor())
+                .memory(MemoryBudget::Bytes(budget + (1 << 20)))
+                .cache_policy(CachePolicy::Lru)
+                .gate_first(pages)
+                .context(128)
+                .on_progress(|_| {})
+                .build()
+                .unwrap()
+        };
+        let mut engine = make(driver);
         let recorded = driver == DriverKind::Actors;
         if recorded {
             engine.start_trace().unwrap();
@@ -719,9 +754,9 @@ fn gate_first_loading_reads_fewer_bytes_with_the_same_bits() {
             "predicted pages {pages}, {driver:?} x{threads}: not the in-memory bits"
         );
         if recorded {
-            // The replay knows the pages came as predictions (no gate phase).
-            let replayed = conductor_simulator::replay(&engine.take_trace().unwrap()).unwrap();
-            assert_eq!(replayed.mismatched, 0, "{:?}", replayed.first_mismatch);
+            // The pages come as predictions (no gate phase), derived anew by either backend.
+            let trace = engine.take_trace().unwrap();
+            check_backends_agree(&trace, &mut make(DriverKind::Inline), &got);
         }
         let report = engine.cache_report().expect("a cache");
         read.push((report.bytes_read, report.loads));

@@ -20,15 +20,16 @@
 //! serves the next request.
 
 use crate::dense::ChunkedGemm;
-use crate::group::{Compute, CpuGroup, GroupCore, InjectPanic, Npu};
+use crate::group::{CpuGroup, GroupCore, Npu};
 use crate::host::{Host, HostConfig, DEFAULT_SPIN};
 use crate::pool::{PoolConfig, WorkerPool};
-use crate::scheduler::{
-    Recording, RunStep, SchedulerActor, SchedulerArgs, StartRecording, TakeCacheStats,
+use crate::protocol::{
+    Compute, GroupReplies, InjectPanic, ReadAt, Recording, RunStep, StartRecording, TakeCacheStats,
     TakeRecording,
 };
+use crate::scheduler::{SchedulerActor, SchedulerArgs};
 use crate::step::{write, Counters, StepShared};
-use crate::storage::{QueuedLoads, ReadAt, Storage, StorageArgs, StorageError, StorageFile};
+use crate::storage::{QueuedLoads, Storage, StorageArgs, StorageError, StorageFile};
 use conductor_runtime::cache::CacheReport;
 use conductor_runtime::exec::{
     open_cache, DenseBackend, Driver, GroupOutput, Session, StepError, StepState, WholeMatmul,
@@ -39,7 +40,7 @@ use conductor_runtime::plan::{
 };
 use conductor_runtime::quant::Kernels;
 use conductor_runtime::schedule::{
-    ScheduleError, Scheduler, StepId, StepRequest, StepShape, XpuId,
+    Modes, ScheduleError, Scheduler, StepId, StepRequest, StepShape, XpuId,
 };
 use conductor_runtime::trace::{Trace, TraceHeader, TRACE_FORMAT_VERSION};
 use kameo::actor::{Actor, ActorRef, PreparedActor};
@@ -118,6 +119,8 @@ struct ComputeHost {
 pub struct ActorDriver {
     model: Arc<Model>,
     plan: ExecutionPlan,
+    /// The scheduler's modes (the trace header names them).
+    modes: Modes,
     placed: Vec<PlacedGroup>,
     /// Host index of each group.
     group_hosts: Vec<usize>,
@@ -164,6 +167,7 @@ impl ActorDriver {
         options: ActorOptions,
     ) -> Result<ActorDriver, SetupError> {
         let scheduler = conductor_runtime::exec::scheduler_for(&model, plan)?;
+        let modes = scheduler.modes();
         let topology = options
             .topology
             .clone()
@@ -270,7 +274,9 @@ impl ActorDriver {
         if let Some((arena, _)) = &shared.cache {
             write(&shared.state).set_cache(Some(Arc::clone(arena)));
         }
-        write(&shared.state).set_page_reads(scheduler.reads_predicted_pages());
+        write(&shared.state).set_page_reads(
+            scheduler.modes().reads == conductor_runtime::cache::ReadPolicy::PredictedPages,
+        );
         let storage_path = options.model_path.clone();
         let actors = start_actors(
             scheduler,
@@ -286,6 +292,7 @@ impl ActorDriver {
             max_step_tokens: plan.prefill_max_tokens.max(plan.decode_max_tokens) as usize,
             model,
             plan: plan.clone(),
+            modes,
             placed,
             group_hosts,
             shared,
@@ -373,6 +380,7 @@ impl ActorDriver {
                 version: TRACE_FORMAT_VERSION,
                 model: self.model.description(),
                 plan: self.plan.clone(),
+                modes: self.modes,
                 driver: "actors".into(),
                 threads: self.decode_threads(),
                 writer: format!("conductor {}", env!("CARGO_PKG_VERSION")),
@@ -522,7 +530,10 @@ fn start_actors(
             Arc::clone(shared),
             Arc::clone(&host.pool),
             dense,
-            scheduler_ref.clone(),
+            GroupReplies {
+                done: scheduler_ref.clone().recipient(),
+                failed: scheduler_ref.clone().recipient(),
+            },
         );
         let recipient = match group.kind {
             XpuKind::Cpu => {
@@ -553,7 +564,7 @@ fn start_actors(
                 StorageArgs {
                     file: file.take(),
                     shared: Some(Arc::clone(shared)),
-                    scheduler: Some(scheduler_ref.clone()),
+                    scheduler: Some(scheduler_ref.clone().recipient()),
                     queued: queued.clone(),
                 },
             );

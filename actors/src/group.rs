@@ -9,7 +9,8 @@
 //! reports that from its destructor, so the scheduler never waits for work that will not come.
 
 use crate::pool::WorkerPool;
-use crate::scheduler::{ClusterDone, GroupFailed, SchedulerActor};
+use crate::protocol::{ClusterDone, GroupFailed, GroupReplies};
+pub use crate::protocol::{Compute, InjectPanic};
 use crate::step::{lock, read, StepShared};
 use conductor_runtime::exec::DenseBackend;
 use conductor_runtime::schedule::{ClusterWork, XpuId};
@@ -20,12 +21,6 @@ use std::ops::ControlFlow;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-/// Compute these clusters of the step in flight.
-pub struct Compute(pub ClusterWork);
-
-/// Make the next compute panic (fault-injection tests of supervision).
-pub struct InjectPanic;
-
 /// What both kinds of group are made of.
 pub struct GroupCore {
     pub(crate) xpu: XpuId,
@@ -33,7 +28,7 @@ pub struct GroupCore {
     pub(crate) shared: Arc<StepShared>,
     pub(crate) pool: Arc<WorkerPool>,
     pub(crate) dense: Box<dyn DenseBackend + Send>,
-    pub(crate) scheduler: ActorRef<SchedulerActor>,
+    pub(crate) scheduler: GroupReplies,
     /// The work being computed, for the panic report.
     current: Option<ClusterWork>,
     panic_next: bool,
@@ -46,7 +41,7 @@ impl GroupCore {
         shared: Arc<StepShared>,
         pool: Arc<WorkerPool>,
         dense: Box<dyn DenseBackend + Send>,
-        scheduler: ActorRef<SchedulerActor>,
+        scheduler: GroupReplies,
     ) -> GroupCore {
         GroupCore {
             xpu,
@@ -106,6 +101,7 @@ impl GroupCore {
         // If the scheduler is gone the driver already sees its reply channel closed.
         let _ = self
             .scheduler
+            .done
             .tell(ClusterDone {
                 xpu: self.xpu,
                 work,
@@ -119,6 +115,7 @@ impl GroupCore {
         let step = self.current.take().map(|w| w.step);
         let _ = self
             .scheduler
+            .failed
             .tell(GroupFailed {
                 xpu: self.xpu,
                 step,

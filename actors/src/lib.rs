@@ -16,6 +16,7 @@ mod group;
 mod host;
 mod messaging;
 mod pool;
+pub mod protocol;
 mod scaling;
 mod scheduler;
 mod step;

@@ -1,22 +1,25 @@
-//! The scheduler actor: the pure [`Scheduler`] with real groups behind its commands.
+//! The scheduler actor: the dispatch core with real groups and storage behind its backend.
 //!
 //! It lives on the host of the decode group, so the messages of the latency-critical path are
-//! local. Events arrive as messages (`RunStep` from the driver, `ClusterDone` from groups); the
-//! commands they produce are carried out at once: `Compute` becomes a message to the group,
-//! `FinishPhase` runs here (it combines the groups' blocks in cluster order), `StepDone`
-//! answers the driver. With recording on, every event is stored with its time and the commands
-//! it produced — the trace `conductor simulate --replay` checks.
+//! local. Events arrive as messages (`RunStep` from the driver, `ClusterDone` from groups,
+//! `ClusterLoaded` from storage) and go to the [`Dispatcher`]; its backend here turns a
+//! `Compute` into a message to the group, finishes phases on this host, and sends each read run
+//! to the storage actor with the fewest loads not yet done. With recording on, the core keeps
+//! every event with the commands it produced and this actor the timed spans.
 
-use crate::group::Compute;
-use crate::step::{read, write, StepShared};
-use crate::storage::{LoadClusters, LoadItem, QueuedLoads, Storage};
-use conductor_runtime::cache::{LayerCacheStats, LoadError};
-use conductor_runtime::exec::{event_after_phase, StepError};
-use conductor_runtime::neuron::Phase;
-use conductor_runtime::schedule::{
-    ClusterWork, Command, Event, ScheduleError, Scheduler, StepId, StepRequest, StepShape, XpuId,
+use crate::protocol::{
+    ClusterDone, ClusterLoaded, Compute, GroupFailed, LoadClusters, Recording, RunStep,
+    StartRecording, TakeCacheStats, TakeRecording,
 };
-use conductor_runtime::trace::{ActiveSet, Span, StepActivity, TraceRecord};
+use crate::step::{read, write, StepShared};
+use crate::storage::{QueuedLoads, Storage};
+use conductor_runtime::cache::SlotRead;
+use conductor_runtime::dispatch::{Backend, Dispatcher, Done, Finish, UnitLoad};
+use conductor_runtime::exec::StepError;
+use conductor_runtime::schedule::{
+    Activity, Awaited, ClusterWork, Event, PageMap, ScheduleError, Scheduler, StepId, XpuId,
+};
+use conductor_runtime::trace::Span;
 use kameo::actor::{Actor, ActorRef, Recipient, WeakActorRef};
 use kameo::error::{ActorStopReason, Infallible, PanicError};
 use kameo::message::{Context, Message};
@@ -25,78 +28,24 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::SyncSender;
 use std::sync::Arc;
 
-/// Run one step; the outcome goes to `reply`.
-pub struct RunStep {
-    pub request: StepRequest,
-    pub reply: SyncSender<Result<(), StepError>>,
-}
-
-/// A group finished a `Compute`.
-pub struct ClusterDone {
-    pub xpu: XpuId,
-    pub work: ClusterWork,
-    /// When it started and finished (trace epoch, ns; 0 when not recording).
-    pub started_ns: u64,
-    pub finished_ns: u64,
-}
-
-/// The storage actor finished (or failed) one unit of a [`LoadClusters`].
-pub struct ClusterLoaded {
-    pub step: StepId,
-    pub layer: u32,
-    pub cluster: u32,
-    pub result: Result<(), LoadError>,
-    pub started_ns: u64,
-    pub finished_ns: u64,
-}
-
-/// Hand over the neuron cache's counters per layer (empty without a cache).
-pub struct TakeCacheStats(pub SyncSender<Vec<LayerCacheStats>>);
-
-/// A group failed (panicked, or stopped) while computing for `step`, or stopped idle.
-pub struct GroupFailed {
-    pub xpu: XpuId,
-    pub step: Option<StepId>,
-    pub why: String,
-}
-
-/// Start recording a trace (clears what was recorded).
-pub struct StartRecording;
-
-/// Stop recording and hand over what was recorded.
-pub struct TakeRecording(pub SyncSender<Recording>);
-
-/// What the scheduler actor recorded.
-#[derive(Default)]
-pub struct Recording {
-    pub records: Vec<TraceRecord>,
-    pub activity: Vec<StepActivity>,
-    pub spans: Vec<Span>,
-}
-
-struct Flight {
-    step: StepId,
-    shape: StepShape,
-    reply: SyncSender<Result<(), StepError>>,
-}
-
 pub struct SchedulerActor {
-    scheduler: Scheduler,
+    dispatcher: Dispatcher,
+    parts: Parts,
+}
+
+/// Everything the backend works with (all of the actor but the dispatch core).
+struct Parts {
     shared: Arc<StepShared>,
     /// Group names and mailboxes, by `XpuId`.
     groups: Vec<(String, Recipient<Compute>)>,
-    /// The I/O threads' storage actors, each with its count of loads not yet done: a load goes
+    /// The I/O threads' storage actors, each with its count of loads not yet done: a run goes
     /// to the one with the fewest (ties: the next after the last one chosen).
     storage: Vec<(ActorRef<Storage>, QueuedLoads)>,
     next_io: usize,
-    /// Loads of the command batch being carried out, merged while they continue each other.
-    pending_loads: Option<LoadClusters>,
-    flight: Option<Flight>,
-    commands: Vec<Command>,
-    recording: Option<Recording>,
-    /// While recording: the active neurons of each layer of the decode step in flight, where
-    /// gate-first loading decided them (the other layers count as all active).
-    step_active: Vec<ActiveSet>,
+    /// The step in flight and where its outcome goes.
+    flight: Option<(StepId, SyncSender<Result<(), StepError>>)>,
+    /// Timed spans, while recording.
+    spans: Option<Vec<Span>>,
 }
 
 pub struct SchedulerArgs {
@@ -106,44 +55,76 @@ pub struct SchedulerArgs {
     pub(crate) storage: Vec<(ActorRef<Storage>, QueuedLoads)>,
 }
 
-impl SchedulerActor {
-    /// Feeds one event to the scheduler and carries out the commands it answers with.
-    fn feed(&mut self, event: Event) {
-        self.commands.clear();
-        let recorded = self.recording.is_some().then(|| event.clone());
-        if let Err(e) = self.scheduler.on_event(event, &mut self.commands) {
-            self.fail(StepError::Schedule(e));
-            return;
-        }
-        if let (Some(rec), Some(event)) = (self.recording.as_mut(), recorded) {
-            rec.records.push(TraceRecord {
-                t_ns: self.shared.now_ns(),
-                event,
-                commands: self.commands.clone(),
-            });
-        }
-        let mut commands = std::mem::take(&mut self.commands);
-        let mut ok = true;
-        for command in commands.drain(..) {
-            if !self.carry_out(command) {
-                ok = false;
-                break;
-            }
-        }
-        if ok {
-            self.flush_loads();
-        } else {
-            self.pending_loads = None;
-        }
-        self.commands = commands;
+impl Backend for Parts {
+    type Error = StepError;
+
+    fn now_ns(&self) -> u64 {
+        self.shared.now_ns()
     }
 
-    /// Sends the loads gathered so far to the storage actor with the fewest loads not yet
-    /// done. False if none runs.
-    fn flush_loads(&mut self) -> bool {
-        let Some(loads) = self.pending_loads.take() else {
-            return true;
+    fn compute(&mut self, xpu: XpuId, work: &ClusterWork) -> Result<Done, StepError> {
+        let (name, group) = &self.groups[usize::from(xpu.0)];
+        if group.tell(Compute(work.clone())).try_send().is_err() {
+            return Err(StepError::Actor {
+                actor: name.clone(),
+                why: format!("group `{name}` is not running"),
+            });
+        }
+        Ok(Done::Later)
+    }
+
+    fn finish_phase(
+        &mut self,
+        f: &Finish,
+        awaited: Option<Awaited>,
+        activity: &mut Activity,
+    ) -> Result<(), StepError> {
+        let shared = &*self.shared;
+        let started = self.spans.is_some().then(|| shared.now_ns());
+        {
+            let mut state = write(&shared.state);
+            let mut kv = write(&shared.kv);
+            let program = shared.program(f.shape);
+            state.finish_phase(
+                &shared.model,
+                &mut kv,
+                program,
+                f.layer,
+                f.phase,
+                &shared.outputs,
+            );
+        }
+        if let (Some(spans), Some(start)) = (self.spans.as_mut(), started) {
+            spans.push(Span {
+                track: "scheduler".into(),
+                name: format!("L{} {} finish", f.layer, f.phase.name()),
+                start_ns: start,
+                dur_ns: shared.now_ns() - start,
+            });
+        }
+        if let Some(awaited) = awaited {
+            let state = read(&shared.state);
+            state.fill_activity(&shared.model, shared.program(f.shape), awaited, activity);
+        }
+        Ok(())
+    }
+
+    fn page_map(&self) -> Option<&dyn PageMap> {
+        let store = self.shared.model.store.as_ref()?;
+        Some(&store.layout)
+    }
+
+    fn read(&mut self, step: StepId, run: &[UnitLoad]) -> Result<Done, StepError> {
+        let Some((arena, _)) = &self.shared.cache else {
+            return Err(StepError::NoCache);
         };
+        let items = run
+            .iter()
+            .map(|u| {
+                let unit = (u.layer, u.cluster);
+                SlotRead::assign(arena, unit, u.slot, u.evicted, u.pages.clone(), u.top_up)
+            })
+            .collect();
         let storage = &self.storage;
         self.next_io = least_queued(storage.len(), self.next_io, |i| {
             storage.get(i).map_or(u32::MAX, |(_, queued)| queued.get())
@@ -153,176 +134,48 @@ impl SchedulerActor {
             .get(self.next_io)
             .is_some_and(|(actor, queued)| {
                 queued.add();
-                let sent = actor.tell(loads).try_send().is_ok();
+                let sent = actor.tell(LoadClusters { step, items }).try_send().is_ok();
                 if !sent {
                     queued.done();
                 }
                 sent
             });
         if !sent {
-            self.fail(StepError::Actor {
+            return Err(StepError::Actor {
                 actor: "storage".into(),
                 why: "not running".into(),
             });
         }
-        sent
+        Ok(Done::Later)
     }
 
-    /// Returns false when the step failed.
-    fn carry_out(&mut self, command: Command) -> bool {
-        match command {
-            Command::Compute { xpu, work } => {
-                let (name, group) = &self.groups[usize::from(xpu.0)];
-                if group.tell(Compute(work)).try_send().is_err() {
-                    let why = format!("group `{name}` is not running");
-                    self.fail(StepError::Actor {
-                        actor: name.clone(),
-                        why,
-                    });
-                    return false;
-                }
-            }
-            Command::FinishPhase {
-                step,
-                shape,
-                layer,
-                phase,
-            } => {
-                let shared = Arc::clone(&self.shared);
-                let started = self.recording.is_some().then(|| shared.now_ns());
-                {
-                    let mut state = write(&shared.state);
-                    let mut kv = write(&shared.kv);
-                    state.finish_phase(
-                        &shared.model,
-                        &mut kv,
-                        shared.program(shape),
-                        layer,
-                        phase,
-                        &shared.outputs,
-                    );
-                }
-                if let (Some(rec), Some(start)) = (self.recording.as_mut(), started) {
-                    rec.spans.push(Span {
-                        track: "scheduler".into(),
-                        name: format!("L{layer} {} finish", phase.name()),
-                        start_ns: start,
-                        dur_ns: shared.now_ns() - start,
-                    });
-                }
-                let event = {
-                    let state = read(&shared.state);
-                    let event = event_after_phase(
-                        &self.scheduler,
-                        &state,
-                        shared.program(shape),
-                        step,
-                        layer,
-                        phase,
-                    );
-                    // Gate-first traces record the neurons each gate phase let through.
-                    if phase == Phase::FfnGateRows && self.recording.is_some() {
-                        let n = shared.model.layers.len();
-                        self.step_active.resize(n, ActiveSet::All);
-                        if let Some(slot) = self.step_active.get_mut(layer as usize) {
-                            *slot = ActiveSet::Neurons(state.ffn_active().to_vec());
-                        }
-                    }
-                    event
-                };
-                if let Some(event) = event {
-                    self.feed(event);
-                    if self.flight.is_none() {
-                        return false;
-                    }
-                }
-            }
-            Command::Load {
-                step,
-                layer,
-                cluster,
-                slot,
-                evicted,
-                pages,
-                top_up,
-            } => {
-                let Some((arena, file)) = &self.shared.cache else {
-                    self.fail(StepError::NoCache);
-                    return false;
-                };
-                // A top-up reads more pages into a slot that keeps its unit (and generation).
-                let generation = if top_up {
-                    arena.generation(slot)
-                } else {
-                    arena.assign(layer, cluster, slot, evicted)
-                };
-                let item = LoadItem {
-                    layer,
-                    cluster,
-                    slot,
-                    generation,
-                    pages,
-                };
-                // Join the pending request when one read can take both (see `can_batch`);
-                // runs of pages of bundles join each other where they can be in flight
-                // together (io_uring), never whole units.
-                if let Some(pending) = self.pending_loads.as_mut() {
-                    let last = pending.items.last();
-                    let parts = item.pages.is_some()
-                        && last.is_some_and(|l| l.pages.is_some())
-                        && file.batches_parts();
-                    let last = last
-                        .filter(|i| i.pages.is_none())
-                        .map(|i| (i.layer, i.cluster));
-                    let whole = item.pages.is_none()
-                        && last.is_some_and(|l| file.can_batch(l, (layer, cluster)));
-                    let joins = pending.step == step
-                        && pending.items.len() < self.scheduler.coalesce() as usize
-                        && (parts || whole);
-                    if joins {
-                        pending.items.push(item);
-                        return true;
-                    }
-                }
-                if !self.flush_loads() {
-                    return false;
-                }
-                self.pending_loads = Some(LoadClusters {
-                    step,
-                    items: vec![item],
-                });
-            }
-            Command::StepDone { step } => {
-                if let Some(flight) = self.flight.take() {
-                    debug_assert_eq!(flight.step, step);
-                    if let Some(rec) = self.recording.as_mut() {
-                        if flight.shape == StepShape::Decode {
-                            // The layers whose active neurons gate-first loading decided;
-                            // every neuron of the others (dense, or decided inside clusters).
-                            let n = self.shared.model.layers.len();
-                            let mut layers = std::mem::take(&mut self.step_active);
-                            layers.resize(n, ActiveSet::All);
-                            rec.activity.push(StepActivity { step, layers });
-                        }
-                    }
-                    let _ = flight.reply.send(Ok(()));
-                }
-            }
+    fn step_done(&mut self, step: StepId) -> Result<(), StepError> {
+        if let Some((id, reply)) = self.flight.take() {
+            debug_assert_eq!(id, step);
+            let _ = reply.send(Ok(()));
         }
-        true
+        Ok(())
+    }
+}
+
+impl SchedulerActor {
+    /// Feeds one event to the dispatch core; a failure fails the step in flight.
+    fn feed(&mut self, event: Event) {
+        if let Err(e) = self.dispatcher.feed(&mut self.parts, event) {
+            self.fail(e);
+        }
     }
 
     /// Fails the step in flight (if any) with `error`; the scheduler forgets it.
     fn fail(&mut self, error: StepError) {
-        self.scheduler.abort();
-        self.step_active.clear();
-        if let Some(flight) = self.flight.take() {
-            let _ = flight.reply.send(Err(error));
+        self.dispatcher.abort();
+        if let Some((_, reply)) = self.parts.flight.take() {
+            let _ = reply.send(Err(error));
         }
     }
 
     fn is_current(&self, step: StepId) -> bool {
-        self.flight.as_ref().is_some_and(|f| f.step == step)
+        self.parts.flight.as_ref().is_some_and(|f| f.0 == step)
     }
 }
 
@@ -332,16 +185,15 @@ impl Actor for SchedulerActor {
 
     async fn on_start(args: SchedulerArgs, _: ActorRef<Self>) -> Result<Self, Infallible> {
         Ok(SchedulerActor {
-            scheduler: args.scheduler,
-            shared: args.shared,
-            groups: args.groups,
-            storage: args.storage,
-            next_io: 0,
-            pending_loads: None,
-            flight: None,
-            commands: Vec::new(),
-            recording: None,
-            step_active: Vec::new(),
+            dispatcher: Dispatcher::new(args.scheduler),
+            parts: Parts {
+                shared: args.shared,
+                groups: args.groups,
+                storage: args.storage,
+                next_io: 0,
+                flight: None,
+                spans: None,
+            },
         })
     }
 
@@ -366,18 +218,14 @@ impl Message<RunStep> for SchedulerActor {
     type Reply = ();
 
     async fn handle(&mut self, msg: RunStep, _: &mut Context<Self, ()>) {
-        if let Some(flight) = &self.flight {
+        if let Some((running, _)) = &self.parts.flight {
             let _ = msg.reply.send(Err(StepError::Schedule(ScheduleError::Busy {
-                running: flight.step,
+                running: *running,
                 new: msg.request.step,
             })));
             return;
         }
-        self.flight = Some(Flight {
-            step: msg.request.step,
-            shape: self.scheduler.shape_for(msg.request.n_tokens),
-            reply: msg.reply,
-        });
+        self.parts.flight = Some((msg.request.step, msg.reply));
         self.feed(Event::StepRequested(msg.request));
     }
 }
@@ -389,10 +237,10 @@ impl Message<ClusterDone> for SchedulerActor {
         if !self.is_current(msg.work.step) {
             return; // a failed step's leftovers
         }
-        if let Some(rec) = self.recording.as_mut() {
+        if let Some(spans) = self.parts.spans.as_mut() {
             let w = &msg.work;
-            rec.spans.push(Span {
-                track: self.groups[usize::from(msg.xpu.0)].0.clone(),
+            spans.push(Span {
+                track: self.parts.groups[usize::from(msg.xpu.0)].0.clone(),
                 name: format!("L{} {} {:?}", w.layer, w.phase.name(), w.clusters),
                 start_ns: msg.started_ns,
                 dur_ns: msg.finished_ns.saturating_sub(msg.started_ns),
@@ -410,14 +258,14 @@ impl Message<ClusterLoaded> for SchedulerActor {
             return; // a failed step's leftovers
         }
         if let Err(e) = msg.result {
-            if let Some((arena, _)) = &self.shared.cache {
+            if let Some((arena, _)) = &self.parts.shared.cache {
                 arena.forget(msg.layer, msg.cluster);
             }
             self.fail(StepError::Load(e));
             return;
         }
-        if let Some(rec) = self.recording.as_mut() {
-            rec.spans.push(Span {
+        if let Some(spans) = self.parts.spans.as_mut() {
+            spans.push(Span {
                 track: "storage".into(),
                 name: format!("L{} load {}", msg.layer, msg.cluster),
                 start_ns: msg.started_ns,
@@ -436,7 +284,7 @@ impl Message<TakeCacheStats> for SchedulerActor {
     type Reply = ();
 
     async fn handle(&mut self, msg: TakeCacheStats, _: &mut Context<Self, ()>) {
-        let stats = self.scheduler.cache_stats().map(<[_]>::to_vec);
+        let stats = self.dispatcher.scheduler().cache_stats().map(<[_]>::to_vec);
         let _ = msg.0.send(stats.unwrap_or_default());
     }
 }
@@ -448,10 +296,10 @@ impl Message<GroupFailed> for SchedulerActor {
         // A failure during another step, or while idle, does not concern the step in flight.
         let concerns_flight = match msg.step {
             Some(step) => self.is_current(step),
-            None => self.flight.is_some(),
+            None => self.parts.flight.is_some(),
         };
         if concerns_flight {
-            let actor = self.groups[usize::from(msg.xpu.0)].0.clone();
+            let actor = self.parts.groups[usize::from(msg.xpu.0)].0.clone();
             self.fail(StepError::Actor {
                 actor,
                 why: msg.why,
@@ -464,8 +312,10 @@ impl Message<StartRecording> for SchedulerActor {
     type Reply = ();
 
     async fn handle(&mut self, _: StartRecording, _: &mut Context<Self, ()>) {
-        self.shared.recording.store(true, Ordering::Relaxed);
-        self.recording = Some(Recording::default());
+        self.parts.shared.recording.store(true, Ordering::Relaxed);
+        self.parts.spans = Some(Vec::new());
+        let n_layer = self.parts.shared.model.config.n_layer;
+        self.dispatcher.start_recording(n_layer);
     }
 }
 
@@ -473,8 +323,13 @@ impl Message<TakeRecording> for SchedulerActor {
     type Reply = ();
 
     async fn handle(&mut self, msg: TakeRecording, _: &mut Context<Self, ()>) {
-        self.shared.recording.store(false, Ordering::Relaxed);
-        let _ = msg.0.send(self.recording.take().unwrap_or_default());
+        self.parts.shared.recording.store(false, Ordering::Relaxed);
+        let kept = self.dispatcher.take_recording();
+        let _ = msg.0.send(Recording {
+            records: kept.records,
+            activity: kept.activity,
+            spans: self.parts.spans.take().unwrap_or_default(),
+        });
     }
 }
 

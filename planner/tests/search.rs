@@ -270,9 +270,11 @@ fn with_threshold_sparsity_gate_first_reads_are_scored_and_skipped_where_they_do
     for s in &roomy.scored {
         let cache = s.plan.cache.as_ref().unwrap();
         match s.features.read {
-            ReadPolicy::Whole => assert!(!cache.gate_first),
+            ReadPolicy::Whole => {
+                assert_eq!(cache.reads, conductor_runtime::cache::ReadPolicy::Bundles)
+            }
             ReadPolicy::GateFirst { gap } => {
-                assert!(cache.gate_first);
+                assert_eq!(cache.reads, conductor_runtime::cache::ReadPolicy::GateFirst);
                 assert_eq!(cache.gate_first_gap, gap);
             }
         }

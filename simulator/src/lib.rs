@@ -8,6 +8,7 @@
 //! bit for bit. [`replay`] feeds a recorded trace's events to a fresh scheduler and checks the
 //! commands. `docs/simulator.md` lists the formulas and what is not modelled.
 
+mod backend;
 mod devices;
 mod engine;
 mod error;
@@ -27,11 +28,12 @@ pub use shapes::{
 };
 pub use workload::{describe_model_file, DecodeStart, PlannedStep, Workload};
 
+use backend::{Machine, SCHEDULER_TRACK};
 use conductor_runtime::plan::{hosts_of, ExecutionPlan, HardwareProfile, Topology};
-use conductor_runtime::schedule::Scheduler;
+use conductor_runtime::schedule::{Modes, ReadGeometry, Scheduler};
 use conductor_runtime::trace::{Trace, TraceHeader, TRACE_FORMAT_VERSION};
 use devices::host::{spin_window_ns, FinishModel, MessageModel};
-use engine::{Engine, Machine, SCHEDULER_TRACK};
+use engine::Engine;
 
 /// What a simulation records besides the timings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -92,8 +94,9 @@ pub fn simulate(
     options: &SimOptions,
 ) -> Result<SimReport, SimError> {
     profile.validate()?;
-    let mut scheduler = Scheduler::new(&workload.model.shape, plan)?;
-    scheduler.await_predictions(workload.predicted);
+    let shape = &workload.model.shape;
+    let modes = Modes::of(plan, shape, workload.predicted);
+    let mut scheduler = Scheduler::with_modes(shape, plan, modes)?;
     if let (true, Some(cache)) = (workload.warm_cache, &plan.cache) {
         scheduler.warm_cache(cache);
     }
@@ -126,10 +129,12 @@ pub fn simulate(
             profile.messaging.wakeup_ns.round() as u64,
         ),
         bundle_bytes: workload.model.shape.ffn_bundle_stride,
-        gate_layout: scheduler
-            .gate_first()
+        gate_layout: modes
+            .reads
+            .reads_pages()
             .then(|| gate_first_layout(&workload.model))
             .flatten(),
+        in_flight_together: ReadGeometry::of(plan).in_flight_together,
         reads_per_bundle: if workload.bundled { 1 } else { 3 },
         // One aligned read per streamed attention matrix.
         attention_bytes: workload
@@ -165,6 +170,7 @@ pub fn simulate(
             version: TRACE_FORMAT_VERSION,
             model: workload.model.clone(),
             plan: plan.clone(),
+            modes,
             driver: "simulator".into(),
             threads,
             writer: format!("conductor-simulator {}", env!("CARGO_PKG_VERSION")),

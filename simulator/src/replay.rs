@@ -1,9 +1,14 @@
-//! Replay: feed a trace's events to a fresh scheduler and check it answers with the recorded
-//! commands, record by record. Any driver's trace (actors, inline, simulator) replays the same
-//! way, because the scheduler is a pure function of the events.
+//! Replay: feed a trace's events through the dispatch core to a fresh scheduler and check it
+//! answers with the recorded commands, record by record. Any driver's trace (actors, inline,
+//! simulator) replays the same way, because the scheduler is a pure function of the events and
+//! the events phases owe are a pure function of the recorded activity.
 
+use conductor_runtime::dispatch::{Backend, Completions, Dispatcher, Done, Finish, UnitLoad};
 use conductor_runtime::plan::ModelDescription;
-use conductor_runtime::schedule::{Command, Event, ScheduleError, Scheduler};
+use conductor_runtime::schedule::{
+    Activity, Awaited, ClusterWork, Command, Event, PageMap, ScheduleError, Scheduler, StepId,
+    StepRequest, XpuId,
+};
 use conductor_runtime::trace::Trace;
 
 /// A trace that cannot be replayed at all.
@@ -55,21 +60,27 @@ impl ReplayReport {
     }
 }
 
-/// Replays `trace` on a fresh scheduler built from its header's model shape and plan. Keeps
-/// going after a mismatch (the scheduler's state may have diverged; later counts say how far).
+/// Replays `trace` through the dispatch core on a fresh scheduler built from its header's
+/// model shape, plan and modes: the recorded completions are fed in their order, and the
+/// events a finished phase owes are derived again from the trace's activity (as a simulation
+/// derives them), so a match says both the scheduler and that derivation agree with the run.
+/// Keeps going after a mismatch (the scheduler's state may have diverged; later counts say how
+/// far).
 pub fn replay(trace: &Trace) -> Result<ReplayReport, ReplayError> {
-    let mut scheduler = Scheduler::new(&trace.header.model.shape, &trace.header.plan)?;
-    // A predictor-mode run's decode steps waited for predictions: so must the replay. Under
-    // gate-first loading they came as the predicted neurons' pages (`FfnPages` without a gate
-    // phase).
-    let event = |f: fn(&Event) -> bool| trace.records.iter().any(|r| f(&r.event));
-    let gate_phase = trace.records.iter().flat_map(|r| &r.commands).any(|c| {
-        matches!(c, conductor_runtime::schedule::Command::Compute { work, .. }
-            if work.phase == conductor_runtime::neuron::Phase::FfnGateRows)
-    });
-    let predicted = event(|e| matches!(e, Event::FfnPredicted { .. }))
-        || (!gate_phase && event(|e| matches!(e, Event::FfnPages { .. })));
-    scheduler.await_predictions(predicted);
+    let header = &trace.header;
+    let scheduler = Scheduler::with_modes(&header.model.shape, &header.plan, header.modes)?;
+    let mut dispatcher = Dispatcher::new(scheduler);
+    dispatcher.set_completions(Completions::Replayed);
+    let mut backend = ReplayBackend {
+        trace,
+        layout: header
+            .modes
+            .reads
+            .reads_pages()
+            .then(|| crate::gate_first_layout(&header.model))
+            .flatten(),
+        step: None,
+    };
     let mut report = ReplayReport {
         records: trace.records.len(),
         commands: trace.records.iter().map(|r| r.commands.len()).sum(),
@@ -77,27 +88,89 @@ pub fn replay(trace: &Trace) -> Result<ReplayReport, ReplayError> {
         mismatched: 0,
         first_mismatch: None,
     };
-    let mut got = Vec::new();
-    for (i, record) in trace.records.iter().enumerate() {
-        got.clear();
-        let result = scheduler.on_event(record.event.clone(), &mut got);
-        let error = result.err();
-        if error.is_none() && got == record.commands {
-            report.matched += 1;
-            continue;
+    let mut i = 0;
+    while i < trace.records.len() {
+        let record = &trace.records[i];
+        // The external event, then the events the phases it finished owe.
+        let owed = trace.records[i + 1..]
+            .iter()
+            .take_while(|r| r.event.is_owed())
+            .count();
+        dispatcher.start_recording(header.model.shape.n_layer);
+        let error = dispatcher.feed(&mut backend, record.event.clone()).err();
+        let got = dispatcher.take_recording().records;
+        for (k, expected) in trace.records[i..=i + owed].iter().enumerate() {
+            let produced = got.get(k);
+            if produced
+                .is_some_and(|p| p.event == expected.event && p.commands == expected.commands)
+            {
+                report.matched += 1;
+                continue;
+            }
+            report.mismatched += 1;
+            if report.first_mismatch.is_none() {
+                report.first_mismatch = Some(Mismatch {
+                    record: i + k,
+                    event: expected.event.clone(),
+                    expected: expected.commands.clone(),
+                    got: produced.map(|p| p.commands.clone()).unwrap_or_default(),
+                    error: error.clone(),
+                });
+            }
         }
-        report.mismatched += 1;
-        if report.first_mismatch.is_none() {
-            report.first_mismatch = Some(Mismatch {
-                record: i,
-                event: record.event.clone(),
-                expected: record.commands.clone(),
-                got: got.clone(),
-                error,
-            });
-        }
+        i += owed + 1;
     }
     Ok(report)
+}
+
+/// Carries out nothing: a replay compares commands only. The activity a finished phase owes
+/// comes from the trace.
+struct ReplayBackend<'a> {
+    trace: &'a Trace,
+    layout: Option<conductor_runtime::store::BundleLayout>,
+    /// The step in flight's activity.
+    step: Option<&'a conductor_runtime::trace::StepActivity>,
+}
+
+impl Backend for ReplayBackend<'_> {
+    type Error = ScheduleError;
+
+    fn now_ns(&self) -> u64 {
+        0
+    }
+
+    fn step_requested(&mut self, r: &StepRequest) -> Result<(), ScheduleError> {
+        self.step = self.trace.activity.iter().find(|a| a.step == r.step);
+        Ok(())
+    }
+
+    fn compute(&mut self, _: XpuId, _: &ClusterWork) -> Result<Done, ScheduleError> {
+        Ok(Done::Later)
+    }
+
+    fn finish_phase(
+        &mut self,
+        f: &Finish,
+        awaited: Option<Awaited>,
+        activity: &mut Activity,
+    ) -> Result<(), ScheduleError> {
+        if awaited.is_some() {
+            crate::backend::fill_activity(self.step, f.layer, activity);
+        }
+        Ok(())
+    }
+
+    fn page_map(&self) -> Option<&dyn PageMap> {
+        self.layout.as_ref().map(|l| l as &dyn PageMap)
+    }
+
+    fn read(&mut self, _: StepId, _: &[UnitLoad]) -> Result<Done, ScheduleError> {
+        Ok(Done::Later)
+    }
+
+    fn step_done(&mut self, _: StepId) -> Result<(), ScheduleError> {
+        Ok(())
+    }
 }
 
 /// Checks that `trace` was recorded for `model` (same shape and weight types; names may

@@ -389,7 +389,7 @@ fn a_neuron_store_under_a_cache_reads_what_it_misses_and_waits_for_it() {
             stream_attention: false,
             coalesce: 1,
             hot_units: Vec::new(),
-            gate_first: false,
+            reads: conductor_runtime::cache::ReadPolicy::Bundles,
             gate_first_gap: 0,
         });
         run(&pc(), &plan, &w)
@@ -455,7 +455,11 @@ fn gate_first_loading_reads_only_the_pages_the_activity_needs() {
             stream_attention: false,
             coalesce: 1,
             hot_units: Vec::new(),
-            gate_first,
+            reads: if gate_first {
+                conductor_runtime::cache::ReadPolicy::GateFirst
+            } else {
+                conductor_runtime::cache::ReadPolicy::Bundles
+            },
             gate_first_gap: 0,
         });
         let plan = ExecutionPlan {

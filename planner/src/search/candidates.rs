@@ -159,15 +159,16 @@ pub fn candidates(
                             for &read in &reads {
                                 let mut plan = base.clone();
                                 plan.storage.io_threads = io_threads;
-                                let (gate_first, gate_first_gap) = match read {
-                                    ReadPolicy::Whole => (false, 0),
-                                    ReadPolicy::GateFirst { gap } => (true, gap),
+                                use conductor_runtime::cache::ReadPolicy as Reads;
+                                let (reads, gate_first_gap) = match read {
+                                    ReadPolicy::Whole => (Reads::Bundles, 0),
+                                    ReadPolicy::GateFirst { gap } => (Reads::GateFirst, gap),
                                 };
                                 plan.cache = Some(CachePlan {
                                     policy,
                                     max_loads,
                                     coalesce,
-                                    gate_first,
+                                    reads,
                                     gate_first_gap,
                                     ..CachePlan::default()
                                 });

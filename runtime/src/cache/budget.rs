@@ -253,7 +253,7 @@ pub fn split_sizes(
     let n_units = s.n_layer * (s.bundles_per_layer + attn_units) + s.n_vocab.div_ceil(output_rows);
     // Gate-first loading keeps a layer's bundles in their slots from its gate rows to its
     // neurons: the cold segment must hold a whole layer's.
-    let min_slots = if shape.gate_first {
+    let min_slots = if shape.reads == super::ReadPolicy::GateFirst {
         u64::from(s.bundles_per_layer.max(1)) + 1
     } else {
         2
@@ -275,7 +275,7 @@ pub fn split_sizes(
     let max_loads = shape.max_loads.max(1);
     // Enough cold slots for the loads in flight and the clusters being computed (under
     // gate-first loading, a whole layer's bundles besides).
-    let cold = if shape.gate_first {
+    let cold = if shape.reads == super::ReadPolicy::GateFirst {
         s.bundles_per_layer + max_loads + 1
     } else {
         max_loads + 2

@@ -13,6 +13,7 @@ mod arena;
 mod budget;
 mod directory;
 mod reader;
+mod slot_reads;
 #[cfg(feature = "io-uring")]
 mod uring;
 
@@ -22,11 +23,13 @@ pub use budget::{
     StoreSizes, DEFAULT_COALESCE, DEFAULT_GATE_FIRST_GAP, DEFAULT_MAX_LOADS, RUNTIME_OVERHEAD,
 };
 pub use directory::{
-    Acquired, CacheDirectory, CachePlan, CachePolicy, LayerCacheStats, PagesAcquired, Want,
+    Acquired, CacheDirectory, CachePlan, CachePolicy, LayerCacheStats, PagesAcquired, ReadPolicy,
+    Want,
 };
 pub use reader::{
     open_for_reads, read_full, unit_extents, BundleFile, Extent, LoadError, OpenError,
 };
+pub use slot_reads::{read_slots, SlotRead};
 #[cfg(feature = "io-uring")]
 pub use uring::{Ring, RING_ENTRIES};
 

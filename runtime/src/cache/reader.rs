@@ -461,6 +461,14 @@ impl BundleFile {
         }
         let total: usize = extents.iter().map(|(_, e)| e.len).sum();
         let whole = match &self.reads {
+            // One vectored read fetches only units lying back to back.
+            Reads::Positional
+                if !extents
+                    .windows(2)
+                    .all(|w| w[0].1.offset + w[0].1.len as u64 == w[1].1.offset) =>
+            {
+                false
+            }
             Reads::Positional => {
                 let mut bufs: Vec<std::io::IoSliceMut<'_>> = units
                     .iter_mut()

@@ -10,7 +10,7 @@ fn plan(slots: u32, hot: u32, policy: CachePolicy) -> CachePlan {
         stream_attention: false,
         coalesce: 1,
         hot_units: Vec::new(),
-        gate_first: false,
+        reads: ReadPolicy::Bundles,
         gate_first_gap: 0,
     }
 }

@@ -23,7 +23,7 @@ use crate::model::ops::{gated_activation, rms_norm, RopeTable};
 use crate::model::{moe, KvCache, Model, ModelError, TensorRef};
 use crate::neuron::Phase;
 use crate::quant::{activation_type, GgmlType, Kernels, MatRef};
-use crate::schedule::{ClusterWork, Program, StepRequest, StepShape, XpuId};
+use crate::schedule::{Activity, Awaited, ClusterWork, Program, StepRequest, StepShape, XpuId};
 use crate::sparse::predictor::PredictorScratch;
 use crate::sparse::{SparseFfn, SparsityMode};
 use crate::store::DownLayout;
@@ -574,14 +574,9 @@ pub struct StepState {
     /// scheduler may leave the others unsent.
     needed: Vec<u64>,
     /// Gate-first loading: the current layer's gate values `[token][n_ff]` (from
-    /// `FfnGateRows`), the bundle pages its FFN clusters read next ([`Self::ffn_pages`]), and
-    /// scratch for one token's active neurons of a cluster.
+    /// `FfnGateRows`) and the neurons whose gate fires, token by token.
     gated: Vec<f32>,
-    pages: Vec<u64>,
-    active: Vec<u32>,
-    /// Gate-first loading: the neurons of the current layer that fire for some token of the
-    /// step, ascending (what a trace records as the step's activity).
-    layer_active: Vec<u32>,
+    gated_activity: Activity,
     /// Decode with predictors reads only the predicted neurons' pages (gate-first loading with
     /// predictors): [`Self::ffn_pages`] names them after each layer's attention.
     page_reads: bool,
@@ -619,9 +614,7 @@ impl StepState {
             moe: MoeState::default(),
             needed: Vec::new(),
             gated: Vec::new(),
-            pages: Vec::new(),
-            active: Vec::new(),
-            layer_active: Vec::new(),
+            gated_activity: Activity::default(),
             page_reads: false,
         }
     }
@@ -632,7 +625,7 @@ impl StepState {
     }
 
     /// Decode with predictors reads only the predicted neurons' pages
-    /// ([`crate::schedule::Scheduler::reads_predicted_pages`]).
+    /// ([`crate::schedule::ReadPolicy::PredictedPages`]).
     pub fn set_page_reads(&mut self, on: bool) {
         self.page_reads = on;
     }
@@ -1204,9 +1197,6 @@ impl StepState {
                 let mut needed = std::mem::take(&mut self.needed);
                 self.find_ffn_needed(model, program, &mut needed);
                 self.needed = needed;
-                if self.page_reads {
-                    self.find_predicted_pages(model, program);
-                }
             }
             Phase::FfnNeurons => {
                 self.delta.clear();
@@ -1236,7 +1226,7 @@ impl StepState {
                 let ff = c.n_ff as usize;
                 self.gated.resize(n * ff, 0.0);
                 gather_row_blocks(&self.blocks, clusters, n, ff, &mut self.gated);
-                self.find_ffn_pages(model, program, l);
+                self.find_gated_activity(model, program, l);
             }
             Phase::FfnGateUpRows => {
                 let ff = c.n_ff as usize;
@@ -1381,13 +1371,6 @@ impl StepState {
         }
     }
 
-    /// After a layer's attention: which of the layer's FFN clusters the step needs, as bits
-    /// of `needed` (what drivers feed the scheduler as [`crate::schedule::Event::FfnPredicted`]).
-    pub fn ffn_needed(&self, needed: &mut Vec<u64>) {
-        needed.clear();
-        needed.extend_from_slice(&self.needed);
-    }
-
     /// The FFN clusters (`program`'s) a step needs: those whose neurons a token's prediction
     /// names, or all of them where nothing was predicted (dense, threshold, prefill, a layer
     /// without a predictor); in a mixture of experts only clusters of experts some token chose.
@@ -1406,30 +1389,46 @@ impl StepState {
         }
     }
 
-    /// Gate-first loading, after a layer's `FfnGateRows`: the pages of each FFN cluster's
-    /// bundle that its `FfnNeurons` compute reads (what drivers feed the scheduler as
-    /// [`crate::schedule::Event::FfnPages`]).
-    pub fn ffn_pages(&self, pages: &mut Vec<u64>) {
-        pages.clear();
-        pages.extend_from_slice(&self.pages);
-    }
-
-    /// Gate-first loading, after a layer's `FfnGateRows`: its neurons that fire for some
-    /// token of the step, ascending.
-    pub fn ffn_active(&self) -> &[u32] {
-        &self.layer_active
-    }
-
-    /// From the layer's gate values: which neurons of each cluster fire for some token (the
-    /// threshold of sparse decode, decided exactly as `sparse_ffn_cluster` decides it), the
-    /// clusters with any (`needed`) and the bundle pages their up rows and down columns lie in
-    /// (`pages`). Without threshold sparsity every neuron fires: every page.
-    fn find_ffn_pages(&mut self, model: &Model, program: &Program, l: usize) {
-        let Some(store) = &model.store else {
+    /// The current layer's active FFN neurons, token by token, for the event the scheduler
+    /// awaits after a finished phase ([`crate::schedule::owed_event`]): after a gate phase,
+    /// the neurons whose gate fires; after attention, the neurons some prediction names in the
+    /// experts some token chose (every neuron of a layer nothing selects).
+    pub fn fill_activity(
+        &self,
+        model: &Model,
+        program: &Program,
+        awaited: Awaited,
+        activity: &mut Activity,
+    ) {
+        if awaited == Awaited::GatedPages {
+            activity.clone_from(&self.gated_activity);
             return;
-        };
-        let layout = &store.layout;
-        let per = layout.bundle_pages() as usize;
+        }
+        let predicted = self.predictions(program.shape);
+        if predicted.is_none() && !model.config.is_moe() {
+            activity.set_all();
+            return;
+        }
+        activity.clear();
+        let clusters = program.clusters(Phase::FfnNeurons);
+        let words = (model.config.n_ff as usize).div_ceil(64);
+        for t in 0..self.request.n_tokens as usize {
+            let picked = clusters
+                .iter()
+                .filter(|r| self.moe.expert_of(model, &units(r)).is_ok())
+                .flat_map(|r| r.clone())
+                .filter(|&i| {
+                    let i = i as usize;
+                    predicted.is_none_or(|bits| bits[t * words + i / 64] >> (i % 64) & 1 == 1)
+                });
+            activity.push_token(picked);
+        }
+    }
+
+    /// After a layer's gate phase: which neurons fire for each token (the threshold of sparse
+    /// decode, decided exactly as `sparse_ffn_cluster` decides it) and the clusters with any
+    /// (`needed`). Without threshold sparsity every neuron fires.
+    fn find_gated_activity(&mut self, model: &Model, program: &Program, l: usize) {
         let clusters = program.clusters(Phase::FfnNeurons);
         let n = self.request.n_tokens as usize;
         let ff = model.config.n_ff as usize;
@@ -1437,99 +1436,39 @@ impl StepState {
             .sparse
             .as_ref()
             .filter(|s| s.mode == SparsityMode::Threshold && program.shape == StepShape::Decode);
-        let mut pages = std::mem::take(&mut self.pages);
-        let mut active = std::mem::take(&mut self.active);
-        self.layer_active.clear();
-        pages.clear();
-        pages.resize((clusters.len() * per).div_ceil(64), 0);
         self.needed.clear();
         self.needed.resize(clusters.len().div_ceil(64), 0);
-        for (c, r) in clusters.iter().enumerate() {
-            let neurons = units(r);
-            if self.moe.expert_of(model, &neurons).is_err() {
-                continue;
-            }
-            let mut any = false;
-            for t in 0..n {
-                active.clear();
-                match threshold {
-                    Some(sparse) => {
-                        let layer = &sparse.layers[l];
-                        for (j, &g) in self.gated[t * ff + neurons.start..t * ff + neurons.end]
-                            .iter()
-                            .enumerate()
-                        {
-                            let a = sparse.activate(g);
-                            if a.abs() * layer.importance[neurons.start + j] > layer.threshold {
-                                active.push(j as u32);
-                            }
-                        }
-                    }
-                    None => active.extend(0..neurons.len() as u32),
+        let chosen = |r: &Range<u32>| self.moe.expert_of(model, &units(r)).is_ok();
+        let Some(sparse) = threshold else {
+            for (c, r) in clusters.iter().enumerate() {
+                if chosen(r) {
+                    self.needed[c / 64] |= 1 << (c % 64);
                 }
-                if active.is_empty() {
-                    continue;
-                }
-                // Clusters ascend, so the layer's list stays ascending; tokens of one cluster
-                // merge into its part of it.
-                let from = self
-                    .layer_active
-                    .partition_point(|&i| (i as usize) < neurons.start);
-                for &j in &active {
-                    let i = (neurons.start + j as usize) as u32;
-                    if let Err(at) = self.layer_active[from..].binary_search(&i) {
-                        self.layer_active.insert(from + at, i);
-                    }
-                }
-                any = true;
-                let up_whole = active.len() * 2 > neurons.len();
-                layout.mark_active_pages(c as u32, &active, up_whole, &mut pages, c * per);
             }
-            if any {
-                self.needed[c / 64] |= 1 << (c % 64);
-            }
-        }
-        self.pages = pages;
-        self.active = active;
-    }
-
-    /// Decode with predictors, reading pages: the pages of each FFN cluster's bundle holding
-    /// the rows of neurons some token's prediction names (none for a layer without predictions:
-    /// then every page of every needed cluster).
-    fn find_predicted_pages(&mut self, model: &Model, program: &Program) {
-        let Some(store) = &model.store else {
+            self.gated_activity.set_all();
             return;
         };
-        let layout = &store.layout;
-        let per = layout.bundle_pages() as usize;
-        let clusters = program.clusters(Phase::FfnNeurons);
-        let n = self.request.n_tokens as usize;
-        let words = (model.config.n_ff as usize).div_ceil(64);
-        let mut pages = std::mem::take(&mut self.pages);
-        let mut picked = std::mem::take(&mut self.active);
-        pages.clear();
-        pages.resize((clusters.len() * per).div_ceil(64), 0);
-        let predicted = self.predictions(program.shape);
-        for (c, r) in clusters.iter().enumerate() {
-            if self
-                .needed
-                .get(c / 64)
-                .is_none_or(|w| w >> (c % 64) & 1 == 0)
-            {
-                continue;
+        let layer = &sparse.layers[l];
+        let mut activity = std::mem::take(&mut self.gated_activity);
+        activity.clear();
+        for t in 0..n {
+            let gates = &self.gated[t * ff..(t + 1) * ff];
+            for (c, r) in clusters.iter().enumerate().filter(|(_, r)| chosen(r)) {
+                let mut any = false;
+                for i in r.clone() {
+                    let j = i as usize;
+                    if sparse.activate(gates[j]).abs() * layer.importance[j] > layer.threshold {
+                        activity.push(i);
+                        any = true;
+                    }
+                }
+                if any {
+                    self.needed[c / 64] |= 1 << (c % 64);
+                }
             }
-            let neurons = units(r);
-            picked.clear();
-            picked.extend((0..neurons.len() as u32).filter(|&j| {
-                let i = neurons.start + j as usize;
-                predicted.is_none_or(|bits| {
-                    (0..n).any(|t| bits[t * words + i / 64] >> (i % 64) & 1 == 1)
-                })
-            }));
-            layout.mark_neuron_pages(c as u32, &picked, &mut pages, c * per);
+            activity.end_token();
         }
-        self.pages = pages;
-        self.active = picked;
+        self.gated_activity = activity;
     }
 
     /// The current layer's predicted neurons `[token][n_ff bits]`, in decode steps with

@@ -1,34 +1,49 @@
-//! The inline driver: the scheduler and the executor on the calling thread.
+//! The inline driver: the dispatch core and the executor on the calling thread.
 //!
-//! It feeds the scheduler a `StepRequested`, then carries out commands in order: a `Compute` is
-//! executed at once (its clusters spread over the runner's workers) and answered with
-//! `ClusterDone`; a `FinishPhase` combines the phase's outputs. The command stream is exactly
-//! what the actor driver and the simulator receive for the same events. Every group's work runs
-//! here, on the one runner: the inline driver is the reference for numerics.
+//! Its backend computes a `Compute` at once (its clusters spread over the runner's workers),
+//! finishes phases in place and reads loads as they come; the core feeds the completions back
+//! in order. The command stream is exactly what the actor driver and the simulator carry out
+//! for the same events. Every group's work runs here, on the one runner: the inline driver is
+//! the reference for numerics.
 
 use super::{ClusterRunner, Driver, GroupOutput, Session, StepError, StepState, WholeMatmul};
-use crate::cache::{unit_extents, BundleFile, SlotArena, UnitMap};
-use crate::model::Model;
+use crate::cache::{read_slots, unit_extents, BundleFile, LoadError, SlotArena, SlotRead, UnitMap};
+use crate::dispatch::{Backend, Dispatcher, Done, Finish, UnitLoad};
+use crate::model::{KvCache, Model};
 use crate::plan::ExecutionPlan;
 use crate::quant::Kernels;
-use crate::schedule::{Command, Event, ScheduleError, Scheduler, StepId, StepRequest};
+use crate::schedule::{
+    Activity, Awaited, ClusterWork, Event, PageMap, Program, ScheduleError, StepId, StepRequest,
+    StepShape, XpuId,
+};
 use std::sync::{Arc, Mutex};
 
 pub struct InlineDriver<R: ClusterRunner> {
     model: Arc<Model>,
+    /// The plan it follows (for trace headers).
+    plan: ExecutionPlan,
     /// A store's cache slots and the file its bundles are read from (plans with a cache).
     cache: Option<(Arc<SlotArena>, BundleFile)>,
-    /// Units read so far, and their bytes.
-    loads: u64,
-    bytes_read: u64,
-    /// Bytes read per layer (the output projection last).
-    layer_bytes: Vec<u64>,
-    scheduler: Scheduler,
+    io: IoCounters,
+    dispatcher: Dispatcher,
+    programs: [Arc<Program>; 2],
     state: StepState,
     outputs: Vec<Mutex<GroupOutput>>,
     runner: R,
     next_step: StepId,
-    commands: Vec<Command>,
+    /// Scratch of reads: a run's units and their results.
+    reads: Vec<SlotRead>,
+    results: Vec<Result<u64, LoadError>>,
+}
+
+/// Units and bytes read so far.
+#[derive(Default)]
+struct IoCounters {
+    loads: u64,
+    reads: u64,
+    bytes_read: u64,
+    /// Bytes read per layer (the output projection last).
+    layer_bytes: Vec<u64>,
 }
 
 impl<R: ClusterRunner> InlineDriver<R> {
@@ -42,21 +57,28 @@ impl<R: ClusterRunner> InlineDriver<R> {
         let cache = open_cache(&model, plan, scheduler.unit_map())?;
         let mut state = StepState::new(kernels);
         state.set_cache(cache.as_ref().map(|(arena, _)| Arc::clone(arena)));
-        state.set_page_reads(scheduler.reads_predicted_pages());
+        state.set_page_reads(scheduler.modes().reads == crate::cache::ReadPolicy::PredictedPages);
         Ok(InlineDriver {
+            plan: plan.clone(),
             cache,
-            loads: 0,
-            bytes_read: 0,
-            layer_bytes: vec![0; model.config.n_layer as usize + 1],
+            io: IoCounters {
+                layer_bytes: vec![0; model.config.n_layer as usize + 1],
+                ..IoCounters::default()
+            },
             outputs: (0..scheduler.n_groups())
                 .map(|_| Mutex::default())
                 .collect(),
-            scheduler,
+            programs: [
+                Arc::clone(scheduler.program(StepShape::Decode)),
+                Arc::clone(scheduler.program(StepShape::Prefill)),
+            ],
+            dispatcher: Dispatcher::new(scheduler),
             state,
             model,
             runner,
             next_step: 0,
-            commands: Vec::new(),
+            reads: Vec::new(),
+            results: Vec::new(),
         })
     }
 
@@ -67,19 +89,19 @@ impl<R: ClusterRunner> InlineDriver<R> {
 
     /// The neuron cache's counters per layer (plans with a cache).
     pub fn cache_stats(&self) -> Option<&[crate::cache::LayerCacheStats]> {
-        self.scheduler.cache_stats()
+        self.dispatcher.scheduler().cache_stats()
     }
 
     /// The cache's counters and the bytes read (plans with a cache).
     pub fn cache_report(&self) -> Option<crate::cache::CacheReport> {
         self.cache.as_ref()?;
-        let layers = self.scheduler.cache_stats()?.to_vec();
+        let layers = self.dispatcher.scheduler().cache_stats()?.to_vec();
         Some(crate::cache::CacheReport {
-            layer_bytes: self.layer_bytes.clone(),
+            layer_bytes: self.io.layer_bytes.clone(),
             layers,
-            loads: self.loads,
-            reads: self.loads,
-            bytes_read: self.bytes_read,
+            loads: self.io.loads,
+            reads: self.io.reads,
+            bytes_read: self.io.bytes_read,
             io_ns: 0,
             decode_compute_ns: 0,
         })
@@ -87,6 +109,11 @@ impl<R: ClusterRunner> InlineDriver<R> {
 
     pub fn runner(&self) -> &R {
         &self.runner
+    }
+
+    /// The dispatch core (its scheduler, and recording a trace).
+    pub fn dispatcher_mut(&mut self) -> &mut Dispatcher {
+        &mut self.dispatcher
     }
 
     fn run_step(
@@ -102,117 +129,221 @@ impl<R: ClusterRunner> InlineDriver<R> {
             logits_from,
         };
         self.next_step += 1;
-        let model = &*self.model;
-        self.state.begin_step(model, &request, tokens)?;
-        let program = self
-            .scheduler
-            .program(self.scheduler.shape_for(request.n_tokens))
-            .clone();
-        self.commands.clear();
-        self.scheduler
-            .on_event(Event::StepRequested(request), &mut self.commands)?;
-        let mut next = 0;
-        while next < self.commands.len() {
-            let command = self.commands[next].clone();
-            next += 1;
-            match command {
-                Command::Compute { xpu, work } => {
-                    let out = &mut *self.outputs[usize::from(xpu.0)]
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner());
-                    self.state.compute(
-                        model,
-                        &session.kv,
-                        &program,
-                        &work,
-                        &self.runner,
-                        &WholeMatmul,
-                        out,
-                    );
-                    if let Err(e) = self
-                        .scheduler
-                        .on_event(Event::ClusterDone(work), &mut self.commands)
-                    {
-                        self.scheduler.abort();
-                        return Err(e.into());
-                    }
-                }
-                Command::FinishPhase {
-                    step, layer, phase, ..
-                } => {
-                    self.state.finish_phase(
-                        model,
-                        &mut session.kv,
-                        &program,
-                        layer,
-                        phase,
-                        &self.outputs,
-                    );
-                    let event = event_after_phase(
-                        &self.scheduler,
-                        &self.state,
-                        &program,
-                        step,
-                        layer,
-                        phase,
-                    );
-                    if let Some(event) = event {
-                        if let Err(e) = self.scheduler.on_event(event, &mut self.commands) {
-                            self.scheduler.abort();
-                            return Err(e.into());
-                        }
-                    }
-                }
-                Command::StepDone { .. } => {
-                    session.push(tokens);
-                }
-                Command::Load {
-                    step,
-                    layer,
-                    cluster,
-                    slot,
-                    evicted,
-                    pages,
-                    top_up,
-                } => {
-                    let Some((arena, file)) = &self.cache else {
-                        self.scheduler.abort();
-                        return Err(StepError::NoCache);
-                    };
-                    if !top_up {
-                        arena.assign(layer, cluster, slot, evicted);
-                    }
-                    let loaded =
-                        file.load_part(layer, cluster, pages, arena.write(slot).bytes_mut());
-                    let bytes = match loaded {
-                        Ok(bytes) => bytes,
-                        Err(e) => {
-                            arena.forget(layer, cluster);
-                            self.scheduler.abort();
-                            return Err(e.into());
-                        }
-                    };
-                    self.loads += 1;
-                    self.bytes_read += bytes;
-                    self.layer_bytes[layer as usize] += bytes;
-                    let event = Event::Loaded {
-                        step,
-                        layer,
-                        cluster,
-                    };
-                    if let Err(e) = self.scheduler.on_event(event, &mut self.commands) {
-                        self.scheduler.abort();
-                        return Err(e.into());
-                    }
-                }
+        self.state.begin_step(&self.model, &request, tokens)?;
+        let (dispatcher, mut backend) = self.split(&mut session.kv);
+        dispatcher.feed(&mut backend, Event::StepRequested(request))?;
+        if !backend.done {
+            dispatcher.abort();
+            return Err(StepError::Schedule(ScheduleError::EmptyStep));
+        }
+        session.push(tokens);
+        Ok(())
+    }
+
+    /// The dispatch core, and the backend over this driver's other parts for one step with
+    /// `kv`.
+    fn split<'a>(&'a mut self, kv: &'a mut KvCache) -> (&'a mut Dispatcher, InlineBackend<'a, R>) {
+        let backend = InlineBackend {
+            model: &self.model,
+            kv,
+            state: &mut self.state,
+            outputs: &self.outputs,
+            runner: &self.runner,
+            programs: &self.programs,
+            cache: self.cache.as_ref(),
+            io: &mut self.io,
+            reads: &mut self.reads,
+            results: &mut self.results,
+            done: false,
+        };
+        (&mut self.dispatcher, backend)
+    }
+
+    /// Starts recording a trace of every event and command, and the decode steps' activity.
+    pub fn start_trace(&mut self) {
+        self.dispatcher.start_recording(self.model.config.n_layer);
+    }
+
+    /// Stops recording and returns the trace (no timed spans: everything runs on one thread).
+    pub fn take_trace(&mut self) -> crate::trace::Trace {
+        let recording = self.dispatcher.take_recording();
+        crate::trace::Trace {
+            header: crate::trace::TraceHeader {
+                version: crate::trace::TRACE_FORMAT_VERSION,
+                model: self.model.description(),
+                plan: self.plan.clone(),
+                modes: self.dispatcher.scheduler().modes(),
+                driver: "inline".into(),
+                threads: self.runner.workers() as u32,
+                writer: format!("conductor {}", env!("CARGO_PKG_VERSION")),
+            },
+            records: recording.records,
+            activity: recording.activity,
+            spans: Vec::new(),
+        }
+    }
+
+    /// Carries out a recorded trace's events through this driver's backend (really computing
+    /// and reading), step `i` over `tokens[i]`, with the completions the trace recorded (the
+    /// events a finished phase owes are derived again, not taken from the trace), and returns
+    /// what the dispatch core recorded: the commands this backend received for the same
+    /// events, to compare with the trace's.
+    pub fn replay(
+        &mut self,
+        session: &mut Session,
+        tokens: &[&[u32]],
+        records: &[crate::trace::TraceRecord],
+    ) -> Result<crate::dispatch::Recording, StepError> {
+        self.dispatcher
+            .set_completions(crate::dispatch::Completions::Replayed);
+        self.dispatcher.start_recording(self.model.config.n_layer);
+        let result = self.replay_records(session, tokens, records);
+        self.dispatcher
+            .set_completions(crate::dispatch::Completions::Backend);
+        let recording = self.dispatcher.take_recording();
+        result.map(|()| recording)
+    }
+
+    fn replay_records(
+        &mut self,
+        session: &mut Session,
+        tokens: &[&[u32]],
+        records: &[crate::trace::TraceRecord],
+    ) -> Result<(), StepError> {
+        let mut steps = tokens.iter();
+        let mut current: &[u32] = &[];
+        for record in records.iter().filter(|r| !r.event.is_owed()) {
+            if let Event::StepRequested(request) = &record.event {
+                current = steps.next().ok_or(StepError::NoTokens)?;
+                self.state.begin_step(&self.model, request, current)?;
+            }
+            let (dispatcher, mut backend) = self.split(&mut session.kv);
+            dispatcher.feed(&mut backend, record.event.clone())?;
+            if backend.done {
+                session.push(current);
             }
         }
         Ok(())
     }
 }
 
+/// The inline driver's backend for one step.
+struct InlineBackend<'a, R: ClusterRunner> {
+    model: &'a Model,
+    kv: &'a mut KvCache,
+    state: &'a mut StepState,
+    outputs: &'a [Mutex<GroupOutput>],
+    runner: &'a R,
+    programs: &'a [Arc<Program>; 2],
+    cache: Option<&'a (Arc<SlotArena>, BundleFile)>,
+    io: &'a mut IoCounters,
+    reads: &'a mut Vec<SlotRead>,
+    results: &'a mut Vec<Result<u64, LoadError>>,
+    done: bool,
+}
+
+impl<R: ClusterRunner> InlineBackend<'_, R> {
+    fn program(&self, shape: StepShape) -> &Program {
+        match shape {
+            StepShape::Decode => &self.programs[0],
+            StepShape::Prefill => &self.programs[1],
+        }
+    }
+}
+
+impl<R: ClusterRunner> Backend for InlineBackend<'_, R> {
+    type Error = StepError;
+
+    fn now_ns(&self) -> u64 {
+        0
+    }
+
+    fn compute(&mut self, xpu: XpuId, work: &ClusterWork) -> Result<Done, StepError> {
+        let program = match work.shape {
+            StepShape::Decode => &self.programs[0],
+            StepShape::Prefill => &self.programs[1],
+        };
+        let out = &mut *self.outputs[usize::from(xpu.0)]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        self.state.compute(
+            self.model,
+            self.kv,
+            program,
+            work,
+            self.runner,
+            &WholeMatmul,
+            out,
+        );
+        Ok(Done::Now)
+    }
+
+    fn finish_phase(
+        &mut self,
+        f: &Finish,
+        awaited: Option<Awaited>,
+        activity: &mut Activity,
+    ) -> Result<(), StepError> {
+        let program = match f.shape {
+            StepShape::Decode => &self.programs[0],
+            StepShape::Prefill => &self.programs[1],
+        };
+        self.state
+            .finish_phase(self.model, self.kv, program, f.layer, f.phase, self.outputs);
+        if let Some(awaited) = awaited {
+            self.state
+                .fill_activity(self.model, self.program(f.shape), awaited, activity);
+        }
+        Ok(())
+    }
+
+    fn page_map(&self) -> Option<&dyn PageMap> {
+        self.model.store.as_ref().map(|s| &s.layout as &dyn PageMap)
+    }
+
+    fn read(&mut self, _: StepId, run: &[UnitLoad]) -> Result<Done, StepError> {
+        let Some((arena, file)) = self.cache else {
+            return Err(StepError::NoCache);
+        };
+        self.reads.clear();
+        for u in run {
+            let read = SlotRead::assign(
+                arena,
+                (u.layer, u.cluster),
+                u.slot,
+                u.evicted,
+                u.pages.clone(),
+                u.top_up,
+            );
+            self.reads.push(read);
+        }
+        // Nothing else reads these slots on this thread: never stale.
+        read_slots(arena, file, self.reads, self.results);
+        self.io.reads += 1;
+        for (u, result) in run.iter().zip(self.results.drain(..)) {
+            match result {
+                Ok(bytes) => {
+                    self.io.loads += 1;
+                    self.io.bytes_read += bytes;
+                    self.io.layer_bytes[u.layer as usize] += bytes;
+                }
+                Err(e) => {
+                    arena.forget(u.layer, u.cluster);
+                    return Err(e.into());
+                }
+            }
+        }
+        Ok(Done::Now)
+    }
+
+    fn step_done(&mut self, _: StepId) -> Result<(), StepError> {
+        self.done = true;
+        Ok(())
+    }
+}
+
 /// The slots and bundle file a plan with a cache needs (`None` without one); `map` is the
-/// scheduler's ([`Scheduler::unit_map`]).
+/// scheduler's ([`crate::schedule::Scheduler::unit_map`]).
 pub fn open_cache(
     model: &Model,
     plan: &ExecutionPlan,
@@ -247,7 +378,7 @@ impl<R: ClusterRunner + Send> Driver for InlineDriver<R> {
     }
 
     fn max_step_tokens(&self) -> usize {
-        self.scheduler.max_step_tokens() as usize
+        self.dispatcher.scheduler().max_step_tokens() as usize
     }
 
     fn step(
@@ -261,38 +392,5 @@ impl<R: ClusterRunner + Send> Driver for InlineDriver<R> {
 
     fn logits(&self) -> &[f32] {
         self.state.logits()
-    }
-}
-
-/// The event a finished phase owes the scheduler, if any: after a gate phase the pages the
-/// gates let through; after a decode step's attention output, with predictors under a cache,
-/// the layer's predictions (as pages when the scheduler reads predicted neurons page by page).
-/// Both drivers feed it the same, so their event streams stay alike.
-pub fn event_after_phase(
-    scheduler: &Scheduler,
-    state: &StepState,
-    program: &crate::schedule::Program,
-    step: StepId,
-    layer: u32,
-    phase: crate::neuron::Phase,
-) -> Option<Event> {
-    use crate::neuron::Phase;
-    let awaits_predictions = scheduler.awaits_predictions()
-        && program.shape == crate::schedule::StepShape::Decode
-        && phase == Phase::AttnOutRows;
-    if phase == Phase::FfnGateRows || (awaits_predictions && scheduler.reads_predicted_pages()) {
-        let mut pages = Vec::new();
-        state.ffn_pages(&mut pages);
-        Some(Event::FfnPages { step, layer, pages })
-    } else if awaits_predictions {
-        let mut needed = Vec::new();
-        state.ffn_needed(&mut needed);
-        Some(Event::FfnPredicted {
-            step,
-            layer,
-            needed,
-        })
-    } else {
-        None
     }
 }

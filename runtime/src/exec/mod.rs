@@ -3,8 +3,9 @@
 //! - [`StepState`] computes one [`crate::schedule::Command`] at a time: the clusters of a phase
 //!   into a processor group's [`GroupOutput`] (through a [`ClusterRunner`], which may spread
 //!   them over threads, and a [`DenseBackend`] for many-token products), or a phase's finish.
-//! - [`InlineDriver`] runs the scheduler and the executor on the calling thread: the reference
-//!   path for numerics, and the baseline the actor driver is measured against.
+//! - [`InlineDriver`] runs the dispatch core ([`crate::dispatch`]) and the executor on the
+//!   calling thread: the reference path for numerics, and the baseline the actor driver is
+//!   measured against.
 //! - [`Session`] is one conversation's state: its KV cache and position.
 
 use crate::quant::{Kernels, MatRef};
@@ -14,26 +15,26 @@ mod inline;
 mod session;
 
 pub use executor::{GroupOutput, Probe, StepState};
-pub use inline::{event_after_phase, open_cache, InlineDriver};
+pub use inline::{open_cache, InlineDriver};
 pub use session::{Session, StepError};
 
 use crate::model::Model;
 use std::sync::Arc;
 
-/// The scheduler for `model` under `plan`: with predictors, decode steps under a cache load
-/// only the FFN clusters a layer's predictions name ([`Scheduler::await_predictions`]); in a
-/// mixture of experts, only the clusters of the experts the router chose.
+/// The scheduler for `model` under `plan`, in the modes they fix ([`crate::schedule::Modes`]):
+/// the plan's read policy; decode steps select their FFN clusters with predictors, and in a
+/// mixture of experts (its router).
 pub fn scheduler_for(
     model: &Model,
     plan: &crate::plan::ExecutionPlan,
 ) -> Result<crate::schedule::Scheduler, crate::schedule::ScheduleError> {
-    let mut scheduler = crate::schedule::Scheduler::new(&model.shape(), plan)?;
+    let shape = model.shape();
     let predicts = model
         .sparse
         .as_ref()
         .is_some_and(|s| s.mode == crate::sparse::SparsityMode::Predictor);
-    scheduler.await_predictions(predicts || model.config.is_moe());
-    Ok(scheduler)
+    let modes = crate::schedule::Modes::of(plan, &shape, predicts);
+    crate::schedule::Scheduler::with_modes(&shape, plan, modes)
 }
 
 /// What the facade needs of a driver (inline, actors): evaluate tokens in a session.

@@ -320,7 +320,7 @@ impl Default for ExecutionPlan {
 }
 
 /// A plan that cannot be used. Each error names the field.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 pub enum PlanError {
     #[error("plan format version {found} is not supported (this build reads versions {min} to {expected})")]
     Version { found: u32, min: u32, expected: u32 },

@@ -18,7 +18,7 @@ use std::io::{Read, Write};
 use std::path::Path;
 
 /// Version of the trace format.
-pub const TRACE_FORMAT_VERSION: u32 = 2;
+pub const TRACE_FORMAT_VERSION: u32 = 3;
 const MAGIC: &[u8; 8] = b"CNDTRACE";
 /// A trace larger than this is refused rather than allocated (hostile or corrupt file).
 const MAX_TRACE_BYTES: usize = 1 << 30;
@@ -29,6 +29,8 @@ pub struct TraceHeader {
     pub version: u32,
     pub model: ModelDescription,
     pub plan: ExecutionPlan,
+    /// The scheduler's modes (read policy, FFN selection) the run had.
+    pub modes: crate::schedule::Modes,
     /// `actors`, `inline` or `simulator`.
     pub driver: String,
     pub threads: u32,
@@ -112,7 +114,7 @@ pub enum TraceError {
     },
     #[error("{0} is not a Conductor trace (bad magic)")]
     NotATrace(String),
-    #[error("trace format version {found} is not supported (this build reads {expected})")]
+    #[error("trace format version {found} is not supported: this build reads version {expected} only (record the trace again with this build)")]
     Version { found: u32, expected: u32 },
     #[error("trace {path} is corrupt: {why}")]
     Corrupt { path: String, why: String },

@@ -1,0 +1,172 @@
+//! Reading a run of units into their cache slots: what a driver does with a `Load` run the
+//! scheduler decided (the inline driver at once, the storage actor on its own thread).
+//!
+//! A slot is given to its unit when the load is decided ([`SlotRead::assign`], on the thread
+//! that carries out the scheduler's commands) and read later; the slot's generation, taken at
+//! assignment, tells a read that the slot was given to another unit since (a failed step's
+//! leftover, with several I/O threads), which then reads nothing.
+
+use super::{BundleFile, LoadError, SlotArena};
+use std::ops::Range;
+
+/// One unit of a read: `(layer, cluster)` into cache slot `slot`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlotRead {
+    pub layer: u32,
+    pub cluster: u32,
+    pub slot: u32,
+    /// The slot's generation when the load was decided.
+    pub generation: u64,
+    /// Only these pages of the unit (`None`: all of it).
+    pub pages: Option<Range<u32>>,
+}
+
+impl SlotRead {
+    /// Gives `slot` to `(layer, cluster)` (it held `evicted`), or for a top-up keeps it with
+    /// its unit: the read that `Load` asks for, with the slot's generation.
+    pub fn assign(
+        arena: &SlotArena,
+        (layer, cluster): (u32, u32),
+        slot: u32,
+        evicted: Option<(u32, u32)>,
+        pages: Option<Range<u32>>,
+        top_up: bool,
+    ) -> SlotRead {
+        let generation = if top_up {
+            arena.generation(slot)
+        } else {
+            arena.assign(layer, cluster, slot, evicted)
+        };
+        SlotRead {
+            layer,
+            cluster,
+            slot,
+            generation,
+            pages,
+        }
+    }
+}
+
+/// Reads `items` (one run) into their slots, each item's result (the bytes it read) into
+/// `results`, in item order. Returns false, reading nothing, when a slot was given to another
+/// unit since (stale).
+///
+/// One whole unit, or one run of pages: one read. Runs of pages of bundles whose checksum
+/// was confirmed: all in flight together ([`BundleFile::load_parts`]). Whole units: one
+/// vectored read when back to back, or in flight together with io_uring
+/// ([`BundleFile::load_run`]). Slots are locked in increasing order of index, so two readers (a
+/// stale read and a new one) never wait on each other in opposite orders.
+pub fn read_slots(
+    arena: &SlotArena,
+    file: &BundleFile,
+    items: &[SlotRead],
+    results: &mut Vec<Result<u64, LoadError>>,
+) -> bool {
+    results.clear();
+    let stale = |it: &SlotRead| arena.generation(it.slot) != it.generation;
+    let parts = |it: &SlotRead| it.pages.is_some() && file.part_ready(it.layer, it.cluster);
+    if let [it] = items {
+        let mut slot = arena.write(it.slot);
+        if stale(it) {
+            return false;
+        }
+        results.push(file.load_part(it.layer, it.cluster, it.pages.clone(), slot.bytes_mut()));
+        return true;
+    }
+    if items.iter().all(parts) {
+        return read_parts(arena, file, items, results);
+    }
+    if items.iter().any(|it| it.pages.is_some()) {
+        // Pages of bundles not yet checked, or pages and whole units mixed (the scheduler
+        // does not run them so): one after another.
+        for it in items {
+            let mut slot = arena.write(it.slot);
+            if stale(it) {
+                return false;
+            }
+            results.push(file.load_part(it.layer, it.cluster, it.pages.clone(), slot.bytes_mut()));
+        }
+        return true;
+    }
+    let mut order: Vec<usize> = (0..items.len()).collect();
+    order.sort_by_key(|&i| items[i].slot);
+    let mut locked: Vec<Option<_>> = items.iter().map(|_| None).collect();
+    for i in order {
+        locked[i] = Some(arena.write(items[i].slot));
+    }
+    let mut guards: Vec<_> = locked.into_iter().flatten().collect();
+    if items.iter().any(stale) {
+        return false;
+    }
+    let mut units: Vec<(u32, u32, &mut [u8])> = items
+        .iter()
+        .zip(guards.iter_mut())
+        .map(|(it, g)| (it.layer, it.cluster, g.bytes_mut()))
+        .collect();
+    results.extend(
+        file.load_run(&mut units)
+            .into_iter()
+            .zip(items)
+            .map(|(r, it)| r.map(|()| file.read_bytes(it.layer, it.cluster))),
+    );
+    true
+}
+
+/// Reads the pages of `items` (every one some pages of a bundle whose checksum was confirmed)
+/// with [`BundleFile::load_parts`], all in flight together: each slot locked once (in
+/// increasing order, as for whole units), each item's pages carved out of it. False when a
+/// slot was given to another unit since (stale).
+fn read_parts(
+    arena: &SlotArena,
+    file: &BundleFile,
+    items: &[SlotRead],
+    results: &mut Vec<Result<u64, LoadError>>,
+) -> bool {
+    let page = crate::store::STORE_ALIGN as usize;
+    let mut slots: Vec<u32> = items.iter().map(|it| it.slot).collect();
+    slots.sort_unstable();
+    slots.dedup();
+    let mut guards: Vec<_> = slots.iter().map(|&s| arena.write(s)).collect();
+    if items
+        .iter()
+        .any(|it| arena.generation(it.slot) != it.generation)
+    {
+        return false;
+    }
+    // A slot's items in page order: their runs are disjoint, so each gets its own slice.
+    let first_page = |i: usize| items[i].pages.as_ref().map_or(0, |p| p.start);
+    let mut order: Vec<usize> = (0..items.len()).collect();
+    order.sort_by_key(|&i| (items[i].slot, first_page(i)));
+    results.extend(items.iter().map(|_| Ok(0)));
+    let mut parts = Vec::with_capacity(items.len());
+    let mut index = Vec::with_capacity(items.len());
+    let mut next = order.iter().peekable();
+    for (guard, &slot) in guards.iter_mut().zip(&slots) {
+        let mut rest: &mut [u8] = guard.bytes_mut();
+        let mut at = 0;
+        while let Some(&i) = next.next_if(|&&i| items[i].slot == slot) {
+            let it = &items[i];
+            let pages = it.pages.clone().unwrap_or(0..0);
+            let start = pages.start as usize * page;
+            if start < at || start > at + rest.len() {
+                results[i] = Err(LoadError {
+                    what: format!("layer {} cluster {} pages {pages:?}", it.layer, it.cluster),
+                    path: String::new(),
+                    why: "runs of pages overlap or lie past the slot".into(),
+                });
+                continue;
+            }
+            let (_, tail) = std::mem::take(&mut rest).split_at_mut(start - at);
+            let len = (pages.len() * page).min(tail.len());
+            let (dst, tail) = tail.split_at_mut(len);
+            rest = tail;
+            at = start + len;
+            parts.push((it.layer, it.cluster, pages, dst));
+            index.push(i);
+        }
+    }
+    for (i, result) in index.into_iter().zip(file.load_parts(&mut parts)) {
+        results[i] = result;
+    }
+    true
+}
