@@ -9,9 +9,18 @@
 
 use crate::quant::{Kernels, MatRef};
 
+mod attention;
+mod blocks;
+mod compute;
 mod executor;
+mod experts;
 mod inline;
+mod neurons;
+mod rows;
+mod selection;
 mod session;
+mod sparse_ffn;
+mod weights;
 
 pub use executor::{GroupOutput, Probe, StepState};
 pub use inline::{event_after_phase, open_cache, InlineDriver};
