@@ -20,6 +20,8 @@ mod rows;
 mod selection;
 mod session;
 mod sparse_ffn;
+#[cfg(test)]
+mod tests;
 mod weights;
 
 pub use executor::{GroupOutput, Probe, StepState};
