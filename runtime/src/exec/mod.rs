@@ -10,9 +10,20 @@
 
 use crate::quant::{Kernels, MatRef};
 
+mod attention;
+mod blocks;
+mod compute;
 mod executor;
+mod experts;
 mod inline;
+mod neurons;
+mod rows;
+mod selection;
 mod session;
+mod sparse_ffn;
+#[cfg(test)]
+mod tests;
+mod weights;
 
 pub use executor::{GroupOutput, Probe, StepState};
 pub use inline::{open_cache, InlineDriver};

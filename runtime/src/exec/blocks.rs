@@ -1,0 +1,147 @@
+//! The layout of a phase's output: one contiguous block per cluster.
+//!
+//! Every cluster writes only its own block, handed to it as `&mut` (no `unsafe`), at the same
+//! offset whichever group computes it (the layouts are in `executor.rs`'s module comment).
+//! Here: splitting a buffer into those blocks, kept inline so the decode hot path allocates
+//! nothing ([`Blocks`]), the span a group's part occupies, and gathering row blocks back into
+//! token rows.
+
+use crate::model::Model;
+use crate::neuron::Phase;
+use crate::schedule::Program;
+use std::ops::Range;
+
+/// A cluster's units as indices.
+pub(super) fn units(r: &Range<u32>) -> Range<usize> {
+    r.start as usize..r.end as usize
+}
+
+/// The output blocks of a row phase: cluster `c` owning rows `a..b` writes `[token][b - a]` at
+/// offset `n * a` of `blocks`, which holds `[cluster][token][rows]` for all `total_rows`.
+pub(super) fn row_blocks<'a>(
+    blocks: &'a mut Vec<f32>,
+    clusters: &[Range<u32>],
+    n: usize,
+    total_rows: usize,
+) -> Blocks<'a> {
+    grow(blocks, n * total_rows);
+    let first = clusters.first().map_or(0, |r| r.start as usize);
+    let len: usize = clusters.iter().map(|r| r.len()).sum();
+    split_blocks(
+        &mut blocks[n * first..n * (first + len)],
+        clusters.iter().map(|r| n * r.len()),
+    )
+}
+
+/// Makes `buf` hold at least `len` values. Buffers never shrink: phases of different sizes
+/// follow each other, and re-zeroing on every regrowth would cost more than the memory.
+pub(super) fn grow(buf: &mut Vec<f32>, len: usize) {
+    if buf.len() < len {
+        buf.resize(len, 0.0);
+    }
+}
+
+/// Splits `buf` into consecutive blocks of the given lengths.
+pub(super) fn split_blocks(mut buf: &mut [f32], lens: impl Iterator<Item = usize>) -> Blocks<'_> {
+    let mut out = Blocks::Inline(0, Default::default());
+    for len in lens {
+        let (head, tail) = std::mem::take(&mut buf).split_at_mut(len);
+        out.push(head);
+        buf = tail;
+    }
+    out
+}
+
+/// Blocks a computation writes, one per cluster it was sent. A message under a memory budget
+/// carries one cluster (the one whose bytes just landed), so a few blocks are kept inline: the
+/// decode hot path allocates nothing for them.
+pub(super) enum Blocks<'a> {
+    Inline(usize, [&'a mut [f32]; INLINE_BLOCKS]),
+    Heap(Vec<&'a mut [f32]>),
+}
+
+pub(super) const INLINE_BLOCKS: usize = 8;
+
+impl<'a> Blocks<'a> {
+    fn push(&mut self, block: &'a mut [f32]) {
+        match self {
+            Blocks::Inline(n, blocks) if *n < INLINE_BLOCKS => {
+                blocks[*n] = block;
+                *n += 1;
+            }
+            Blocks::Inline(n, blocks) => {
+                let mut heap: Vec<&'a mut [f32]> = Vec::with_capacity(2 * INLINE_BLOCKS);
+                heap.extend(blocks[..*n].iter_mut().map(std::mem::take));
+                heap.push(block);
+                *self = Blocks::Heap(heap);
+            }
+            Blocks::Heap(heap) => heap.push(block),
+        }
+    }
+}
+
+impl<'a> std::ops::Deref for Blocks<'a> {
+    type Target = [&'a mut [f32]];
+    fn deref(&self) -> &Self::Target {
+        match self {
+            Blocks::Inline(n, blocks) => &blocks[..*n],
+            Blocks::Heap(heap) => heap,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Blocks<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        match self {
+            Blocks::Inline(n, blocks) => &mut blocks[..*n],
+            Blocks::Heap(heap) => heap,
+        }
+    }
+}
+
+/// The span of a phase's output that clusters `part` (indices) occupy for `n` token rows, laid
+/// out as in `executor.rs`'s module comment.
+pub(super) fn part_span(
+    model: &Model,
+    program: &Program,
+    phase: Phase,
+    n: usize,
+    part: &Range<u32>,
+) -> Range<usize> {
+    let clusters = program.clusters(phase);
+    let c = &model.config;
+    let (first, last) = (
+        &clusters[part.start as usize],
+        &clusters[part.end as usize - 1],
+    );
+    match phase {
+        Phase::QkvHeads | Phase::AttnHeads => {
+            let per_head = n * c.head_dim as usize;
+            first.start as usize * per_head..last.end as usize * per_head
+        }
+        Phase::FfnNeurons => {
+            let per_cluster = n * c.n_embd as usize;
+            part.start as usize * per_cluster..part.end as usize * per_cluster
+        }
+        _ => n * first.start as usize..n * last.end as usize,
+    }
+}
+
+/// Gathers row blocks `[cluster][token][rows]` into `[token][width]`.
+pub(super) fn gather_row_blocks(
+    blocks: &[f32],
+    clusters: &[Range<u32>],
+    n: usize,
+    width: usize,
+    out: &mut [f32],
+) {
+    for r in clusters {
+        let rows = units(r);
+        let m = rows.len();
+        let block = &blocks[n * rows.start..n * rows.end];
+        for t in 0..n {
+            out[t * width + rows.start..t * width + rows.end]
+                .copy_from_slice(&block[t * m..(t + 1) * m]);
+        }
+    }
+}

@@ -1,0 +1,123 @@
+//! What a cluster computes with: the phase's input quantized once per weight format
+//! ([`Activations`]), the kernels and the dense backend ([`Compute`]), one worker's reusable
+//! scratch ([`WorkerScratch`]), and one `Compute` command's clusters ([`Work`]), which every
+//! phase's compute in the sibling files takes.
+
+use super::{ClusterRunner, DenseBackend};
+use crate::model::attention::AttnScratch;
+use crate::model::Model;
+use crate::quant::{activation_type, GgmlType, Kernels, MatRef};
+use crate::schedule::{ClusterWork, Program};
+use std::ops::Range;
+use std::sync::Mutex;
+
+/// Temporary vectors of one worker, reused across clusters so the hot path does not allocate.
+#[derive(Default)]
+pub(super) struct WorkerScratch {
+    pub(super) attn: AttnScratch,
+    pub(super) gate: Vec<f32>,
+    pub(super) up: Vec<f32>,
+    pub(super) h_act: Vec<u8>,
+    /// Sparse decode: the cluster's active neurons and their coefficients act(gate) · up.
+    pub(super) neurons: Vec<u32>,
+    pub(super) coefs: Vec<f32>,
+    /// Sparse decode: rows of the cluster picked for a product, and their dot products.
+    pub(super) picks: Vec<u32>,
+    pub(super) picked: Vec<f32>,
+}
+
+/// A phase's input rows, quantized once into each activation format its weights need.
+#[derive(Default)]
+pub(super) struct Activations {
+    n_cols: usize,
+    used: usize,
+    sets: Vec<(GgmlType, Vec<u8>)>,
+}
+
+impl Activations {
+    pub(super) fn prepare(
+        &mut self,
+        kernels: &Kernels,
+        src: &[f32],
+        n_cols: usize,
+        weights: &[GgmlType],
+    ) {
+        let n_rows = src.len() / n_cols;
+        self.n_cols = n_cols;
+        self.used = 0;
+        for &w in weights {
+            let at = activation_type(w);
+            if self.sets[..self.used].iter().any(|(t, _)| *t == at) {
+                continue;
+            }
+            if self.used == self.sets.len() {
+                self.sets.push((at, Vec::new()));
+            }
+            let (t, buf) = &mut self.sets[self.used];
+            *t = at;
+            let row_bytes = at.bytes_for(n_cols as u64).expect("row of whole blocks") as usize;
+            buf.resize(n_rows * row_bytes, 0);
+            for (src_row, dst_row) in src
+                .chunks_exact(n_cols)
+                .zip(buf.chunks_exact_mut(row_bytes))
+            {
+                kernels.quantize_activations(w, src_row, dst_row);
+            }
+            self.used += 1;
+        }
+    }
+
+    /// The input quantized for weights of type `w`.
+    pub(super) fn get(&self, w: GgmlType) -> &[u8] {
+        let at = activation_type(w);
+        let (_, buf) = self.sets[..self.used]
+            .iter()
+            .find(|(t, _)| *t == at)
+            .expect("activations prepared for every weight type of the phase");
+        buf
+    }
+}
+
+/// The kernels and the dense backend a group computes with.
+#[derive(Clone, Copy)]
+pub(super) struct Compute<'a> {
+    pub(super) kernels: &'a Kernels,
+    pub(super) dense: &'a dyn DenseBackend,
+}
+
+impl Compute<'_> {
+    /// `out[t * stride + r] = w_r · act_t` for the rows of `w` and `n` activation rows: a
+    /// matvec for one token, the dense backend for many.
+    pub(super) fn project(
+        self,
+        w: MatRef<'_>,
+        act: &[u8],
+        n: usize,
+        out: &mut [f32],
+        stride: usize,
+    ) {
+        if n == 1 {
+            let rows = w.rows;
+            self.kernels.matvec(w, 0..w.cols, act, &mut out[..rows]);
+        } else {
+            self.dense.matmul(self.kernels, w, act, n, out, stride);
+        }
+    }
+}
+
+/// One `Compute` command: its clusters, the runner that spreads them over the group's
+/// workers, and what they compute with.
+#[derive(Clone, Copy)]
+pub(super) struct Work<'a> {
+    pub(super) model: &'a Model,
+    pub(super) program: &'a Program,
+    pub(super) work: &'a ClusterWork,
+    /// The command's clusters (ranges of the phase's units).
+    pub(super) clusters: &'a [Range<u32>],
+    pub(super) runner: &'a dyn ClusterRunner,
+    pub(super) cx: Compute<'a>,
+    /// One per worker of the group.
+    pub(super) scratch: &'a [Mutex<WorkerScratch>],
+    /// The step's tokens.
+    pub(super) n: usize,
+}
