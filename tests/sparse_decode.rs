@@ -119,6 +119,44 @@ fn decode_logits(engine: &mut Engine) -> Vec<Vec<f32>> {
     all
 }
 
+/// How an engine under a budget reads bundles: page by page (`--gate-first`, runs `gap` pages
+/// apart read as one) or whole; runs of up to 16 reads in flight together through io_uring
+/// (`batch`).
+struct PageReads {
+    pages: bool,
+    gap: u32,
+    batch: bool,
+}
+
+/// An engine over the store `store` under `budget` bytes, with one LRU over all slots (so
+/// every way of reading keeps the same units cached) and 128 tokens of context.
+fn budget_engine(
+    store: &Path,
+    driver: DriverKind,
+    threads: usize,
+    sparsity: SparsitySettings,
+    budget: u64,
+    reads: PageReads,
+) -> Engine {
+    let mut builder = Engine::builder();
+    if reads.batch {
+        builder = builder.io_engine(IoEngine::Uring).io_batch(16);
+    }
+    builder
+        .model(store)
+        .threads(threads)
+        .driver(driver)
+        .sparsity(sparsity)
+        .memory(MemoryBudget::Bytes(budget))
+        .cache_policy(CachePolicy::Lru)
+        .gate_first(reads.pages)
+        .gate_first_gap(reads.gap)
+        .context(128)
+        .on_progress(|_| {})
+        .build()
+        .unwrap()
+}
+
 /// The trace an engine recorded over [`decode_logits`] (which gave `got`) replays to the same
 /// commands through the simulator's backend and through `inline`'s backend, which computes and
 /// reads for real and derives the events finished phases owe from its own data: one dispatch
@@ -657,24 +695,12 @@ fn gate_first_loading_reads_fewer_bytes_with_the_same_bits() {
         (true, 0, DriverKind::Actors, 2, uring),
     ] {
         let make = |driver: DriverKind| {
-            let mut builder = Engine::builder();
-            if batch {
-                builder = builder.io_engine(IoEngine::Uring).io_batch(16);
-            }
-            builder
-                .model(&store)
-                .threads(threads)
-                .driver(driver)
-                .sparsity(threshold())
-                .memory(MemoryBudget::Bytes(budget))
-                // One LRU over all slots, so both loadings keep the same units cached.
-                .cache_policy(CachePolicy::Lru)
-                .gate_first(gate_first)
-                .gate_first_gap(gap)
-                .context(128)
-                .on_progress(|_| {})
-                .build()
-                .unwrap()
+            let reads = PageReads {
+                pages: gate_first,
+                gap,
+                batch,
+            };
+            budget_engine(&store, driver, threads, threshold(), budget, reads)
         };
         let mut engine = make(driver);
         let recorded = driver == DriverKind::Actors;
@@ -726,22 +752,19 @@ fn gate_first_loading_reads_fewer_bytes_with_the_same_bits() {
         (true, DriverKind::Actors, 2, uring),
     ] {
         let make = |driver: DriverKind| {
-            let mut builder = Engine::builder();
-            if batch {
-                builder = builder.io_engine(IoEngine::Uring).io_batch(16);
-            }
-            builder
-                .model(&store)
-                .threads(threads)
-                .driver(driver)
-                .sparsity(predictor())
-                .memory(MemoryBudget::Bytes(budget + (1 << 20)))
-                .cache_policy(CachePolicy::Lru)
-                .gate_first(pages)
-                .context(128)
-                .on_progress(|_| {})
-                .build()
-                .unwrap()
+            let reads = PageReads {
+                pages,
+                gap: 0,
+                batch,
+            };
+            budget_engine(
+                &store,
+                driver,
+                threads,
+                predictor(),
+                budget + (1 << 20),
+                reads,
+            )
         };
         let mut engine = make(driver);
         let recorded = driver == DriverKind::Actors;
