@@ -265,7 +265,7 @@ fn io_uring_reads_give_the_same_bits_and_the_same_errors() {
             // engine must say so (and point to the other engine), not fall over.
             let why = e.to_string();
             assert!(why.contains("io_uring") && why.contains("pread"), "{why}");
-            eprintln!("io_uring unavailable here, refused with: {why}");
+            common::environment_missing(&format!("io_uring unavailable here, refused with: {why}"));
             return;
         }
     };

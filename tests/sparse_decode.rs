@@ -684,7 +684,15 @@ fn gate_first_loading_reads_fewer_bytes_with_the_same_bits() {
     let mut read = Vec::new();
     // The last: runs of pages in flight together through io_uring where the kernel has it.
     #[cfg(feature = "io-uring")]
-    let uring = conductor::runtime::cache::Ring::new().is_ok();
+    let uring = match conductor::runtime::cache::Ring::new() {
+        Ok(_) => true,
+        Err(e) => {
+            common::environment_missing(&format!(
+                "io_uring unavailable here ({e}): the batched gate-first case"
+            ));
+            false
+        }
+    };
     #[cfg(not(feature = "io-uring"))]
     let uring = false;
     for (gate_first, gap, driver, threads, batch) in [

@@ -59,7 +59,7 @@ pub struct MeasureOptions {
     /// of the cache a run reads into (0 or 1: one buffer per thread). On the virtual disk of
     /// the build VM a stream of reads into a cache's worth of buffers (35 slots, 12 MiB) got
     /// 16–25% fewer reads per second than the same reads into one buffer reused
-    /// (`docs/benchmarks.md`, 2026-11-26), so a replay into one buffer overstates a run.
+    /// (`docs/benchmarks-journal.md`, 2026-11-26), so a replay into one buffer overstates a run.
     pub storage_replay_buffers: usize,
 }
 

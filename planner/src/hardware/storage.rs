@@ -434,7 +434,7 @@ pub const REPLAY_DEPTHS: [u32; 2] = [1, 2];
 /// cache slots; at least one per thread), and each read size's rate replaces the random
 /// table's figure at that depth and size. On a shared virtual disk the rate of a run's stream
 /// of reads differs from what the same sizes give in the curve's short samples at uniformly
-/// random offsets (`docs/benchmarks.md`, 2026-11-25, third session), and the simulator predicts
+/// random offsets (`docs/benchmarks-journal.md`, 2026-11-25, third session), and the simulator predicts
 /// a run from the figures at the sizes it reads.
 pub fn measure_storage_on(
     path: &Path,

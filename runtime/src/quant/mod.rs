@@ -24,7 +24,8 @@
 //!   `--cfg conductor_portable`, which builds the crate as those targets see it).
 //! * `avx2.rs`: AVX2+FMA+F16C kernels (activation quantizers, K-quant and float dots, f16
 //!   helpers) and the 4-row matvec / 4x4 matmul tiles, generic over the int8 multiply: AVX2
-//!   `vpmaddubsw`, AVX-VNNI `vpdpbusd`, or its EVEX form (`avx512.rs`).
+//!   `vpmaddubsw`, AVX-VNNI `vpdpbusd`, or its EVEX form (`avx512.rs`); its sparse rows
+//!   (`axpy_rows`) in `avx2/axpy.rs`, its activation quantizers in `avx2/quantize.rs`.
 //! * `gemm.rs`: prefill GEMM on row-interleaved repacked weights (8 rows per ymm), used from
 //!   8 tokens on. `avx512.rs`: the same with 16 rows per zmm.
 //!

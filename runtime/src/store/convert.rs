@@ -24,10 +24,10 @@ pub struct ConvertOptions {
 }
 
 /// Bundles of this many neurons by default: reads of a few hundred KiB, which this machine's
-/// disk serves near its sequential rate (docs/benchmarks.md).
+/// disk serves near its sequential rate (docs/benchmarks-journal.md).
 pub const DEFAULT_BUNDLE_NEURONS: u32 = 256;
 /// The down columns' type by default: Q8_0 costs SmolLM2 +0.1% perplexity where Q4_1 costs more
-/// (docs/benchmarks.md, "neuron columns").
+/// (docs/benchmarks-journal.md, "neuron columns").
 pub const DEFAULT_DOWN_TYPE: GgmlType = GgmlType::Q8_0;
 
 impl Default for ConvertOptions {

@@ -23,6 +23,8 @@
 //! and checked whenever a bundle comes from storage.
 
 mod convert;
+#[cfg(test)]
+mod tests;
 
 pub use convert::{
     convert, ConvertOptions, ConvertSummary, DEFAULT_BUNDLE_NEURONS, DEFAULT_DOWN_TYPE,

@@ -4,7 +4,7 @@
 //! A 49k-token vocabulary held as `Vec<String>` plus a `HashMap<String, u32>` plus a
 //! `Vec<Vec<u8>>` of rendered pieces is mostly per-string allocations; with these tables (and
 //! the GGUF's arrays no longer copied to build them) a SmolLM2 run under a budget peaks 7 MiB
-//! lower, memory the neuron cache gets instead (`docs/benchmarks.md`).
+//! lower, memory the neuron cache gets instead (`docs/benchmarks-journal.md`).
 
 /// Byte strings in one buffer, by index.
 #[derive(Clone, Debug, Default)]
