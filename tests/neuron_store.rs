@@ -7,11 +7,12 @@ mod common;
 use common::ScratchDir;
 use conductor::actors::{ActorDriver, ActorOptions};
 use conductor::runtime::cache::{CachePlan, CachePolicy};
+use conductor::runtime::convert::{convert, ConvertError, ConvertOptions};
 use conductor::runtime::exec::{Driver, InlineDriver, Serial, Session, StepError};
 use conductor::runtime::model::Model;
 use conductor::runtime::plan::{ExecutionPlan, IoEngine, Topology};
 use conductor::runtime::quant::Kernels;
-use conductor::runtime::store::{convert, ConvertOptions, DownLayout, StoreError};
+use conductor::runtime::store::{DownLayout, StoreError};
 use conductor::runtime::synthetic::synthetic_model;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -360,7 +361,10 @@ fn bad_stores_are_refused_with_a_reason() {
     let again = dir.join("again.gguf");
     let options = ConvertOptions::neuron_columns(64);
     let err = convert(&store_path, &again, &options, &mut |_, _| {}).unwrap_err();
-    assert!(matches!(err, StoreError::AlreadyStore { .. }), "{err}");
+    assert!(
+        matches!(err, ConvertError::Store(StoreError::AlreadyStore { .. })),
+        "{err}"
+    );
     assert!(!again.exists());
     let err = convert(&source_model(&dir), &store_path, &options, &mut |_, _| {}).unwrap_err();
     assert!(err.to_string().contains("exists"), "{err}");
@@ -380,7 +384,10 @@ fn bad_stores_are_refused_with_a_reason() {
         ConvertOptions::neuron_columns(0),
     ] {
         let err = convert(&source_model(&dir), &x, &options, &mut |_, _| {}).unwrap_err();
-        assert!(matches!(err, StoreError::BundleSize { .. }), "{err}");
+        assert!(
+            matches!(err, ConvertError::Store(StoreError::BundleSize { .. })),
+            "{err}"
+        );
         assert!(!x.exists());
     }
 

@@ -426,7 +426,7 @@ impl Sweep {
             memory: vec![Memory::FfnShare(0.5)],
             bundling: vec![true],
             cache: vec![CacheMode::Segmented],
-            pipeline: vec![conductor_runtime::cache::DEFAULT_MAX_LOADS],
+            pipeline: vec![conductor_runtime::plan::DEFAULT_MAX_LOADS],
             npu: vec![true],
             io_threads: vec![1],
             bundle_neurons: vec![1],

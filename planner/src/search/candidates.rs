@@ -1,7 +1,7 @@
 //! The plans the search tries: a small grid over the features that change speed on the
 //! machines we model. The engine's default plan comes first, so it wins ties.
 
-use conductor_runtime::cache::{CachePlan, CachePolicy, DEFAULT_MAX_LOADS};
+use conductor_runtime::plan::{CachePlan, CachePolicy, DEFAULT_MAX_LOADS};
 use conductor_runtime::plan::{
     CoreSet, ExecutionPlan, GroupPlan, HardwareProfile, ModelDescription, Share, Topology, XpuKind,
 };

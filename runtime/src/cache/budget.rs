@@ -1,7 +1,8 @@
 //! Splitting a memory budget: the fixed segment first, the neuron cache gets the rest.
 
-use super::{CachePlan, CachePolicy, SLOT_ALIGN};
+use super::SLOT_ALIGN;
 use crate::model::Model;
+use crate::plan::{CachePlan, CachePolicy};
 
 /// A memory budget as the user writes it: bytes (`48MiB`, `100MB`, `52428800`) or a share of the
 /// model file (`50%`).
@@ -65,20 +66,6 @@ impl MemoryBudget {
 /// (8.6–11.6 MiB), plus 1.4 MiB of margin. It was 21 MiB while the vocabulary was held as
 /// one allocation per string, three times over (see `tokenizer/vocab.rs`).
 pub const RUNTIME_OVERHEAD: u64 = 13 << 20;
-
-/// Loads the scheduler keeps in flight by default: enough to keep one issuer busy.
-pub const DEFAULT_MAX_LOADS: u32 = 4;
-
-/// Gate-first loading's default [`super::CachePlan::gate_first_gap`]: runs of wanted pages up
-/// to this many pages apart are read as one.
-pub const DEFAULT_GATE_FIRST_GAP: u32 = 0;
-
-/// Adjacent bundles merged into one read by default: none. Merging (a vectored read into
-/// several slots, `CachePlan::coalesce`) measured no faster on the build machine's disk than
-/// one read per bundle (SmolLM2 at 50%: 1.7 bundles per read, 103 against 102 ms of I/O per
-/// token), while one bigger bundle per read is (`--bundle-neurons 512`): see
-/// docs/benchmarks.md.
-pub const DEFAULT_COALESCE: u32 = 1;
 
 /// How a budget was spent.
 #[derive(Clone, Debug, PartialEq, Eq)]

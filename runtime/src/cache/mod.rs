@@ -16,14 +16,14 @@ mod reader;
 #[cfg(feature = "io-uring")]
 mod uring;
 
+/// The plan's cache section, defined in `plan` (the contract); re-exported for the scheduler.
+pub use crate::plan::{CachePlan, CachePolicy};
 pub use arena::{SlotArena, SlotBuf, SLOT_ALIGN};
 pub use budget::{
     fit_plan_to_budget, split_budget, split_sizes, BudgetError, BudgetSplit, MemoryBudget,
-    StoreSizes, DEFAULT_COALESCE, DEFAULT_GATE_FIRST_GAP, DEFAULT_MAX_LOADS, RUNTIME_OVERHEAD,
+    StoreSizes, RUNTIME_OVERHEAD,
 };
-pub use directory::{
-    Acquired, CacheDirectory, CachePlan, CachePolicy, LayerCacheStats, PagesAcquired, Want,
-};
+pub use directory::{Acquired, CacheDirectory, LayerCacheStats, PagesAcquired, Want};
 pub use reader::{
     open_for_reads, read_full, unit_extents, BundleFile, Extent, LoadError, OpenError,
 };
