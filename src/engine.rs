@@ -3,18 +3,18 @@
 use crate::fetch;
 use conductor_actors::{ActorDriver, ActorOptions, PoolConfig, SetupError, WorkerPool};
 use conductor_runtime::cache::{
-    fit_plan_to_budget, BudgetSplit, CachePlan, CachePolicy, CacheReport, MemoryBudget, ReadPolicy,
-    StoreSizes,
+    fit_plan_to_budget, BudgetSplit, CacheReport, MemoryBudget, StoreSizes,
 };
 use conductor_runtime::exec::{Driver, InlineDriver, Session, StepError};
 use conductor_runtime::model::{Model, ModelError};
-use conductor_runtime::plan::{ExecutionPlan, IoEngine, Topology};
+use conductor_runtime::plan::{CachePlan, CachePolicy, ReadPolicy};
+use conductor_runtime::plan::{ExecutionPlan, IoEngine, ModelIdentity, Topology};
 use conductor_runtime::quant::GgmlType;
 use conductor_runtime::quant::Kernels;
 use conductor_runtime::sample::{Sampler, SamplingError, SamplingParams};
 use conductor_runtime::schedule::ScheduleError;
 use conductor_runtime::sparse::powerinfer::read_powerinfer;
-use conductor_runtime::sparse::profile::{ModelIdentity, ModelProfile};
+use conductor_runtime::sparse::profile::ModelProfile;
 use conductor_runtime::sparse::{SparseError, SparseFfn, SparsityMode};
 use conductor_runtime::tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
 use conductor_runtime::trace::Trace;
@@ -290,7 +290,7 @@ impl EngineBuilder {
     }
 
     /// Under gate-first loading, runs of wanted pages up to `pages` apart are read as one
-    /// (default: the plan's, else [`conductor_runtime::cache::DEFAULT_GATE_FIRST_GAP`]).
+    /// (default: the plan's, else [`conductor_runtime::plan::DEFAULT_GATE_FIRST_GAP`]).
     pub fn gate_first_gap(mut self, pages: u32) -> Self {
         self.gate_first_gap = Some(pages);
         self
@@ -389,7 +389,8 @@ impl EngineBuilder {
         let mut plan = match given_plan {
             Some(plan) => {
                 // A plan made for another model would mis-size or mis-place everything.
-                plan.check_model(&model).map_err(ScheduleError::Plan)?;
+                plan.check_model(&ModelIdentity::of(&model))
+                    .map_err(ScheduleError::Plan)?;
                 plan
             }
             None => ExecutionPlan::for_topology(&topology),

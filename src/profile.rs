@@ -3,12 +3,13 @@
 //! frequencies, predictors).
 
 use crate::{Engine, Error};
+use conductor_planner::predictor::{train_layer, PredictorConfig, TrainingSet};
 use conductor_runtime::model::{FfnActivation, Model};
+use conductor_runtime::plan::ModelIdentity;
 use conductor_runtime::quant::{activation_type, dequantize_row, Kernels};
-use conductor_runtime::sparse::predictor::{train_layer, PredictorConfig, TrainingSet};
 use conductor_runtime::sparse::profile::{
-    importance, interpolate, layer_profile, sparsity_grid, LayerProfile, ModelIdentity,
-    ModelProfile, PredictorSet, PROFILE_VERSION,
+    importance, interpolate, layer_profile, sparsity_grid, LayerProfile, ModelProfile,
+    PredictorSet, PROFILE_VERSION,
 };
 use std::sync::{Arc, Mutex};
 

@@ -6,9 +6,10 @@ mod common;
 
 use common::ScratchDir;
 
-use conductor::runtime::cache::{CachePlan, CachePolicy, MemoryBudget};
+use conductor::runtime::cache::MemoryBudget;
+use conductor::runtime::convert::ConvertOptions;
 use conductor::runtime::plan::ExecutionPlan;
-use conductor::runtime::store::ConvertOptions;
+use conductor::runtime::plan::{CachePlan, CachePolicy};
 use conductor::runtime::synthetic::synthetic_model;
 use conductor::{DriverKind, Engine, GenerateOptions};
 use std::ops::ControlFlow;

@@ -11,12 +11,12 @@ mod common;
 
 use common::ScratchDir;
 use conductor::actors::{ActorDriver, ActorOptions};
-use conductor::runtime::cache::{CachePlan, CachePolicy};
+use conductor::runtime::convert::ConvertOptions;
 use conductor::runtime::exec::{Driver, InlineDriver, Serial, Session};
 use conductor::runtime::model::Model;
+use conductor::runtime::plan::{CachePlan, CachePolicy};
 use conductor::runtime::plan::{ExecutionPlan, Topology};
 use conductor::runtime::quant::Kernels;
-use conductor::runtime::store::ConvertOptions;
 use conductor::runtime::synthetic::synthetic_model;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::PathBuf;
@@ -79,7 +79,7 @@ fn plan(slots: u32, hot: u32) -> ExecutionPlan {
             stream_attention: false,
             coalesce: 1,
             hot_units: Vec::new(),
-            reads: conductor_runtime::cache::ReadPolicy::Bundles,
+            reads: conductor_runtime::plan::ReadPolicy::Bundles,
             gate_first_gap: 0,
         }),
         ..ExecutionPlan::default()

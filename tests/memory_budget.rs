@@ -6,7 +6,7 @@
 mod common;
 
 use common::ScratchDir;
-use conductor::runtime::store::ConvertOptions;
+use conductor::runtime::convert::ConvertOptions;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

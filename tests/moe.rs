@@ -8,14 +8,15 @@ mod common;
 
 use common::ScratchDir;
 use conductor::actors::{ActorDriver, ActorOptions, PoolConfig, WorkerPool};
-use conductor::runtime::cache::{split_budget, CachePlan, CachePolicy, MemoryBudget};
+use conductor::runtime::cache::{split_budget, MemoryBudget};
+use conductor::runtime::convert::{convert, ConvertOptions};
 use conductor::runtime::exec::{Driver, InlineDriver, Serial, Session};
 use conductor::runtime::gguf::{GgufFile, GgufWriter};
 use conductor::runtime::model::Model;
+use conductor::runtime::plan::{CachePlan, CachePolicy};
 use conductor::runtime::plan::{CoreSet, ExecutionPlan, GroupPlan, Share, Topology, XpuKind};
 use conductor::runtime::quant::{GgmlType, Kernels};
 use conductor::runtime::sparse::SparsityMode;
-use conductor::runtime::store::{convert, ConvertOptions};
 use conductor::runtime::synthetic::{synthetic_model, SyntheticSpec};
 use conductor::{Engine, SparsitySettings};
 use std::path::{Path, PathBuf};
@@ -175,7 +176,7 @@ fn cache(slots: u32) -> CachePlan {
         stream_attention: false,
         coalesce: 1,
         hot_units: Vec::new(),
-        reads: conductor_runtime::cache::ReadPolicy::Bundles,
+        reads: conductor_runtime::plan::ReadPolicy::Bundles,
         gate_first_gap: 0,
     }
 }

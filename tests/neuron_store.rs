@@ -6,12 +6,13 @@ mod common;
 
 use common::ScratchDir;
 use conductor::actors::{ActorDriver, ActorOptions};
-use conductor::runtime::cache::{CachePlan, CachePolicy};
+use conductor::runtime::convert::{convert, ConvertError, ConvertOptions};
 use conductor::runtime::exec::{Driver, InlineDriver, Serial, Session, StepError};
 use conductor::runtime::model::Model;
+use conductor::runtime::plan::{CachePlan, CachePolicy};
 use conductor::runtime::plan::{ExecutionPlan, IoEngine, Topology};
 use conductor::runtime::quant::Kernels;
-use conductor::runtime::store::{convert, ConvertOptions, DownLayout, StoreError};
+use conductor::runtime::store::{DownLayout, StoreError};
 use conductor::runtime::synthetic::synthetic_model;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -96,7 +97,7 @@ fn cache(slots: u32, hot: u32, policy: CachePolicy, max_loads: u32) -> Option<Ca
         stream_attention: false,
         coalesce: max_loads.div_ceil(2),
         hot_units: Vec::new(),
-        reads: conductor_runtime::cache::ReadPolicy::Bundles,
+        reads: conductor_runtime::plan::ReadPolicy::Bundles,
         gate_first_gap: 0,
     })
 }
@@ -360,7 +361,10 @@ fn bad_stores_are_refused_with_a_reason() {
     let again = dir.join("again.gguf");
     let options = ConvertOptions::neuron_columns(64);
     let err = convert(&store_path, &again, &options, &mut |_, _| {}).unwrap_err();
-    assert!(matches!(err, StoreError::AlreadyStore { .. }), "{err}");
+    assert!(
+        matches!(err, ConvertError::Store(StoreError::AlreadyStore { .. })),
+        "{err}"
+    );
     assert!(!again.exists());
     let err = convert(&source_model(&dir), &store_path, &options, &mut |_, _| {}).unwrap_err();
     assert!(err.to_string().contains("exists"), "{err}");
@@ -380,7 +384,10 @@ fn bad_stores_are_refused_with_a_reason() {
         ConvertOptions::neuron_columns(0),
     ] {
         let err = convert(&source_model(&dir), &x, &options, &mut |_, _| {}).unwrap_err();
-        assert!(matches!(err, StoreError::BundleSize { .. }), "{err}");
+        assert!(
+            matches!(err, ConvertError::Store(StoreError::BundleSize { .. })),
+            "{err}"
+        );
         assert!(!x.exists());
     }
 

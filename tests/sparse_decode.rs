@@ -7,16 +7,17 @@ mod common;
 
 use common::{assert_success, ScratchDir};
 use conductor::profile::{profile_model, ProfileOptions, ProfileRunError};
-use conductor::runtime::cache::{split_budget, CachePolicy, MemoryBudget};
+use conductor::runtime::cache::{split_budget, MemoryBudget};
+use conductor::runtime::convert::{convert, ConvertOptions};
 use conductor::runtime::model::{FfnActivation, Model};
+use conductor::runtime::plan::CachePolicy;
 use conductor::runtime::plan::{ExecutionPlan, IoEngine};
-use conductor::runtime::sparse::predictor::PredictorConfig;
 use conductor::runtime::sparse::profile::ModelProfile;
 use conductor::runtime::sparse::SparsityMode;
-use conductor::runtime::store::{convert, ConvertOptions};
 use conductor::runtime::synthetic::{synthetic_model, SyntheticSpec};
 use conductor::runtime::trace::{ActiveSet, Trace};
 use conductor::{DriverKind, Engine, Error, SparsitySettings};
+use conductor_planner::predictor::PredictorConfig;
 use std::path::{Path, PathBuf};
 
 fn spec(seed: u64, activation: FfnActivation) -> SyntheticSpec {

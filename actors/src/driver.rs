@@ -275,7 +275,7 @@ impl ActorDriver {
             write(&shared.state).set_cache(Some(Arc::clone(arena)));
         }
         write(&shared.state).set_page_reads(
-            scheduler.modes().reads == conductor_runtime::cache::ReadPolicy::PredictedPages,
+            scheduler.modes().reads == conductor_runtime::plan::ReadPolicy::PredictedPages,
         );
         let storage_path = options.model_path.clone();
         let actors = start_actors(

@@ -12,7 +12,8 @@
 //! run leaves it (`Workload::warm_cache`), so a few simulated tokens give steady state.
 
 use crate::search::{hot_units_from_frequencies, planned_store_sizes_with};
-use conductor_runtime::cache::{fit_plan_to_budget, split_sizes, CachePlan, CachePolicy};
+use conductor_runtime::cache::{fit_plan_to_budget, split_sizes};
+use conductor_runtime::plan::{CachePlan, CachePolicy};
 use conductor_runtime::plan::{
     ExecutionPlan, HardwareProfile, IoEngine, ModelDescription, Topology, XpuKind,
 };
@@ -426,7 +427,7 @@ impl Sweep {
             memory: vec![Memory::FfnShare(0.5)],
             bundling: vec![true],
             cache: vec![CacheMode::Segmented],
-            pipeline: vec![conductor_runtime::cache::DEFAULT_MAX_LOADS],
+            pipeline: vec![conductor_runtime::plan::DEFAULT_MAX_LOADS],
             npu: vec![true],
             io_threads: vec![1],
             bundle_neurons: vec![1],

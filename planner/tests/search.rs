@@ -6,7 +6,7 @@ use conductor_planner::search::{
     candidates, planned_store_sizes, search, smallest_memory, Limits, PlanRequest, SearchError,
     RESOLUTION,
 };
-use conductor_runtime::cache::CachePolicy;
+use conductor_runtime::plan::CachePolicy;
 use conductor_runtime::plan::HardwareProfile;
 use conductor_simulator::{named_shape, simulate, SimOptions, Workload};
 use std::path::Path;
@@ -271,10 +271,10 @@ fn with_threshold_sparsity_gate_first_reads_are_scored_and_skipped_where_they_do
         let cache = s.plan.cache.as_ref().unwrap();
         match s.features.read {
             ReadPolicy::Whole => {
-                assert_eq!(cache.reads, conductor_runtime::cache::ReadPolicy::Bundles)
+                assert_eq!(cache.reads, conductor_runtime::plan::ReadPolicy::Bundles)
             }
             ReadPolicy::GateFirst { gap } => {
-                assert_eq!(cache.reads, conductor_runtime::cache::ReadPolicy::GateFirst);
+                assert_eq!(cache.reads, conductor_runtime::plan::ReadPolicy::GateFirst);
                 assert_eq!(cache.gate_first_gap, gap);
             }
         }

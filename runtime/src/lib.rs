@@ -5,6 +5,7 @@
 
 pub mod cache;
 pub mod calendar;
+pub mod convert;
 pub mod dispatch;
 pub mod exec;
 pub mod gguf;

@@ -4,7 +4,7 @@
 //! not have. Random weights say nothing about quality; never use them for quality claims.
 
 use crate::gguf::{Array, GgufError, GgufWriter, Value};
-use crate::model::FfnActivation;
+use crate::plan::FfnActivation;
 use crate::quant::{quantize_row, GgmlType};
 
 /// What to generate.

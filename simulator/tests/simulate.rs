@@ -359,7 +359,7 @@ fn a_group_listed_twice_is_refused_naming_the_field() {
 
 #[test]
 fn a_neuron_store_under_a_cache_reads_what_it_misses_and_waits_for_it() {
-    use conductor_runtime::cache::{CachePlan, CachePolicy};
+    use conductor_runtime::plan::{CachePlan, CachePolicy};
     let mut w = workload("smollm2-135m", 8, 6);
     w.model.shape.ffn_bundle = 256; // a neuron store: 6 bundles per layer, 180 units
     let t = &w.model.types;
@@ -389,7 +389,7 @@ fn a_neuron_store_under_a_cache_reads_what_it_misses_and_waits_for_it() {
             stream_attention: false,
             coalesce: 1,
             hot_units: Vec::new(),
-            reads: conductor_runtime::cache::ReadPolicy::Bundles,
+            reads: conductor_runtime::plan::ReadPolicy::Bundles,
             gate_first_gap: 0,
         });
         run(&pc(), &plan, &w)
@@ -418,7 +418,7 @@ fn a_neuron_store_under_a_cache_reads_what_it_misses_and_waits_for_it() {
 
 #[test]
 fn gate_first_loading_reads_only_the_pages_the_activity_needs() {
-    use conductor_runtime::cache::{CachePlan, CachePolicy};
+    use conductor_runtime::plan::{CachePlan, CachePolicy};
     use conductor_runtime::store::{BundleLayout, DownLayout};
     let mut w = workload("llama-2-7b", 0, 4);
     let s = w.model.shape.clone();
@@ -456,9 +456,9 @@ fn gate_first_loading_reads_only_the_pages_the_activity_needs() {
             coalesce: 1,
             hot_units: Vec::new(),
             reads: if gate_first {
-                conductor_runtime::cache::ReadPolicy::GateFirst
+                conductor_runtime::plan::ReadPolicy::GateFirst
             } else {
-                conductor_runtime::cache::ReadPolicy::Bundles
+                conductor_runtime::plan::ReadPolicy::Bundles
             },
             gate_first_gap: 0,
         });

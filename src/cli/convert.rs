@@ -2,10 +2,9 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
+use conductor::runtime::convert::{convert, ConvertOptions};
 use conductor::runtime::quant::GgmlType;
-use conductor::runtime::store::{
-    convert, ConvertOptions, DownLayout, DEFAULT_BUNDLE_NEURONS, DEFAULT_DOWN_TYPE,
-};
+use conductor::runtime::store::{DownLayout, DEFAULT_BUNDLE_NEURONS, DEFAULT_DOWN_TYPE};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::Instant;

@@ -17,8 +17,8 @@ use conductor::fetch;
 use conductor::runtime::cache::{MemoryBudget, StoreSizes};
 use conductor::runtime::model::FfnActivation;
 use conductor::runtime::model::Model;
-use conductor::runtime::plan::{HardwareProfile, ModelDescription, SparsityPlan};
-use conductor::runtime::sparse::profile::{ModelIdentity, ModelProfile};
+use conductor::runtime::plan::{HardwareProfile, ModelDescription, ModelIdentity, SparsityPlan};
+use conductor::runtime::sparse::profile::ModelProfile;
 use conductor::runtime::sparse::{SparseFfn, SparsityMode};
 use conductor::{DEFAULT_SPARSE_DOWN_TYPE, DEFAULT_SPARSITY};
 use conductor_planner::search::{

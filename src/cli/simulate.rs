@@ -91,7 +91,7 @@ pub fn run(args: SimulateArgs) -> Result<()> {
     if args.gate_first {
         let cache = plan.cache.get_or_insert_with(Default::default);
         // The workloads simulated here select no clusters (no predictors): the gates decide.
-        cache.reads = conductor_runtime::cache::ReadPolicy::pages_for(false);
+        cache.reads = conductor_runtime::plan::ReadPolicy::pages_for(false);
         if let Some(gap) = args.gate_first_gap {
             cache.gate_first_gap = gap;
         }

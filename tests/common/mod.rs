@@ -1,7 +1,7 @@
 //! Shared helpers of the end-to-end tests.
 #![allow(dead_code)]
 
-use conductor::runtime::store::{convert, ConvertOptions};
+use conductor::runtime::convert::{convert, ConvertOptions};
 use conductor::runtime::synthetic::SyntheticSpec;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};

@@ -74,7 +74,8 @@ pub fn hot_units_from_frequencies<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use conductor_runtime::sparse::profile::{LayerProfile, ModelIdentity};
+    use conductor_runtime::plan::ModelIdentity;
+    use conductor_runtime::sparse::profile::LayerProfile;
 
     fn profile(layers: Vec<Vec<f32>>) -> ModelProfile {
         let n_ff = layers[0].len();

@@ -1,7 +1,7 @@
 //! The plans the search tries: a small grid over the features that change speed on the
 //! machines we model. The engine's default plan comes first, so it wins ties.
 
-use conductor_runtime::cache::{CachePlan, CachePolicy, DEFAULT_MAX_LOADS};
+use conductor_runtime::plan::{CachePlan, CachePolicy, DEFAULT_MAX_LOADS};
 use conductor_runtime::plan::{
     CoreSet, ExecutionPlan, GroupPlan, HardwareProfile, ModelDescription, Share, Topology, XpuKind,
 };
@@ -159,7 +159,7 @@ pub fn candidates(
                             for &read in &reads {
                                 let mut plan = base.clone();
                                 plan.storage.io_threads = io_threads;
-                                use conductor_runtime::cache::ReadPolicy as Reads;
+                                use conductor_runtime::plan::ReadPolicy as Reads;
                                 let (reads, gate_first_gap) = match read {
                                     ReadPolicy::Whole => (Reads::Bundles, 0),
                                     ReadPolicy::GateFirst { gap } => (Reads::GateFirst, gap),

@@ -22,10 +22,10 @@ pub use candidates::{candidates, shares_by_speed, Candidate, Features, ReadPolic
 pub use sizes::{planned_store_sizes, planned_store_sizes_with, DEFAULT_HEADER_BYTES};
 
 use conductor_runtime::cache::{fit_plan_to_budget, BudgetError, BudgetSplit, StoreSizes};
+use conductor_runtime::plan::ModelIdentity;
 use conductor_runtime::plan::{
     ExecutionPlan, HardwareProfile, ModelDescription, PlanPrediction, SparsityPlan,
 };
-use conductor_runtime::sparse::profile::ModelIdentity;
 use conductor_runtime::sparse::SparsityMode;
 use conductor_runtime::trace::StepActivity;
 use conductor_simulator::{simulate, SimError, SimOptions, SimReport, Workload};

@@ -1,7 +1,8 @@
 //! Splitting a memory budget: the fixed segment first, the neuron cache gets the rest.
 
-use super::{CachePlan, CachePolicy, SLOT_ALIGN};
+use super::SLOT_ALIGN;
 use crate::model::Model;
+use crate::plan::{CachePlan, CachePolicy};
 
 /// A memory budget as the user writes it: bytes (`48MiB`, `100MB`, `52428800`) or a share of the
 /// model file (`50%`).
@@ -65,20 +66,6 @@ impl MemoryBudget {
 /// (8.6–11.6 MiB), plus 1.4 MiB of margin. It was 21 MiB while the vocabulary was held as
 /// one allocation per string, three times over (see `tokenizer/vocab.rs`).
 pub const RUNTIME_OVERHEAD: u64 = 13 << 20;
-
-/// Loads the scheduler keeps in flight by default: enough to keep one issuer busy.
-pub const DEFAULT_MAX_LOADS: u32 = 4;
-
-/// Gate-first loading's default [`super::CachePlan::gate_first_gap`]: runs of wanted pages up
-/// to this many pages apart are read as one.
-pub const DEFAULT_GATE_FIRST_GAP: u32 = 0;
-
-/// Adjacent bundles merged into one read by default: none. Merging (a vectored read into
-/// several slots, `CachePlan::coalesce`) measured no faster on the build machine's disk than
-/// one read per bundle (SmolLM2 at 50%: 1.7 bundles per read, 103 against 102 ms of I/O per
-/// token), while one bigger bundle per read is (`--bundle-neurons 512`): see
-/// docs/benchmarks.md.
-pub const DEFAULT_COALESCE: u32 = 1;
 
 /// How a budget was spent.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -253,7 +240,7 @@ pub fn split_sizes(
     let n_units = s.n_layer * (s.bundles_per_layer + attn_units) + s.n_vocab.div_ceil(output_rows);
     // Gate-first loading keeps a layer's bundles in their slots from its gate rows to its
     // neurons: the cold segment must hold a whole layer's.
-    let min_slots = if shape.reads == super::ReadPolicy::GateFirst {
+    let min_slots = if shape.reads == crate::plan::ReadPolicy::GateFirst {
         u64::from(s.bundles_per_layer.max(1)) + 1
     } else {
         2
@@ -275,7 +262,7 @@ pub fn split_sizes(
     let max_loads = shape.max_loads.max(1);
     // Enough cold slots for the loads in flight and the clusters being computed (under
     // gate-first loading, a whole layer's bundles besides).
-    let cold = if shape.reads == super::ReadPolicy::GateFirst {
+    let cold = if shape.reads == crate::plan::ReadPolicy::GateFirst {
         s.bundles_per_layer + max_loads + 1
     } else {
         max_loads + 2

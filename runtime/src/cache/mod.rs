@@ -20,12 +20,9 @@ mod uring;
 pub use arena::{SlotArena, SlotBuf, SLOT_ALIGN};
 pub use budget::{
     fit_plan_to_budget, split_budget, split_sizes, BudgetError, BudgetSplit, MemoryBudget,
-    StoreSizes, DEFAULT_COALESCE, DEFAULT_GATE_FIRST_GAP, DEFAULT_MAX_LOADS, RUNTIME_OVERHEAD,
+    StoreSizes, RUNTIME_OVERHEAD,
 };
-pub use directory::{
-    Acquired, CacheDirectory, CachePlan, CachePolicy, LayerCacheStats, PagesAcquired, ReadPolicy,
-    Want,
-};
+pub use directory::{Acquired, CacheDirectory, LayerCacheStats, PagesAcquired, Want};
 pub use reader::{
     open_for_reads, read_full, unit_extents, BundleFile, Extent, LoadError, OpenError,
 };

@@ -1,4 +1,5 @@
 use super::*;
+use crate::plan::{CachePlan, CachePolicy, ReadPolicy};
 
 fn plan(slots: u32, hot: u32, policy: CachePolicy) -> CachePlan {
     CachePlan {

@@ -339,3 +339,6 @@ impl Dispatcher {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

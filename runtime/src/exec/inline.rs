@@ -57,7 +57,7 @@ impl<R: ClusterRunner> InlineDriver<R> {
         let cache = open_cache(&model, plan, scheduler.unit_map())?;
         let mut state = StepState::new(kernels);
         state.set_cache(cache.as_ref().map(|(arena, _)| Arc::clone(arena)));
-        state.set_page_reads(scheduler.modes().reads == crate::cache::ReadPolicy::PredictedPages);
+        state.set_page_reads(scheduler.modes().reads == crate::plan::ReadPolicy::PredictedPages);
         Ok(InlineDriver {
             plan: plan.clone(),
             cache,

@@ -2,7 +2,7 @@
 
 use super::ModelError;
 use crate::gguf::GgufFile;
-use crate::plan::ModelShape;
+use crate::plan::{FfnActivation, ModelShape};
 
 /// The llama-family variants Conductor runs. They share one forward pass and differ in RoPE
 /// layout, biases and defaults.
@@ -21,15 +21,6 @@ pub enum RopeStyle {
     Normal,
     /// Pairs (i, i + n/2): GPT-NeoX layout.
     Neox,
-}
-
-/// The nonlinearity of the FFN's gate (`act(gate) * up`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FfnActivation {
-    /// SwiGLU: most llama-family models.
-    Silu,
-    /// ReLU: ReluLLaMA, ProSparse, TurboSparse — naturally sparse.
-    Relu,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -369,5 +360,50 @@ mod tests {
                 Err(e) => prop_assert!(e.to_string().contains("llama.expert")),
             }
         }
+    }
+
+    /// PowerInfer's files name no activation: they load as ReLU models (the predictor tensors
+    /// are ignored), from bytes or from disk.
+    #[test]
+    fn powerinfer_files_load_as_relu_models() {
+        use crate::gguf::GgufFile;
+        use crate::model::Model;
+        use crate::sparse::powerinfer::{
+            powerinfer_test_files, write_powerinfer_test_files, PowerInferTestSpec, MAGIC,
+        };
+        use crate::synthetic::{synthetic_model, SyntheticSpec};
+        let open = |bytes: &[u8]| GgufFile::from_bytes(bytes.to_vec()).unwrap();
+        let relu = SyntheticSpec {
+            n_layer: 3,
+            n_embd: 64,
+            n_ff: 160,
+            activation: FfnActivation::Relu,
+            relu_active_share: Some(0.2),
+            ..SyntheticSpec::default()
+        };
+        // Our synthetic SiLU models write no activation key, like PowerInfer's converter.
+        let spec = SyntheticSpec {
+            activation: FfnActivation::Silu,
+            ..relu.clone()
+        };
+        let mut bytes = synthetic_model(&spec).unwrap().to_bytes().unwrap();
+        let plain = Model::from_gguf(open(&bytes)).unwrap();
+        assert_eq!(plain.config.activation, FfnActivation::Silu);
+        bytes[..4].copy_from_slice(&MAGIC);
+        let pwri = Model::from_gguf(open(&bytes)).unwrap();
+        assert_eq!(pwri.config.activation, FfnActivation::Relu);
+
+        let files = powerinfer_test_files(&relu, &PowerInferTestSpec::default()).unwrap();
+        let model = Model::from_gguf(open(&files.model)).unwrap();
+        assert_eq!(model.layers.len(), 3);
+        assert_eq!(model.config.activation, FfnActivation::Relu);
+
+        let dir = std::env::temp_dir().join(format!("conductor-pwri-model-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (m, p) = (dir.join("model.powerinfer.gguf"), dir.join("pred.gguf"));
+        write_powerinfer_test_files(&relu, &PowerInferTestSpec::default(), &m, &p).unwrap();
+        let model = Model::load(&m).unwrap();
+        assert_eq!(model.layers.len(), 3);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -2,12 +2,16 @@
 
 pub mod attention;
 mod config;
+mod identity;
 mod kv_cache;
 pub mod moe;
 pub mod ops;
+mod sparse;
 mod weights;
 
-pub use config::{Architecture, FfnActivation, ModelConfig, RopeConfig, RopeStyle, MAX_EXPERTS};
+/// Defined in `plan` (part of what a model is); re-exported for the executor.
+pub use crate::plan::FfnActivation;
+pub use config::{Architecture, ModelConfig, RopeConfig, RopeStyle, MAX_EXPERTS};
 pub use kv_cache::KvCache;
 pub use weights::{DownBlocks, LayerWeights, Model, TensorRef};
 

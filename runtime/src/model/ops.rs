@@ -3,7 +3,8 @@
 //! Where the order of floating-point operations is visible in the logits, it follows llama.cpp
 //! (RMSNorm sums squares in f64; RoPE angles are built by repeated multiplication in f32).
 
-use super::config::{FfnActivation, RopeConfig, RopeStyle};
+use super::config::{RopeConfig, RopeStyle};
+use crate::plan::FfnActivation;
 
 /// `out = x / rms(x) * weight`.
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {

@@ -5,15 +5,19 @@
 //! plan and never derived from the number of threads: the same plan gives bit-identical results
 //! on 1 or N threads, on the inline driver or on the actors.
 
+mod cache;
 mod hardware;
 mod model;
 mod topology;
 
+pub use cache::{
+    CachePlan, CachePolicy, ReadPolicy, DEFAULT_COALESCE, DEFAULT_GATE_FIRST_GAP, DEFAULT_MAX_LOADS,
+};
 pub use hardware::{
     CoreClassProfile, HardwareProfile, KernelRates, MemoryProfile, MessagingProfile, NpuProfile,
     NpuShapeRate, ProfileError, StorageProfile, StorageRate, PROFILE_FORMAT_VERSION,
 };
-pub use model::{ModelDescription, ModelShape, WeightTypes};
+pub use model::{FfnActivation, ModelDescription, ModelIdentity, ModelShape, WeightTypes};
 pub use topology::{hosts_of, PlacedGroup, PlacementError, Topology};
 
 use serde::{Deserialize, Serialize};
@@ -176,11 +180,11 @@ pub struct ExecutionPlan {
     /// The neuron cache, for a neuron store under a memory budget; `None`: every FFN cluster
     /// is read from the model in memory.
     #[serde(default)]
-    pub cache: Option<crate::cache::CachePlan>,
+    pub cache: Option<CachePlan>,
     /// The model the plan was made for; a plan naming another model is refused at load
     /// ([`ExecutionPlan::check_model`]). `None`: a generic plan, for any model.
     #[serde(default)]
-    pub model: Option<crate::sparse::profile::ModelIdentity>,
+    pub model: Option<ModelIdentity>,
     /// The memory budget the plan was made for, in bytes: the engine runs under it when the
     /// command line gives no `--memory` (needs a neuron store). `None`: in memory.
     #[serde(default)]
@@ -194,10 +198,34 @@ pub struct ExecutionPlan {
     pub predicted: Option<PlanPrediction>,
 }
 
+/// How decode chooses the FFN neurons it computes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SparsityMode {
+    /// Every neuron (llama.cpp's arithmetic).
+    #[default]
+    Dense,
+    /// Every gate row; up rows and down columns only where |act(gate)| passes the layer's
+    /// threshold (CATS).
+    Threshold,
+    /// Gate rows only of the neurons the layer's predictor names, then the threshold.
+    Predictor,
+}
+
+impl SparsityMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            SparsityMode::Dense => "dense",
+            SparsityMode::Threshold => "threshold",
+            SparsityMode::Predictor => "predictor",
+        }
+    }
+}
+
 /// Sparse decode as a plan sets it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SparsityPlan {
-    pub mode: crate::sparse::SparsityMode,
+    pub mode: SparsityMode,
     /// Target share of FFN neurons skipped (`None`: the model's default target).
     #[serde(default)]
     pub target: Option<f32>,
@@ -391,12 +419,12 @@ impl ExecutionPlan {
     }
 
     /// Refuses the plan when it was made for a model other than `model`.
-    pub fn check_model(&self, model: &crate::model::Model) -> Result<(), PlanError> {
+    /// `actual`: the model's identity (`ModelIdentity::of`).
+    pub fn check_model(&self, actual: &ModelIdentity) -> Result<(), PlanError> {
         let Some(planned) = &self.model else {
             return Ok(());
         };
-        let actual = crate::sparse::profile::ModelIdentity::of(model);
-        if *planned == actual {
+        if planned == actual {
             Ok(())
         } else {
             Err(PlanError::OtherModel {
@@ -557,7 +585,7 @@ mod tests {
         );
         let plan = ExecutionPlan {
             sparsity: Some(SparsityPlan {
-                mode: crate::sparse::SparsityMode::Threshold,
+                mode: SparsityMode::Threshold,
                 target: Some(1.5),
                 thresholds: Vec::new(),
             }),
@@ -599,7 +627,7 @@ mod tests {
     #[test]
     fn plans_round_trip_through_json_toml_and_bincode_files() {
         let plan = ExecutionPlan {
-            model: Some(crate::sparse::profile::ModelIdentity {
+            model: Some(ModelIdentity {
                 arch: "llama".into(),
                 n_layer: 30,
                 n_embd: 576,
@@ -619,7 +647,7 @@ mod tests {
             }),
             memory: Some(48 << 20),
             sparsity: Some(SparsityPlan {
-                mode: crate::sparse::SparsityMode::Threshold,
+                mode: SparsityMode::Threshold,
                 target: Some(0.3),
                 thresholds: vec![0.1, 0.2],
             }),

@@ -120,3 +120,36 @@ impl ModelDescription {
             + u64::from(s.n_vocab) * Self::row_bytes(t.output, s.n_embd)
     }
 }
+
+/// The nonlinearity of the FFN's gate (`act(gate) * up`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FfnActivation {
+    /// SwiGLU: most llama-family models.
+    Silu,
+    /// ReLU: ReluLLaMA, ProSparse, TurboSparse — naturally sparse.
+    Relu,
+}
+
+/// What identifies the model a profile belongs to: its shape and a checksum of its norm
+/// weights and of its first token embeddings (trained values every llama-family model can
+/// give, store or not).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelIdentity {
+    pub arch: String,
+    pub n_layer: u32,
+    pub n_embd: u32,
+    pub n_ff: u32,
+    pub relu: bool,
+    /// CRC-32 of the norm weights and the first 16 token embeddings (as f32).
+    pub norms_crc32: u32,
+}
+
+impl ModelIdentity {
+    /// One line naming the model: architecture, shape and checksum.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} with {} layers, n_embd {}, n_ff {}, norms CRC32 {:08x}",
+            self.arch, self.n_layer, self.n_embd, self.n_ff, self.norms_crc32
+        )
+    }
+}

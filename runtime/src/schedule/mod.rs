@@ -25,8 +25,8 @@ pub use awaited::{owed_event, Activity, Awaited, PageMap};
 pub use program::{ffn_clusters, split_by_weight, PhaseClusters, Program, StepShape};
 pub use scheduler::Scheduler;
 
-pub use crate::cache::ReadPolicy;
 use crate::neuron::Phase;
+pub use crate::plan::ReadPolicy;
 use crate::plan::{ExecutionPlan, IoEngine, ModelShape, PlanError};
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
@@ -251,6 +251,3 @@ pub enum ScheduleError {
         cluster: u32,
     },
 }
-
-#[cfg(test)]
-mod tests;

@@ -288,7 +288,7 @@ impl Scheduler {
     /// Starts from the cache a long run leaves behind (`CacheDirectory::warm`), before the
     /// first step; `plan` is the plan's cache section. Returns the units made resident (0
     /// without a cache, or once a step has run).
-    pub fn warm_cache(&mut self, plan: &crate::cache::CachePlan) -> u32 {
+    pub fn warm_cache(&mut self, plan: &crate::plan::CachePlan) -> u32 {
         match (&mut self.cache, &self.in_flight) {
             (Some(c), None) => c.directory.warm(plan),
             _ => 0,

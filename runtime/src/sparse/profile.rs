@@ -14,7 +14,7 @@
 //! sparsity (the hot/cold ranking), and optionally the layers' trained predictors.
 
 use super::predictor::Predictor;
-use crate::model::{FfnActivation, Model};
+use crate::plan::ModelIdentity;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -50,56 +50,7 @@ pub enum ProfileError {
     Sparsity(f32),
 }
 
-/// What identifies the model a profile belongs to: its shape and a checksum of its norm
-/// weights and of its first token embeddings (trained values every llama-family model can
-/// give, store or not).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ModelIdentity {
-    pub arch: String,
-    pub n_layer: u32,
-    pub n_embd: u32,
-    pub n_ff: u32,
-    pub relu: bool,
-    /// CRC-32 of the norm weights and the first 16 token embeddings (as f32).
-    pub norms_crc32: u32,
-}
-
 impl ModelIdentity {
-    pub fn of(model: &Model) -> ModelIdentity {
-        let mut crc = crc32fast::Hasher::new();
-        for l in &model.layers {
-            for v in l.attn_norm.iter().chain(&l.ffn_norm) {
-                crc.update(&v.to_le_bytes());
-            }
-        }
-        for v in &model.output_norm {
-            crc.update(&v.to_le_bytes());
-        }
-        let mut row = vec![0f32; model.config.n_embd as usize];
-        for token in 0..model.config.n_vocab.min(16) {
-            if model.embed(token, &mut row).is_ok() {
-                row.iter().for_each(|v| crc.update(&v.to_le_bytes()));
-            }
-        }
-        let c = &model.config;
-        ModelIdentity {
-            arch: c.arch_name.clone(),
-            n_layer: c.n_layer,
-            n_embd: c.n_embd,
-            n_ff: c.n_ff,
-            relu: c.activation == FfnActivation::Relu,
-            norms_crc32: crc.finalize(),
-        }
-    }
-
-    /// One line naming the model: architecture, shape and checksum.
-    pub fn describe(&self) -> String {
-        format!(
-            "{} with {} layers, n_embd {}, n_ff {}, norms CRC32 {:08x}",
-            self.arch, self.n_layer, self.n_embd, self.n_ff, self.norms_crc32
-        )
-    }
-
     /// An error naming both models unless `model` is the one this identity describes.
     pub fn check(&self, model: &ModelIdentity) -> Result<(), ProfileError> {
         if self == model {

@@ -1,7 +1,7 @@
 //! The neuron store: a GGUF file laid out for reading FFN neurons from storage in bundles.
 //!
-//! `conductor convert` writes it from an ordinary model. Everything but the FFN matrices is
-//! copied as it was; each layer's FFN becomes one tensor `blk.N.ffn_bundles` of *bundles*, one
+//! `conductor convert` (the `convert` module) writes it from an ordinary model. Everything but
+//! the FFN matrices is copied as it was; each layer's FFN becomes one tensor `blk.N.ffn_bundles` of *bundles*, one
 //! per cluster of `bundle_neurons` neurons (a multiple of the down projection's block size):
 //!
 //! ```text
@@ -22,16 +22,18 @@
 //! a cluster straight into a cache slot. Each bundle's CRC-32 is kept in `conductor.bundle_crc`
 //! and checked whenever a bundle comes from storage.
 
-mod convert;
 #[cfg(test)]
 mod tests;
 
-pub use convert::{
-    convert, ConvertOptions, ConvertSummary, DEFAULT_BUNDLE_NEURONS, DEFAULT_DOWN_TYPE,
-};
-
 use crate::gguf::{GgufError, GgufFile};
 use crate::quant::{row_bytes, GgmlType, MatRef};
+
+/// Bundles of this many neurons by default: reads of a few hundred KiB, which this machine's
+/// disk serves near its sequential rate (docs/benchmarks-journal.md).
+pub const DEFAULT_BUNDLE_NEURONS: u32 = 256;
+/// The down columns' type by default: Q8_0 costs SmolLM2 +0.1% perplexity where Q4_1 costs more
+/// (docs/benchmarks-journal.md, "neuron columns").
+pub const DEFAULT_DOWN_TYPE: GgmlType = GgmlType::Q8_0;
 
 /// Format version of the bundle layout this build writes. Version 1 (block-columns only, no
 /// `down_layout` key) is still read.
@@ -80,8 +82,6 @@ pub fn bundle_tensor_name(layer: u32) -> String {
 pub enum StoreError {
     #[error(transparent)]
     Gguf(#[from] GgufError),
-    #[error(transparent)]
-    Model(#[from] crate::model::ModelError),
     #[error("{path} is already a neuron store (converted from {source_name})")]
     AlreadyStore { path: String, source_name: String },
     #[error("neuron store format version {found}; this build reads versions {STORE_VERSION_MIN} to {STORE_VERSION}: convert the model again with this build")]

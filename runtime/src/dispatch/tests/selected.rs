@@ -3,7 +3,7 @@
 
 use super::cache::{cached_plan, store_shape};
 use super::*;
-use crate::cache::{CachePlan, CachePolicy};
+use crate::plan::{CachePlan, CachePolicy};
 
 /// Runs one step completing in the core's order; after each layer's attention the clusters
 /// `needed(layer, cluster)` hold the active neurons. Returns every command.

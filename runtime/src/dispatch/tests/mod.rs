@@ -1,5 +1,5 @@
-//! The scheduler's tests, all on one harness: the dispatch core over a backend that computes and
-//! reads nothing, completes work in the order a test picks, and reports the active neurons a
+//! The scheduler's tests (and the dispatch core's), all on one harness: the dispatch core over
+//! a backend that computes and reads nothing, completes work in the order a test picks, and reports the active neurons a
 //! test names. Checkers see every command in the order the core carries it out and every
 //! completion before it is fed.
 //!
@@ -13,9 +13,10 @@ mod pages;
 mod phases;
 mod selected;
 
-use super::*;
-use crate::dispatch::{Backend, Dispatcher, Done, Finish, UnitLoad};
-use crate::plan::ClusterSizes;
+use super::{Backend, Dispatcher, Done, Finish, UnitLoad};
+use crate::neuron::Phase;
+use crate::plan::{ClusterSizes, ExecutionPlan, ModelShape};
+use crate::schedule::*;
 use proptest::prelude::*;
 
 fn shape() -> ModelShape {

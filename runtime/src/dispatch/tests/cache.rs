@@ -1,7 +1,8 @@
 //! The neuron cache: loads run ahead of compute, slots, evictions, the hot segment, counters.
 
 use super::*;
-use crate::cache::{CachePlan, CachePolicy, UnitMap};
+use crate::cache::UnitMap;
+use crate::plan::{CachePlan, CachePolicy};
 use std::sync::Arc;
 
 /// The test model as a neuron store: its FFN clusters are bundles of `ffn_bundle` neurons.

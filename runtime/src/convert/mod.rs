@@ -1,14 +1,32 @@
-//! `conductor convert`: an ordinary GGUF model in, a neuron store out.
+//! `conductor convert`: an ordinary GGUF model in, a neuron store (`crate::store`'s format)
+//! out. Apart from the store's format so that the store does not depend on the model.
 
-use super::{
-    bundle_tensor_name, BundleLayout, DownLayout, StoreError, CRC_TENSOR, KEY_BUNDLE_NEURONS,
-    KEY_BUNDLE_STRIDE, KEY_DOWN_LAYOUT, KEY_FFN_TYPES, KEY_SOURCE_CHECKSUM, KEY_SOURCE_NAME,
-    KEY_VERSION, STORE_ALIGN, STORE_VERSION,
-};
+use crate::gguf::GgufError;
 use crate::gguf::{Array, GgufWriter, Value};
 use crate::model::Model;
+use crate::model::ModelError;
 use crate::quant::{transpose_requantize, GgmlType};
+use crate::store::{
+    bundle_tensor_name, BundleLayout, DownLayout, StoreError, CRC_TENSOR, DEFAULT_BUNDLE_NEURONS,
+    DEFAULT_DOWN_TYPE, KEY_BUNDLE_NEURONS, KEY_BUNDLE_STRIDE, KEY_DOWN_LAYOUT, KEY_FFN_TYPES,
+    KEY_SOURCE_CHECKSUM, KEY_SOURCE_NAME, KEY_VERSION, STORE_ALIGN, STORE_VERSION,
+};
 use std::path::Path;
+
+/// Why a conversion failed: the source model, or the store it would make.
+#[derive(Debug, thiserror::Error)]
+pub enum ConvertError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+}
+
+impl From<GgufError> for ConvertError {
+    fn from(e: GgufError) -> ConvertError {
+        ConvertError::Store(e.into())
+    }
+}
 
 /// How to lay out a store.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -22,13 +40,6 @@ pub struct ConvertOptions {
     /// Replace an existing output file.
     pub overwrite: bool,
 }
-
-/// Bundles of this many neurons by default: reads of a few hundred KiB, which this machine's
-/// disk serves near its sequential rate (docs/benchmarks-journal.md).
-pub const DEFAULT_BUNDLE_NEURONS: u32 = 256;
-/// The down columns' type by default: Q8_0 costs SmolLM2 +0.1% perplexity where Q4_1 costs more
-/// (docs/benchmarks-journal.md, "neuron columns").
-pub const DEFAULT_DOWN_TYPE: GgmlType = GgmlType::Q8_0;
 
 impl Default for ConvertOptions {
     fn default() -> Self {
@@ -84,7 +95,7 @@ pub fn convert(
     dst: &Path,
     options: &ConvertOptions,
     progress: &mut dyn FnMut(u64, u64),
-) -> Result<ConvertSummary, StoreError> {
+) -> Result<ConvertSummary, ConvertError> {
     let bundle_neurons = options.bundle_neurons;
     let refuse = |why: String| StoreError::Output {
         path: dst.display().to_string(),
@@ -92,20 +103,19 @@ pub fn convert(
     };
     if let (Ok(a), Ok(b)) = (src.canonicalize(), dst.canonicalize()) {
         if a == b {
-            return Err(refuse("it is the model being converted".into()));
+            return Err(refuse("it is the model being converted".into()).into());
         }
     }
     if dst.exists() && !options.overwrite {
-        return Err(refuse(
-            "the file exists (pass --force to replace it)".into(),
-        ));
+        return Err(refuse("the file exists (pass --force to replace it)".into()).into());
     }
     let model = Model::load(src)?;
     if let Some(store) = &model.store {
         return Err(StoreError::AlreadyStore {
             path: src.display().to_string(),
             source_name: store.source_name.clone(),
-        });
+        }
+        .into());
     }
     let file = model.file();
     let source_crc32 = crc32fast::hash(file.file_bytes());
@@ -117,7 +127,8 @@ pub fn convert(
             return Err(StoreError::Layout(format!(
                 "layers quantize their FFN differently ({} vs {}); the store needs one layout",
                 l.gate.name, first.gate.name
-            )));
+            ))
+            .into());
         }
     }
     let mut types = source_types;
@@ -131,7 +142,7 @@ pub fn convert(
             "bundles of {bundle_neurons} neurons would straddle experts of {} neurons: pick a bundle size that divides {}",
             c.ffn_per_expert(),
             c.ffn_per_expert()
-        )));
+        )).into());
     }
 
     let ffn = match c.is_moe() {
@@ -280,3 +291,6 @@ fn fill_bundle(
     debug_assert_eq!(at, layout.payload_bytes(neurons.len() as u32));
     at
 }
+
+#[cfg(test)]
+mod tests;

@@ -3,7 +3,7 @@
 
 use super::cache::{cached_plan, store_shape};
 use super::*;
-use crate::cache::{CachePlan, CachePolicy};
+use crate::plan::{CachePlan, CachePolicy};
 
 /// A 3-layer store of 5 bundles of 8 pages, its gate rows on the first 2 (the last page of
 /// the gate shares the up rows' first bytes), for gate-first loading.

@@ -1,0 +1,204 @@
+//! Unit tests of `convert`: a tiny generated model keeps every FFN row bit for bit, and what
+//! cannot be converted is refused.
+
+use super::*;
+use crate::gguf::GgufFile;
+use crate::quant::row_bytes;
+use crate::store::{DownLayout, StoreInfo};
+use crate::synthetic::{synthetic_model, SyntheticSpec};
+use std::path::PathBuf;
+
+/// A scratch directory for one test, removed when dropped.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(tag: &str) -> Scratch {
+        let dir =
+            std::env::temp_dir().join(format!("conductor-store-unit-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Converts a model generated from `spec` with `options`; checks that every bundle holds the
+/// source's gate and up rows bit for bit, `down(bundle, neuron, e)` (the bytes of value `e` of
+/// the neuron's down part, for block-columns, or the neuron's down column for neuron columns)
+/// as the source has them, zero padding, and its checksum; the other tensors are copied as
+/// they were.
+fn check_convert(tag: &str, spec: &SyntheticSpec, options: &ConvertOptions) {
+    let dir = Scratch::new(tag);
+    let src = dir.0.join("tiny.gguf");
+    let dst = dir.0.join("tiny-store.gguf");
+    let bytes = synthetic_model(spec).unwrap().to_bytes().unwrap();
+    std::fs::write(&src, &bytes).unwrap();
+    let summary = convert(&src, &dst, options, &mut |_, _| {}).unwrap();
+    // Not twice over the same file.
+    assert!(matches!(
+        convert(&src, &dst, options, &mut |_, _| {}),
+        Err(ConvertError::Store(StoreError::Output { .. }))
+    ));
+    let source = GgufFile::open(&src).unwrap();
+    let store = GgufFile::open(&dst).unwrap();
+    let info = StoreInfo::from_gguf(&store, spec.n_embd, spec.n_ff, spec.n_layer)
+        .unwrap()
+        .unwrap();
+    let layout = &info.layout;
+    assert_eq!(*layout, summary.layout);
+    assert_eq!(layout.down_layout, options.down_layout);
+    assert_eq!(info.source_crc32, crc32fast::hash(&bytes));
+    assert_eq!(info.source_name, "tiny.gguf");
+    let ffn = |l: u32, t: &str| {
+        let t = source.tensor(&format!("blk.{l}.{t}.weight")).unwrap();
+        (t.ty, source.tensor_data(t))
+    };
+    let (embd, ff) = (spec.n_embd as usize, spec.n_ff as usize);
+    let mut bundles = 0;
+    for l in 0..spec.n_layer {
+        let t = store.tensor(&bundle_tensor_name(l)).unwrap();
+        let data = store.tensor_data(t);
+        let (gate_ty, gate) = ffn(l, "ffn_gate");
+        let (up_ty, up) = ffn(l, "ffn_up");
+        let (down_ty, down) = ffn(l, "ffn_down");
+        let (gr, ur) = (
+            row_bytes(gate_ty, embd).unwrap(),
+            row_bytes(up_ty, embd).unwrap(),
+        );
+        for b in 0..layout.n_bundles {
+            let bundle = &data[(b as u64 * layout.stride) as usize..][..layout.stride as usize];
+            let n = layout.neurons_of(b);
+            let (i, m) = (n.start as usize, n.len());
+            let payload = layout.payload_bytes(m as u32);
+            let r = layout.split(b, bundle);
+            assert_eq!(r.gate.data, &gate[i * gr..(i + m) * gr], "gate {l}/{b}");
+            assert_eq!(r.up.data, &up[i * ur..(i + m) * ur], "up {l}/{b}");
+            match layout.down_layout {
+                DownLayout::BlockColumns => {
+                    // Row e of the bundle's down part: columns i..i+m of the source's row e.
+                    let row = row_bytes(down_ty, ff).unwrap();
+                    let (bs, ts) = (down_ty.block_size(), down_ty.type_size());
+                    let part = row_bytes(down_ty, m).unwrap();
+                    for e in 0..embd {
+                        let from = e * row + i / bs * ts;
+                        assert_eq!(
+                            r.down.data[e * part..][..part],
+                            down[from..from + part],
+                            "down row {e} of {l}/{b}"
+                        );
+                    }
+                }
+                DownLayout::NeuronColumns => {
+                    // f32 columns, transposed: value e of neuron j's column is the source's
+                    // row e, column j, bit for bit.
+                    assert_eq!((down_ty, layout.down_ty), (GgmlType::F32, GgmlType::F32));
+                    for j in 0..m {
+                        for e in 0..embd {
+                            assert_eq!(
+                                f32_at(r.down.data, j * embd + e),
+                                f32_at(down, e * ff + i + j),
+                                "down column of neuron {} of layer {l}, value {e}",
+                                i + j
+                            );
+                        }
+                    }
+                }
+            }
+            assert!(bundle[payload..].iter().all(|&x| x == 0), "padding {l}/{b}");
+            info.check_bundle(l, b, &bundle[..payload]).unwrap();
+            bundles += 1;
+        }
+    }
+    assert_eq!(bundles, spec.n_layer * layout.n_bundles);
+    // Everything else as it was; the FFN matrices gone.
+    for t in source.tensors() {
+        match store.tensor(&t.name) {
+            Some(s) => assert_eq!(store.tensor_data(s), source.tensor_data(t), "{}", t.name),
+            None => assert!(t.name.contains(".ffn_"), "{} was dropped", t.name),
+        }
+    }
+    assert_eq!(
+        summary.bundle_bytes,
+        layout.layer_bytes() * u64::from(spec.n_layer)
+    );
+}
+
+/// The 4 bytes of f32 number `k` of `bytes`.
+fn f32_at(bytes: &[u8], k: usize) -> &[u8] {
+    &bytes[4 * k..4 * k + 4]
+}
+
+#[test]
+fn convert_keeps_block_columns_bit_for_bit() {
+    // 160 neurons in bundles of 64: the last has 32. Q4_1 blocks of 32 values.
+    let spec = SyntheticSpec {
+        n_ff: 160,
+        seed: 5,
+        ..SyntheticSpec::default()
+    };
+    check_convert("blocks", &spec, &ConvertOptions::block_columns(64));
+}
+
+#[test]
+fn convert_transposes_f32_down_columns_exactly() {
+    // 160 neurons in bundles of 48: the last has 16.
+    let spec = SyntheticSpec {
+        n_ff: 160,
+        weight_type: GgmlType::F32,
+        seed: 6,
+        ..SyntheticSpec::default()
+    };
+    let options = ConvertOptions {
+        down_type: GgmlType::F32,
+        ..ConvertOptions::neuron_columns(48)
+    };
+    check_convert("columns", &spec, &options);
+}
+
+#[test]
+fn convert_refuses_a_store_and_bundles_that_straddle_blocks() {
+    let dir = Scratch::new("refuse");
+    let src = dir.0.join("tiny.gguf");
+    let spec = SyntheticSpec::default();
+    std::fs::write(&src, synthetic_model(&spec).unwrap().to_bytes().unwrap()).unwrap();
+    // Block-columns of 16 neurons cannot hold whole Q4_1 blocks of the down projection.
+    let out = dir.0.join("a.gguf");
+    assert!(matches!(
+        convert(
+            &src,
+            &out,
+            &ConvertOptions::block_columns(16),
+            &mut |_, _| {}
+        ),
+        Err(ConvertError::Store(StoreError::BundleSize {
+            neurons: 16,
+            granule: 32
+        }))
+    ));
+    assert!(!out.exists(), "nothing written on refusal");
+    // A store is not converted again; nor is a file converted onto itself.
+    convert(
+        &src,
+        &out,
+        &ConvertOptions::neuron_columns(64),
+        &mut |_, _| {},
+    )
+    .unwrap();
+    let again = dir.0.join("b.gguf");
+    match convert(&out, &again, &ConvertOptions::default(), &mut |_, _| {}) {
+        Err(ConvertError::Store(StoreError::AlreadyStore { source_name, .. })) => {
+            assert_eq!(source_name, "tiny.gguf")
+        }
+        other => panic!("{other:?}"),
+    }
+    let options = ConvertOptions::default().overwriting();
+    assert!(matches!(
+        convert(&src, &src, &options, &mut |_, _| {}),
+        Err(ConvertError::Store(StoreError::Output { .. }))
+    ));
+}

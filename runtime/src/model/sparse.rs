@@ -1,0 +1,111 @@
+//! Building a model's sparse decode ([`SparseFfn`]) from an activation profile or a
+//! PowerInfer file: the constructors that need the weights (the down projections to
+//! transpose). The data itself is defined in `crate::sparse`.
+
+use super::Model;
+use crate::plan::{ModelIdentity, SparsityMode};
+use crate::quant::{transpose_requantize, GgmlType, MatRef};
+use crate::sparse::powerinfer::PowerInferSparse;
+use crate::sparse::profile::ModelProfile;
+use crate::sparse::{SparseError, SparseFfn, SparseLayer, SparseStats};
+
+impl SparseFfn {
+    /// Sparse decode of `model` in `mode` (not dense) at a target `sparsity`, from its
+    /// `profile`. Transposes every layer's down projection once (`down_type` rows).
+    pub fn build(
+        model: &Model,
+        profile: &ModelProfile,
+        mode: SparsityMode,
+        sparsity: f32,
+        down_type: GgmlType,
+    ) -> Result<SparseFfn, SparseError> {
+        if model.config.is_moe() {
+            return Err(SparseError::MixtureOfExperts);
+        }
+        profile.model.check(&ModelIdentity::of(model))?;
+        let predictors = match mode {
+            SparsityMode::Predictor => Some(
+                profile
+                    .predictors
+                    .as_ref()
+                    .ok_or(SparseError::NoPredictors)?,
+            ),
+            _ => None,
+        };
+        let mut layers = Vec::with_capacity(model.layers.len());
+        for (l, w) in model.layers.iter().enumerate() {
+            // The share of neurons expected to fire: below half, axpy over a transposed down
+            // projection pays for its memory.
+            // A store's bundles bring their own down columns (or block-columns).
+            let zeros = profile.layers[l].zero_fraction;
+            let down_t = if model.store.is_none() && sparsity.max(zeros) >= 0.5 {
+                let down: MatRef<'_> = model.mat(&w.down);
+                Some(
+                    transpose_requantize(down, down_type)
+                        .map_err(|source| SparseError::Transpose { layer: l, source })?,
+                )
+            } else {
+                None
+            };
+            layers.push(SparseLayer {
+                threshold: profile.threshold(l, sparsity)?,
+                importance: profile.layers[l].importance.clone(),
+                predictor: predictors.map(|p| p.layers[l].clone()),
+                down_t,
+            });
+        }
+        Ok(SparseFfn {
+            mode,
+            sparsity,
+            layers,
+            down_type,
+            activation: model.config.activation,
+            predictor_sees_residual: false,
+            stats: SparseStats::default(),
+        })
+    }
+
+    /// Sparse decode with a PowerInfer model's own predictors: a neuron runs when its
+    /// predictor logit reaches the file's threshold, and then only its ReLU decides (activation
+    /// threshold 0). The file's transposed down projection is used as stored when every layer
+    /// has one of a type the kernels read; otherwise the model's is transposed into
+    /// `fallback_down_type`.
+    pub fn from_powerinfer(
+        model: &Model,
+        pi: PowerInferSparse,
+        fallback_down_type: GgmlType,
+    ) -> Result<SparseFfn, SparseError> {
+        if model.config.is_moe() {
+            return Err(SparseError::MixtureOfExperts);
+        }
+        if model.store.is_some() {
+            return Err(SparseError::Store);
+        }
+        let n_ff = model.config.n_ff as usize;
+        let stored = pi.down_type();
+        let down_type = stored.unwrap_or(fallback_down_type);
+        let mut layers = Vec::with_capacity(pi.layers.len());
+        for (l, layer) in pi.layers.into_iter().enumerate() {
+            let down_t = match (stored, layer.down_t) {
+                (Some(_), Some((_, bytes))) => bytes,
+                _ => transpose_requantize(model.mat(&model.layers[l].down), down_type)
+                    .map_err(|source| SparseError::Transpose { layer: l, source })?,
+            };
+            layers.push(SparseLayer {
+                threshold: 0.0,
+                importance: vec![1.0; n_ff],
+                predictor: layer.predictor,
+                down_t: Some(down_t),
+            });
+        }
+        Ok(SparseFfn {
+            mode: SparsityMode::Predictor,
+            sparsity: 0.0,
+            layers,
+            down_type,
+            activation: model.config.activation,
+            predictor_sees_residual: true,
+            stats: SparseStats::default(),
+        })
+    }
+}
