@@ -195,6 +195,18 @@ class SparseQuality(unittest.TestCase):
         self.assertIn("dense +3%", svg)
 
 
+class OldVsNew(unittest.TestCase):
+    def test_medians_over_all_samples_and_the_ratio_of_new_to_old(self):
+        ovn = load_script("old-vs-new")
+        samples = {("old", "actors", "tg64", 2): [10.0, 12.0, 11.0],
+                   ("new", "actors", "tg64", 2): [11.0, 13.0, 12.0, 14.0],
+                   ("old", "inline", "tg64", 2): [9.0]}
+        table = ovn.table(samples)
+        self.assertIn("| actors | tg64 | 2 | 11.0 (10.0–12.0) | 12.5 (11.0–14.0) | **1.136×** |", table)
+        # A result one binary lacks has no row.
+        self.assertNotIn("| inline |", table)
+
+
 class MedianProfile(unittest.TestCase):
     def test_numbers_are_medians_tables_row_by_row_and_the_rest_from_the_first(self):
         def profile(mbps, latency, name):

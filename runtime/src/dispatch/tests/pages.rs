@@ -271,6 +271,55 @@ fn gate_first_refuses_too_few_cold_slots_and_models_without_gate_pages() {
     );
 }
 
+/// About a third of the (layer, cluster, page)s, chosen by `seed`.
+fn hashed_pick(seed: u64, l: u32, c: u32, p: u32) -> bool {
+    let h = (u64::from(l) * 131 + u64::from(c) * 31 + u64::from(p)).wrapping_mul(seed | 1);
+    (h >> 17) % 3 == 0
+}
+
+/// Decode, decode, prefill, decode; after each decode step every cluster with a wanted page
+/// computed its neurons exactly once (and, with a gate phase, every cluster its gate rows).
+fn run_four_steps(
+    h: &mut Harness,
+    d: &mut PageChecks<'_>,
+    pick: &mut dyn Iterator<Item = usize>,
+    gate_phase: bool,
+) -> Result<(), TestCaseError> {
+    let wanted = d.wanted;
+    let steps = [
+        request(1, 1, 0),
+        request(2, 1, 1),
+        request(3, 6, 2),
+        request(4, 1, 8),
+    ];
+    for (step, req) in steps.into_iter().enumerate() {
+        let computed = d.run_step(h, req.clone(), pick);
+        if req.n_tokens > 1 {
+            continue;
+        }
+        for l in 0..3 {
+            for c in 0..5 {
+                let needs = (0..8).any(|p| wanted(l, c, p));
+                if gate_phase {
+                    prop_assert!(computed.contains(&(l, c, Phase::FfnGateRows)));
+                }
+                prop_assert_eq!(
+                    computed
+                        .iter()
+                        .filter(|&&x| x == (l, c, Phase::FfnNeurons))
+                        .count(),
+                    usize::from(needs),
+                    "step {} layer {} cluster {}",
+                    step,
+                    l,
+                    c
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
@@ -291,31 +340,10 @@ proptest! {
         let slots = 5 + hot + extra_slots.max(1);
         let plan = gate_first_plan(slots, hot, max_loads, stream_attention, gap);
         let mut h = harness(&shape, &plan, FfnSelection::All);
-        let wanted = |l: u32, c: u32, p: u32| {
-            let h = (u64::from(l) * 131 + u64::from(c) * 31 + u64::from(p)).wrapping_mul(seed | 1);
-            p >= 2 && (h >> 17) % 3 == 0
-        };
+        let wanted = |l: u32, c: u32, p: u32| p >= 2 && hashed_pick(seed, l, c, p);
         let mut d = PageChecks::new(&h, slots, gap, &wanted);
         let mut pick = picks.iter().copied().cycle();
-        for (step, req) in [request(1, 1, 0), request(2, 1, 1), request(3, 6, 2), request(4, 1, 8)]
-            .into_iter()
-            .enumerate()
-        {
-            let computed = d.run_step(&mut h, req.clone(), &mut pick);
-            if req.n_tokens == 1 {
-                for l in 0..3 {
-                    for c in 0..5 {
-                        let needs = (0..8).any(|p| wanted(l, c, p));
-                        prop_assert!(computed.contains(&(l, c, Phase::FfnGateRows)));
-                        prop_assert_eq!(
-                            computed.iter().filter(|&&x| x == (l, c, Phase::FfnNeurons)).count(),
-                            usize::from(needs),
-                            "step {} layer {} cluster {}", step, l, c
-                        );
-                    }
-                }
-            }
-        }
+        run_four_steps(&mut h, &mut d, &mut pick, true)?;
         // With every unit in a slot of its own, a repeated decode reads nothing.
         let all = 3 * 5 + 2 + if stream_attention { 12 } else { 0 };
         let plan = gate_first_plan(all, all, max_loads, stream_attention, gap);
@@ -377,25 +405,9 @@ proptest! {
         let slots = 5 + hot + extra_slots;
         let plan = gate_first_plan(slots, hot, max_loads, stream_attention, gap);
         let mut h = harness(&shape, &plan, FfnSelection::Selected);
-        let wanted = |l: u32, c: u32, p: u32| {
-            let h = (u64::from(l) * 131 + u64::from(c) * 31 + u64::from(p)).wrapping_mul(seed | 1);
-            (h >> 17) % 3 == 0
-        };
+        let wanted = |l: u32, c: u32, p: u32| hashed_pick(seed, l, c, p);
         let mut d = PageChecks::new(&h, slots, gap, &wanted);
         let mut pick = picks.iter().copied().cycle();
-        for req in [request(1, 1, 0), request(2, 1, 1), request(3, 6, 2), request(4, 1, 8)] {
-            let computed = d.run_step(&mut h, req.clone(), &mut pick);
-            if req.n_tokens == 1 {
-                for l in 0..3 {
-                    for c in 0..5 {
-                        let needs = (0..8).any(|p| wanted(l, c, p));
-                        prop_assert_eq!(
-                            computed.iter().filter(|&&x| x == (l, c, Phase::FfnNeurons)).count(),
-                            usize::from(needs)
-                        );
-                    }
-                }
-            }
-        }
+        run_four_steps(&mut h, &mut d, &mut pick, false)?;
     }
 }
