@@ -22,11 +22,13 @@ pub use topology::{hosts_of, PlacedGroup, PlacementError, Topology};
 
 use serde::{Deserialize, Serialize};
 
-/// Version of the plan format; bumped when a field changes meaning or is added.
-pub const PLAN_FORMAT_VERSION: u32 = 3;
+/// Version of the plan format; bumped when a field changes meaning or is added. Version 4
+/// replaced the cache's `gate_first` flag by its read policy, `reads`.
+pub const PLAN_FORMAT_VERSION: u32 = 4;
 
 /// The oldest plan format this build reads: version 2 lacks `memory` and `sparsity`, which
-/// then take their defaults (no budget of its own, the sparsity the command line asks for).
+/// then take their defaults (no budget of its own, the sparsity the command line asks for);
+/// version 3 says `cache.gate_first: true` for `cache.reads: "gate-first"`.
 pub const PLAN_FORMAT_VERSION_MIN: u32 = 2;
 
 /// How many units each phase's clusters hold.
@@ -567,6 +569,33 @@ mod tests {
             };
             assert!(matches!(plan.validate(), Err(PlanError::Version { .. })));
         }
+        // Version 3 said gate-first loading with a flag; it reads as the read policy.
+        let mut v3: serde_json::Value = serde_json::to_value(ExecutionPlan {
+            cache: Some(CachePlan {
+                slots: 8,
+                ..CachePlan::default()
+            }),
+            ..ExecutionPlan::default()
+        })
+        .unwrap();
+        v3["version"] = 3.into();
+        let cache = v3["cache"].as_object_mut().unwrap();
+        cache.remove("reads");
+        cache.insert("gate_first".into(), true.into());
+        let v3: ExecutionPlan = serde_json::from_value(v3).unwrap();
+        v3.validate().unwrap();
+        assert_eq!(v3.cache.unwrap().reads, ReadPolicy::GateFirst);
+        // Version 4 names it, and it round-trips.
+        let v4 = ExecutionPlan {
+            cache: Some(CachePlan {
+                reads: ReadPolicy::PredictedPages,
+                ..CachePlan::default()
+            }),
+            ..ExecutionPlan::default()
+        };
+        let json = serde_json::to_string(&v4).unwrap();
+        assert!(json.contains(r#""reads":"predicted-pages""#), "{json}");
+        assert_eq!(serde_json::from_str::<ExecutionPlan>(&json).unwrap(), v4);
         // Version 2 (no budget, no sparsity of its own) still reads.
         let mut v2: serde_json::Value = serde_json::to_value(ExecutionPlan::default()).unwrap();
         v2["version"] = 2.into();
