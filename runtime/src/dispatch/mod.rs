@@ -174,11 +174,6 @@ impl Dispatcher {
             .unwrap_or_default()
     }
 
-    /// Whether a recording is on.
-    pub fn is_recording(&self) -> bool {
-        self.recorder.is_some()
-    }
-
     /// Forgets the step in flight and everything pending (a failed step).
     pub fn abort(&mut self) {
         self.scheduler.abort();

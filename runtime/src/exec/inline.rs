@@ -111,11 +111,6 @@ impl<R: ClusterRunner> InlineDriver<R> {
         &self.runner
     }
 
-    /// The dispatch core (its scheduler, and recording a trace).
-    pub fn dispatcher_mut(&mut self) -> &mut Dispatcher {
-        &mut self.dispatcher
-    }
-
     fn run_step(
         &mut self,
         session: &mut Session,
@@ -133,8 +128,9 @@ impl<R: ClusterRunner> InlineDriver<R> {
         let (dispatcher, mut backend) = self.split(&mut session.kv);
         dispatcher.feed(&mut backend, Event::StepRequested(request))?;
         if !backend.done {
+            // Everything is carried out at once here: a step not done is a scheduler bug.
             dispatcher.abort();
-            return Err(StepError::Schedule(ScheduleError::EmptyStep));
+            return Err(StepError::Stalled);
         }
         session.push(tokens);
         Ok(())

@@ -28,6 +28,9 @@ pub enum StepError {
     NoCache,
     #[error("scheduler: {0}")]
     Schedule(#[from] ScheduleError),
+    /// Every command was carried out and the step never ended (a bug in the scheduler).
+    #[error("the step stopped before its end: the scheduler issued nothing more")]
+    Stalled,
     /// A processor group, the scheduler or the storage failed while computing the step (a
     /// panic or an error in an actor). The step is abandoned; the driver serves the next one.
     #[error("actor `{actor}` failed: {why}")]

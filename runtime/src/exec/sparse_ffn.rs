@@ -8,6 +8,7 @@ use super::compute::{Activations, Compute, Work, WorkerScratch};
 use super::executor::StepState;
 use super::weights::{BundleBytes, DownPart, FfnCluster};
 use crate::quant::{activation_type, Kernels, MatRef};
+use crate::schedule::reads_whole_up_rows;
 use crate::sparse::SparseFfn;
 use std::ops::Range;
 use std::sync::atomic::Ordering;
@@ -126,7 +127,7 @@ pub(super) fn sparse_ffn_cluster(
                 }
             }
         }
-        if s.neurons.len() * 2 > m && !rows_only {
+        if reads_whole_up_rows(s.neurons.len(), m) && !rows_only {
             // Most fire: the multi-row kernel over the whole cluster costs less than a dot
             // product per active row (each the same bits as the row's own dot product). Not
             // where only the predicted neurons' rows were read (`rows_only`).

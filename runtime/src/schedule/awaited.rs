@@ -152,7 +152,9 @@ pub fn owed_event(
     match awaited {
         Awaited::Clusters => {
             let mut needed = vec![0u64; clusters.len().div_ceil(64)];
-            activity.union_into(scratch);
+            if !activity.is_all() {
+                activity.union_into(scratch);
+            }
             for (c, r) in clusters.iter().enumerate() {
                 if activity.is_all() || !in_range(scratch, r).is_empty() {
                     needed[c / 64] |= 1 << (c % 64);

@@ -21,7 +21,7 @@ mod cache_flow;
 mod program;
 mod scheduler;
 
-pub use awaited::{owed_event, Activity, Awaited, PageMap};
+pub use awaited::{owed_event, reads_whole_up_rows, Activity, Awaited, PageMap};
 pub use program::{ffn_clusters, split_by_weight, PhaseClusters, Program, StepShape};
 pub use scheduler::Scheduler;
 

@@ -260,11 +260,6 @@ impl Scheduler {
         self.in_flight.is_some()
     }
 
-    /// The step running, if any.
-    pub fn current_step(&self) -> Option<StepId> {
-        self.in_flight.as_ref().map(|f| f.request.step)
-    }
-
     /// Forgets the step in flight (after a driver failed it); the next request starts clean.
     pub fn abort(&mut self) {
         if let Some(flight) = self.in_flight.take() {
