@@ -7,11 +7,13 @@ mod common;
 use common::ScratchDir;
 use conductor::actors::{ActorDriver, ActorOptions};
 use conductor::runtime::convert::{convert, ConvertError, ConvertOptions};
-use conductor::runtime::exec::{Driver, InlineDriver, Serial, Session, StepError};
+use conductor::runtime::exec::{scheduler_for, Driver, InlineDriver, Serial, Session, StepError};
 use conductor::runtime::model::Model;
+use conductor::runtime::neuron::Phase;
 use conductor::runtime::plan::{CachePlan, CachePolicy};
 use conductor::runtime::plan::{ExecutionPlan, IoEngine, Topology};
 use conductor::runtime::quant::Kernels;
+use conductor::runtime::schedule::{Command, StepShape};
 use conductor::runtime::store::{DownLayout, StoreError};
 use conductor::runtime::synthetic::synthetic_model;
 use std::path::{Path, PathBuf};
@@ -236,6 +238,89 @@ fn the_actor_driver_pipelines_loads_with_the_same_bits() {
         let report = d.cache_report().unwrap();
         assert!(report.loads > 0 && report.reads > 0 && report.reads <= report.loads);
         assert_eq!(report.layer_bytes.iter().sum::<u64>(), report.bytes_read);
+    }
+}
+
+/// A store of 8-neuron bundles computed in clusters of 32 neurons (four bundles each, the
+/// plan's `ffn_neurons`): far fewer clusters than bundles, one compute message per cluster
+/// however its bundles land, every cache whose cold segment holds a cluster's bundles gives
+/// the bits of the store in memory (inline and actors), and the sums grouped per cluster stay
+/// close to one cluster per bundle.
+#[test]
+fn clusters_of_several_bundles_give_the_same_bits_under_every_cache() {
+    let dir = ScratchDir::new("store-clusters");
+    let store_path = store(&dir, 8);
+    let with_clusters = |neurons: u32, cache: Option<CachePlan>| {
+        let model = match &cache {
+            Some(_) => Model::load_resident_with(&store_path, false, false).unwrap(),
+            None => Model::load(&store_path).unwrap(),
+        };
+        let mut plan = plan_with(cache);
+        plan.decode.ffn_neurons = neurons;
+        plan.prefill.ffn_neurons = neurons;
+        InlineDriver::new(Arc::new(model), &plan, Kernels::best(), Serial).unwrap()
+    };
+    let mut in_memory = with_clusters(32, None);
+    let mut plan = plan_with(None);
+    plan.decode.ffn_neurons = 32;
+    let scheduler = scheduler_for(in_memory.model(), &plan).unwrap();
+    let program = scheduler.program(StepShape::Decode);
+    // 512 neurons: 64 bundles, 16 clusters of 4.
+    assert_eq!(program.ffn_units.len(), 64);
+    assert_eq!(program.clusters(Phase::FfnNeurons).len(), 16);
+    assert_eq!(program.units_of_cluster(Phase::FfnNeurons, 3), 12..16);
+    let reference = run(&mut in_memory).unwrap();
+    for (slots, hot, policy, loads) in [
+        (4, 0, CachePolicy::Lru, 1),
+        (7, 3, CachePolicy::Segmented, 2),
+        (40, 20, CachePolicy::Segmented, 8),
+        (200, 0, CachePolicy::Lru, 16),
+    ] {
+        let mut d = with_clusters(32, cache(slots, hot, policy, loads));
+        d.start_trace();
+        let got = run(&mut d).unwrap();
+        assert_eq!(got, reference, "slots {slots} hot {hot} {policy:?}");
+        // Bundles land one by one, yet each cluster goes out once, with its last bundle: one
+        // message per cluster at most (runs of ready clusters share one), never one per bundle.
+        let trace = d.take_trace();
+        let commands = trace.records.iter().flat_map(|r| &r.commands);
+        let (mut messages, mut clusters, mut loads_seen) = (0, 0, 0);
+        for c in commands {
+            match c {
+                Command::Compute { work, .. } if work.phase == Phase::FfnNeurons => {
+                    messages += 1;
+                    clusters += work.clusters.len();
+                }
+                Command::Load { .. } => loads_seen += 1,
+                _ => {}
+            }
+        }
+        // 7 steps (the prompt in steps of 4, 4 and 1 tokens, then 4 decode) of 3 layers.
+        assert_eq!(
+            clusters,
+            7 * 3 * 16,
+            "slots {slots}: every cluster once a step"
+        );
+        assert!(messages <= clusters, "slots {slots}: {messages} messages");
+        assert!(loads_seen > messages, "slots {slots}: {loads_seen} loads");
+    }
+    let model = Arc::new(Model::load_resident_with(&store_path, false, false).unwrap());
+    let mut plan = plan_with(cache(9, 2, CachePolicy::Segmented, 3));
+    plan.decode.ffn_neurons = 32;
+    plan.prefill.ffn_neurons = 32;
+    let options = ActorOptions {
+        threads: Some(2),
+        topology: Some(Topology::uniform(2)),
+        no_pinning: true,
+        model_path: Some(store_path.clone()),
+    };
+    let mut actors = ActorDriver::new(model, &plan, Kernels::best(), options).unwrap();
+    assert_eq!(run(&mut actors).unwrap(), reference, "actors");
+    // One cluster per bundle sums the same products grouped otherwise: close.
+    let per_bundle = run(&mut with_clusters(8, None)).unwrap();
+    for (step, (a, b)) in per_bundle.iter().zip(&reference).enumerate() {
+        let d = drift(a, b);
+        assert!(d < 1e-4, "step {step}: clusters of bundles drift {d}");
     }
 }
 

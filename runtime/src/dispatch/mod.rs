@@ -294,7 +294,7 @@ impl Dispatcher {
     /// The event `awaited` asks after `finish`, from the activity the backend reported.
     fn owed<B: Backend>(&mut self, backend: &B, finish: &Finish, awaited: Awaited) -> Event {
         let program = self.scheduler.program(finish.shape);
-        let clusters = program.clusters(Phase::FfnNeurons);
+        let units = program.ffn_selection_units();
         if let Some(r) = self.recorder.as_mut() {
             r.layer_activity(finish.layer, &self.activity, &mut self.scratch);
         }
@@ -302,7 +302,7 @@ impl Dispatcher {
             awaited,
             finish.step,
             finish.layer,
-            clusters,
+            units,
             &self.activity,
             backend.page_map(),
             &mut self.scratch,

@@ -24,6 +24,54 @@ pub(super) struct WorkerScratch {
     /// Sparse decode: rows of the cluster picked for a product, and their dot products.
     pub(super) picks: Vec<u32>,
     pub(super) picked: Vec<f32>,
+    /// A bundle's partial down projection before [`Land::Add`] adds it to its cluster's.
+    pub(super) partial: Vec<f32>,
+}
+
+/// How a bundle's partial down projection lands in its cluster's output block: a store's FFN
+/// cluster is a run of bundles, the first it computes writes the block and the others add to
+/// it, in bundle order (so the sum never depends on threads or timing).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Land {
+    Write,
+    Add,
+}
+
+impl Land {
+    /// `out (+)= Σ coefs[k] · row(neurons[k])`: the accumulating kernel adds in place (the
+    /// same fmas in the same order as one call over the whole cluster).
+    pub(super) fn axpy_rows(
+        self,
+        kernels: &Kernels,
+        rows: MatRef<'_>,
+        neurons: &[u32],
+        coefs: &[f32],
+        out: &mut [f32],
+    ) {
+        match self {
+            Land::Write => kernels.axpy_rows(rows, neurons, coefs, out),
+            Land::Add => kernels.axpy_rows_add(rows, neurons, coefs, out),
+        }
+    }
+
+    /// Runs `write`, which overwrites the slice it is given, into `out`, or (`Add`) into
+    /// `partial` and adds that to `out`.
+    pub(super) fn with(
+        self,
+        partial: &mut Vec<f32>,
+        out: &mut [f32],
+        write: impl FnOnce(&mut [f32]),
+    ) {
+        if self == Land::Write {
+            return write(out);
+        }
+        partial.clear();
+        partial.resize(out.len(), 0.0);
+        write(partial);
+        for (o, p) in out.iter_mut().zip(partial.iter()) {
+            *o += *p;
+        }
+    }
 }
 
 /// A phase's input rows, quantized once into each activation format its weights need.

@@ -4,7 +4,7 @@
 //! ([`FfnCluster::compute`]) or, in sparse decode, through `sparse_ffn_cluster`.
 
 use super::blocks::{grow, split_blocks, units};
-use super::compute::{Activations, Compute, Work, WorkerScratch};
+use super::compute::{Activations, Compute, Land, Work, WorkerScratch};
 use super::executor::StepState;
 use super::experts::ExpertScale;
 use super::selection::any_predicted;
@@ -18,9 +18,9 @@ use crate::sparse::SparsityMode;
 use std::sync::atomic::Ordering;
 
 impl FfnCluster<'_> {
-    /// `out[t][..n_embd]` = the cluster's partial down projection for each of `n` tokens.
-    /// `batched_down`: many tokens' down products of a block-column in one dense call (a
-    /// store's bundles); otherwise one matvec per token.
+    /// `out[t][..n_embd]` = (or `+=`, as `land` says) the cluster's partial down projection
+    /// for each of `n` tokens. `batched_down`: many tokens' down products of a block-column in
+    /// one dense call (a store's bundles); otherwise one matvec per token.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn compute(
         &self,
@@ -32,6 +32,7 @@ impl FfnCluster<'_> {
         out: &mut [f32],
         batched_down: bool,
         expert: Option<ExpertScale<'_>>,
+        land: Land,
     ) {
         let m = self.gate.rows;
         s.gate.resize(n * m, 0.0);
@@ -56,7 +57,8 @@ impl FfnCluster<'_> {
                 s.picks.clear();
                 s.picks.extend(0..m as u32);
                 for t in 0..n {
-                    cx.kernels.axpy_rows(
+                    land.axpy_rows(
+                        cx.kernels,
                         *rows,
                         &s.picks,
                         &s.gate[t * m..(t + 1) * m],
@@ -79,20 +81,23 @@ impl FfnCluster<'_> {
                     &mut s.h_act[t * h_bytes..(t + 1) * h_bytes],
                 );
             }
-            cx.project(down, &s.h_act, n, out, embd);
+            let mut partial = std::mem::take(&mut s.partial);
+            land.with(&mut partial, &mut out[..n * embd], |o| {
+                cx.project(down, &s.h_act, n, o, embd)
+            });
+            s.partial = partial;
             return;
         }
         s.h_act.resize(h_bytes, 0);
+        let mut partial = std::mem::take(&mut s.partial);
         for t in 0..n {
             cx.kernels
                 .quantize_activations(down.ty, &s.gate[t * m..(t + 1) * m], &mut s.h_act);
-            cx.kernels.matvec(
-                down,
-                cols.clone(),
-                &s.h_act,
-                &mut out[t * embd..(t + 1) * embd],
-            );
+            land.with(&mut partial, &mut out[t * embd..(t + 1) * embd], |o| {
+                cx.kernels.matvec(down, cols.clone(), &s.h_act, o)
+            });
         }
+        s.partial = partial;
     }
 }
 
@@ -157,37 +162,57 @@ impl StepState {
                     return;
                 }
             }
-            // A store's cluster is bundle `first + i`: from its cache slot, or from
-            // the file in memory when the plan has no cache.
-            let bytes;
-            let ffn = match &model.store {
-                None => FfnCluster::of_model(model, layer_index as usize, &neurons),
-                Some(store) => {
-                    let bundle = (first + i) as u32;
-                    bytes = BundleBytes::of(model, cache, layer_index, bundle, || {
-                        format!(
-                            "layer {layer_index} cluster {bundle} computed before it was loaded"
-                        )
-                    });
-                    FfnCluster::of_bundle(&store.layout, bundle, bytes.bytes())
+            let l = layer_index as usize;
+            let Some(store) = &model.store else {
+                let ffn = FfnCluster::of_model(model, l, &neurons);
+                if let Some(sparse) = sparse {
+                    return sparse_ffn_cluster(
+                        cx,
+                        sparse,
+                        l,
+                        neurons,
+                        &ffn,
+                        acts,
+                        predicted,
+                        gated,
+                        rows_only,
+                        n,
+                        s,
+                        out,
+                        Land::Write,
+                    );
                 }
+                let (a, cols) = (c.activation, false);
+                return ffn.compute(cx, acts, a, n, s, out, cols, expert, Land::Write);
             };
-            if let Some(sparse) = sparse {
-                let l = layer_index as usize;
-                return sparse_ffn_cluster(
-                    cx, sparse, l, neurons, &ffn, acts, predicted, gated, rows_only, n, s, out,
-                );
+            // A store's cluster is a run of bundles, each from its cache slot (or from the
+            // file in memory when the plan has no cache), summed into the block in order.
+            let mut land = Land::Write;
+            for bundle in program.units_of_cluster(Phase::FfnNeurons, (first + i) as u32) {
+                let neurons = units(&program.ffn_units[bundle as usize]);
+                // No prediction names a neuron of it: it was never loaded.
+                if let Some(bits) = predicted {
+                    let words = (c.n_ff as usize).div_ceil(64);
+                    if !any_predicted(bits, words, n, &neurons) {
+                        continue;
+                    }
+                }
+                let bytes = BundleBytes::of(model, cache, layer_index, bundle, || {
+                    format!("layer {layer_index} bundle {bundle} computed before it was loaded")
+                });
+                let ffn = FfnCluster::of_bundle(&store.layout, bundle, bytes.bytes());
+                match sparse {
+                    Some(sparse) => sparse_ffn_cluster(
+                        cx, sparse, l, neurons, &ffn, acts, predicted, gated, rows_only, n, s, out,
+                        land,
+                    ),
+                    None => ffn.compute(cx, acts, c.activation, n, s, out, true, expert, land),
+                }
+                land = Land::Add;
             }
-            ffn.compute(
-                cx,
-                acts,
-                c.activation,
-                n,
-                s,
-                out,
-                model.store.is_some(),
-                expert,
-            );
+            if land == Land::Write {
+                out[..n * embd].fill(0.0);
+            }
         });
     }
 }

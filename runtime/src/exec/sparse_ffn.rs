@@ -4,7 +4,7 @@
 //! first pages with the same kernel call (so the same bits) before the rest is read.
 
 use super::blocks::row_blocks;
-use super::compute::{Activations, Compute, Work, WorkerScratch};
+use super::compute::{Activations, Compute, Land, Work, WorkerScratch};
 use super::executor::StepState;
 use super::weights::{BundleBytes, DownPart, FfnCluster};
 use crate::quant::{activation_type, Kernels, MatRef};
@@ -31,8 +31,9 @@ enum SparseDown<'a> {
 /// the score, then up rows of the active neurons, and their down columns: an axpy over the
 /// neurons' down columns (a store's neuron columns, or rows of the layer's transposed down
 /// projection) when few fire or no block-column exists, the cluster's down block-column times
-/// the sparse activations otherwise. `out[t][..n_embd]` is the partial down projection. Which
-/// path runs depends on the data only, never on threads or timing.
+/// the sparse activations otherwise. `out[t][..n_embd]` is (or gets added, as `land` says) the
+/// partial down projection. Which path runs depends on the data only, never on threads or
+/// timing.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn sparse_ffn_cluster(
     cx: Compute<'_>,
@@ -47,6 +48,7 @@ pub(super) fn sparse_ffn_cluster(
     n: usize,
     s: &mut WorkerScratch,
     out: &mut [f32],
+    land: Land,
 ) {
     let layer = &sparse.layers[l];
     let m = neurons.len();
@@ -152,10 +154,10 @@ pub(super) fn sparse_ffn_cluster(
         let few = s.neurons.len() * 5 < m * 2;
         match &down {
             // No block-column, or few active: axpy over their down columns.
-            SparseDown::Rows(rows) => cx.kernels.axpy_rows(*rows, &s.neurons, &s.coefs, out),
+            SparseDown::Rows(rows) => land.axpy_rows(cx.kernels, *rows, &s.neurons, &s.coefs, out),
             SparseDown::Columns {
                 rows: Some(rows), ..
-            } if few => cx.kernels.axpy_rows(*rows, &s.neurons, &s.coefs, out),
+            } if few => land.axpy_rows(cx.kernels, *rows, &s.neurons, &s.coefs, out),
             // Many: the cluster's down block-column times the activations with zeros where
             // neurons did not fire (the dense kernel beats an axpy per neuron here).
             SparseDown::Columns { mat, cols, .. } => {
@@ -169,7 +171,11 @@ pub(super) fn sparse_ffn_cluster(
                 s.h_act.resize(h_bytes, 0);
                 cx.kernels
                     .quantize_activations(mat.ty, &s.gate, &mut s.h_act);
-                cx.kernels.matvec(*mat, cols.clone(), &s.h_act, out);
+                let mut partial = std::mem::take(&mut s.partial);
+                land.with(&mut partial, out, |o| {
+                    cx.kernels.matvec(*mat, cols.clone(), &s.h_act, o)
+                });
+                s.partial = partial;
             }
         }
     }

@@ -262,7 +262,7 @@ unsafe fn axpy_group16<B: AxpyBlock16, const G: usize>(
     }
 }
 
-/// `out = Σ_k coefs[k] · row(neurons[k])`, 512-bit twin of `avx2::axpy_rows_impl` (same lanes,
+/// `out += Σ_k coefs[k] · row(neurons[k])`, 512-bit twin of `avx2::axpy_rows_impl` (same lanes,
 /// same operations; bit-identical). Measured on Zen 4 (768 of 1536 rows of 576, hot): Q4_1
 /// 27 vs 31 us, Q4_0 25 vs 37 us, Q8_0 32 vs 33 us against the AVX2 path; the 4-bit gain is
 /// the table lookup (no int->float conversion and scale fma per element).
@@ -274,7 +274,6 @@ pub(crate) unsafe fn axpy_rows<B: AxpyBlock16>(
     out: &mut [f32],
 ) {
     assert!(out.len() == 32 * m.nb && coefs.len() == neurons.len());
-    out.fill(0.0);
     let n = neurons.len();
     let mut k = 0;
     while k + AXPY_GROUP <= n {

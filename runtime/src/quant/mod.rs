@@ -784,6 +784,17 @@ impl Kernels {
     /// `>= w.rows`, or `out.len() != w.cols`. (The neuron check is O(neurons); the work is
     /// O(neurons * cols).)
     pub fn axpy_rows(&self, w: MatRef<'_>, neurons: &[u32], coefs: &[f32], out: &mut [f32]) {
+        out.fill(0.0);
+        self.axpy_rows_add(w, neurons, coefs, out);
+    }
+
+    /// [`Kernels::axpy_rows`] added to what `out` holds (`acc` starts from `out[i]`): a compute
+    /// cluster of several store bundles sums its bundles' neurons into one output, in order, as
+    /// one call over all of them would (the same fmas in the same order).
+    ///
+    /// # Panics
+    /// As [`Kernels::axpy_rows`].
+    pub fn axpy_rows_add(&self, w: MatRef<'_>, neurons: &[u32], coefs: &[f32], out: &mut [f32]) {
         let stride = w.validate().unwrap_or_else(|e| panic!("{e}"));
         assert!(
             matches!(

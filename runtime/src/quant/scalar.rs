@@ -559,9 +559,9 @@ pub(crate) fn axpy_f16(a: f32, x: &[f16], y: &mut [f32]) {
 
 // ---------------------------------------------------------------- sparse FFN rows (axpy_rows)
 
-/// `out = Σ_k coefs[k] · row(neurons[k])`, the definition every ISA reproduces bit for bit.
+/// `out += Σ_k coefs[k] · row(neurons[k])`, the definition every ISA reproduces bit for bit.
 ///
-/// Float steps, per output element i (`out` is first set to +0.0):
+/// Float steps, per output element i (starting from `out[i]` as given):
 /// `for k in order: out[i] = fma(coefs[k], x, out[i])`, with x the weight value of row
 /// `neurons[k]`, column i:
 /// * Q8_0: `d * (q as f32)`; Q4_0: `d * ((q - 8) as f32)` (q - 8 in integers). Both products
@@ -587,7 +587,6 @@ pub(crate) fn axpy_rows(
     fn blocks<B: Block>(row: &[u8]) -> &[B] {
         view::<B>(row).expect("whole blocks")
     }
-    out.fill(0.0);
     for (&n, &c) in neurons.iter().zip(coefs) {
         let row = &data[n as usize * stride..][..stride];
         match ty {

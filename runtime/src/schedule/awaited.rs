@@ -15,7 +15,7 @@ use std::ops::Range;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Awaited {
     /// After a decode step's attention, with a selection (predictors, a router): which FFN
-    /// clusters hold a selected neuron ([`Event::FfnPredicted`]).
+    /// units (bundles) hold a selected neuron ([`Event::FfnPredicted`]).
     Clusters,
     /// After a gate phase (gate-first loading): the pages holding the up rows and down columns
     /// of the neurons whose gate fires ([`Event::FfnPages`]).
@@ -137,8 +137,9 @@ pub fn reads_whole_up_rows(active: usize, len: usize) -> bool {
     active * 2 > len
 }
 
-/// The event `awaited` asks of layer `layer` of step `step`, from its FFN `clusters`
-/// (neuron ranges, ascending) and their `activity`; `pages` places neurons in bundle pages
+/// The event `awaited` asks of layer `layer` of step `step`, from its FFN selection units
+/// `clusters` ([`super::Program::ffn_selection_units`]: neuron ranges, ascending, a store's
+/// bundles) and their `activity`; `pages` places neurons in bundle pages
 /// (needed for the page events; every page without it). `scratch` is reused between calls.
 pub fn owed_event(
     awaited: Awaited,

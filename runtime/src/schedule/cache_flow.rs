@@ -1,6 +1,7 @@
 //! The neuron cache as the scheduler drives it: every unit of a step is acquired in order
 //! (layer by layer) as far ahead as free slots and the load depth allow, so reads run ahead of
-//! compute; a cluster is computed as soon as its unit is in. Which loads one read carries is
+//! compute; a cluster is computed as soon as its units are in (an FFN cluster reads a run of
+//! bundles, [`Program::units_of_cluster`]). Which loads one read carries is
 //! decided here too, against the [`ReadGeometry`], so every driver reads the same runs.
 
 use super::scheduler::InFlight;
@@ -61,10 +62,12 @@ pub(super) struct CacheFlow {
     /// Predicted pages: the pages of the layer whose FFN the cursor acquires.
     layer_pages: Vec<u64>,
     /// Slots units without a hot slot share: a gate phase keeps a layer's bundles pinned,
-    /// so it needs a layer's worth.
-    cold_slots: u32,
+    /// so it needs a layer's worth; an FFN cluster's bundles must fit at once.
+    pub cold_slots: u32,
     /// The batch's last load and how many loads its run has.
     run: Option<(RunTail, u32)>,
+    /// Per cluster of the phase computing: its units not in yet (it goes out at 0).
+    missing: Vec<u32>,
     /// Scratch: units a pump found ready; runs of pages to read.
     newly_ready: Vec<u32>,
     runs: Vec<Range<u32>>,
@@ -101,6 +104,7 @@ impl CacheFlow {
             layer_pages: Vec::new(),
             cold_slots,
             run: None,
+            missing: Vec::new(),
             newly_ready: Vec::new(),
             runs: Vec::new(),
             map,
@@ -109,6 +113,18 @@ impl CacheFlow {
 
     pub fn unit(&self, layer: u32, cluster: u32) -> usize {
         self.map.unit(layer, cluster) as usize
+    }
+
+    /// The units (named as in the map: a bundle's index, or an attention matrix's) that
+    /// cluster `c` of streamed `phase` reads.
+    fn cluster_units(&self, program: &Program, phase: Phase, c: u32) -> Range<u32> {
+        match phase {
+            Phase::FfnNeurons | Phase::FfnGateRows => program.units_of_cluster(phase, c),
+            _ => {
+                let u = self.map.unit_cluster(phase, c);
+                u..u + 1
+            }
+        }
     }
 
     pub fn abort(&mut self) {
@@ -154,38 +170,51 @@ impl CacheFlow {
         Ok(())
     }
 
-    /// The clusters of `work` are computed: their slots are released (a gate phase's stay
-    /// pinned for the rest of the clusters' compute).
-    pub fn computed(&mut self, work: &ClusterWork) {
+    /// The clusters of `work` are computed: their units' slots are released (a gate phase's
+    /// stay pinned for the rest of the clusters' compute).
+    pub fn computed(&mut self, work: &ClusterWork, program: &Program) {
         for c in work.clusters.clone() {
-            let c = self.map.unit_cluster(work.phase, c);
-            let u = self.unit(work.layer, c);
-            if work.phase == Phase::FfnGateRows {
-                self.units[u] = UnitState::Gated;
-                continue;
-            }
-            // A skipped cluster never held a slot.
-            if self.units[u] != UnitState::Skipped {
-                self.directory.release(work.layer, c);
+            for unit in self.cluster_units(program, work.phase, c) {
+                let u = self.unit(work.layer, unit);
+                if work.phase == Phase::FfnGateRows {
+                    self.units[u] = UnitState::Gated;
+                    continue;
+                }
+                // A skipped unit never held a slot.
+                if self.units[u] != UnitState::Skipped {
+                    self.directory.release(work.layer, unit);
+                }
             }
         }
     }
 
-    /// Sends the clusters of a streamed phase whose units are in (in runs, one message per
-    /// run); the others go out one by one as they land.
+    /// Sends the clusters of a streamed phase whose units are all in (in runs, one message per
+    /// run); the others go out one by one as their last unit lands.
     pub fn issue_phase(
         &mut self,
         flight: &mut InFlight,
+        program: &Program,
         layout: &PhaseClusters,
         out: &mut Vec<Command>,
     ) {
         let phase = layout.phase;
+        self.missing.clear();
+        self.missing.resize(layout.clusters.len(), 0);
         for (xpu, range) in &layout.parts {
             let mut run_start = None;
             for c in range.clone().chain(std::iter::once(range.end)) {
-                let unit = |c| self.unit(flight.layer, self.map.unit_cluster(phase, c));
-                let state = (c < range.end).then(|| self.units[unit(c)]);
-                let ready = matches!(state, Some(UnitState::Ready | UnitState::Skipped));
+                let ready = c < range.end && {
+                    let mut missing = 0;
+                    for unit in self.cluster_units(program, phase, c) {
+                        let u = self.unit(flight.layer, unit);
+                        match self.units[u] {
+                            UnitState::Ready | UnitState::Skipped => {}
+                            _ => missing += 1,
+                        }
+                    }
+                    self.missing[c as usize] = missing;
+                    missing == 0
+                };
                 match (ready, run_start) {
                     (true, None) => run_start = Some(c),
                     (false, Some(s)) => {
@@ -204,13 +233,15 @@ impl CacheFlow {
                     }
                     _ => {}
                 }
-                if c < range.end {
-                    let u = unit(c);
-                    if state == Some(UnitState::Ready) {
-                        self.units[u] = UnitState::Sent;
-                    } else if !ready {
-                        flight.waiting += 1;
+                if ready {
+                    for unit in self.cluster_units(program, phase, c) {
+                        let u = self.unit(flight.layer, unit);
+                        if self.units[u] == UnitState::Ready {
+                            self.units[u] = UnitState::Sent;
+                        }
                     }
+                } else if c < range.end {
+                    flight.waiting += 1;
                 }
             }
         }
@@ -221,20 +252,27 @@ impl CacheFlow {
         layer < self.map.n_layer && self.map.unit(layer, 0) == self.gate && self.cursor == self.gate
     }
 
-    /// Marks the FFN clusters of `layer` that are not `needed` as skipped (no longer waiting
-    /// when `waits`: the layer's FFN phase is computing) and opens the next layer's gate.
+    /// Marks the FFN units (bundles) of `layer` that are not `needed` as skipped (settled
+    /// for their clusters when `waits`: the layer's FFN phase is computing) and opens the next
+    /// layer's gate.
     pub fn skip_unneeded(
         &mut self,
         flight: &mut InFlight,
+        program: &Program,
         layer: u32,
         needed: impl Fn(u32) -> bool,
         waits: bool,
+        out: &mut Vec<Command>,
     ) {
         for c in (0..self.map.ffn_clusters).filter(|&c| !needed(c)) {
             let u = self.unit(layer, c);
             let state = std::mem::replace(&mut self.units[u], UnitState::Skipped);
-            if waits && !matches!(state, UnitState::Sent | UnitState::Skipped) {
-                flight.waiting -= 1;
+            let counted = !matches!(
+                state,
+                UnitState::Ready | UnitState::Sent | UnitState::Skipped
+            );
+            if waits && counted {
+                settle_unit(flight, program, self, layer, c, out);
             }
         }
         self.gate = if layer + 1 < self.map.n_layer {
@@ -276,7 +314,7 @@ impl CacheFlow {
             if !(first..first + per).any(bit) {
                 self.units[u] = UnitState::Skipped;
                 self.directory.release(layer, c);
-                flight.waiting -= 1;
+                settle_unit(flight, program, self, layer, c, out);
                 continue;
             }
             runs.clear();
@@ -287,7 +325,7 @@ impl CacheFlow {
             };
             if runs.is_empty() {
                 self.units[u] = UnitState::Ready;
-                dispatch_if_current(flight, program, self, layer, c, out);
+                settle_unit(flight, program, self, layer, c, out);
                 continue;
             }
             self.units[u] = UnitState::Loading;
@@ -341,7 +379,7 @@ impl CacheFlow {
         self.pump(flight.request.step, &mut ready, out);
         for &u in &ready {
             let (layer, cluster) = self.directory.split_unit(u);
-            dispatch_if_current(flight, program, self, layer, cluster, out);
+            settle_unit(flight, program, self, layer, cluster, out);
         }
         self.newly_ready = ready;
     }
@@ -520,19 +558,20 @@ impl CacheFlow {
     }
 }
 
-/// Sends the cluster that reads unit `(layer, cluster)`, now ready (or skipped), if its phase
-/// is the one computing and it waits; otherwise it goes out with its phase.
-pub(super) fn dispatch_if_current(
+/// Unit `(layer, unit)` of the step in flight is now in (or skipped). If its phase is the one
+/// computing, the cluster reading it has one unit less to wait for, and goes out with its last
+/// one; a cluster whose every unit was skipped adds nothing and is not sent (drivers sum only
+/// the clusters a step needs). Otherwise it goes out with its phase.
+pub(super) fn settle_unit(
     flight: &mut InFlight,
     program: &Program,
     cache: &mut CacheFlow,
     layer: u32,
-    cluster: u32,
+    unit: u32,
     out: &mut Vec<Command>,
 ) {
     let current = program.phase_layout_at(flight.phase_index);
-    let u = cache.unit(layer, cluster);
-    let (mut phase, cluster) = cache.map.phase_cluster(layer, cluster);
+    let (mut phase, local) = cache.map.phase_cluster(layer, unit);
     // Gate-first: a bundle's first read serves the gate phase, its later ones the neurons'.
     if phase == Phase::FfnNeurons && current.phase == Phase::FfnGateRows {
         phase = Phase::FfnGateRows;
@@ -540,14 +579,32 @@ pub(super) fn dispatch_if_current(
     if flight.layer != layer || current.phase != phase {
         return;
     }
+    let cluster = match phase {
+        Phase::FfnNeurons | Phase::FfnGateRows => program.cluster_of_unit(phase, local),
+        _ => local,
+    };
     let Some((xpu, _)) = current.parts.iter().find(|(_, r)| r.contains(&cluster)) else {
         return;
     };
-    // A skipped cluster stays marked so: it holds no slot to release.
-    if cache.units[u] != UnitState::Skipped {
-        cache.units[u] = UnitState::Sent;
+    let missing = &mut cache.missing[cluster as usize];
+    debug_assert!(*missing > 0, "unit {unit} of layer {layer} settled twice");
+    *missing = missing.saturating_sub(1);
+    if *missing > 0 {
+        return;
     }
     flight.waiting -= 1;
+    let mut computes = false;
+    for unit in cache.cluster_units(program, phase, cluster) {
+        let u = cache.unit(layer, unit);
+        // A skipped unit stays marked so: it holds no slot to release.
+        if cache.units[u] != UnitState::Skipped {
+            cache.units[u] = UnitState::Sent;
+            computes = true;
+        }
+    }
+    if !computes {
+        return;
+    }
     flight.outstanding.insert(cluster..cluster + 1);
     out.push(Command::Compute {
         xpu: *xpu,

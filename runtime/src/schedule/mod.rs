@@ -132,25 +132,27 @@ pub enum Event {
     StepRequested(StepRequest),
     /// A processor group finished the clusters of a [`Command::Compute`].
     ClusterDone(ClusterWork),
-    /// The bundle of FFN cluster `cluster` of `layer` is in the slot a [`Command::Load`] named.
+    /// Unit `cluster` of `layer` (an FFN bundle, or a streamed matrix or output cluster: see
+    /// [`crate::cache::UnitMap`]) is in the slot a [`Command::Load`] named.
     Loaded {
         step: StepId,
         layer: u32,
         cluster: u32,
     },
-    /// Owed after a phase finished with [`Awaited::Clusters`]: the FFN clusters of `layer`
-    /// the step needs, bit `c % 64` of word `c / 64` for cluster `c`. The others are neither
-    /// loaded nor given a slot; they compute to zero.
+    /// Owed after a phase finished with [`Awaited::Clusters`]: the FFN units of `layer` the
+    /// step needs ([`Program::ffn_selection_units`]: a store's bundles), bit `c % 64` of word
+    /// `c / 64` for unit `c`. The others are neither loaded nor given a slot; a cluster none of
+    /// whose units is needed is not computed.
     FfnPredicted {
         step: StepId,
         layer: u32,
         needed: Vec<u64>,
     },
     /// Owed after a phase finished with [`Awaited::GatedPages`] or
-    /// [`Awaited::PredictedPages`]: the pages of each FFN cluster's bundle that its
-    /// `FfnNeurons` compute reads, bit `c * bundle_pages + p` (words of 64) for page `p` of
-    /// cluster `c`'s bundle. A cluster with no page is skipped; the others read the pages their
-    /// slots lack, then compute.
+    /// [`Awaited::PredictedPages`]: the pages of each FFN bundle that the `FfnNeurons`
+    /// compute reads, bit `c * bundle_pages + p` (words of 64) for page `p` of bundle `c`. A
+    /// bundle with no page is skipped; the others read the pages their slots lack, and a
+    /// cluster computes once its bundles are in.
     FfnPages {
         step: StepId,
         layer: u32,
@@ -190,8 +192,9 @@ pub enum Command {
     StepDone {
         step: StepId,
     },
-    /// Read the bundle of FFN cluster `cluster` of `layer` into cache slot `slot`, which held
-    /// `evicted` (layer, cluster) until now; answer with [`Event::Loaded`].
+    /// Read unit `cluster` of `layer` (an FFN bundle, or a streamed matrix or output cluster)
+    /// into cache slot `slot`, which held unit `evicted` (layer, cluster) until now; answer
+    /// with [`Event::Loaded`].
     Load {
         step: StepId,
         layer: u32,

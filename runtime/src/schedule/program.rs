@@ -81,6 +81,11 @@ pub struct Program {
     pub n_layer: u32,
     pub layer_phases: Vec<PhaseClusters>,
     pub output: PhaseClusters,
+    /// A neuron store's FFN I/O units (its bundles) as neuron ranges, ascending; empty without
+    /// a store. The FFN's compute clusters are runs of whole units, sized by the plan
+    /// independently of them (PowerInfer-2's compute clusters over neuron-sized I/O): one
+    /// partial sum and one message per cluster however small the units are.
+    pub ffn_units: Vec<Range<u32>>,
 }
 
 impl Program {
@@ -107,12 +112,13 @@ impl Program {
                 cut_into_clusters(model.n_embd, sizes.attn_out_rows, 1),
             ),
         ];
+        let store = model.ffn_bundle > 0;
         match shape {
-            // A neuron store's FFN exists only as bundles: its clusters are its bundles, in
-            // both step shapes.
-            _ if model.ffn_bundle > 0 => layer_phases.push(phase(
+            // A neuron store's FFN exists only as bundles, in both step shapes: its clusters
+            // are runs of whole bundles, the plan's cluster size rounded up to whole bundles.
+            _ if store => layer_phases.push(phase(
                 Phase::FfnNeurons,
-                ffn_clusters(model, model.ffn_bundle, 1),
+                ffn_clusters(model, sizes.ffn_neurons, model.ffn_bundle),
             )),
             StepShape::Decode => layer_phases.push(phase(
                 Phase::FfnNeurons,
@@ -137,6 +143,10 @@ impl Program {
                 Phase::OutputRows,
                 cut_into_clusters(model.n_vocab, sizes.output_rows, 1),
             ),
+            ffn_units: match store {
+                true => ffn_clusters(model, model.ffn_bundle, 1),
+                false => Vec::new(),
+            },
         }
     }
 
@@ -155,8 +165,9 @@ impl Program {
         }
     }
 
-    /// Inserts `FfnGateRows` before `FfnNeurons`, with the same clusters (gate-first loading:
-    /// each cluster's gate rows are computed before the rest of its bundle is read).
+    /// Inserts `FfnGateRows` before `FfnNeurons`, both with one cluster per bundle (gate-first
+    /// loading: each bundle's gate rows are computed before the rest of it is read, and its
+    /// pages are decided bundle by bundle).
     pub fn gate_first(&mut self, shares: &[(XpuId, u32)]) {
         let Some(at) = self
             .layer_phases
@@ -165,9 +176,34 @@ impl Program {
         else {
             return;
         };
-        let clusters = self.layer_phases[at].clusters.clone();
+        let units = self.ffn_units.clone();
+        self.layer_phases[at] = PhaseClusters::new(Phase::FfnNeurons, units.clone(), shares);
         self.layer_phases
-            .insert(at, PhaseClusters::new(Phase::FfnGateRows, clusters, shares));
+            .insert(at, PhaseClusters::new(Phase::FfnGateRows, units, shares));
+    }
+
+    /// The FFN ranges a step's selection events name, one bit each ([`super::Event::
+    /// FfnPredicted`], [`super::Event::FfnPages`]): the store's bundles (what the cache reads),
+    /// or the FFN clusters of a model without a store.
+    pub fn ffn_selection_units(&self) -> &[Range<u32>] {
+        match self.ffn_units.is_empty() {
+            true => self.clusters(Phase::FfnNeurons),
+            false => &self.ffn_units,
+        }
+    }
+
+    /// The FFN units (indices into [`Program::ffn_units`]) that FFN cluster `cluster` reads:
+    /// its neurons' bundles.
+    pub fn units_of_cluster(&self, phase: Phase, cluster: u32) -> Range<u32> {
+        let r = &self.clusters(phase)[cluster as usize];
+        let size = self.ffn_units.first().map_or(1, |u| u.len() as u32);
+        r.start / size..r.end.div_ceil(size)
+    }
+
+    /// The FFN cluster of `phase` that reads FFN unit `unit`.
+    pub fn cluster_of_unit(&self, phase: Phase, unit: u32) -> u32 {
+        let first = self.ffn_units[unit as usize].start;
+        self.clusters(phase).partition_point(|r| r.end <= first) as u32
     }
 
     /// Whether this program computes FFN gates before reading the rest of the bundles.

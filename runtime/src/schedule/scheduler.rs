@@ -1,7 +1,7 @@
 //! The state machine: a step's phases in order, each phase's clusters sent to the processor
 //! groups and counted back, and (under a cache) each cluster sent when its unit is in.
 
-use super::cache_flow::{dispatch_if_current, CacheFlow};
+use super::cache_flow::{settle_unit, CacheFlow};
 use super::{
     Awaited, ClusterWork, Command, Event, FfnSelection, Modes, Program, ReadGeometry, ReadPolicy,
     ScheduleError, StepId, StepRequest, StepShape, XpuId,
@@ -195,8 +195,28 @@ impl Scheduler {
                 ))
             }
         };
-        let mut decode = Program::new(shape, &plan.decode, StepShape::Decode, &decode_shares);
-        let mut prefill = Program::new(shape, &plan.prefill, StepShape::Prefill, &prefill_shares);
+        // A cluster computes once all its bundles are in, so under a cache it may read no more
+        // bundles than the cold segment holds at once (or it would wait forever).
+        let fitted = |sizes: &crate::plan::ClusterSizes| {
+            let mut sizes = sizes.clone();
+            if let Some(c) = &cache {
+                let most = u64::from(c.cold_slots.max(1)) * u64::from(shape.ffn_bundle);
+                sizes.ffn_neurons = sizes.ffn_neurons.min(most.min(u64::from(u32::MAX)) as u32);
+            }
+            sizes
+        };
+        let mut decode = Program::new(
+            shape,
+            &fitted(&plan.decode),
+            StepShape::Decode,
+            &decode_shares,
+        );
+        let mut prefill = Program::new(
+            shape,
+            &fitted(&plan.prefill),
+            StepShape::Prefill,
+            &prefill_shares,
+        );
         if cache.as_ref().is_some_and(|c| c.map.attn_units > 0) {
             decode.stream_attention(shape, &decode_shares);
             prefill.stream_attention(shape, &prefill_shares);
@@ -390,7 +410,7 @@ impl Scheduler {
             return Err(ScheduleError::UnexpectedCompletion(work));
         }
         if let Some(cache) = self.cache.as_mut().filter(|c| c.map.streams(work.phase)) {
-            cache.computed(&work);
+            cache.computed(&work, program);
         }
         self.finish_phase_if_done(out)
     }
@@ -479,7 +499,7 @@ impl Scheduler {
         flight.outstanding.clear();
         flight.waiting = 0;
         if let Some(cache) = self.cache.as_mut().filter(|c| c.map.streams(phase)) {
-            cache.issue_phase(flight, layout, out);
+            cache.issue_phase(flight, program, layout, out);
             return;
         }
         for (xpu, range) in &layout.parts {
@@ -544,7 +564,7 @@ impl Scheduler {
         // attention finish): a skipped one no longer counts as waiting, and is not sent: it
         // would add nothing, and drivers sum only the clusters a step needs.
         let waits = flight.layer == layer && current.phase == Phase::FfnNeurons;
-        cache.skip_unneeded(flight, layer, needed, waits);
+        cache.skip_unneeded(flight, program, layer, needed, waits, out);
         // Every cluster left may have been skipped.
         self.finish_phase_if_done(out)
     }
@@ -623,7 +643,7 @@ impl Scheduler {
             StepShape::Decode => &self.decode,
             StepShape::Prefill => &self.prefill,
         };
-        dispatch_if_current(flight, program, cache, layer, cluster, out);
+        settle_unit(flight, program, cache, layer, cluster, out);
         Ok(())
     }
 }

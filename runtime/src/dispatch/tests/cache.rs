@@ -48,7 +48,8 @@ fn hot_slots_of(cache: &CachePlan, map: &UnitMap) -> (Vec<Option<u32>>, u32) {
 /// - phases run in program order, every cluster of every phase is computed exactly once, and a
 ///   phase is finished only when all of its clusters are done;
 /// - a streamed cluster (FFN, and the output projection when it streams) is computed only while
-///   its bundle is in: loaded (`Loaded` received) and not evicted since;
+///   its units are in (an FFN cluster's run of bundles): loaded (`Loaded` received) and not
+///   evicted since;
 /// - a load is for a unit the step needs, not resident, not yet loaded or computed in this
 ///   step, into a slot no other load in flight uses, names as evicted what the slot held,
 ///   evicts no unit that this step loaded or is computing and has not finished, keeps hot units
@@ -76,6 +77,7 @@ struct CacheChecks {
     req: StepRequest,
     shape: StepShape,
     allowed: Vec<XpuId>,
+    program: Option<Arc<Program>>,
     expected: Vec<(u32, Phase, u32)>,
     pos: usize,
     seen: Vec<bool>,
@@ -109,6 +111,7 @@ impl CacheChecks {
             req: request(0, 1, 0),
             shape: StepShape::Decode,
             allowed: Vec::new(),
+            program: None,
             expected: Vec::new(),
             pos: 0,
             seen: Vec::new(),
@@ -149,11 +152,16 @@ impl CacheChecks {
                 program.output.clusters.len() as u32,
             ));
         }
-        // Every FFN phase streams: its clusters are the bundles the cache numbers.
-        assert_eq!(
-            program.clusters(Phase::FfnNeurons).len() as u32,
-            map.ffn_clusters
-        );
+        // Every FFN phase streams: its units are the bundles the cache numbers, its clusters
+        // runs of them.
+        assert_eq!(program.ffn_units.len() as u32, map.ffn_clusters);
+        let clusters = program.clusters(Phase::FfnNeurons);
+        assert!(clusters.len() <= program.ffn_units.len());
+        for (c, r) in clusters.iter().enumerate() {
+            let units = program.units_of_cluster(Phase::FfnNeurons, c as u32);
+            assert_eq!(program.ffn_units[units.start as usize].start, r.start);
+            assert_eq!(program.ffn_units[units.end as usize - 1].end, r.end);
+        }
         for n in self.needed.iter_mut().take(n_layer as usize) {
             *n += u64::from(map.ffn_clusters + map.attn_units);
         }
@@ -168,6 +176,7 @@ impl CacheChecks {
                 self.needed[n_layer as usize] += u64::from(map.output_clusters);
             }
         }
+        self.program = Some(program);
         self.req = req.clone();
         self.shape = shape;
         self.pos = 0;
@@ -195,6 +204,22 @@ impl CacheChecks {
             );
             assert_eq!(st.evictions, self.evictions[l], "layer {l}: evictions");
         }
+    }
+}
+
+impl CacheChecks {
+    /// The units cluster `c` of `phase` reads (none when the phase does not stream).
+    fn units_of(&self, layer: u32, phase: Phase, c: u32) -> Vec<usize> {
+        let map = &self.map;
+        if !map.streams(phase) {
+            return Vec::new();
+        }
+        let program = self.program.as_ref().expect("a step in flight");
+        let units = match phase {
+            Phase::FfnNeurons | Phase::FfnGateRows => program.units_of_cluster(phase, c),
+            _ => map.unit_cluster(phase, c)..map.unit_cluster(phase, c) + 1,
+        };
+        units.map(|u| map.unit(layer, u) as usize).collect()
     }
 }
 
@@ -228,11 +253,10 @@ impl Checker for CacheChecks {
                         "cluster {c} of {phase:?} layer {layer} computed twice"
                     );
                     self.seen[c as usize] = true;
-                    if map.streams(phase) {
-                        let u = map.unit(layer, map.unit_cluster(phase, c)) as usize;
+                    for u in self.units_of(layer, phase, c) {
                         assert!(
                             self.resident[u],
-                            "layer {layer} {phase:?} cluster {c} computed while its unit is not in"
+                            "layer {layer} {phase:?} cluster {c} computed while unit {u} is not in"
                         );
                         self.held[u] = true;
                     }
@@ -364,9 +388,8 @@ impl Checker for CacheChecks {
             Event::ClusterDone(work) => {
                 let at = self.computing.iter().position(|w| w == work).unwrap();
                 self.computing.swap_remove(at);
-                if map.streams(work.phase) {
-                    for c in work.clusters.clone() {
-                        let u = map.unit(work.layer, map.unit_cluster(work.phase, c)) as usize;
+                for c in work.clusters.clone() {
+                    for u in self.units_of(work.layer, work.phase, c) {
                         self.held[u] = false;
                         self.computed[u] = true;
                     }

@@ -325,9 +325,10 @@ fn multi_group_plan(
 }
 
 /// Checks the invariants of one step's command stream (loads aside): every cluster of every
-/// phase of every layer is computed exactly once, except FFN clusters `skipped(layer,
-/// cluster)`, which never are; phases run in program order, a phase is finished only after all
-/// its clusters, and the step ends exactly once.
+/// phase of every layer is computed exactly once, except FFN clusters whose every unit is
+/// `skipped(layer, unit)` (a store's bundles; a model without one: its clusters), which never
+/// are; phases run in program order, a phase is finished only after all its clusters, and the
+/// step ends exactly once.
 fn check_stream_skipping(
     s: &Scheduler,
     req: &StepRequest,
@@ -365,7 +366,14 @@ fn check_stream_skipping(
             i += 1;
         }
         for (c, &computed) in seen.iter().enumerate() {
-            let skip = phase == Phase::FfnNeurons && skipped(layer, c as u32);
+            let c = c as u32;
+            let skip = phase == Phase::FfnNeurons
+                && match program.ffn_units.is_empty() {
+                    true => skipped(layer, c),
+                    false => program
+                        .units_of_cluster(phase, c)
+                        .all(|u| skipped(layer, u)),
+                };
             assert_eq!(
                 computed, !skip,
                 "cluster {c} of {phase:?} of layer {layer}: computed {computed}, skipped {skip}"

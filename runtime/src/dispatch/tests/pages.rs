@@ -42,6 +42,8 @@ fn gate_first_plan(
 /// its slot, and that a decode step reads no page its slot holds.
 struct PageChecks<'a> {
     map: crate::cache::UnitMap,
+    /// The decode and prefill programs (an FFN cluster's bundles).
+    programs: [std::sync::Arc<Program>; 2],
     bundle_pages: u32,
     wanted: &'a dyn Fn(u32, u32, u32) -> bool,
     decode: bool,
@@ -50,7 +52,7 @@ struct PageChecks<'a> {
     /// Pages read, over the checker's life.
     pages_read: u64,
     gap: u32,
-    /// The FFN clusters computed, per phase, as (layer, cluster, phase).
+    /// The FFN bundles computed, per phase, as (layer, bundle, phase).
     computed: Vec<(u32, u32, Phase)>,
 }
 
@@ -58,6 +60,8 @@ impl<'a> PageChecks<'a> {
     fn new(h: &Harness, slots: u32, gap: u32, wanted: &'a dyn Fn(u32, u32, u32) -> bool) -> Self {
         PageChecks {
             map: h.s().unit_map().unwrap().clone(),
+            programs: [StepShape::Decode, StepShape::Prefill]
+                .map(|shape| std::sync::Arc::clone(h.s().program(shape))),
             bundle_pages: 8,
             wanted,
             decode: true,
@@ -129,12 +133,28 @@ impl Checker for PageChecks<'_> {
                 self.slot_pages[slot].extend(pages);
             }
             Command::Compute { work, .. } if map.streams(work.phase) => {
-                for c in work.clusters.clone() {
-                    let uc = map.unit_cluster(work.phase, c);
-                    let unit = map.unit(work.layer, uc);
+                let ffn = matches!(work.phase, Phase::FfnNeurons | Phase::FfnGateRows);
+                let units: Vec<u32> =
+                    work.clusters
+                        .clone()
+                        .flat_map(|c| match ffn {
+                            true => self.programs[usize::from(!self.decode)]
+                                .units_of_cluster(work.phase, c),
+                            false => {
+                                map.unit_cluster(work.phase, c)..map.unit_cluster(work.phase, c) + 1
+                            }
+                        })
+                        .collect();
+                for c in units {
+                    let unit = map.unit(work.layer, c);
+                    if ffn && self.decode && work.phase == Phase::FfnNeurons {
+                        // A bundle of a cluster that no page of wants was never read.
+                        if !(0..per).any(|p| (self.wanted)(work.layer, c, p)) {
+                            continue;
+                        }
+                    }
                     let slot = self.slot_of(unit).expect("computed without a slot");
                     let have = &self.slot_pages[slot];
-                    let ffn = matches!(work.phase, Phase::FfnNeurons | Phase::FfnGateRows);
                     if work.phase == Phase::FfnGateRows {
                         assert!(
                             (0..gate_pages).all(|p| have.contains(&p)),

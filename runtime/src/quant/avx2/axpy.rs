@@ -163,7 +163,7 @@ unsafe fn axpy_group<B: AxpyBlock, const G: usize>(
     }
 }
 
-/// `out = Σ_k coefs[k] · row(neurons[k])` for 32-element blocks (`m.nb` blocks per row, `out`
+/// `out += Σ_k coefs[k] · row(neurons[k])` for 32-element blocks (`m.nb` blocks per row, `out`
 /// exactly `32 * m.nb` long; rows are bounds-checked by `Rows::row`).
 #[inline(always)]
 pub(crate) unsafe fn axpy_rows_impl<B: AxpyBlock>(
@@ -173,7 +173,6 @@ pub(crate) unsafe fn axpy_rows_impl<B: AxpyBlock>(
     out: &mut [f32],
 ) {
     assert!(out.len() == 32 * m.nb && coefs.len() == neurons.len());
-    out.fill(0.0);
     let n = neurons.len();
     let mut k = 0;
     while k + AXPY_GROUP <= n {
@@ -202,7 +201,6 @@ pub(super) unsafe fn axpy_rows_float<const F16: bool>(
     let n = out.len();
     let es = if F16 { 2 } else { 4 };
     assert!(stride >= es * n && coefs.len() == neurons.len());
-    out.fill(0.0);
     let full = n / 8 * 8;
     for (&r, &c) in neurons.iter().zip(coefs) {
         let row = &data[r as usize * stride..][..stride];

@@ -44,12 +44,27 @@ fn check_axpy_rows(m: MatRef<'_>, neurons: &[u32], coefs: &[f32]) -> Result<(), 
             return Err(format!("scalar {} elem {i}: {g} vs reference {w}", m.ty));
         }
     }
-    for k in Kernels::available() {
+    for k in std::iter::once(s).chain(Kernels::available()) {
         let mut out = vec![f32::NAN; m.cols];
         k.axpy_rows(m, neurons, coefs, &mut out);
         for (i, (o, g)) in out.iter().zip(&got).enumerate() {
             if !same(*o, *g) {
                 return Err(format!("{} {} elem {i}: {o} vs scalar {g}", k.isa(), m.ty));
+            }
+        }
+        // A compute cluster of several bundles: the neurons in two accumulating calls give the
+        // bits of one call over all of them.
+        let half = neurons.len() / 2;
+        let mut split = vec![0f32; m.cols];
+        k.axpy_rows_add(m, &neurons[..half], &coefs[..half], &mut split);
+        k.axpy_rows_add(m, &neurons[half..], &coefs[half..], &mut split);
+        for (i, (o, g)) in split.iter().zip(&got).enumerate() {
+            if !same(*o, *g) {
+                return Err(format!(
+                    "{} {} split at {half}, elem {i}: {o} vs {g}",
+                    k.isa(),
+                    m.ty
+                ));
             }
         }
     }
