@@ -6,6 +6,8 @@
 //! biases, residuals, cluster reductions) that agreement with llama.cpp on one model could hide.
 //! Differences allowed are those of the quantized activations and the f16 KV cache.
 
+mod common;
+
 use conductor_runtime::exec::{Driver, InlineDriver, Serial, Session};
 use conductor_runtime::gguf::GgufFile;
 use conductor_runtime::model::{FfnActivation, Model, RopeStyle, TensorRef};
@@ -90,20 +92,11 @@ enum Experts {
     },
 }
 
-/// The rows of a tensor as stored in the file (`dims[0]` values each), dequantized: read from
-/// the GGUF by name, independently of how the model lays its experts out.
+/// [`common::raw_rows`] in f64.
 fn raw_rows(model: &Model, name: &str) -> Vec<Vec<f64>> {
-    let file = model.file();
-    let t = file.tensor(name).unwrap_or_else(|| panic!("{name}"));
-    let cols = t.dims[0] as usize;
-    let row_bytes = t.ty.bytes_for(cols as u64).unwrap() as usize;
-    file.tensor_data(t)
-        .chunks_exact(row_bytes)
-        .map(|r| {
-            let mut row = vec![0f32; cols];
-            dequantize_row(t.ty, r, &mut row).unwrap();
-            row.into_iter().map(f64::from).collect()
-        })
+    common::raw_rows(model, name)
+        .into_iter()
+        .map(|row| row.into_iter().map(f64::from).collect())
         .collect()
 }
 
