@@ -529,7 +529,7 @@ pub fn apply_budget(
     n_ctx: usize,
 ) -> Result<BudgetSplit, conductor_runtime::cache::BudgetError> {
     let sizes = StoreSizes::of_store(model)?;
-    let file_len = model.file().file_bytes().len() as u64;
+    let file_len = model.file().file_len();
     fit_plan_to_budget(&sizes, plan, memory.bytes(file_len), n_ctx as u32)
 }
 

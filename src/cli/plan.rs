@@ -221,7 +221,7 @@ fn load_model(args: &PlanArgs) -> Result<Loaded> {
         model: model.description(),
         store,
         identity: Some(ModelIdentity::of(&model)),
-        file_bytes: model.file().file_bytes().len() as u64,
+        file_bytes: model.file().file_len(),
         source: path.display().to_string(),
         sparse,
     })

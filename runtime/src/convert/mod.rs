@@ -5,7 +5,7 @@ use crate::gguf::GgufError;
 use crate::gguf::{Array, GgufWriter, Value};
 use crate::model::Model;
 use crate::model::ModelError;
-use crate::quant::{transpose_requantize, GgmlType};
+use crate::quant::{transpose_requantize_cols, GgmlType};
 use crate::store::{
     bundle_tensor_name, BundleLayout, DownLayout, StoreError, CRC_TENSOR, DEFAULT_BUNDLE_NEURONS,
     DEFAULT_DOWN_TYPE, KEY_BUNDLE_NEURONS, KEY_BUNDLE_STRIDE, KEY_DOWN_LAYOUT, KEY_FFN_TYPES,
@@ -118,7 +118,7 @@ pub fn convert(
         .into());
     }
     let file = model.file();
-    let source_crc32 = crc32fast::hash(file.file_bytes());
+    let source_crc32 = source_checksum(file);
     let c = &model.config;
     let first = &model.layers[0];
     let source_types = [first.gate.ty, first.up.ty, first.down.ty];
@@ -200,38 +200,32 @@ pub fn convert(
     let total = resident_bytes + bundle_bytes;
     let mut done = 0;
     progress(0, total);
+    // Everything streams: the source is read through its map piece by piece, and each piece's
+    // pages are released once written (a source larger than memory must not fill it, nor a
+    // memory cgroup's page cache); the output is synced and dropped from the page cache as it
+    // goes (`StreamedFile`). What is held at once is a chunk, one bundle and the checksums.
     w.write_file_atomic_with(dst, |stream| -> Result<(), StoreError> {
         for t in &resident {
-            stream.write_chunk(file.tensor_data(t))?;
+            let start = file.data_offset() + t.offset;
+            let data = file.tensor_data(t);
+            for (i, chunk) in data.chunks(CHUNK_BYTES).enumerate() {
+                stream.write_chunk(chunk)?;
+                let at = start + (i * CHUNK_BYTES) as u64;
+                file.release_pages(at..at + chunk.len() as u64);
+            }
             done += t.n_bytes;
             progress(done, total);
         }
         let mut crcs = Vec::with_capacity(n_crc as usize * 4);
         let mut bundle = vec![0u8; layout.stride as usize];
-        let f = c.ffn_per_expert() as usize;
         for (li, l) in model.layers.iter().enumerate() {
-            // Neuron columns: the layer's down projection transposed and re-quantized once
-            // (a mixture's expert by expert, so row `j` is neuron `j`'s column).
-            let down_t = match layout.down_layout {
-                DownLayout::NeuronColumns => {
-                    let mut all = Vec::new();
-                    for e in 0..c.n_expert.max(1) as usize {
-                        let (down, _) = model.down_columns(li, e * f..(e + 1) * f);
-                        all.extend(transpose_requantize(down, layout.down_ty).map_err(|e| {
-                            StoreError::Layout(format!(
-                                "cannot re-quantize `{}` into {} columns: {e}",
-                                l.down.name, layout.down_ty
-                            ))
-                        })?);
-                    }
-                    Some(all)
-                }
-                DownLayout::BlockColumns => None,
-            };
             for b in 0..layout.n_bundles {
-                let len = fill_bundle(&model, li, down_t.as_deref(), &layout, b, &mut bundle);
+                let len = fill_bundle(&model, li, &layout, b, &mut bundle)?;
                 crcs.extend_from_slice(&crc32fast::hash(&bundle[..len]).to_le_bytes());
                 stream.write_chunk(&bundle)?;
+            }
+            for t in [&l.gate, &l.up, &l.down] {
+                file.release_pages(t.bytes.start as u64..t.bytes.end as u64);
             }
             done += layout.layer_bytes();
             progress(done, total);
@@ -247,16 +241,31 @@ pub fn convert(
     })
 }
 
+/// Bytes the source is read in (and its pages released after) while converting.
+const CHUNK_BYTES: usize = 8 << 20;
+
+/// The CRC-32 of the whole source file, read chunk by chunk, each chunk's pages released after.
+fn source_checksum(file: &crate::gguf::GgufFile) -> u32 {
+    let bytes = file.file_bytes().expect("a model loaded whole is mapped");
+    let mut crc = crc32fast::Hasher::new();
+    for (i, chunk) in bytes.chunks(CHUNK_BYTES).enumerate() {
+        crc.update(chunk);
+        let at = (i * CHUNK_BYTES) as u64;
+        file.release_pages(at..at + chunk.len() as u64);
+    }
+    crc.finalize()
+}
+
 /// Writes bundle `b` of layer `l` into `out` (zero-padded to the stride); returns the payload
-/// length. `down_t`: the layer's transposed down projection, for neuron columns.
+/// length. Neuron columns transpose and re-quantize just the bundle's columns of the down
+/// projection (a mixture's: of its expert), so no layer-sized buffer is ever made.
 fn fill_bundle(
     model: &Model,
     li: usize,
-    down_t: Option<&[u8]>,
     layout: &BundleLayout,
     b: u32,
     out: &mut [u8],
-) -> usize {
+) -> Result<usize, StoreError> {
     out.fill(0);
     let l = &model.layers[li];
     let neurons = layout.neurons_of(b);
@@ -267,14 +276,16 @@ fn fill_bundle(
         out[at..at + src.len()].copy_from_slice(src);
         at += src.len();
     }
-    if let Some(down_t) = down_t {
-        // Rows `rows` of the transposed down projection: the neurons' columns.
-        let row = down_t.len() / (model.config.n_ff as usize).max(1);
-        let src = &down_t[rows.start * row..rows.end * row];
-        out[at..at + src.len()].copy_from_slice(src);
-        at += src.len();
+    if layout.down_layout == DownLayout::NeuronColumns {
+        let (down, cols) = model.down_columns(li, rows.clone());
+        let len = crate::quant::row_bytes(layout.down_ty, down.rows)
+            .map_err(|e| quant_error(l, layout, e))?
+            * cols.len();
+        transpose_requantize_cols(down, cols, layout.down_ty, &mut out[at..at + len])
+            .map_err(|e| quant_error(l, layout, e))?;
+        at += len;
         debug_assert_eq!(at, layout.payload_bytes(neurons.len() as u32));
-        return at;
+        return Ok(at);
     }
     // The down projection's columns `rows` (of the bundle's expert in a mixture): whole
     // blocks of each of its rows.
@@ -289,7 +300,18 @@ fn fill_bundle(
         at += src.len();
     }
     debug_assert_eq!(at, layout.payload_bytes(neurons.len() as u32));
-    at
+    Ok(at)
+}
+
+fn quant_error(
+    l: &crate::model::LayerWeights,
+    layout: &BundleLayout,
+    e: crate::quant::QuantError,
+) -> StoreError {
+    StoreError::Layout(format!(
+        "cannot re-quantize `{}` into {} columns: {e}",
+        l.down.name, layout.down_ty
+    ))
 }
 
 #[cfg(test)]

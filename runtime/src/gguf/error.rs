@@ -14,6 +14,11 @@ pub enum GgufError {
         source: std::io::Error,
     },
 
+    #[error(
+        "bytes {start}..{end} of the file are not in memory (only the header and the resident tensors were read); read them from storage"
+    )]
+    NotInMemory { start: u64, end: u64 },
+
     #[error("write failed: {0}")]
     Write(#[source] std::io::Error),
 

@@ -16,7 +16,7 @@ pub use error::GgufError;
 pub use reader::{GgufFile, MAGIC};
 pub use tensor::{TensorInfo, DEFAULT_ALIGNMENT, MAX_ALIGNMENT, MAX_DIMS};
 pub use value::{Array, Value, MAX_ARRAY_DEPTH};
-pub use writer::{GgufWriter, TensorDataWriter};
+pub use writer::{GgufWriter, StreamedFile, TensorDataWriter};
 
 #[cfg(test)]
 mod proptests;

@@ -43,15 +43,41 @@ pub struct GgufFile {
 }
 
 enum Backing {
-    Mmap(Mmap),
+    /// The whole file, mapped; the open file, for page-cache advice.
+    Mmap(Mmap, File),
+    /// The whole file, in memory.
     Owned(Vec<u8>),
+    /// Some byte ranges of a file of `len` bytes, each in its own buffer (sorted by start, not
+    /// overlapping): what [`GgufFile::open_parts`] keeps.
+    Parts { len: u64, parts: Vec<(usize, Vec<u8>)> },
 }
 
 impl Backing {
-    fn bytes(&self) -> &[u8] {
+    /// The whole file, when it is held whole.
+    fn whole(&self) -> Option<&[u8]> {
         match self {
-            Backing::Mmap(m) => m,
-            Backing::Owned(v) => v,
+            Backing::Mmap(m, _) => Some(m),
+            Backing::Owned(v) => Some(v),
+            Backing::Parts { .. } => None,
+        }
+    }
+
+    fn len(&self) -> u64 {
+        match self {
+            Backing::Parts { len, .. } => *len,
+            b => b.whole().map_or(0, |w| w.len() as u64),
+        }
+    }
+
+    /// Bytes `range` of the file, if they are held (within one part).
+    fn get(&self, range: std::ops::Range<usize>) -> Option<&[u8]> {
+        match self {
+            Backing::Parts { parts, .. } => {
+                let i = parts.partition_point(|(start, _)| *start <= range.start);
+                let (start, bytes) = parts.get(i.checked_sub(1)?)?;
+                bytes.get(range.start - start..range.end.checked_sub(*start)?)
+            }
+            b => b.whole()?.get(range),
         }
     }
 }
@@ -88,9 +114,106 @@ impl GgufFile {
             // new file and renames it over the old path, which leaves existing maps intact).
             // Under that assumption the map is an ordinary immutable byte slice for its lifetime,
             // which is tied to `self`.
-            Backing::Mmap(unsafe { Mmap::map(&file) }.map_err(io_err("memory-map"))?)
+            let map = unsafe { Mmap::map(&file) }.map_err(io_err("memory-map"))?;
+            Backing::Mmap(map, file)
         };
         Self::with_backing(backing)
+    }
+
+    /// Parses the file at `path` and reads into memory only the tensors `keep` selects, each
+    /// into its own buffer: what is held is the parsed header and those tensors' bytes, never
+    /// a buffer the size of the file (so a file larger than memory opens). The other tensors'
+    /// bytes are not in memory: [`bytes`](Self::bytes) answers [`GgufError::NotInMemory`] for
+    /// them. The file's cached pages are dropped once read (they would count against a memory
+    /// limit until reclaimed).
+    pub fn open_parts(
+        path: &Path,
+        keep: impl Fn(&TensorInfo) -> bool,
+    ) -> Result<GgufFile, GgufError> {
+        use std::os::unix::fs::FileExt;
+        let mapped = GgufFile::open(path)?;
+        let Backing::Mmap(_, file) = &mapped.backing else {
+            // An empty file fails to parse, so every file that parsed is mapped.
+            unreachable!("a parsed file is mapped")
+        };
+        let len = mapped.file_len();
+        let mut ranges: Vec<std::ops::Range<u64>> = mapped
+            .tensors
+            .iter()
+            .filter(|t| keep(t))
+            .map(|t| {
+                let start = mapped.data_offset + t.offset;
+                start..start + t.n_bytes
+            })
+            .collect();
+        ranges.sort_unstable_by_key(|r| r.start);
+        let mut parts = Vec::with_capacity(ranges.len());
+        for r in ranges {
+            // In bounds (checked by the parser), so these fit in usize: the file was mapped.
+            let mut buf = vec![0u8; (r.end - r.start) as usize];
+            file.read_exact_at(&mut buf, r.start)
+                .map_err(|source| GgufError::Io {
+                    op: "read",
+                    path: path.display().to_string(),
+                    source,
+                })?;
+            parts.push((r.start as usize, buf));
+        }
+        let _ = rustix::fs::fadvise(file, 0, None, rustix::fs::Advice::DontNeed);
+        let GgufFile {
+            version,
+            metadata,
+            key_index,
+            tensors,
+            tensor_index,
+            alignment,
+            data_offset,
+            powerinfer,
+            backing: _,
+        } = mapped;
+        Ok(GgufFile {
+            backing: Backing::Parts { len, parts },
+            version,
+            metadata,
+            key_index,
+            tensors,
+            tensor_index,
+            alignment,
+            data_offset,
+            powerinfer,
+        })
+    }
+
+    /// Drops bytes `range` of a memory-mapped file from this process's resident memory and from
+    /// the page cache: they are read from the file again if used. For reading a file larger than
+    /// memory front to back (`conductor convert`); a no-op for other backings.
+    pub fn release_pages(&self, range: std::ops::Range<u64>) {
+        let Backing::Mmap(map, file) = &self.backing else {
+            return;
+        };
+        let page = rustix::param::page_size() as u64;
+        let start = range.start / page * page;
+        let end = range.end.min(map.len() as u64);
+        if end <= start {
+            return;
+        }
+        // SAFETY: MADV_DONTNEED on a shared, read-only file mapping only drops this process's
+        // page-table entries: a later access faults the same bytes back in from the file. Under
+        // the assumption `open` makes (the file is not modified while mapped) every slice that
+        // borrows the map keeps reading the same bytes, so no borrow can observe a change.
+        let _ = unsafe {
+            map.unchecked_advise_range(
+                memmap2::UncheckedAdvice::DontNeed,
+                start as usize,
+                (end - start) as usize,
+            )
+        };
+        let _ = rustix::fs::fadvise(
+            file,
+            start,
+            std::num::NonZeroU64::new(end - start),
+            rustix::fs::Advice::DontNeed,
+        );
     }
 
     /// Parses a file held in memory.
@@ -99,7 +222,7 @@ impl GgufFile {
     }
 
     fn with_backing(backing: Backing) -> Result<GgufFile, GgufError> {
-        let h = parse(backing.bytes())?;
+        let h = parse(backing.whole().expect("a whole file"))?;
         Ok(GgufFile {
             backing,
             version: h.version,
@@ -244,20 +367,49 @@ impl GgufFile {
     ///
     /// # Panics
     /// If `t` did not come from this file and its range does not fit in it.
+    /// If `t` did not come from this file and its range does not fit in it, or its bytes are
+    /// not in memory ([`open_parts`](Self::open_parts)).
     pub fn tensor_data(&self, t: &TensorInfo) -> &[u8] {
-        let range = self
-            .data_offset
-            .checked_add(t.offset)
-            .and_then(|start| Some(start..start.checked_add(t.n_bytes)?))
-            .and_then(|r| Some(usize::try_from(r.start).ok()?..usize::try_from(r.end).ok()?));
-        range
-            .and_then(|r| self.file_bytes().get(r))
-            .unwrap_or_else(|| panic!("tensor '{}' does not belong to this GGUF file", t.name))
+        self.try_tensor_data(t)
+            .unwrap_or_else(|e| panic!("tensor '{}': {e}", t.name))
     }
 
-    /// The whole file.
-    pub fn file_bytes(&self) -> &[u8] {
-        self.backing.bytes()
+    /// [`tensor_data`](Self::tensor_data), or why its bytes cannot be had.
+    pub fn try_tensor_data(&self, t: &TensorInfo) -> Result<&[u8], GgufError> {
+        let start = self.data_offset.saturating_add(t.offset);
+        let end = start.saturating_add(t.n_bytes);
+        usize::try_from(start)
+            .ok()
+            .zip(usize::try_from(end).ok())
+            .ok_or(GgufError::NotInMemory { start, end })
+            .and_then(|(s, e)| self.bytes(s..e))
+    }
+
+    /// Bytes `range` of the file, if they are in memory: anywhere in a mapped or owned file;
+    /// within one kept tensor of a file opened with [`open_parts`](Self::open_parts).
+    pub fn bytes(&self, range: std::ops::Range<usize>) -> Result<&[u8], GgufError> {
+        if range.start > range.end {
+            return Err(GgufError::NotInMemory {
+                start: range.start as u64,
+                end: range.end as u64,
+            });
+        }
+        self.backing
+            .get(range.clone())
+            .ok_or(GgufError::NotInMemory {
+                start: range.start as u64,
+                end: range.end as u64,
+            })
+    }
+
+    /// The whole file, when it is in memory or mapped (`None` for [`open_parts`](Self::open_parts)).
+    pub fn file_bytes(&self) -> Option<&[u8]> {
+        self.backing.whole()
+    }
+
+    /// The file's length in bytes (also when only parts of it are held).
+    pub fn file_len(&self) -> u64 {
+        self.backing.len()
     }
 }
 
@@ -265,7 +417,7 @@ impl fmt::Debug for GgufFile {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GgufFile")
             .field("version", &self.version)
-            .field("len", &self.file_bytes().len())
+            .field("len", &self.file_len())
             .field("metadata_keys", &self.metadata.len())
             .field("tensors", &self.tensors.len())
             .field("alignment", &self.alignment)

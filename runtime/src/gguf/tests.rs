@@ -191,7 +191,7 @@ fn writer_round_trip_tensors_and_getters() {
         GgufWriter::from_file(&f).unwrap().to_bytes().unwrap(),
         bytes
     );
-    assert_eq!(f.file_bytes(), bytes.as_slice());
+    assert_eq!(f.file_bytes().unwrap(), bytes.as_slice());
 }
 
 #[test]
@@ -412,7 +412,7 @@ fn atomic_write_creates_file_and_cleans_up_on_failure() {
     let w = sample_writer();
     w.write_file_atomic(&path).unwrap();
     let f = GgufFile::open(&path).unwrap();
-    assert_eq!(f.file_bytes(), w.to_bytes().unwrap().as_slice());
+    assert_eq!(f.file_bytes().unwrap(), w.to_bytes().unwrap().as_slice());
     assert_eq!(f.tensors(), w.tensors());
 
     // A fill that fails midway leaves the old file and no temporary behind.

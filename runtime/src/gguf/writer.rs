@@ -330,7 +330,7 @@ impl GgufWriter {
     pub fn write_file_atomic_with<E, F>(&self, path: &Path, fill: F) -> Result<(), E>
     where
         E: From<GgufError>,
-        F: FnOnce(&mut TensorDataWriter<'_, BufWriter<File>>) -> Result<(), E>,
+        F: FnOnce(&mut TensorDataWriter<'_, BufWriter<StreamedFile>>) -> Result<(), E>,
     {
         let io = |op: &'static str, p: &Path| {
             let path = p.display().to_string();
@@ -362,12 +362,18 @@ impl GgufWriter {
             .create_new(true)
             .open(&tmp_path)
             .map_err(io("create", &tmp_path))?;
-        let mut stream = self.write_header(BufWriter::new(file))?;
+        let file = StreamedFile {
+            file,
+            written: 0,
+            synced: 0,
+        };
+        let mut stream = self.write_header(BufWriter::with_capacity(1 << 20, file))?;
         fill(&mut stream)?;
         let file = stream
             .finish()?
             .into_inner()
-            .map_err(|e| GgufError::Write(e.into_error()))?;
+            .map_err(|e| GgufError::Write(e.into_error()))?
+            .file;
         file.sync_all().map_err(io("sync", &tmp_path))?;
         drop(file);
         fs::rename(&tmp_path, path).map_err(io("rename into place", path))?;
@@ -377,6 +383,41 @@ impl GgufWriter {
             let _ = d.sync_all();
         }
         Ok(())
+    }
+}
+
+/// The file [`GgufWriter::write_file_atomic_with`] writes: every [`StreamedFile::DRAIN_BYTES`]
+/// it syncs what was written and drops it from the page cache, so that writing a file larger
+/// than memory holds at most that many dirty bytes (which a memory cgroup would charge).
+pub struct StreamedFile {
+    file: File,
+    written: u64,
+    synced: u64,
+}
+
+impl StreamedFile {
+    pub const DRAIN_BYTES: u64 = 64 << 20;
+}
+
+impl Write for StreamedFile {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.file.write(buf)?;
+        self.written += n as u64;
+        if self.written - self.synced >= Self::DRAIN_BYTES {
+            self.file.sync_data()?;
+            let _ = rustix::fs::fadvise(
+                &self.file,
+                0,
+                std::num::NonZeroU64::new(self.written),
+                rustix::fs::Advice::DontNeed,
+            );
+            self.synced = self.written;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.file.flush()
     }
 }
 

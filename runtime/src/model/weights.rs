@@ -147,11 +147,6 @@ impl Model {
         stream_output: bool,
         stream_attention: bool,
     ) -> Result<Model, ModelError> {
-        let io = |source| crate::gguf::GgufError::Io {
-            op: "read",
-            path: path.display().to_string(),
-            source,
-        };
         let probe = GgufFile::open(path)?;
         if !probe
             .tensors()
@@ -161,44 +156,23 @@ impl Model {
             drop(probe);
             return Model::load(path);
         }
-        let len = probe.file_bytes().len();
-        let ranges: Vec<Range<usize>> = std::iter::once(0..probe.data_offset() as usize)
-            .chain(
-                probe
-                    .tensors()
-                    .iter()
-                    .filter(|t| {
-                        let streams = stays_on_storage(&t.name, stream_output)
-                            || stream_attention && is_attention_matrix(&t.name);
-                        !streams
-                    })
-                    .map(|t| {
-                        let start = (probe.data_offset() + t.offset) as usize;
-                        start..start + t.n_bytes as usize
-                    }),
-            )
-            .collect();
         drop(probe);
-        // A zeroed buffer of the file's size is committed only where written: the header and
-        // the resident tensors (and the bundles' checksums).
-        let mut bytes = vec![0u8; len];
-        let file = std::fs::File::open(path).map_err(io)?;
-        for range in ranges {
-            if range.end > len {
-                break; // a truncated file: the GGUF parser says what is missing
-            }
-            file.read_exact_at(&mut bytes[range.clone()], range.start as u64)
-                .map_err(io)?;
-        }
-        // What was read is in owned memory now: let the kernel drop the file's cached pages,
-        // which would otherwise count against a memory limit until reclaimed.
-        let _ = rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::DontNeed);
-        let mut model = Model::from_gguf(GgufFile::from_bytes(bytes)?)?;
+        // Only the resident tensors are read, each into its own buffer: nothing the size of the
+        // file is held or reserved, so a store larger than memory loads.
+        let parts = GgufFile::open_parts(path, |t| {
+            !(stays_on_storage(&t.name, stream_output)
+                || stream_attention && is_attention_matrix(&t.name))
+        })?;
+        let mut model = Model::from_gguf(parts)?;
         model.resident_only = true;
         model.path = Some(path.to_path_buf());
         if stream_output {
             model.embd_rows = Some(RowReader {
-                file,
+                file: std::fs::File::open(path).map_err(|source| crate::gguf::GgufError::Io {
+                    op: "open",
+                    path: path.display().to_string(),
+                    source,
+                })?,
                 scratch: Mutex::new(Vec::new()),
             });
         }
@@ -215,7 +189,7 @@ impl Model {
             let Some(range) = &layer.bundles else {
                 continue;
             };
-            let bytes = &self.file.file_bytes()[range.clone()];
+            let bytes = self.file.bytes(range.clone())?;
             for b in 0..layout.n_bundles {
                 let at = b as usize * layout.stride as usize;
                 let len = layout.payload_bytes(layout.neurons_of(b).len() as u32);
@@ -380,7 +354,10 @@ impl Model {
         let end = t.bytes.start + rows.end * rb;
         MatRef {
             ty: t.ty,
-            data: &self.file.file_bytes()[start..end],
+            data: self
+                .file
+                .bytes(start..end)
+                .unwrap_or_else(|e| panic!("`{}`: {e}", t.name)),
             rows: rows.len(),
             cols: t.cols,
         }
@@ -398,7 +375,9 @@ impl Model {
         let len = store
             .layout
             .payload_bytes(store.layout.neurons_of(b).len() as u32);
-        &self.file.file_bytes()[at..at + len]
+        self.file
+            .bytes(at..at + len)
+            .expect("a store loaded whole holds its bundles")
     }
 
     /// Writes the embedding of `token` into `out` (`n_embd` values).
@@ -601,7 +580,7 @@ impl Loader<'_> {
     /// A 2-D matrix of any supported type dequantized to f32, `[row][col]`.
     fn dense_f32(&self, name: &str, rows: usize, cols: usize) -> Result<Vec<f32>, ModelError> {
         let t = self.matrix(name, rows, cols)?;
-        let data = &self.file.file_bytes()[t.bytes.clone()];
+        let data = self.file.bytes(t.bytes.clone())?;
         let rb = t.row_bytes();
         let mut out = vec![0.0; rows * cols];
         for (r, row) in out.chunks_exact_mut(cols.max(1)).enumerate() {
@@ -630,7 +609,7 @@ impl Loader<'_> {
             });
         }
         let mut out = vec![0.0; len];
-        dequantize_row(t.ty, self.file.tensor_data(t), &mut out)?;
+        dequantize_row(t.ty, self.file.try_tensor_data(t)?, &mut out)?;
         Ok(out)
     }
 }

@@ -232,6 +232,30 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Q
 /// [`QuantError::NotBlockMultiple`] when `w.rows` (the new row length) is not a whole number of
 /// `ty` blocks, and any geometry error of `w` (as [`MatRef::new`]).
 pub fn transpose_requantize(w: MatRef<'_>, ty: GgmlType) -> Result<Vec<u8>, QuantError> {
+    let out_row = row_bytes(ty, w.rows)?;
+    let total = out_row.checked_mul(w.cols).ok_or(QuantError::Length {
+        what: "transpose_requantize output",
+        expected: usize::MAX,
+        got: 0,
+    })?;
+    let mut out = vec![0u8; total];
+    transpose_requantize_cols(w, 0..w.cols, ty, &mut out)?;
+    Ok(out)
+}
+
+/// Rows `cols` of [`transpose_requantize`]'s result (the transposes of columns `cols` of `w`),
+/// written into `out` (`cols.len()` rows of `ty`): the same bytes, made from only those
+/// columns, so a caller can transpose a large matrix piece by piece in bounded memory.
+///
+/// # Errors
+/// As [`transpose_requantize`], and [`QuantError::Length`] when `cols` runs past `w.cols` or
+/// `out` is not exactly `cols.len()` rows.
+pub fn transpose_requantize_cols(
+    w: MatRef<'_>,
+    cols: Range<usize>,
+    ty: GgmlType,
+    out: &mut [u8],
+) -> Result<(), QuantError> {
     if !matches!(
         ty,
         GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::F16 | GgmlType::F32
@@ -243,22 +267,29 @@ pub fn transpose_requantize(w: MatRef<'_>, ty: GgmlType) -> Result<Vec<u8>, Quan
     }
     let stride = w.validate()?;
     let out_row = row_bytes(ty, w.rows)?;
-    let total = out_row.checked_mul(w.cols).ok_or(QuantError::Length {
-        what: "transpose_requantize output",
-        expected: usize::MAX,
-        got: 0,
-    })?;
-    let mut out = vec![0u8; total];
-    if w.rows == 0 || w.cols == 0 {
-        return Ok(out);
+    if cols.start > cols.end || cols.end > w.cols {
+        return Err(QuantError::Length {
+            what: "transpose_requantize columns",
+            expected: w.cols,
+            got: cols.end,
+        });
     }
-    // Strip of input columns (output rows): block aligned for `w.ty`, at least 64 wide.
+    check_len(
+        "transpose_requantize output",
+        out_row.saturating_mul(cols.len()),
+        out.len(),
+    )?;
+    if w.rows == 0 || cols.is_empty() {
+        return Ok(());
+    }
+    // Strips of input columns (output rows): block aligned for `w.ty`, at least 64 wide.
     let bs = w.ty.block_size();
     let strip = bs * 64usize.div_ceil(bs);
+    let (first, last) = (cols.start / bs * bs, (cols.end.div_ceil(bs) * bs).min(w.cols));
     let mut src = vec![0f32; strip];
     let mut t = vec![0f32; strip * w.rows];
-    for c0 in (0..w.cols).step_by(strip) {
-        let c1 = (c0 + strip).min(w.cols);
+    for c0 in (first..last).step_by(strip) {
+        let c1 = (c0 + strip).min(last);
         let n = c1 - c0;
         let (b0, b1) = (row_bytes(w.ty, c0)?, row_bytes(w.ty, c1)?);
         for r in 0..w.rows {
@@ -269,11 +300,15 @@ pub fn transpose_requantize(w: MatRef<'_>, ty: GgmlType) -> Result<Vec<u8>, Quan
             }
         }
         for j in 0..n {
-            let dst = &mut out[(c0 + j) * out_row..(c0 + j + 1) * out_row];
-            quantize_row(ty, &t[j * w.rows..(j + 1) * w.rows], dst)?;
+            let c = c0 + j;
+            if !cols.contains(&c) {
+                continue;
+            }
+            let at = (c - cols.start) * out_row;
+            quantize_row(ty, &t[j * w.rows..(j + 1) * w.rows], &mut out[at..at + out_row])?;
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// A row-major weight matrix in its file layout: `rows` rows of `cols` elements, row stride

@@ -464,7 +464,7 @@ impl StoreInfo {
             )));
         }
         let bundle_crc = file
-            .tensor_data(crc)
+            .try_tensor_data(crc)?
             .chunks_exact(4)
             .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect();
