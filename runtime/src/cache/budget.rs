@@ -58,14 +58,31 @@ impl MemoryBudget {
     }
 }
 
-/// Memory the process needs besides weights, KV cache and prefill scratch: code, the GGUF
-/// metadata and the tokenizer's tables, thread stacks,
-/// decode buffers, allocator slack. Measured on SmolLM2-135M (49k-token vocabulary): peak RSS
-/// of runs under the smallest budgets (attention streamed; `run -c 128`, `bench -p 16` and
+/// What [`runtime_overhead`] counts whatever the model: code, thread stacks, the allocator's
+/// slack, the decode buffers of a step that do not grow with the model.
+pub const RUNTIME_BASE: u64 = 17 << 19;
+/// What [`runtime_overhead`] counts per vocabulary entry: the tokenizer's text buffer, offset
+/// table and index (`tokenizer/vocab.rs`), its merge ranks, and the token's type and score.
+pub const RUNTIME_PER_TOKEN: u64 = 96;
+/// What [`runtime_overhead`] counts per cache unit (a bundle, an output row cluster, a streamed
+/// attention matrix): its directory entry, its read's extent and checksum flag, its place in
+/// the unit map and the scheduler's per-unit state, its slot's lock.
+pub const RUNTIME_PER_UNIT: u64 = 192;
+
+/// Memory the process needs besides weights, KV cache and prefill scratch, for a store of
+/// `sizes` whose cache holds `units` units:
+/// `RUNTIME_BASE + n_vocab · RUNTIME_PER_TOKEN + units · RUNTIME_PER_UNIT`.
+/// Calibrated on SmolLM2-135M (49k-token vocabulary, a few hundred units): peak RSS of runs
+/// under the smallest budgets (attention streamed; `run -c 128`, `bench -p 16` and
 /// `bench -p 64`: 18.3–20.6 MiB) minus the weights, KV cache, scratch and slots they hold
-/// (8.6–11.6 MiB), plus 1.4 MiB of margin. It was 21 MiB while the vocabulary was held as
-/// one allocation per string, three times over (see `tokenizer/vocab.rs`).
-pub const RUNTIME_OVERHEAD: u64 = 13 << 20;
+/// (8.6–11.6 MiB), plus 1.4 MiB of margin, gave 13 MiB, which the formula gives there; the
+/// terms that grow are the vocabulary's tables and the cache's per-unit bookkeeping, so a 7B
+/// model's 32k vocabulary and a 47B store's tens of thousands of units are counted as such.
+pub fn runtime_overhead(sizes: &StoreSizes, units: u32) -> u64 {
+    RUNTIME_BASE
+        + u64::from(sizes.n_vocab) * RUNTIME_PER_TOKEN
+        + u64::from(units) * RUNTIME_PER_UNIT
+}
 
 /// How a budget was spent.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -93,7 +110,7 @@ pub enum BudgetError {
         "--memory needs a neuron store (make one with `conductor convert -m MODEL -o STORE.gguf`)"
     )]
     NotAStore,
-    #[error("a memory budget of {budget} MiB is below what this model needs besides what streams from storage: {fixed} MiB (resident weights {weights} MiB, KV cache {kv} MiB for {n_ctx} tokens, scratch {scratch} MiB, runtime {runtime} MiB) plus two cache slots ({slots} MiB); give at least {need} MiB", budget = mib(*budget), fixed = mib(*fixed), weights = mib(*weights), kv = mib(*kv), scratch = mib(*scratch), runtime = mib(*runtime), slots = mib(*slots), need = mib(*fixed + *slots).ceil())]
+    #[error("a memory budget of {budget} MiB is below what this model needs besides what streams from storage: {fixed} MiB (resident weights {weights} MiB, KV cache {kv} MiB for {n_ctx} tokens, scratch {scratch} MiB, runtime {runtime} MiB) plus two cache slots ({slots} MiB); give at least {need} MiB", budget = mib(*budget), fixed = mib(*fixed), weights = mib(*weights), kv = mib(*kv), scratch = mib(*scratch), runtime = mib(*runtime), slots = mib(*slots), need = (*fixed + *slots).div_ceil(1 << 20))]
     TooSmall {
         budget: u64,
         fixed: u64,
@@ -220,7 +237,6 @@ pub fn split_sizes(
     // f32 buffers, their copies per processor group and the GEMM's packed activations: about
     // 6 bytes per element per prefill token (measured: +3.3 MiB for 64-token steps on SmolLM2).
     let scratch = u64::from(prefill_tokens) * per_token * 6 + u64::from(s.n_vocab) * 4 * 2;
-    let fixed = resident_weights + kv_cache + scratch + RUNTIME_OVERHEAD;
     // Output clusters as large as a bundle's slot allows, alignment slack included.
     let output_rows = ((s.bundle_stride.saturating_sub(2 * SLOT_ALIGN as u64))
         / s.output_row_bytes.max(1))
@@ -238,6 +254,8 @@ pub fn split_sizes(
         0
     };
     let n_units = s.n_layer * (s.bundles_per_layer + attn_units) + s.n_vocab.div_ceil(output_rows);
+    let runtime = runtime_overhead(s, n_units);
+    let fixed = resident_weights + kv_cache + scratch + runtime;
     // Gate-first loading keeps a layer's bundles in their slots from its gate rows to its
     // neurons: the cold segment must hold a whole layer's.
     let min_slots = if shape.reads == crate::plan::ReadPolicy::GateFirst {
@@ -252,7 +270,7 @@ pub fn split_sizes(
             weights: resident_weights,
             kv: kv_cache,
             scratch,
-            runtime: RUNTIME_OVERHEAD,
+            runtime,
             slots: min_slots * slot,
             n_ctx,
         });
@@ -278,7 +296,7 @@ pub fn split_sizes(
         resident_weights,
         kv_cache,
         scratch,
-        runtime_overhead: RUNTIME_OVERHEAD,
+        runtime_overhead: runtime,
         cache,
         plan: CachePlan {
             slots,

@@ -19,12 +19,13 @@ mod uring;
 
 pub use arena::{SlotArena, SlotBuf, SLOT_ALIGN};
 pub use budget::{
-    fit_plan_to_budget, split_budget, split_sizes, BudgetError, BudgetSplit, MemoryBudget,
-    StoreSizes, RUNTIME_OVERHEAD,
+    fit_plan_to_budget, runtime_overhead, split_budget, split_sizes, BudgetError, BudgetSplit,
+    MemoryBudget, StoreSizes, RUNTIME_BASE, RUNTIME_PER_TOKEN, RUNTIME_PER_UNIT,
 };
 pub use directory::{Acquired, CacheDirectory, LayerCacheStats, PagesAcquired, Want};
 pub use reader::{
-    open_for_reads, read_full, unit_extents, BundleFile, Extent, LoadError, OpenError,
+    direct_io_refused, open_for_reads, open_for_reads_with, read_full, unit_extents, BundleFile,
+    Extent, LoadError, OpenError,
 };
 pub use slot_reads::{read_slots, SlotRead};
 #[cfg(feature = "io-uring")]

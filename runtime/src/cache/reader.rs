@@ -507,21 +507,49 @@ impl BundleFile {
     }
 }
 
-/// Opens `path` for reading, with `O_DIRECT` if `direct` and the file system accepts it (tmpfs
-/// and some others refuse it: the page cache then serves the reads). Returns the file and
-/// whether its reads bypass the page cache.
+/// Opens `path` for reading, with `O_DIRECT` if `direct` and the file system accepts it (some
+/// refuse it: the page cache then serves the reads, and the first such fallback of the process
+/// prints one line on stderr saying so). Returns the file and whether its reads bypass the page
+/// cache.
 pub fn open_for_reads(path: &Path, direct: bool) -> std::io::Result<(File, bool)> {
-    if direct {
-        let flags = rustix::fs::OFlags::DIRECT.bits() as i32;
-        if let Ok(file) = std::fs::OpenOptions::new()
+    open_for_reads_with(path, direct, |p| {
+        std::fs::OpenOptions::new()
             .read(true)
-            .custom_flags(flags)
-            .open(path)
-        {
-            return Ok((file, true));
+            .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
+            .open(p)
+    })
+}
+
+/// [`open_for_reads`] with the `O_DIRECT` open given (a test forces the fallback with it).
+pub fn open_for_reads_with(
+    path: &Path,
+    direct: bool,
+    open_direct: impl FnOnce(&Path) -> std::io::Result<File>,
+) -> std::io::Result<(File, bool)> {
+    if direct {
+        match open_direct(path) {
+            Ok(file) => return Ok((file, true)),
+            Err(refused) => {
+                let file = File::open(path)?;
+                if !DIRECT_REFUSED.swap(true, Ordering::Relaxed) {
+                    eprintln!(
+                        "note: {} cannot be opened with O_DIRECT ({refused}); its reads go through the page cache",
+                        path.display()
+                    );
+                }
+                return Ok((file, false));
+            }
         }
     }
     Ok((File::open(path)?, false))
+}
+
+static DIRECT_REFUSED: AtomicBool = AtomicBool::new(false);
+
+/// Whether a file system of this process refused `O_DIRECT` (and reads fell back to the page
+/// cache, with the note [`open_for_reads`] prints once).
+pub fn direct_io_refused() -> bool {
+    DIRECT_REFUSED.load(Ordering::Relaxed)
 }
 
 /// Reads until `buf` is full or the file ends (retrying interrupted reads); returns the bytes

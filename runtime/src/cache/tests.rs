@@ -211,7 +211,7 @@ fn small_store(resident: u64, attention: u64, attention_unit: u64) -> StoreSizes
 fn a_deeper_pipeline_keeps_more_cold_slots() {
     let sizes = small_store(10 << 20, 0, 0);
     // About 17 slots beside a fixed segment of the runtime plus 12 MiB.
-    let budget = RUNTIME_OVERHEAD + (13 << 20);
+    let budget = runtime_overhead(&sizes, 0) + (13 << 20);
     let split = |max_loads| {
         split_sizes(
             &sizes,
@@ -326,9 +326,68 @@ fn attention_streams_only_when_the_budget_cannot_hold_it() {
     let slot = (80 << 10) + SLOT_ALIGN as u64;
     assert!(u64::from(split.plan.slots) * slot <= split.cache);
     // Below even that: the error gives the least budget, the one with attention streamed.
-    let err = fit(RUNTIME_OVERHEAD - (1 << 20)).unwrap_err();
+    let err = fit(runtime_overhead(&sizes, 0) - (1 << 20)).unwrap_err();
     let BudgetError::TooSmall { weights, .. } = err else {
         panic!("{err}")
     };
     assert_eq!(weights, 4 << 20);
+}
+
+#[test]
+fn the_runtime_overhead_grows_with_the_vocabulary_and_the_units() {
+    let sizes = small_store(4 << 20, 0, 0);
+    let base = runtime_overhead(&sizes, 100);
+    let wide = StoreSizes {
+        n_vocab: sizes.n_vocab + 100_000,
+        ..sizes.clone()
+    };
+    assert_eq!(
+        runtime_overhead(&wide, 100),
+        base + 100_000 * RUNTIME_PER_TOKEN
+    );
+    assert_eq!(
+        runtime_overhead(&sizes, 50_100),
+        base + 50_000 * RUNTIME_PER_UNIT
+    );
+    // SmolLM2-135M's 49k vocabulary and a few hundred units: the 13 MiB it was measured at.
+    let smol = StoreSizes {
+        n_vocab: 49152,
+        ..sizes.clone()
+    };
+    let mib = runtime_overhead(&smol, 300) as f64 / (1 << 20) as f64;
+    assert!((12.5..13.5).contains(&mib), "{mib:.2} MiB");
+    // The split counts its own units: more bundles per layer, more overhead.
+    let split = |s: &StoreSizes| {
+        split_sizes(s, 1 << 30, 128, 64, &CachePlan::default())
+            .unwrap()
+            .runtime_overhead
+    };
+    let more_units = StoreSizes {
+        bundles_per_layer: 800,
+        ..sizes.clone()
+    };
+    assert_eq!(
+        split(&more_units) - split(&sizes),
+        4 * (800 - 8) * RUNTIME_PER_UNIT
+    );
+    assert!(split(&wide) > split(&sizes));
+}
+
+#[test]
+fn a_budget_too_small_says_how_much_is_enough() {
+    for resident in [4 << 20, (4 << 20) + 12345, (7 << 20) + 999_999] {
+        let sizes = small_store(resident, 0, 0);
+        let err = split_sizes(&sizes, 1 << 20, 128, 64, &CachePlan::default()).unwrap_err();
+        let text = err.to_string();
+        let need: u64 = text
+            .split("give at least ")
+            .nth(1)
+            .and_then(|t| t.strip_suffix(" MiB"))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{text}"));
+        // That many MiB works, and one MiB less does not.
+        split_sizes(&sizes, need << 20, 128, 64, &CachePlan::default())
+            .unwrap_or_else(|e| panic!("{need} MiB, as `{text}` said: {e}"));
+        assert!(split_sizes(&sizes, (need - 1) << 20, 128, 64, &CachePlan::default()).is_err());
+    }
 }

@@ -49,7 +49,10 @@ enum Backing {
     Owned(Vec<u8>),
     /// Some byte ranges of a file of `len` bytes, each in its own buffer (sorted by start, not
     /// overlapping): what [`GgufFile::open_parts`] keeps.
-    Parts { len: u64, parts: Vec<(usize, Vec<u8>)> },
+    Parts {
+        len: u64,
+        parts: Vec<(usize, Vec<u8>)>,
+    },
 }
 
 impl Backing {

@@ -285,7 +285,10 @@ pub fn transpose_requantize_cols(
     // Strips of input columns (output rows): block aligned for `w.ty`, at least 64 wide.
     let bs = w.ty.block_size();
     let strip = bs * 64usize.div_ceil(bs);
-    let (first, last) = (cols.start / bs * bs, (cols.end.div_ceil(bs) * bs).min(w.cols));
+    let (first, last) = (
+        cols.start / bs * bs,
+        (cols.end.div_ceil(bs) * bs).min(w.cols),
+    );
     let mut src = vec![0f32; strip];
     let mut t = vec![0f32; strip * w.rows];
     for c0 in (first..last).step_by(strip) {
@@ -305,7 +308,11 @@ pub fn transpose_requantize_cols(
                 continue;
             }
             let at = (c - cols.start) * out_row;
-            quantize_row(ty, &t[j * w.rows..(j + 1) * w.rows], &mut out[at..at + out_row])?;
+            quantize_row(
+                ty,
+                &t[j * w.rows..(j + 1) * w.rows],
+                &mut out[at..at + out_row],
+            )?;
         }
     }
     Ok(())
