@@ -369,10 +369,16 @@ impl GgufFile {
     /// The data of a tensor of this file. Bounds were checked when the file was parsed.
     ///
     /// # Panics
-    /// If `t` did not come from this file and its range does not fit in it.
     /// If `t` did not come from this file and its range does not fit in it, or its bytes are
     /// not in memory ([`open_parts`](Self::open_parts)).
     pub fn tensor_data(&self, t: &TensorInfo) -> &[u8] {
+        let end = self
+            .data_offset
+            .checked_add(t.offset)
+            .and_then(|s| s.checked_add(t.n_bytes));
+        if end.is_none_or(|e| e > self.file_len()) {
+            panic!("tensor '{}' does not belong to this GGUF file", t.name);
+        }
         self.try_tensor_data(t)
             .unwrap_or_else(|e| panic!("tensor '{}': {e}", t.name))
     }

@@ -232,6 +232,7 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Q
 /// [`QuantError::NotBlockMultiple`] when `w.rows` (the new row length) is not a whole number of
 /// `ty` blocks, and any geometry error of `w` (as [`MatRef::new`]).
 pub fn transpose_requantize(w: MatRef<'_>, ty: GgmlType) -> Result<Vec<u8>, QuantError> {
+    check_transpose_type(ty)?;
     let out_row = row_bytes(ty, w.rows)?;
     let total = out_row.checked_mul(w.cols).ok_or(QuantError::Length {
         what: "transpose_requantize output",
@@ -256,15 +257,7 @@ pub fn transpose_requantize_cols(
     ty: GgmlType,
     out: &mut [u8],
 ) -> Result<(), QuantError> {
-    if !matches!(
-        ty,
-        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::F16 | GgmlType::F32
-    ) {
-        return Err(QuantError::Unsupported {
-            ty,
-            op: "transpose_requantize",
-        });
-    }
+    check_transpose_type(ty)?;
     let stride = w.validate()?;
     let out_row = row_bytes(ty, w.rows)?;
     if cols.start > cols.end || cols.end > w.cols {
@@ -316,6 +309,17 @@ pub fn transpose_requantize_cols(
         }
     }
     Ok(())
+}
+
+/// The types [`transpose_requantize`] can quantize into.
+fn check_transpose_type(ty: GgmlType) -> Result<(), QuantError> {
+    match ty {
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::F16 | GgmlType::F32 => Ok(()),
+        _ => Err(QuantError::Unsupported {
+            ty,
+            op: "transpose_requantize",
+        }),
+    }
 }
 
 /// A row-major weight matrix in its file layout: `rows` rows of `cols` elements, row stride
