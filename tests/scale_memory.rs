@@ -182,3 +182,94 @@ fn convert_peaks_the_same_whatever_the_model_size() {
         "convert peaked at {large} bytes for a {large_len}-byte store"
     );
 }
+
+/// A cache of 50,000 slots over 500,000 units (a 47B-class store's bundles, and more): the
+/// directory and the arena are built, filled, hit and evicted through in time and memory
+/// linear in their sizes.
+#[test]
+fn a_cache_of_tens_of_thousands_of_slots() {
+    use conductor::runtime::cache::{Acquired, CacheDirectory, Extent, SlotArena, UnitMap};
+    use conductor::runtime::plan::{CachePlan, CachePolicy};
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    let map = UnitMap {
+        n_layer: 100,
+        ffn_clusters: 5000,
+        output_clusters: 0,
+        attn_units: 0,
+    };
+    let (units, slots, hot) = (map.n_units(), 50_000u32, 40_000u32);
+    assert_eq!(units, 500_000);
+    let started = std::time::Instant::now();
+    for policy in [CachePolicy::Segmented, CachePolicy::Lru] {
+        let plan = CachePlan {
+            slots,
+            hot_slots: hot,
+            policy,
+            ..CachePlan::default()
+        };
+        let (mut d, bytes) = peak_during(|| CacheDirectory::new(&plan, &map));
+        eprintln!("{policy:?}: a directory of {slots} slots over {units} units: {bytes} bytes");
+        assert!(
+            bytes < 64 * units as usize + 64 * slots as usize,
+            "{bytes} bytes for {units} units and {slots} slots"
+        );
+        // A million acquisitions over every unit, in a scattered order: loads, hits and, once
+        // the slots are full, evictions, each least recently used first.
+        let (mut loads, mut hits, mut evictions) = (0u64, 0u64, 0u64);
+        let mut x = 12345u64;
+        for i in 0..1_000_000u64 {
+            // Half the time a unit among the first 30,000 (the repeats hit), else any.
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let u = ((x >> 33) % if i % 2 == 0 { 30_000 } else { u64::from(units) }) as u32;
+            let (l, c) = (u / map.ffn_clusters, u % map.ffn_clusters);
+            match d.acquire(l, c) {
+                Acquired::Load { evicted, .. } => {
+                    loads += 1;
+                    evictions += u64::from(evicted.is_some());
+                    assert!(d.loaded(l, c));
+                }
+                Acquired::Hit => hits += 1,
+                other => panic!("{other:?} with nothing pinned"),
+            }
+            d.release(l, c);
+        }
+        eprintln!("{policy:?}: {loads} loads, {hits} hits, {evictions} evictions");
+        assert!(hits > 100_000 && evictions > 100_000 && loads <= 1_000_000 - hits);
+    }
+    // The arena: 50,000 slots of 4 KiB (the slots' memory, and one page of alignment slack
+    // each), the unit table linear in the units.
+    let extents: Vec<Extent> = (0..units)
+        .map(|u| Extent {
+            offset: u64::from(u) * 4096,
+            len: 4096,
+            data: 0..4000,
+            what: String::new(),
+            bundle: None,
+        })
+        .collect();
+    let (arena, bytes) = peak_during(|| SlotArena::new(slots, &map, &extents));
+    let per_slot = 4096 + 4096 + 128;
+    eprintln!("an arena of {slots} slots: {bytes} bytes");
+    assert!(
+        bytes < slots as usize * per_slot + 32 * units as usize,
+        "{bytes} bytes for {slots} slots over {units} units"
+    );
+    for u in 0..units {
+        let (l, c) = (u / map.ffn_clusters, u % map.ffn_clusters);
+        let slot = u % slots;
+        let evicted = (u >= slots).then(|| {
+            let e = u - slots;
+            (e / map.ffn_clusters, e % map.ffn_clusters)
+        });
+        arena.assign(l, c, slot, evicted);
+        assert_eq!(arena.slot_of(l, c), Some(slot));
+    }
+    assert_eq!(arena.slot_of(0, 0), None, "evicted long ago");
+    let took = started.elapsed();
+    eprintln!("all of it in {took:?}");
+    // Linear work is well under a second or two; anything quadratic in the slots would take
+    // minutes.
+    assert!(took.as_secs() < 60, "{took:?}");
+}
