@@ -203,7 +203,8 @@ pub fn convert(
     // Everything streams: the source is read through its map piece by piece, and each piece's
     // pages are released once written (a source larger than memory must not fill it, nor a
     // memory cgroup's page cache); the output is synced and dropped from the page cache as it
-    // goes (`StreamedFile`). What is held at once is a chunk, one bundle and the checksums.
+    // goes (`StreamedFile`). What is held at once is a chunk, one bundle, one strip of down
+    // columns and the checksums.
     w.write_file_atomic_with(dst, |stream| -> Result<(), StoreError> {
         for t in &resident {
             let start = file.data_offset() + t.offset;
@@ -218,9 +219,10 @@ pub fn convert(
         }
         let mut crcs = Vec::with_capacity(n_crc as usize * 4);
         let mut bundle = vec![0u8; layout.stride as usize];
+        let mut strip = DownStrip::default();
         for (li, l) in model.layers.iter().enumerate() {
             for b in 0..layout.n_bundles {
-                let len = fill_bundle(&model, li, &layout, b, &mut bundle)?;
+                let len = fill_bundle(&model, li, &layout, b, &mut strip, &mut bundle)?;
                 crcs.extend_from_slice(&crc32fast::hash(&bundle[..len]).to_le_bytes());
                 stream.write_chunk(&bundle)?;
             }
@@ -256,14 +258,61 @@ fn source_checksum(file: &crate::gguf::GgufFile) -> u32 {
     crc.finalize()
 }
 
+/// Neurons whose down columns are transposed together: a one-neuron bundle alone would
+/// dequantize a whole strip of every row for one column (about 60× the work).
+const STRIP_NEURONS: usize = 256;
+
+/// Down columns of a run of neurons of one layer, transposed and re-quantized (one output row
+/// per neuron): what consecutive bundles copy their columns from.
+#[derive(Default)]
+struct DownStrip {
+    layer: usize,
+    neurons: std::ops::Range<usize>,
+    row_bytes: usize,
+    rows: Vec<u8>,
+}
+
+impl DownStrip {
+    /// The re-quantized down columns of `neurons` (within one expert) of layer `li`,
+    /// transposing the next strip when they are not held.
+    fn columns(
+        &mut self,
+        model: &Model,
+        li: usize,
+        layout: &BundleLayout,
+        neurons: std::ops::Range<usize>,
+    ) -> Result<&[u8], StoreError> {
+        let held = self.layer == li
+            && self.neurons.start <= neurons.start
+            && neurons.end <= self.neurons.end;
+        if !held {
+            let per_expert = model.config.ffn_per_expert() as usize;
+            let expert_end = (neurons.start / per_expert + 1) * per_expert;
+            let end = expert_end.min((neurons.start + STRIP_NEURONS).max(neurons.end));
+            let l = &model.layers[li];
+            let (down, cols) = model.down_columns(li, neurons.start..end);
+            self.row_bytes = crate::quant::row_bytes(layout.down_ty, down.rows)
+                .map_err(|e| quant_error(l, layout, e))?;
+            self.rows.resize(self.row_bytes * cols.len(), 0);
+            transpose_requantize_cols(down, cols, layout.down_ty, &mut self.rows)
+                .map_err(|e| quant_error(l, layout, e))?;
+            (self.layer, self.neurons) = (li, neurons.start..end);
+        }
+        let from = (neurons.start - self.neurons.start) * self.row_bytes;
+        Ok(&self.rows[from..from + neurons.len() * self.row_bytes])
+    }
+}
+
 /// Writes bundle `b` of layer `l` into `out` (zero-padded to the stride); returns the payload
-/// length. Neuron columns transpose and re-quantize just the bundle's columns of the down
-/// projection (a mixture's: of its expert), so no layer-sized buffer is ever made.
+/// length. Neuron columns come from `strip`, which transposes and re-quantizes a few hundred
+/// of the down projection's columns at a time (a mixture's: of one expert), so no
+/// layer-sized buffer is ever made.
 fn fill_bundle(
     model: &Model,
     li: usize,
     layout: &BundleLayout,
     b: u32,
+    strip: &mut DownStrip,
     out: &mut [u8],
 ) -> Result<usize, StoreError> {
     out.fill(0);
@@ -277,13 +326,9 @@ fn fill_bundle(
         at += src.len();
     }
     if layout.down_layout == DownLayout::NeuronColumns {
-        let (down, cols) = model.down_columns(li, rows.clone());
-        let len = crate::quant::row_bytes(layout.down_ty, down.rows)
-            .map_err(|e| quant_error(l, layout, e))?
-            * cols.len();
-        transpose_requantize_cols(down, cols, layout.down_ty, &mut out[at..at + len])
-            .map_err(|e| quant_error(l, layout, e))?;
-        at += len;
+        let columns = strip.columns(model, li, layout, rows)?;
+        out[at..at + columns.len()].copy_from_slice(columns);
+        at += columns.len();
         debug_assert_eq!(at, layout.payload_bytes(neurons.len() as u32));
         return Ok(at);
     }

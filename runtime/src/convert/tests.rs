@@ -202,3 +202,43 @@ fn convert_refuses_a_store_and_bundles_that_straddle_blocks() {
         Err(ConvertError::Store(StoreError::Output { .. }))
     ));
 }
+
+#[test]
+fn down_columns_transposed_in_strips_are_each_bundles_own() {
+    // Quantized down columns of a mixture (4 experts of 320 neurons), in bundles of 1 and of
+    // 40 (one of them straddles the 256-neuron strip): every bundle's down part is what
+    // transposing exactly its own columns gives.
+    let spec = SyntheticSpec {
+        n_ff: 320,
+        n_expert: 4,
+        n_expert_used: 2,
+        seed: 7,
+        ..SyntheticSpec::default()
+    };
+    let dir = Scratch::new("strips");
+    let src = dir.0.join("moe.gguf");
+    std::fs::write(&src, synthetic_model(&spec).unwrap().to_bytes().unwrap()).unwrap();
+    let model = Model::load(&src).unwrap();
+    for bundle_neurons in [1, 40] {
+        let options = ConvertOptions::neuron_columns(bundle_neurons);
+        let dst = dir.0.join(format!("moe-{bundle_neurons}.store.gguf"));
+        let summary = convert(&src, &dst, &options, &mut |_, _| {}).unwrap();
+        let layout = summary.layout;
+        let store = GgufFile::open(&dst).unwrap();
+        for l in 0..spec.n_layer {
+            let data = store.tensor_data(store.tensor(&bundle_tensor_name(l)).unwrap());
+            for b in 0..layout.n_bundles {
+                let bundle = &data[(b as u64 * layout.stride) as usize..][..layout.stride as usize];
+                let n = layout.neurons_of(b);
+                let (down, cols) = model.down_columns(l as usize, n.start as usize..n.end as usize);
+                let mut want =
+                    vec![0u8; row_bytes(layout.down_ty, down.rows).unwrap() * cols.len()];
+                transpose_requantize_cols(down, cols, layout.down_ty, &mut want).unwrap();
+                assert!(
+                    layout.split(b, bundle).down.data == want.as_slice(),
+                    "bundles of {bundle_neurons}: layer {l}, bundle {b}"
+                );
+            }
+        }
+    }
+}
