@@ -10,22 +10,13 @@ use conductor::runtime::gguf::{GgufFile, GgufWriter};
 use conductor::runtime::model::Model;
 use conductor::runtime::plan::{CachePlan, CachePolicy, ExecutionPlan, IoEngine, ReadPolicy};
 use conductor::runtime::quant::{GgmlType, Kernels};
-use conductor::runtime::synthetic::{synthetic_model, SyntheticModel};
+use conductor::runtime::synthetic::SyntheticModel;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// Bytes of the hole before the tensors of the shifted store: past 4 GiB.
 const HOLE: u64 = (4 << 30) + (1 << 20);
-
-fn source_model(dir: &ScratchDir) -> PathBuf {
-    dir.file("model.gguf", || {
-        synthetic_model(&common::small_spec(11))
-            .unwrap()
-            .to_bytes()
-            .unwrap()
-    })
-}
 
 /// `store` rewritten with a first tensor of [`HOLE`] bytes never written (a sparse file), so
 /// that every other tensor lies past 4 GiB; its bytes are written at their new offsets.
@@ -110,7 +101,7 @@ fn driver(path: &Path, plan: &ExecutionPlan) -> Result<InlineDriver<Serial>, Str
 #[test]
 fn offsets_past_4_gib_read_the_same_through_every_path() {
     let dir = ScratchDir::new("past-4gib");
-    let store = dir.store(&source_model(&dir), &ConvertOptions::neuron_columns(64));
+    let store = dir.store(&dir.small_model(11), &ConvertOptions::neuron_columns(64));
     let far = dir.join("far.gguf");
     shifted(&store, &far);
     // The map: every tensor's bytes as written.
@@ -186,7 +177,7 @@ fn listing(dir: &Path) -> Vec<String> {
 #[test]
 fn a_disk_that_fills_leaves_no_file_behind() {
     let dir = ScratchDir::new("disk-full");
-    let source = source_model(&dir);
+    let source = dir.small_model(11);
     // Room for the header and some tensors, not the whole store (nor the whole model).
     let fs = match SmallFs::mount(dir.join("small"), 256 << 10) {
         Ok(fs) => fs,

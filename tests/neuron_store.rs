@@ -15,23 +15,15 @@ use conductor::runtime::plan::{ExecutionPlan, IoEngine, Topology};
 use conductor::runtime::quant::Kernels;
 use conductor::runtime::schedule::{Command, StepShape};
 use conductor::runtime::store::{DownLayout, StoreError};
-use conductor::runtime::synthetic::synthetic_model;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// The generated source model, written into `dir` the first time.
-fn source_model(dir: &ScratchDir) -> PathBuf {
-    dir.file("model.gguf", || {
-        synthetic_model(&common::small_spec(7))
-            .unwrap()
-            .to_bytes()
-            .unwrap()
-    })
-}
-
 /// A store with neuron columns (the default layout) of `neurons` per bundle.
 fn store(dir: &ScratchDir, neurons: u32) -> PathBuf {
-    dir.store(&source_model(dir), &ConvertOptions::neuron_columns(neurons))
+    dir.store(
+        &dir.small_model(7),
+        &ConvertOptions::neuron_columns(neurons),
+    )
 }
 
 const PROMPT: [u32; 9] = [3, 17, 42, 5, 99, 120, 7, 250, 31];
@@ -121,7 +113,7 @@ fn drift(a: &[u32], b: &[u32]) -> f32 {
 #[test]
 fn a_store_decodes_like_its_source_and_every_cache_gives_the_same_bits() {
     let dir = ScratchDir::new("store-bits");
-    let source = Model::load(&source_model(&dir)).unwrap();
+    let source = Model::load(&dir.small_model(7)).unwrap();
     let plan = plan_with(None);
     let mut original = InlineDriver::new(Arc::new(source), &plan, Kernels::best(), Serial).unwrap();
     let from_source = run(&mut original).unwrap();
@@ -133,7 +125,7 @@ fn a_store_decodes_like_its_source_and_every_cache_gives_the_same_bits() {
         (ConvertOptions::neuron_columns(64), 8, 2e-2),
         (ConvertOptions::neuron_columns(50), 11, 2e-2),
     ] {
-        let store_path = dir.store(&source_model(&dir), &options);
+        let store_path = dir.store(&dir.small_model(7), &options);
         let store = Model::load(&store_path).unwrap();
         let layout = &store.store.as_ref().unwrap().layout;
         assert_eq!(
@@ -451,12 +443,12 @@ fn bad_stores_are_refused_with_a_reason() {
         "{err}"
     );
     assert!(!again.exists());
-    let err = convert(&source_model(&dir), &store_path, &options, &mut |_, _| {}).unwrap_err();
+    let err = convert(&dir.small_model(7), &store_path, &options, &mut |_, _| {}).unwrap_err();
     assert!(err.to_string().contains("exists"), "{err}");
     let overwrite = options.clone().overwriting();
     let err = convert(
-        &source_model(&dir),
-        &source_model(&dir),
+        &dir.small_model(7),
+        &dir.small_model(7),
         &overwrite,
         &mut |_, _| {},
     )
@@ -468,7 +460,7 @@ fn bad_stores_are_refused_with_a_reason() {
         ConvertOptions::block_columns(48),
         ConvertOptions::neuron_columns(0),
     ] {
-        let err = convert(&source_model(&dir), &x, &options, &mut |_, _| {}).unwrap_err();
+        let err = convert(&dir.small_model(7), &x, &options, &mut |_, _| {}).unwrap_err();
         assert!(
             matches!(err, ConvertError::Store(StoreError::BundleSize { .. })),
             "{err}"
@@ -528,7 +520,7 @@ fn bad_stores_are_refused_with_a_reason() {
     let err = refused(&edited(&store_path, "diag.gguf", 2, Some("diagonal")));
     assert!(err.contains("unknown layout `diagonal`"), "{err}");
     // A version-1 store (block-columns, no layout key) still reads, with the same bits.
-    let blocks = dir.store(&source_model(&dir), &ConvertOptions::block_columns(64));
+    let blocks = dir.store(&dir.small_model(7), &ConvertOptions::block_columns(64));
     let v1 = edited(&blocks, "v1.gguf", 1, None);
     assert_eq!(
         run(&mut inline(&v1, None)).unwrap(),

@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use conductor::runtime::convert::{convert, ConvertOptions};
-use conductor::runtime::synthetic::SyntheticSpec;
+use conductor::runtime::synthetic::{synthetic_model, SyntheticSpec};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
@@ -83,6 +83,16 @@ impl ScratchDir {
             std::fs::write(&path, bytes()).unwrap();
         }
         path
+    }
+
+    /// The [`small_spec`] model of `seed`, written into the directory the first time.
+    pub fn small_model(&self, seed: u64) -> PathBuf {
+        self.file(&format!("small-{seed}.gguf"), || {
+            synthetic_model(&small_spec(seed))
+                .unwrap()
+                .to_bytes()
+                .unwrap()
+        })
     }
 
     /// `source` converted into a neuron store with `options`, the first time it is asked for

@@ -163,28 +163,9 @@ impl GgufFile {
             parts.push((r.start as usize, buf));
         }
         let _ = rustix::fs::fadvise(file, 0, None, rustix::fs::Advice::DontNeed);
-        let GgufFile {
-            version,
-            metadata,
-            key_index,
-            tensors,
-            tensor_index,
-            alignment,
-            data_offset,
-            powerinfer,
-            backing: _,
-        } = mapped;
-        Ok(GgufFile {
-            backing: Backing::Parts { len, parts },
-            version,
-            metadata,
-            key_index,
-            tensors,
-            tensor_index,
-            alignment,
-            data_offset,
-            powerinfer,
-        })
+        let mut parted = mapped;
+        parted.backing = Backing::Parts { len, parts };
+        Ok(parted)
     }
 
     /// Drops bytes `range` of a memory-mapped file from this process's resident memory and from
