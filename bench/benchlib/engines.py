@@ -32,11 +32,12 @@ def join_ints(values: list[int]) -> str:
 # ---------------------------------------------------------------- llama.cpp
 
 def llama_bench_cmd(bin_dir: Path, model: Path, prompts: list[int], gens: list[int], threads: list[int],
-                    reps: int) -> list[str]:
+                    reps: int, extra: list[str] | None = None) -> list[str]:
     # Every other setting (flash attention auto, batch sizes, KV type, mmap,
-    # repacking) stays at llama-bench's default; the report prints what it used.
+    # repacking) stays at llama-bench's default unless `extra` sets it; the report
+    # prints what it used.
     return [str(bin_dir / "llama-bench"), "-m", str(model), "-p", join_ints(prompts), "-n", join_ints(gens),
-            "-t", join_ints(threads), "-r", str(reps), "-o", "json"]
+            "-t", join_ints(threads), "-r", str(reps), "-o", "json", *(extra or [])]
 
 
 def test_name(n_prompt: int, n_gen: int) -> str:

@@ -230,3 +230,20 @@ class MedianProfile(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class VsLlamaCppRaw(unittest.TestCase):
+    def test_an_engine_that_never_finished_is_kept_as_its_outcome(self):
+        vs = load_script("vs-llama-cpp")
+        throughput = {("llama.cpp", "tg8", 2): "OOM-killed in 2/2 runs",
+                      ("conductor", "tg8", 2): report.Spread.of([0.6, 0.7])}
+        rss = {("llama.cpp", 2): "OOM-killed in 1/1 runs"}
+        with tempfile.TemporaryDirectory() as d:
+            path = Path(d) / "raw.json"
+            vs.write_raw(path, {"header_lines": [("model", "m.gguf")]}, [], throughput, rss)
+            doc = json.loads(path.read_text())
+        tok_s = {e["engine"]: e for e in doc["summary"]["tok_s"]}
+        self.assertEqual(tok_s["llama.cpp"]["outcome"], "OOM-killed in 2/2 runs")
+        self.assertEqual((tok_s["conductor"]["min"], tok_s["conductor"]["max"]), (0.6, 0.7))
+        self.assertEqual(doc["summary"]["peak_rss_bytes"][0]["outcome"], "OOM-killed in 1/1 runs")
+        self.assertEqual(doc["meta"]["header"], {"model": "m.gguf"})
