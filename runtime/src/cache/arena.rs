@@ -16,36 +16,71 @@ pub const SLOT_ALIGN: usize = 4096;
 
 const NONE: u32 = u32::MAX;
 
-/// One slot's bytes, aligned to [`SLOT_ALIGN`].
+/// Every slot's bytes in one zeroed allocation aligned to [`SLOT_ALIGN`]: exactly
+/// `n_slots × slot_bytes`, so the cache's resident memory is what the budget gave it. (Slots
+/// allocated one by one carried a page of alignment slack each, which writes around it
+/// committed: 1.5× the budget with 8 KiB slots.) A large allocation is mapped fresh, so its
+/// pages are committed only as slots are first filled.
+struct SlotMemory {
+    ptr: std::ptr::NonNull<u8>,
+    layout: std::alloc::Layout,
+}
+
+impl SlotMemory {
+    fn new(bytes: usize) -> SlotMemory {
+        let layout = std::alloc::Layout::from_size_align(bytes.max(SLOT_ALIGN), SLOT_ALIGN)
+            .expect("a cache the budget could hold fits in isize");
+        // SAFETY: the layout's size is non-zero (at least one page).
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr =
+            std::ptr::NonNull::new(ptr).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        SlotMemory { ptr, layout }
+    }
+}
+
+// SAFETY: `SlotMemory` only owns the allocation (freed once, on drop); every access to its
+// bytes goes through a `SlotBuf` behind its lock.
+unsafe impl Send for SlotMemory {}
+// SAFETY: as for `Send`: `&SlotMemory` reads nothing through the pointer.
+unsafe impl Sync for SlotMemory {}
+
+impl Drop for SlotMemory {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` came from `alloc_zeroed` with this layout and is freed once, here.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+/// One slot's bytes, aligned to [`SLOT_ALIGN`]: a region of the arena's [`SlotMemory`].
 pub struct SlotBuf {
-    backing: Vec<u8>,
-    shift: usize,
+    ptr: std::ptr::NonNull<u8>,
     len: usize,
 }
 
-impl SlotBuf {
-    fn new(len: usize) -> SlotBuf {
-        // Over-allocate and start at the first aligned byte: no `unsafe` allocation needed.
-        let backing = vec![0u8; len + SLOT_ALIGN];
-        let shift = backing.as_ptr().align_offset(SLOT_ALIGN);
-        SlotBuf {
-            backing,
-            shift,
-            len,
-        }
-    }
+// SAFETY: a `SlotBuf` is the only handle to its region (regions are disjoint), reached only
+// through its arena's `RwLock`, so shared access is `&[u8]` and mutation needs the write lock,
+// from whichever thread.
+unsafe impl Send for SlotBuf {}
+// SAFETY: as for `Send`: `&SlotBuf` only gives `&[u8]`.
+unsafe impl Sync for SlotBuf {}
 
+impl SlotBuf {
     pub fn bytes(&self) -> &[u8] {
-        &self.backing[self.shift..self.shift + self.len]
+        // SAFETY: `ptr..ptr + len` lies within the arena's allocation, which outlives every
+        // `SlotBuf` (the arena drops its slots before its memory, and hands out only guards
+        // that borrow it); no `&mut` to the region exists while `&self` does.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 
     pub fn bytes_mut(&mut self) -> &mut [u8] {
-        &mut self.backing[self.shift..self.shift + self.len]
+        // SAFETY: as in `bytes`, and `&mut self` is the only access to this disjoint region.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
 }
 
 /// The slots and the unit → slot table.
 pub struct SlotArena {
+    /// Regions of `memory`; declared first, so dropped before it.
     slots: Vec<RwLock<SlotBuf>>,
     map: UnitMap,
     /// Unit → slot, or `NONE`.
@@ -54,6 +89,8 @@ pub struct SlotArena {
     data: Vec<Range<usize>>,
     /// Bumped each time a slot is given to a unit.
     generations: Vec<AtomicU64>,
+    /// The slots' bytes: held for its drop, after the slots'.
+    _memory: SlotMemory,
 }
 
 impl SlotArena {
@@ -61,14 +98,26 @@ impl SlotArena {
     pub fn new(n_slots: u32, map: &UnitMap, extents: &[Extent]) -> SlotArena {
         let longest = extents.iter().map(|e| e.len).max().unwrap_or(0);
         let slot_bytes = longest.div_ceil(SLOT_ALIGN) * SLOT_ALIGN;
+        let memory = SlotMemory::new(n_slots as usize * slot_bytes);
         SlotArena {
-            slots: (0..n_slots)
-                .map(|_| RwLock::new(SlotBuf::new(slot_bytes)))
+            slots: (0..n_slots as usize)
+                .map(|i| {
+                    RwLock::new(SlotBuf {
+                        // SAFETY: slot i's region, i·slot_bytes.., lies within the allocation.
+                        ptr: unsafe {
+                            std::ptr::NonNull::new_unchecked(
+                                memory.ptr.as_ptr().add(i * slot_bytes),
+                            )
+                        },
+                        len: slot_bytes,
+                    })
+                })
                 .collect(),
             map: map.clone(),
             table: (0..map.n_units()).map(|_| AtomicU32::new(NONE)).collect(),
             data: extents.iter().map(|e| e.data.clone()).collect(),
             generations: (0..n_slots).map(|_| AtomicU64::new(0)).collect(),
+            _memory: memory,
         }
     }
 
