@@ -4,7 +4,8 @@
 
 use crate::{Engine, Error};
 use conductor_planner::predictor::{train_layer, PredictorConfig, TrainingSet};
-use conductor_runtime::model::{FfnActivation, Model};
+use conductor_runtime::model::ops::activate;
+use conductor_runtime::model::Model;
 use conductor_runtime::plan::ModelIdentity;
 use conductor_runtime::quant::{activation_type, dequantize_row, Kernels};
 use conductor_runtime::sparse::profile::{
@@ -202,10 +203,7 @@ fn profile_layer(
     let mut acts = project(&w.gate);
     let ups = project(&w.up);
     for g in acts.iter_mut() {
-        *g = match c.activation {
-            FfnActivation::Silu => *g / (1.0 + (-*g).exp()),
-            FfnActivation::Relu => g.max(0.0),
-        };
+        *g = activate(c.activation, *g);
     }
     let stats = layer_profile(
         &acts,

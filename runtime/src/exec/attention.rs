@@ -8,6 +8,7 @@ use super::compute::Work;
 use super::executor::{StepState, Tensor};
 use super::weights::read_slot;
 use crate::model::attention::{attend_tiled, attend_vec, TILED_MIN_QUERIES};
+use crate::model::ops::rms_norm_in_place;
 use crate::model::{KvCache, Model};
 use crate::neuron::Phase;
 use crate::quant::MatRef;
@@ -26,11 +27,16 @@ impl StepState {
         } = w;
         let c = &model.config;
         let hd = c.head_dim as usize;
-        let (acts, rope) = (&self.acts, &self.rope);
         let l = model
             .layers
             .get(work.layer as usize)
             .expect("attention phases belong to a layer");
+        let (window, rope_config) = c.layer_attention(work.layer as usize);
+        let rope = match window {
+            Some(_) => &self.rope_swa,
+            None => &self.rope,
+        };
+        let acts = &self.acts;
         let (n_head, n_kv) = (c.n_head as usize, c.n_head_kv as usize);
         grow(buf, (n_head + 2 * n_kv) * n * hd);
         let first = clusters.first().map_or(0, |r| r.start as usize);
@@ -53,13 +59,14 @@ impl StepState {
             });
             for (k, head) in units(&clusters[i]).enumerate() {
                 let dst = &mut out[k * n * hd..(k + 1) * n * hd];
-                let (w, bias, row0, rotate) = if head < n_head {
-                    (&l.wq, &l.bq, head * hd, true)
+                let (w, bias, row0, rotate, norm) = if head < n_head {
+                    (&l.wq, &l.bq, head * hd, true, &l.q_norm)
                 } else if head < n_head + n_kv {
-                    (&l.wk, &l.bk, (head - n_head) * hd, true)
+                    (&l.wk, &l.bk, (head - n_head) * hd, true, &l.k_norm)
                 } else {
-                    (&l.wv, &l.bv, (head - n_head - n_kv) * hd, false)
+                    (&l.wv, &l.bv, (head - n_head - n_kv) * hd, false, &None)
                 };
+                let q_scale = (head < n_head && c.q_scale != 1.0).then_some(c.q_scale);
                 let mat = match &slot {
                     Some(slot) => {
                         let rb = w.row_bytes();
@@ -81,8 +88,14 @@ impl StepState {
                             .zip(&b[row0..row0 + hd])
                             .for_each(|(x, b)| *x += b);
                     }
+                    if let Some(weight) = norm {
+                        rms_norm_in_place(v, weight, c.rms_eps);
+                    }
                     if rotate {
-                        rope.apply(c.rope.style, t, v);
+                        rope.apply(rope_config.style, t, v);
+                    }
+                    if let Some(scale) = q_scale {
+                        v.iter_mut().for_each(|x| *x *= scale);
                     }
                 }
             }
@@ -106,8 +119,9 @@ impl StepState {
         let n_past = self.request.n_past as usize;
         let (kernels, qkv) = (cx.kernels, &self.qkv);
         let group = (c.n_head / c.n_head_kv) as usize;
-        let scale = 1.0 / (hd as f32).sqrt();
+        let scale = c.kq_scale;
         let layer_index = work.layer as usize;
+        let (window, _) = c.layer_attention(layer_index);
         grow(buf, c.n_head as usize * n * hd);
         let first = clusters.first().map_or(0, |r| r.start as usize);
         let len: usize = clusters.iter().map(|r| r.len()).sum();
@@ -124,12 +138,15 @@ impl StepState {
                     let q = &qkv[(head * n + t) * hd..(head * n + t + 1) * hd];
                     let o = &mut out[(k * n + t) * hd..(k * n + t + 1) * hd];
                     let n_kv = n_past + t + 1;
+                    // A sliding window sees the last `window` positions only.
+                    let from = window.map_or(0, |w| n_kv.saturating_sub(w as usize));
                     let attend = if n >= TILED_MIN_QUERIES {
                         attend_tiled
                     } else {
                         attend_vec
                     };
-                    attend(kernels, q, keys, values, n_kv, scale, &mut s.attn, o);
+                    let (k, v) = (&keys[from * hd..], &values[from * hd..]);
+                    attend(kernels, q, k, v, n_kv - from, scale, &mut s.attn, o);
                 }
             }
         });

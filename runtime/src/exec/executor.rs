@@ -63,6 +63,8 @@ pub struct StepState {
     pub(super) normed: Vec<f32>,
     pub(super) acts: Activations,
     pub(super) rope: RopeTable,
+    /// RoPE of the sliding-window layers, when the model has some (their base differs).
+    pub(super) rope_swa: RopeTable,
     pub(super) qkv: Vec<f32>,
     pub(super) attn: Vec<f32>,
     pub(super) gathered: Vec<f32>,
@@ -109,6 +111,7 @@ impl StepState {
             normed: Vec::new(),
             acts: Activations::default(),
             rope: RopeTable::default(),
+            rope_swa: RopeTable::default(),
             qkv: Vec::new(),
             attn: Vec::new(),
             gathered: Vec::new(),
@@ -188,14 +191,19 @@ impl StepState {
         self.request = request.clone();
         self.x.resize(tokens.len() * embd, 0.0);
         for (t, &token) in tokens.iter().enumerate() {
-            model.embed(token, &mut self.x[t * embd..(t + 1) * embd])?;
+            let row = &mut self.x[t * embd..(t + 1) * embd];
+            model.embed(token, row)?;
+            if let Some(scale) = c.embd_scale {
+                row.iter_mut().for_each(|v| *v *= scale);
+            }
         }
-        self.rope.fill(
-            &c.rope,
-            model.rope_freq_factors.as_deref(),
-            request.n_past,
-            tokens.len(),
-        );
+        let factors = model.rope_freq_factors.as_deref();
+        self.rope
+            .fill(&c.rope, factors, request.n_past, tokens.len());
+        if let Some(swa) = &c.sliding_window {
+            self.rope_swa
+                .fill(&swa.rope, factors, request.n_past, tokens.len());
+        }
         self.logits.clear();
         self.emit(|| "embd".into(), Tensor::X, embd);
         self.prepare_attention(model, 0);
@@ -311,7 +319,8 @@ impl StepState {
             Phase::QkvHeads => self.finish_qkv_heads(model, kv, l),
             Phase::AttnHeads => self.finish_attn_heads(model, l),
             Phase::AttnOutRows => {
-                self.add_row_blocks(clusters, embd);
+                let post_norm = model.layers[l].attn_post_norm.as_deref();
+                self.add_row_blocks(clusters, embd, post_norm, c.rms_eps);
                 self.emit(|| format!("attn_out-{l}"), Tensor::Delta, embd);
                 self.emit(|| format!("ffn_inp-{l}"), Tensor::X, embd);
                 self.prepare_ffn(model, l);
@@ -339,9 +348,8 @@ impl StepState {
                         *d += p;
                     }
                 }
-                for (x, d) in self.x.iter_mut().zip(&self.delta) {
-                    *x += d;
-                }
+                let post_norm = model.layers[l].ffn_post_norm.as_deref();
+                self.add_delta(post_norm, c.rms_eps, embd);
                 self.emit(|| format!("ffn_out-{l}"), Tensor::Delta, embd);
                 self.emit(|| format!("l_out-{l}"), Tensor::X, embd);
                 self.prepare_next_layer(model, l);
@@ -367,7 +375,8 @@ impl StepState {
                 }
             }
             Phase::FfnDownRows => {
-                self.add_row_blocks(clusters, embd);
+                let post_norm = model.layers[l].ffn_post_norm.as_deref();
+                self.add_row_blocks(clusters, embd, post_norm, c.rms_eps);
                 self.emit(|| format!("ffn_out-{l}"), Tensor::Delta, embd);
                 self.emit(|| format!("l_out-{l}"), Tensor::X, embd);
                 self.prepare_next_layer(model, l);
@@ -377,15 +386,45 @@ impl StepState {
                 let n_out = n - self.request.logits_from as usize;
                 self.logits.resize(n_out * vocab, 0.0);
                 gather_row_blocks(&self.blocks, clusters, n_out, vocab, &mut self.logits);
+                if let Some(cap) = c.final_logit_softcap {
+                    for v in &mut self.logits {
+                        *v = (*v / cap).tanh() * cap;
+                    }
+                }
             }
         }
     }
 
-    /// `x[t][r] += block value` for row blocks `[cluster][token][rows]`.
-    fn add_row_blocks(&mut self, clusters: &[Range<u32>], width: usize) {
+    /// `x[t][r] += block value` for row blocks `[cluster][token][rows]` (through
+    /// [`Self::add_delta`]).
+    fn add_row_blocks(
+        &mut self,
+        clusters: &[Range<u32>],
+        width: usize,
+        post_norm: Option<&[f32]>,
+        eps: f32,
+    ) {
         let n = self.request.n_tokens as usize;
         self.delta.resize(n * width, 0.0);
         gather_row_blocks(&self.blocks, clusters, n, width, &mut self.delta);
+        self.add_delta(post_norm, eps, width);
+    }
+
+    /// `x += delta`, each token's delta first RMS-normed with `post_norm` if the layer has one
+    /// (Gemma's norms after attention and after the FFN).
+    fn add_delta(&mut self, post_norm: Option<&[f32]>, eps: f32, width: usize) {
+        if let Some(weight) = post_norm {
+            let n = self.delta.len() / width;
+            self.normed.resize(n * width, 0.0);
+            for (d, o) in self
+                .delta
+                .chunks_exact(width)
+                .zip(self.normed.chunks_exact_mut(width))
+            {
+                rms_norm(d, weight, eps, o);
+            }
+            std::mem::swap(&mut self.delta, &mut self.normed);
+        }
         for (x, d) in self.x.iter_mut().zip(&self.delta) {
             *x += d;
         }

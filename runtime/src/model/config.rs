@@ -4,14 +4,37 @@ use super::ModelError;
 use crate::gguf::GgufFile;
 use crate::plan::{FfnActivation, ModelShape};
 
-/// The llama-family variants Conductor runs. They share one forward pass and differ in RoPE
-/// layout, biases and defaults.
+/// The decoder-only transformer families Conductor runs. They share one forward pass and
+/// differ in RoPE layout, biases, extra norms and defaults (each difference is a field of
+/// [`ModelConfig`] or an optional tensor of [`super::LayerWeights`], set from this).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Architecture {
     /// Llama 1/2/3, Mistral, SmolLM, TinyLlama, ReluLLaMA … (`general.architecture = llama`).
     Llama,
     /// Qwen2: NeoX RoPE and biases on q, k, v.
     Qwen2,
+    /// Qwen3: NeoX RoPE, RMSNorm of each q and k head before RoPE, head size set apart from
+    /// the width.
+    Qwen3,
+    /// Gemma 3: embeddings scaled by √n_embd, RMSNorm of q and k heads, norms after attention
+    /// and after the FFN as well as before, a GELU-gated FFN, and sliding-window layers with
+    /// their own RoPE base between global ones.
+    Gemma3,
+}
+
+/// The architectures `general.architecture` may name, as error messages list them.
+pub const SUPPORTED_ARCHITECTURES: &str = "llama, mistral, qwen2, qwen3, gemma3";
+
+/// Sliding-window attention: layers that see only the last `window` positions, with their
+/// own RoPE.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SlidingWindow {
+    /// A query at position p attends to positions p - window + 1 ..= p.
+    pub window: u32,
+    /// Which layers use the window (the others attend to the whole context).
+    pub layers: Vec<bool>,
+    /// RoPE of the windowed layers.
+    pub rope: RopeConfig,
 }
 
 /// How RoPE pairs up the dimensions of a head.
@@ -56,6 +79,16 @@ pub struct ModelConfig {
     pub n_expert: u32,
     /// Experts each token's router picks (`{arch}.expert_used_count`; 0 for a dense FFN).
     pub n_expert_used: u32,
+    /// Token embeddings are multiplied by this (Gemma: √n_embd).
+    pub embd_scale: Option<f32>,
+    /// Queries are multiplied by this after RoPE (Gemma's attention scale; 1 elsewhere).
+    pub q_scale: f32,
+    /// Attention scores `q·k` are multiplied by this (1/√head_dim; 1 where `q_scale` scales).
+    pub kq_scale: f32,
+    /// Sliding-window layers, if the model has any.
+    pub sliding_window: Option<SlidingWindow>,
+    /// Logits become `cap · tanh(logit / cap)` (`{arch}.final_logit_softcapping`).
+    pub final_logit_softcap: Option<f32>,
 }
 
 /// Upper bounds that keep arithmetic on dimensions far from overflow: far above any real model,
@@ -75,6 +108,8 @@ impl ModelConfig {
         let arch = match arch_name.as_str() {
             "llama" | "mistral" => Architecture::Llama,
             "qwen2" => Architecture::Qwen2,
+            "qwen3" => Architecture::Qwen3,
+            "gemma3" => Architecture::Gemma3,
             other => return Err(ModelError::UnsupportedArchitecture(other.to_string())),
         };
         let key = |k: &str| format!("{arch_name}.{k}");
@@ -113,9 +148,29 @@ impl ModelConfig {
         let n_ctx_train = file.get_u32(&key("context_length"))?.unwrap_or(4096);
         let head_dim = match file.get_u32(&key("attention.key_length"))? {
             Some(d) => d,
-            None if n_head > 0 => n_embd / n_head,
+            // Without a head size the heads split the width, which they must then divide.
+            None if n_head > 0 && n_embd.is_multiple_of(n_head) => n_embd / n_head,
+            None if n_head > 0 => {
+                return Err(ModelError::BadValue {
+                    key: key("attention.head_count"),
+                    why: format!(
+                        "{n_head} heads do not divide the width {n_embd}, and no \
+                         attention.key_length gives the head size"
+                    ),
+                })
+            }
             None => 0,
         };
+        if let Some(v) = file.get_u32(&key("attention.value_length"))? {
+            if v != head_dim {
+                return Err(ModelError::BadValue {
+                    key: key("attention.value_length"),
+                    why: format!(
+                        "{v} differs from the key length {head_dim} (Conductor needs them equal)"
+                    ),
+                });
+            }
+        }
         let n_vocab = match file.get_u32(&key("vocab_size"))? {
             Some(v) => v,
             None => file
@@ -153,27 +208,54 @@ impl ModelConfig {
             // PowerInfer's files (`PWRI` magic) name no activation: its sparse models
             // (ReluLLaMA, ProSparse) are ReLU models, and its runtime computes them so.
             None if file.is_powerinfer() => FfnActivation::Relu,
+            None if arch == Architecture::Gemma3 => FfnActivation::GeluTanh,
             None | Some("silu") | Some("swiglu") => FfnActivation::Silu,
             Some("relu") => FfnActivation::Relu,
+            Some("gelu") | Some("geglu") => FfnActivation::GeluTanh,
             Some(other) => {
                 return Err(ModelError::BadValue {
                     key: key("activation_function"),
-                    why: format!("FFN activation `{other}` is not supported (silu, relu are)"),
+                    why: format!(
+                        "FFN activation `{other}` is not supported (silu, relu, gelu are)"
+                    ),
                 })
             }
         };
+        let rope = RopeConfig {
+            style: match arch {
+                Architecture::Llama => RopeStyle::Normal,
+                Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Gemma3 => RopeStyle::Neox,
+            },
+            n_dims: n_rot,
+            freq_base,
+            freq_scale,
+        };
+        let sliding_window = match arch {
+            Architecture::Gemma3 => sliding_window(file, &key, n_layer, &rope)?,
+            _ => None,
+        };
+        let default_kq_scale = 1.0 / (head_dim.max(1) as f32).sqrt();
+        let (embd_scale, q_scale, kq_scale) = match arch {
+            // Gemma 3 scales queries by its attention scale, which for the 27B model is
+            // 1/√(n_embd / n_head) and 1/√head_dim for the others (llama.cpp keys it on the
+            // 62 layers of the 27B).
+            Architecture::Gemma3 => {
+                let q_scale = if n_layer == 62 && n_head > 0 {
+                    1.0 / ((n_embd / n_head) as f32).sqrt()
+                } else {
+                    default_kq_scale
+                };
+                (Some((n_embd as f32).sqrt()), q_scale, 1.0)
+            }
+            _ => (None, 1.0, default_kq_scale),
+        };
+        let final_logit_softcap = file
+            .get_f32(&key("final_logit_softcapping"))?
+            .filter(|&c| c != 0.0);
         let config = ModelConfig {
             arch,
             name: file.get_str("general.name")?.map(str::to_string),
-            rope: RopeConfig {
-                style: match arch {
-                    Architecture::Llama => RopeStyle::Normal,
-                    Architecture::Qwen2 => RopeStyle::Neox,
-                },
-                n_dims: n_rot,
-                freq_base,
-                freq_scale,
-            },
+            rope,
             arch_name,
             n_layer,
             n_embd,
@@ -187,6 +269,11 @@ impl ModelConfig {
             activation,
             n_expert,
             n_expert_used,
+            embd_scale,
+            q_scale,
+            kq_scale,
+            sliding_window,
+            final_logit_softcap,
         };
         config.validate()?;
         Ok(config)
@@ -250,7 +337,43 @@ impl ModelConfig {
                 format!("{} is not a positive base", self.rope.freq_base),
             );
         }
+        if let Some(swa) = &self.sliding_window {
+            if swa.window > self.n_ctx_train {
+                return bad(
+                    "attention.sliding_window",
+                    format!(
+                        "a window of {} positions is larger than the {}-token context",
+                        swa.window, self.n_ctx_train
+                    ),
+                );
+            }
+            if !(swa.rope.freq_base.is_finite() && swa.rope.freq_base > 0.0) {
+                return bad(
+                    "rope.freq_base_swa",
+                    format!("{} is not a positive base", swa.rope.freq_base),
+                );
+            }
+        }
+        if let Some(cap) = self.final_logit_softcap {
+            if !(cap.is_finite() && cap > 0.0) {
+                return bad(
+                    "final_logit_softcapping",
+                    format!("{cap} is not a positive cap"),
+                );
+            }
+        }
         Ok(())
+    }
+
+    /// The window and RoPE of layer `l`'s attention: `None` (the whole context) and the
+    /// model's RoPE, except on sliding-window layers.
+    pub fn layer_attention(&self, l: usize) -> (Option<u32>, &RopeConfig) {
+        match &self.sliding_window {
+            Some(swa) if swa.layers.get(l).copied().unwrap_or(false) => {
+                (Some(swa.window), &swa.rope)
+            }
+            _ => (None, &self.rope),
+        }
     }
 
     /// Neurons of one expert (the whole FFN for a dense model).
@@ -292,6 +415,53 @@ impl ModelConfig {
             n_expert_used: self.n_expert_used,
         }
     }
+}
+
+/// Gemma 3's sliding-window layers: `attention.sliding_window` positions (none when absent or
+/// 0), on the layers `attention.sliding_window_pattern` names — an array of one flag per
+/// layer, or a period `n` where every `n`-th layer is global (default 6: five windowed
+/// layers, then one global) — with RoPE base `rope.freq_base_swa` (default 10000) and no
+/// scaling, as llama.cpp reads them.
+fn sliding_window(
+    file: &GgufFile,
+    key: &dyn Fn(&str) -> String,
+    n_layer: u32,
+    global_rope: &RopeConfig,
+) -> Result<Option<SlidingWindow>, ModelError> {
+    let window = file.get_u32(&key("attention.sliding_window"))?.unwrap_or(0);
+    if window == 0 {
+        return Ok(None);
+    }
+    let pattern_key = key("attention.sliding_window_pattern");
+    let layers = match file.get(&pattern_key) {
+        Some(crate::gguf::Value::Array(crate::gguf::Array::Bool(flags))) => {
+            if flags.len() != n_layer as usize {
+                return Err(ModelError::BadValue {
+                    key: pattern_key,
+                    why: format!("{} flags for {n_layer} layers", flags.len()),
+                });
+            }
+            flags.clone()
+        }
+        _ => {
+            let period = file.get_u32(&pattern_key)?.unwrap_or(6);
+            (0..n_layer)
+                .map(|l| period == 0 || l % period < period - 1)
+                .collect()
+        }
+    };
+    let freq_base = file
+        .get_f32(&key("rope.freq_base_swa"))?
+        .unwrap_or(10_000.0);
+    Ok(Some(SlidingWindow {
+        window,
+        layers,
+        rope: RopeConfig {
+            freq_base,
+            freq_scale: 1.0,
+            ..global_rope.clone()
+        },
+    }))
 }
 
 /// The MoE counts from `expert_count` and `expert_used_count` (`key` makes a metadata name):

@@ -1,4 +1,4 @@
-//! Llama-family model: configuration from GGUF metadata, weights, and the forward-pass pieces.
+//! A decoder-only transformer (llama, qwen, gemma families): configuration from GGUF metadata, weights, and the forward-pass pieces.
 
 pub mod attention;
 mod config;
@@ -11,7 +11,10 @@ mod weights;
 
 /// Defined in `plan` (part of what a model is); re-exported for the executor.
 pub use crate::plan::FfnActivation;
-pub use config::{Architecture, ModelConfig, RopeConfig, RopeStyle, MAX_EXPERTS};
+pub use config::{
+    Architecture, ModelConfig, RopeConfig, RopeStyle, SlidingWindow, MAX_EXPERTS,
+    SUPPORTED_ARCHITECTURES,
+};
 pub use kv_cache::KvCache;
 pub use weights::{DownBlocks, LayerWeights, Model, TensorRef};
 
@@ -25,7 +28,7 @@ pub enum ModelError {
     Gguf(#[from] GgufError),
     #[error(transparent)]
     Quant(#[from] QuantError),
-    #[error("unsupported architecture `{0}` (Conductor runs llama, mistral and qwen2 models)")]
+    #[error("unsupported architecture `{0}` (Conductor runs {SUPPORTED_ARCHITECTURES})")]
     UnsupportedArchitecture(String),
     #[error("the model has no metadata key `{0}`")]
     MissingKey(String),

@@ -8,12 +8,25 @@ use crate::plan::FfnActivation;
 
 /// `out = x / rms(x) * weight`.
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
-    let sum: f64 = x.iter().map(|&v| (v * v) as f64).sum();
-    let mean = (sum / x.len() as f64) as f32;
-    let scale = 1.0 / (mean + eps).sqrt();
+    let scale = rms_scale(x, eps);
     for ((o, &v), &w) in out.iter_mut().zip(x).zip(weight) {
         *o = v * scale * w;
     }
+}
+
+/// [`rms_norm`] of `x` into itself (the same operations, so the same bits).
+pub fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
+    let scale = rms_scale(x, eps);
+    for (v, &w) in x.iter_mut().zip(weight) {
+        *v = *v * scale * w;
+    }
+}
+
+/// `1 / √(mean(x²) + eps)`, the squares summed in f64.
+fn rms_scale(x: &[f32], eps: f32) -> f32 {
+    let sum: f64 = x.iter().map(|&v| (v * v) as f64).sum();
+    let mean = (sum / x.len() as f64) as f32;
+    1.0 / (mean + eps).sqrt()
 }
 
 /// cos/sin of every rotated pair for a run of consecutive positions, computed once per step
@@ -69,20 +82,52 @@ impl RopeTable {
     }
 }
 
+/// `act(g)`, the gate's nonlinearity, as every path (dense, sparse, profiling) computes it.
+#[inline]
+pub fn activate(act: FfnActivation, g: f32) -> f32 {
+    match act {
+        FfnActivation::Silu => g / (1.0 + (-g).exp()),
+        FfnActivation::Relu => g.max(0.0),
+        FfnActivation::GeluTanh => gelu_tanh(g),
+    }
+}
+
 /// `gate[i] = act(gate[i]) * up[i]`, in place.
 pub fn gated_activation(act: FfnActivation, gate: &mut [f32], up: &[f32]) {
-    match act {
-        FfnActivation::Silu => {
-            for (g, &u) in gate.iter_mut().zip(up) {
-                *g = *g / (1.0 + (-*g).exp()) * u;
-            }
-        }
-        FfnActivation::Relu => {
-            for (g, &u) in gate.iter_mut().zip(up) {
-                *g = g.max(0.0) * u;
-            }
-        }
+    for (g, &u) in gate.iter_mut().zip(up) {
+        *g = activate(act, *g) * u;
     }
+}
+
+/// GELU with the tanh approximation, as llama.cpp's CPU backend computes it for GeGLU: 0 from
+/// -10 down, the identity from 10 up, and in between the input rounded to f16 and looked up in
+/// a table of f16 results (`0.5x(1 + tanh(√(2/π)·x·(1 + 0.044715x²)))` in f32, rounded).
+/// Matching the rounding keeps Gemma's logits close to llama.cpp's.
+#[inline]
+pub fn gelu_tanh(x: f32) -> f32 {
+    if x <= -10.0 {
+        0.0
+    } else if x >= 10.0 {
+        x
+    } else {
+        let table = GELU_F16.get_or_init(gelu_f16_table);
+        half::f16::from_bits(table[half::f16::from_f32(x).to_bits() as usize]).to_f32()
+    }
+}
+
+static GELU_F16: std::sync::OnceLock<Box<[u16]>> = std::sync::OnceLock::new();
+
+/// GELU of every f16 value, rounded to f16 (128 KiB, built on first use).
+fn gelu_f16_table() -> Box<[u16]> {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    const COEF_A: f32 = 0.044715;
+    (0..=u16::MAX)
+        .map(|bits| {
+            let x = half::f16::from_bits(bits).to_f32();
+            let y = 0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + COEF_A * x * x)).tanh());
+            half::f16::from_f32(y).to_bits()
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -132,5 +177,29 @@ mod tests {
         gated_activation(FfnActivation::Silu, &mut g, &[1.0, 2.0]);
         assert_eq!(g[0], 0.0);
         assert!((g[1] - 2.0 * 10.0 / (1.0 + (-10.0f32).exp())).abs() < 1e-5);
+    }
+
+    /// The f16-table GELU stays within f16 rounding of the exact tanh form, and is exactly
+    /// 0 and the identity past ±10.
+    #[test]
+    fn gelu_tanh_is_the_tanh_form_rounded_to_f16() {
+        let exact = |x: f64| {
+            0.5 * x
+                * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh())
+        };
+        for i in -1200..=1200 {
+            let x = i as f32 / 100.0;
+            let got = gelu_tanh(x) as f64;
+            let want = exact(x as f64);
+            // Input rounding to f16 (rel. 2^-11, times a slope below 1.13) and output rounding.
+            let tol = 2e-3 * want.abs().max(x.abs() as f64) + 1e-4;
+            assert!((got - want).abs() <= tol, "gelu({x}) = {got}, want {want}");
+        }
+        assert_eq!(gelu_tanh(-10.0), 0.0);
+        assert_eq!(gelu_tanh(-50.0), 0.0);
+        assert_eq!(gelu_tanh(12.5), 12.5);
+        let mut g = [1.5f32, -20.0];
+        gated_activation(FfnActivation::GeluTanh, &mut g, &[2.0, 3.0]);
+        assert_eq!(g, [gelu_tanh(1.5) * 2.0, 0.0]);
     }
 }

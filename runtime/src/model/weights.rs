@@ -38,7 +38,16 @@ pub struct LayerWeights {
     pub bq: Option<Vec<f32>>,
     pub bk: Option<Vec<f32>>,
     pub bv: Option<Vec<f32>>,
+    /// RMSNorm weights applied to each query and each key head before RoPE (Qwen3, Gemma 3).
+    pub q_norm: Option<Vec<f32>>,
+    pub k_norm: Option<Vec<f32>>,
+    /// RMSNorm weights applied to the attention's output before it joins the residual stream
+    /// (Gemma 3's `post_attention_norm`).
+    pub attn_post_norm: Option<Vec<f32>>,
     pub ffn_norm: Vec<f32>,
+    /// RMSNorm weights applied to the FFN's output before it joins the residual stream
+    /// (Gemma 3's `post_ffw_norm`).
+    pub ffn_post_norm: Option<Vec<f32>>,
     /// The FFN's gate and up projections: `n_ff` rows of `n_embd`. In a mixture of experts
     /// (`ffn_gate_exps`, `ffn_up_exps`) the experts' rows follow each other, so row `j` is
     /// neuron `j` of the shared neuron space either way.
@@ -244,6 +253,9 @@ impl Model {
         let n_expert = c.n_expert as usize;
         let f = per_expert as usize;
         let has_bias = c.arch == Architecture::Qwen2;
+        let has_qk_norm = matches!(c.arch, Architecture::Qwen3 | Architecture::Gemma3);
+        let has_post_norms = c.arch == Architecture::Gemma3;
+        let hd = c.head_dim as usize;
         let mut layers = Vec::with_capacity(c.n_layer as usize);
         for i in 0..c.n_layer {
             let name = |t: &str| format!("blk.{i}.{t}");
@@ -278,8 +290,16 @@ impl Model {
                     (false, None) => Ok(None),
                 }
             };
+            let norm_if = |wanted: bool, t: &str, n: usize| match wanted {
+                true => loader.vector(&name(t), n).map(Some),
+                false => Ok(None),
+            };
             layers.push(LayerWeights {
                 attn_norm: loader.vector(&name("attn_norm.weight"), embd)?,
+                q_norm: norm_if(has_qk_norm, "attn_q_norm.weight", hd)?,
+                k_norm: norm_if(has_qk_norm, "attn_k_norm.weight", hd)?,
+                attn_post_norm: norm_if(has_post_norms, "post_attention_norm.weight", embd)?,
+                ffn_post_norm: norm_if(has_post_norms, "post_ffw_norm.weight", embd)?,
                 wq: loader.matrix(&name("attn_q.weight"), q, embd)?,
                 wk: loader.matrix(&name("attn_k.weight"), kv, embd)?,
                 wv: loader.matrix(&name("attn_v.weight"), kv, embd)?,

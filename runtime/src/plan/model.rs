@@ -128,6 +128,8 @@ pub enum FfnActivation {
     Silu,
     /// ReLU: ReluLLaMA, ProSparse, TurboSparse — naturally sparse.
     Relu,
+    /// GeGLU with the tanh approximation of GELU: Gemma.
+    GeluTanh,
 }
 
 /// What identifies the model a profile belongs to: its shape and a checksum of its norm

@@ -96,9 +96,6 @@ impl SparseFfn {
     /// `act(g)` as the dense path computes it (before the product with up).
     #[inline]
     pub fn activate(&self, g: f32) -> f32 {
-        match self.activation {
-            FfnActivation::Silu => g / (1.0 + (-g).exp()),
-            FfnActivation::Relu => g.max(0.0),
-        }
+        crate::model::ops::activate(self.activation, g)
     }
 }
