@@ -11,7 +11,19 @@
 //! cargo run --release --example synthetic_model -- --shape turbosparse-mistral-7b -o ts7b.gguf
 //! # ... cut to one layer (any of --layers, --embd, --ff, --heads, --kv-heads, --vocab):
 //! cargo run --release --example synthetic_model -- --shape turbosparse-mixtral-47b --layers 1 -o m1.gguf
+//! # Another architecture (llama, llama3, qwen2, qwen3, gemma3, phi3) in its preset shape, typed
+//! # as a Q4_K_M file (`--preset tiny`: the tests' 2-layer shape; small: 8 layers, the default):
+//! cargo run --release --example synthetic_model -- --arch gemma3 -o gemma3.gguf
+//! cargo run --release --example synthetic_model -- --arch qwen3 --preset tiny --types q4_0 -o q3.gguf
 //! ```
+//!
+//! With `--arch`, the architecture's tensors and metadata are written as llama.cpp reads them
+//! (qwen3's q/k head norms and head size; gemma3's four norms a layer, sliding windows and
+//! SentencePiece vocabulary; phi3's fused q/k/v and gate/up matrices and LongRoPE factors;
+//! llama3's RoPE frequency factors) in the preset's shape (`SyntheticSpec::preset`); the
+//! dimension flags override it. `--types q4_k_m` (the presets' default) types the matrices as
+//! llama.cpp's Q4_K_M quantizer does; a type name (q4_0, q4_1, q8_0, q4_k, q6_k) gives every
+//! matrix that type.
 //!
 //! With `--shape`, dimensions and types are the named shape's: the same type for token
 //! embeddings, attention and FFN matrices (Q4_0 for the 7B-class and Mixtral shapes, as
@@ -35,7 +47,7 @@ use anyhow::{anyhow, bail, Result};
 use clap::Parser;
 use conductor::runtime::model::FfnActivation;
 use conductor::runtime::quant::GgmlType;
-use conductor::runtime::synthetic::{SyntheticModel, SyntheticSpec, CHUNK_BYTES};
+use conductor::runtime::synthetic::{Preset, SyntheticModel, SyntheticSpec, TypeMix, CHUNK_BYTES};
 use conductor_simulator::{activation_stats, named_shape, neuron_frequencies, NAMED_SHAPES};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -49,6 +61,20 @@ struct Args {
     /// its dimensions.
     #[arg(long)]
     shape: Option<String>,
+    /// An architecture (llama, llama3, qwen2, qwen3, gemma3, phi3) in its preset shape; the
+    /// flags below override its dimensions.
+    #[arg(long, conflicts_with = "shape")]
+    arch: Option<String>,
+    /// The preset shape with --arch: tiny or small.
+    #[arg(long, default_value = "small", requires = "arch")]
+    preset: String,
+    /// Matrix types with --arch: q4_k_m, or one type for every matrix (q4_0, q4_1, q8_0, q4_k,
+    /// q6_k).
+    #[arg(long, requires = "arch")]
+    types: Option<String>,
+    /// Head size with --arch (qwen3 and gemma3 write it apart from the width).
+    #[arg(long, requires = "arch")]
+    head_dim: Option<u32>,
     /// Layers (default 16 without --shape).
     #[arg(long)]
     layers: Option<u32>,
@@ -67,8 +93,9 @@ struct Args {
     /// Vocabulary (default 32000).
     #[arg(long)]
     vocab: Option<u32>,
-    #[arg(long, default_value_t = 7)]
-    seed: u64,
+    /// Seed of the weights (default 7; with --arch, the preset's).
+    #[arg(long)]
+    seed: Option<u64>,
     /// A ReLU model in which about this share of FFN neurons fires per token (e.g. 0.1).
     #[arg(long)]
     relu_active: Option<f32>,
@@ -90,7 +117,7 @@ fn flag_spec(a: &Args) -> SyntheticSpec {
         weight_type: GgmlType::Q4_1,
         embd_type: GgmlType::Q8_0,
         tied_output: true,
-        seed: a.seed,
+        seed: a.seed.unwrap_or(7),
         activation: if a.relu_active.is_some() {
             FfnActivation::Relu
         } else {
@@ -168,9 +195,46 @@ fn shape_spec(name: &str, a: &Args) -> Result<SyntheticSpec> {
         ffn_frequencies: stats.map(|st| neuron_frequencies(&d, &st)),
         n_expert: d.shape.n_expert,
         n_expert_used: d.shape.n_expert_used,
-        seed: a.seed,
+        seed: a.seed.unwrap_or(7),
         ..SyntheticSpec::default()
     })
+}
+
+/// The spec of architecture `arch` in its preset shape, with the flags' overrides.
+fn arch_spec(arch: &str, a: &Args) -> Result<SyntheticSpec> {
+    let preset = match a.preset.as_str() {
+        "tiny" => Preset::Tiny,
+        "small" => Preset::Small,
+        other => bail!("unknown preset {other}; known: tiny, small"),
+    };
+    let mut s = SyntheticSpec::preset(arch, preset)?;
+    s.n_layer = a.layers.unwrap_or(s.n_layer);
+    s.n_embd = a.embd.unwrap_or(s.n_embd);
+    s.n_ff = a.ff.unwrap_or(s.n_ff);
+    s.n_head = a.heads.unwrap_or(s.n_head);
+    s.n_head_kv = a.kv_heads.unwrap_or(s.n_head_kv);
+    s.n_vocab = a.vocab.unwrap_or(s.n_vocab);
+    s.head_dim = a.head_dim.or(s.head_dim);
+    s.seed = a.seed.unwrap_or(s.seed);
+    if a.embd.is_some() || a.heads.is_some() {
+        // The preset's head size belongs to its width and heads.
+        s.head_dim = a.head_dim;
+    }
+    match a.types.as_deref().map(str::to_ascii_lowercase).as_deref() {
+        None | Some("q4_k_m") => {}
+        Some(name) => {
+            let ty = GgmlType::from_name(name)
+                .ok_or_else(|| anyhow!("unknown type {name}; q4_k_m or a ggml type name"))?;
+            s.mix = TypeMix::Uniform;
+            s.weight_type = ty;
+            s.output_type = Some(ty);
+        }
+    }
+    if a.relu_active.is_some() {
+        s.activation = FfnActivation::Relu;
+        s.relu_active_share = a.relu_active;
+    }
+    Ok(s)
 }
 
 /// A bar redrawn in place on a terminal, a line per quarter in a log.
@@ -201,9 +265,10 @@ fn progress_bar(started: Instant) -> impl FnMut(u64, u64) {
 
 fn main() -> Result<()> {
     let a = Args::parse();
-    let spec = match &a.shape {
-        Some(name) => shape_spec(name, &a)?,
-        None => flag_spec(&a),
+    let spec = match (&a.shape, &a.arch) {
+        (Some(name), _) => shape_spec(name, &a)?,
+        (None, Some(arch)) => arch_spec(arch, &a)?,
+        (None, None) => flag_spec(&a),
     };
     let threads = a
         .threads

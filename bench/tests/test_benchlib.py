@@ -4,14 +4,16 @@ python3 -m unittest discover -s bench/tests"""
 import json
 import os
 import signal
+import struct
 import sys
 import tempfile
 import unittest
+import zlib
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchlib import engines, report  # noqa: E402
+from benchlib import engines, logits, report  # noqa: E402
 from benchlib.profiles import median_profile  # noqa: E402
 from benchlib.errors import BenchError  # noqa: E402
 from benchlib.procs import run_measured  # noqa: E402
@@ -247,3 +249,86 @@ class VsLlamaCppRaw(unittest.TestCase):
         self.assertEqual((tok_s["conductor"]["min"], tok_s["conductor"]["max"]), (0.6, 0.7))
         self.assertEqual(doc["summary"]["peak_rss_bytes"][0]["outcome"], "OOM-killed in 1/1 runs")
         self.assertEqual(doc["meta"]["header"], {"model": "m.gguf"})
+
+
+def _gguf_bytes(kvs: list[tuple[str, int, bytes]]) -> bytes:
+    """A GGUF v3 header without tensors: (key, value type, packed value) triples."""
+    out = b"GGUF" + struct.pack("<IQQ", 3, 0, len(kvs))
+    for key, ty, packed in kvs:
+        out += struct.pack("<Q", len(key)) + key.encode() + struct.pack("<I", ty) + packed
+    return out
+
+
+def _gguf_str(s: str) -> bytes:
+    return struct.pack("<Q", len(s)) + s.encode()
+
+
+class LogitsHelpers(unittest.TestCase):
+    def test_gguf_metadata_scalars_strings_and_arrays(self):
+        tokens = struct.pack("<IQ", 8, 3) + b"".join(_gguf_str(t) for t in ["a", "b", "c"])
+        data = _gguf_bytes([("general.architecture", 8, _gguf_str("gemma3")),
+                            ("tokenizer.ggml.bos_token_id", 4, struct.pack("<I", 2)),
+                            ("gemma3.rope.freq_base", 6, struct.pack("<f", 10000.0)),
+                            ("tokenizer.ggml.tokens", 9, tokens)])
+        meta = logits.parse_gguf_metadata(data)
+        self.assertEqual(meta["general.architecture"], "gemma3")
+        self.assertEqual(meta["gemma3.rope.freq_base"], 10000.0)
+        self.assertEqual(logits.vocab_and_bos(meta), (3, 2))
+
+    def test_gguf_metadata_refuses_other_files_and_truncation(self):
+        with self.assertRaises(BenchError):
+            logits.parse_gguf_metadata(b"GGML" + bytes(20))
+        data = _gguf_bytes([("general.architecture", 8, _gguf_str("llama"))])
+        with self.assertRaises(BenchError):
+            logits.parse_gguf_metadata(data[:-2])
+
+    def test_token_ids_start_with_bos_stay_in_the_vocabulary_and_repeat(self):
+        ids = logits.token_ids(320, 2, 64)
+        self.assertEqual(ids[0], 2)
+        self.assertEqual(len(ids), 65)
+        self.assertTrue(all(0 <= i < 320 for i in ids))
+        self.assertEqual(ids, logits.token_ids(320, 2, 64))
+        self.assertNotEqual(ids, logits.token_ids(320, 2, 64, seed=2))
+        self.assertEqual(logits.token_ids(320, None, 4), logits.token_ids(320, 7, 4)[1:])
+
+    def test_compare_counts_argmax_agreement_and_deltas(self):
+        ref = [[0.0, 3.0, 1.0], [2.0, 0.0, 1.0]]
+        other = [[0.1, 2.5, 1.0], [1.0, 0.0, 1.5]]
+        a = logits.compare(ref, other, k=1)
+        self.assertEqual((a.positions, a.agree, a.disagree), (2, 1, [1]))
+        self.assertAlmostEqual(a.max_abs, 1.0)
+        self.assertEqual(a.worst_position, 1)
+        # Top 1 of each reference row: 3.0 (delta 0.5) and 2.0 (delta 1.0).
+        self.assertAlmostEqual(a.max_abs_topk, 1.0)
+        # Both reference rows lead by 2.0 and 1.0: confident; the second disagrees.
+        self.assertEqual((a.confident, a.confident_agree, a.disagree_margins), (2, 1, [1.0]))
+        self.assertEqual(logits.compare(ref, other, k=1, margin=1.5).confident, 1)
+        with self.assertRaises(BenchError):
+            logits.compare(ref, other[:1])
+
+    def test_top_k_breaks_ties_by_id(self):
+        self.assertEqual(logits.top_k([1.0, 5.0, 5.0, 0.0], 3), [(1, 5.0), (2, 5.0), (0, 1.0)])
+
+    def test_tensor_dumps_keep_the_last_value_of_a_name(self):
+        def record(name, values):
+            return struct.pack("<I", len(name)) + name.encode() + struct.pack("<I", len(values)) + \
+                struct.pack(f"<{len(values)}f", *values)
+        with tempfile.TemporaryDirectory() as d:
+            path = Path(d) / "t.bin"
+            path.write_bytes(record("Qcur-0", [1.0, 2.0]) + record("l_out-0", [3.0]) + record("Qcur-0", [4.0, 5.0]))
+            t = logits.read_tensors(path)
+            self.assertEqual(list(t["Qcur-0"]), [4.0, 5.0])
+            path.write_bytes(record("x", [1.0])[:-2])
+            with self.assertRaises(BenchError):
+                logits.read_tensors(path)
+        rows = logits.tensor_differences({"a": [1.0, 1.0], "b": [2.0]}, {"a": [1.0, 1.5], "c": [0.0]}, ["a", "b"])
+        self.assertEqual(rows, [("a", 0.5, 0.5)])
+
+    def test_stored_reference_names_the_file_by_size_and_crc(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = Path(d) / "m.gguf"
+            path.write_bytes(b"model bytes")
+            s = logits.stored_reference("qwen3", "tiny", path, [1, 2], [[0.0, 1.0, 0.5], [2.0, 0.0, 1.0]], 2, {})
+        self.assertEqual(s["file_bytes"], 11)
+        self.assertEqual(s["file_crc32"], zlib.crc32(b"model bytes"))
+        self.assertEqual(s["top_k"], [[[1, 1.0], [2, 0.5]], [[0, 2.0], [2, 1.0]]])

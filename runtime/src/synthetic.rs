@@ -32,7 +32,7 @@ use crate::quant::{quantize_row, GgmlType};
 /// What to generate.
 #[derive(Clone, Debug)]
 pub struct SyntheticSpec {
-    /// `llama` or `qwen2` (q/k/v biases, NeoX RoPE).
+    /// An architecture of [`ARCHS`] (`llama`, `llama3`, `qwen2`, `qwen3`, `gemma3`, `phi3`).
     pub arch: &'static str,
     /// Written as `general.name` = `synthetic-NAME` (`None`: the architecture).
     pub name: Option<String>,
@@ -42,18 +42,29 @@ pub struct SyntheticSpec {
     pub n_ff: u32,
     pub n_head: u32,
     pub n_head_kv: u32,
+    /// Head size (`None`: `n_embd / n_head`). Written as `attention.key_length` and
+    /// `value_length` where the architecture has them (qwen3, gemma3).
+    pub head_dim: Option<u32>,
     /// At least 300 (byte tokens, special tokens and some merges).
     pub n_vocab: u32,
     pub n_ctx: u32,
-    /// Type of the attention and FFN matrices.
+    /// Type of the attention and FFN matrices ([`TypeMix::Uniform`]).
     pub weight_type: GgmlType,
     /// Type of the token embeddings (and of the output when tied).
     pub embd_type: GgmlType,
-    /// Type of the output projection when not tied (`None`: `embd_type`).
+    /// Type of the output projection when not tied (`None`: `embd_type`; [`TypeMix::Uniform`]).
     pub output_type: Option<GgmlType>,
+    /// How the matrices' types are chosen.
+    pub mix: TypeMix,
     /// Use the embeddings as the output projection.
     pub tied_output: bool,
     pub activation: FfnActivation,
+    /// Sliding-window layers' window (architectures with sliding windows; `None`: the
+    /// architecture's default).
+    pub sliding_window: Option<u32>,
+    /// Written as `attention.sliding_window_pattern`: every this-many-th layer attends to the
+    /// whole context (`None`: not written, llama.cpp's default for the architecture applies).
+    pub swa_period: Option<u32>,
     /// ReLU models: the share of FFN neurons that should fire per token (e.g. 0.1 for the
     /// ~90% natural sparsity of ReluLLaMA-like models), the same for every neuron. Every token
     /// embedding gets a large constant in dimension 0 and every gate row a negative weight
@@ -82,19 +93,323 @@ impl Default for SyntheticSpec {
             n_ff: 128,
             n_head: 4,
             n_head_kv: 2,
+            head_dim: None,
             n_vocab: 320,
             n_ctx: 256,
             weight_type: GgmlType::Q4_1,
             embd_type: GgmlType::Q8_0,
             output_type: None,
+            mix: TypeMix::Uniform,
             tied_output: true,
             activation: FfnActivation::Silu,
+            sliding_window: None,
+            swa_period: None,
             relu_active_share: None,
             ffn_frequencies: None,
             n_expert: 0,
             n_expert_used: 0,
             seed: 1,
         }
+    }
+}
+
+/// How the matrices' types are chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TypeMix {
+    /// `weight_type` for every attention and FFN matrix, `output_type` for the output.
+    Uniform,
+    /// As llama.cpp's quantizer makes a Q4_K_M file: Q4_K matrices; Q6_K for `attn_v` and
+    /// `ffn_down` on the layers llama.cpp gives more bits (the first and last eighth, and every
+    /// third between) and for an untied output; `embd_type` for the embeddings.
+    Q4KM,
+}
+
+/// Sizes of [`SyntheticSpec::preset`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Preset {
+    /// Two layers, a width of 256 or 320, a 320-token vocabulary: small enough to generate
+    /// and run in a test (`runtime/tests/llama_cpp_logits.rs`).
+    Tiny,
+    /// Eight layers at a small real model's width (Qwen2-0.5B's 896, Gemma-3-270M's 640, ...)
+    /// and a 32k vocabulary: `bench/logits-vs-llama-cpp`.
+    Small,
+}
+
+/// What an architecture's files hold beyond the llama layout. Every difference between the
+/// architectures the generator writes is a field here, read by one code path.
+#[derive(Clone, Copy, Debug)]
+pub struct ArchInfo {
+    /// What [`SyntheticSpec::arch`] names it by.
+    pub name: &'static str,
+    /// `general.architecture`, and the prefix of its metadata keys.
+    pub gguf_arch: &'static str,
+    pub rope_base: f32,
+    pub rms_eps: f32,
+    /// Biases on q, k and v (Qwen2).
+    pub qkv_bias: bool,
+    /// RMS norms of each q and k head (`attn_q_norm`, `attn_k_norm`).
+    pub qk_norm: bool,
+    /// Norms of the attention's and the FFN's outputs (`post_attention_norm`, `post_ffw_norm`).
+    pub post_norms: bool,
+    /// q, k and v in one matrix (`attn_qkv`, rows q then k then v).
+    pub fused_qkv: bool,
+    /// Gate and up in one matrix (`ffn_up` of 2·n_ff rows, gate rows first) and no `ffn_gate`.
+    pub fused_gate_up: bool,
+    /// `attention.key_length` and `value_length` are written.
+    pub head_dim_keys: bool,
+    pub rope_factors: RopeFactors,
+    pub sliding_window: Option<SlidingWindowInfo>,
+    pub vocab: VocabInfo,
+    /// Deviation of the token embeddings times √n_embd (`None`: 1, as the first synthetic
+    /// models had). Gemma multiplies its embeddings by √n_embd, so its real ones are small.
+    pub embd_std_sqrt: Option<f32>,
+    /// The FFN's activation when the spec asks for SiLU (Gemma's is GELU, named by no key).
+    pub gelu: bool,
+}
+
+/// RoPE frequency factors held in tensors.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RopeFactors {
+    None,
+    /// Llama 3.1's `rope_freqs.weight` (`factor`, low and high frequency factors, original
+    /// context), as convert_hf_to_gguf computes it.
+    Llama3 {
+        factor: f32,
+        low_freq: f32,
+        high_freq: f32,
+        original_ctx: u32,
+    },
+    /// Phi-3's LongRoPE: `rope_factors_long.weight` and `rope_factors_short.weight`,
+    /// `rope.scaling.original_context_length` and `rope.scaling.attn_factor`. llama.cpp uses the
+    /// short factors while the context is at most the original one.
+    LongRope {
+        original_ctx: u32,
+        attn_factor: f32,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SlidingWindowInfo {
+    pub default_window: u32,
+    /// `rope.freq_base_swa`: the windowed layers' RoPE base.
+    pub rope_base_swa: f32,
+}
+
+/// The tokenizer an architecture's files carry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VocabInfo {
+    /// Byte-level BPE (`gpt2`): 256 byte tokens, then `specials`, then merges of letter pairs.
+    Bpe {
+        pre: &'static str,
+        specials: &'static [&'static str],
+        /// Indexes into the whole vocabulary.
+        bos: u32,
+        eos: u32,
+        add_bos: bool,
+    },
+    /// SentencePiece (`llama`): `specials` first, then the 256 byte tokens `<0xNN>`, then
+    /// `▁`-words with descending scores.
+    Spm {
+        specials: &'static [&'static str],
+        bos: u32,
+        eos: u32,
+        unk: u32,
+        add_bos: bool,
+        add_space_prefix: bool,
+    },
+}
+
+const BPE_PLAIN: VocabInfo = VocabInfo::Bpe {
+    pre: "gpt-2",
+    specials: &["<|endoftext|>", "<|im_end|>"],
+    bos: 256,
+    eos: 256,
+    add_bos: false,
+};
+
+const LLAMA: ArchInfo = ArchInfo {
+    name: "llama",
+    gguf_arch: "llama",
+    rope_base: 10_000.0,
+    rms_eps: 1e-5,
+    qkv_bias: false,
+    qk_norm: false,
+    post_norms: false,
+    fused_qkv: false,
+    fused_gate_up: false,
+    head_dim_keys: false,
+    rope_factors: RopeFactors::None,
+    sliding_window: None,
+    vocab: BPE_PLAIN,
+    embd_std_sqrt: None,
+    gelu: false,
+};
+
+/// The architectures the generator writes.
+pub const ARCHS: &[ArchInfo] = &[
+    LLAMA,
+    // Llama 3.1/3.2: RoPE frequency factors, base 500000, a BOS token added.
+    ArchInfo {
+        name: "llama3",
+        rope_base: 500_000.0,
+        rope_factors: RopeFactors::Llama3 {
+            factor: 32.0,
+            low_freq: 1.0,
+            high_freq: 4.0,
+            original_ctx: 8192,
+        },
+        vocab: VocabInfo::Bpe {
+            pre: "llama-bpe",
+            specials: &["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"],
+            bos: 256,
+            eos: 257,
+            add_bos: true,
+        },
+        embd_std_sqrt: Some(1.0),
+        ..LLAMA
+    },
+    // The RoPE base and epsilon are llama's, as the first synthetic qwen2 models had them.
+    ArchInfo {
+        name: "qwen2",
+        gguf_arch: "qwen2",
+        qkv_bias: true,
+        ..LLAMA
+    },
+    ArchInfo {
+        name: "qwen3",
+        gguf_arch: "qwen3",
+        rope_base: 1_000_000.0,
+        rms_eps: 1e-6,
+        qk_norm: true,
+        head_dim_keys: true,
+        vocab: VocabInfo::Bpe {
+            pre: "qwen2",
+            specials: &["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+            bos: 256,
+            eos: 258,
+            add_bos: false,
+        },
+        embd_std_sqrt: Some(4.0),
+        ..LLAMA
+    },
+    ArchInfo {
+        name: "gemma3",
+        gguf_arch: "gemma3",
+        rope_base: 1_000_000.0,
+        rms_eps: 1e-6,
+        qk_norm: true,
+        post_norms: true,
+        head_dim_keys: true,
+        sliding_window: Some(SlidingWindowInfo {
+            default_window: 512,
+            rope_base_swa: 10_000.0,
+        }),
+        vocab: VocabInfo::Spm {
+            specials: &["<pad>", "<eos>", "<bos>", "<unk>"],
+            bos: 2,
+            eos: 1,
+            unk: 3,
+            add_bos: true,
+            add_space_prefix: false,
+        },
+        embd_std_sqrt: Some(4.0),
+        gelu: true,
+        ..LLAMA
+    },
+    ArchInfo {
+        name: "phi3",
+        gguf_arch: "phi3",
+        fused_qkv: true,
+        fused_gate_up: true,
+        rope_factors: RopeFactors::LongRope {
+            original_ctx: 4096,
+            attn_factor: 1.190_238_4,
+        },
+        vocab: VocabInfo::Spm {
+            // llama.cpp looks `<|endoftext|>` up in any model named phi3.
+            specials: &["<unk>", "<s>", "</s>", "<|endoftext|>"],
+            bos: 1,
+            eos: 3,
+            unk: 0,
+            add_bos: false,
+            add_space_prefix: true,
+        },
+        embd_std_sqrt: Some(1.0),
+        ..LLAMA
+    },
+];
+
+/// The architecture [`SyntheticSpec::arch`] names.
+pub fn arch_info(name: &str) -> Result<&'static ArchInfo, GgufError> {
+    ARCHS
+        .iter()
+        .find(|a| a.name == name)
+        .ok_or_else(|| GgufError::InvalidMetadata {
+            key: "arch".into(),
+            reason: format!(
+                "unknown synthetic architecture {name}; known: {}",
+                ARCHS.iter().map(|a| a.name).collect::<Vec<_>>().join(", ")
+            ),
+        })
+}
+
+impl SyntheticSpec {
+    /// A model of architecture `arch` in the shape `preset`, its matrices typed as a Q4_K_M
+    /// file's (Q8_0 embeddings). Some widths are not multiples of 256 (gemma3's 320 and 640,
+    /// qwen2's 896), so those rows take llama.cpp's fallback types.
+    pub fn preset(arch: &str, preset: Preset) -> Result<SyntheticSpec, GgufError> {
+        let info = arch_info(arch)?;
+        let tiny = preset == Preset::Tiny;
+        // (layers, width, FFN, heads, kv heads, head size, tied output)
+        let (n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim, tied) = match (info.name, tiny) {
+            ("llama", true) => (2, 256, 512, 4, 2, None, false),
+            ("llama", false) => (8, 1024, 2816, 16, 4, None, false),
+            ("llama3", true) => (2, 256, 512, 4, 1, None, false),
+            ("llama3", false) => (8, 1024, 3584, 16, 4, None, false),
+            ("qwen2", true) => (2, 256, 512, 4, 2, None, true),
+            ("qwen2", false) => (8, 896, 4864, 14, 2, None, true),
+            ("qwen3", true) => (2, 256, 768, 4, 2, Some(128), true),
+            ("qwen3", false) => (8, 1024, 3072, 16, 8, Some(128), true),
+            ("gemma3", true) => (2, 320, 512, 2, 1, Some(128), true),
+            ("gemma3", false) => (8, 640, 2048, 4, 1, Some(256), true),
+            ("phi3", true) => (2, 256, 512, 4, 4, None, false),
+            (_, _) => (8, 1024, 2816, 16, 16, None, false),
+        };
+        let (window, period) = match (info.sliding_window, tiny) {
+            // Windows shorter than the tests' 65 tokens, so that they matter; two tiny layers:
+            // one windowed, one global.
+            (Some(_), true) => (Some(16), Some(2)),
+            (Some(_), false) => (Some(32), None),
+            (None, _) => (None, None),
+        };
+        Ok(SyntheticSpec {
+            arch: info.name,
+            name: Some(format!(
+                "{}-{}",
+                info.name,
+                if tiny { "tiny" } else { "small" }
+            )),
+            n_layer,
+            n_embd,
+            n_ff,
+            n_head,
+            n_head_kv,
+            head_dim,
+            n_vocab: if tiny { 320 } else { 32_000 },
+            n_ctx: match info.rope_factors {
+                RopeFactors::LongRope { .. } => 131_072,
+                _ => 4096,
+            },
+            weight_type: GgmlType::Q4_K,
+            embd_type: GgmlType::Q8_0,
+            output_type: Some(GgmlType::Q6_K),
+            mix: TypeMix::Q4KM,
+            tied_output: tied,
+            sliding_window: window,
+            swa_period: period,
+            seed: 5,
+            ..SyntheticSpec::default()
+        })
     }
 }
 
@@ -436,16 +751,140 @@ impl Builder {
     }
 }
 
+/// What a matrix is to the type mix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Embedding,
+    Output,
+    /// `attn_v` and `ffn_down`: more bits on some layers in a Q4_K_M file.
+    MoreBits,
+    Other,
+}
+
+/// llama.cpp's `use_more_bits`: the first and last eighth of the layers, and every third
+/// layer between.
+fn more_bits(layer: u32, n_layer: u32) -> bool {
+    let (i, n) = (layer as i64, n_layer as i64);
+    i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2
+}
+
+/// The type of a `cols`-wide matrix of kind `kind` on layer `layer`.
+fn matrix_type(spec: &SyntheticSpec, kind: Kind, layer: u32, cols: u32) -> GgmlType {
+    let ty = match (spec.mix, kind) {
+        (_, Kind::Embedding) => spec.embd_type,
+        (TypeMix::Uniform, Kind::Output) => spec.output_type.unwrap_or(spec.embd_type),
+        (TypeMix::Uniform, _) => spec.weight_type,
+        (TypeMix::Q4KM, Kind::Output) => GgmlType::Q6_K,
+        (TypeMix::Q4KM, Kind::MoreBits) if more_bits(layer, spec.n_layer) => GgmlType::Q6_K,
+        (TypeMix::Q4KM, _) => GgmlType::Q4_K,
+    };
+    fallback_type(ty, cols)
+}
+
+/// A 256-block type on rows that are not a multiple of 256 falls back to a 32-block type, as
+/// in llama.cpp's quantizer: Q6_K to Q8_0; Q4_K to Q8_0 here (llama.cpp takes Q5_0).
+fn fallback_type(ty: GgmlType, cols: u32) -> GgmlType {
+    if (cols as usize).is_multiple_of(ty.block_size()) {
+        return ty;
+    }
+    match ty {
+        GgmlType::Q4_K | GgmlType::Q6_K => GgmlType::Q8_0,
+        other => other,
+    }
+}
+
+/// Llama 3.1's RoPE frequency factors for `n_rot` rotated dimensions (convert_hf_to_gguf's
+/// formula): 1 for short wavelengths, `factor` for long ones, smoothly between.
+fn llama3_rope_factors(
+    base: f32,
+    n_rot: u32,
+    factor: f32,
+    low_freq: f32,
+    high_freq: f32,
+    original_ctx: u32,
+) -> Vec<f32> {
+    let old = original_ctx as f64;
+    let low_wavelen = old / f64::from(low_freq);
+    let high_wavelen = old / f64::from(high_freq);
+    (0..n_rot / 2)
+        .map(|i| {
+            let freq = 1.0 / f64::from(base).powf(f64::from(2 * i) / f64::from(n_rot));
+            let wavelen = 2.0 * std::f64::consts::PI / freq;
+            let f = if wavelen < high_wavelen {
+                1.0
+            } else if wavelen > low_wavelen {
+                f64::from(factor)
+            } else {
+                let smooth =
+                    (old / wavelen - f64::from(low_freq)) / f64::from(high_freq - low_freq);
+                1.0 / ((1.0 - smooth) / f64::from(factor) + smooth)
+            };
+            f as f32
+        })
+        .collect()
+}
+
+/// LongRoPE factors (short, long) for `n_rot` rotated dimensions, rising with the wavelength as
+/// Phi-3's do (short from 1 to 2.5, long from 1 to 61).
+fn longrope_factors(n_rot: u32) -> (Vec<f32>, Vec<f32>) {
+    let m = (n_rot / 2).max(2);
+    let t = |i: u32| i as f32 / (m - 1) as f32;
+    (
+        (0..n_rot / 2).map(|i| 1.0 + 1.5 * t(i).powi(3)).collect(),
+        (0..n_rot / 2).map(|i| 1.0 + 60.0 * t(i).powi(2)).collect(),
+    )
+}
+
+fn refuse(key: &str, reason: String) -> GgufError {
+    GgufError::InvalidMetadata {
+        key: key.into(),
+        reason,
+    }
+}
+
 impl SyntheticModel {
     /// Lays the model out: metadata, tensor descriptors, and how each tensor's data is made.
     pub fn new(spec: &SyntheticSpec) -> Result<Self, GgufError> {
+        let info = arch_info(spec.arch)?;
         let mut w = GgufWriter::new();
-        let arch = spec.arch;
+        let arch = info.gguf_arch;
         let u32v = |v: u32| Value::U32(v);
-        let head_dim = spec.n_embd / spec.n_head;
-        let name = spec.name.as_deref().unwrap_or(arch);
+        if spec.n_head == 0 || spec.n_head_kv == 0 || spec.n_embd == 0 {
+            return Err(refuse("n_head", "heads and width must be above 0".into()));
+        }
+        let head_dim = spec.head_dim.unwrap_or(spec.n_embd / spec.n_head);
+        let (embd, ff) = (spec.n_embd, spec.n_ff);
+        let q = spec.n_head * head_dim;
+        let kv = spec.n_head_kv * head_dim;
+        let sparse = spec.relu_active_share.is_some() || spec.ffn_frequencies.is_some();
+        if info.fused_gate_up && (sparse || spec.n_expert > 0) {
+            return Err(refuse(
+                "arch",
+                format!(
+                    "{}: no planted sparsity or experts with a fused gate",
+                    info.name
+                ),
+            ));
+        }
+        if info.fused_qkv && q != embd {
+            return Err(refuse(
+                "head_dim",
+                format!(
+                    "{}: the heads must span the width ({q} != {embd})",
+                    info.name
+                ),
+            ));
+        }
+        if info.gelu && spec.activation == FfnActivation::Relu {
+            return Err(refuse("activation", format!("{} is GELU", info.name)));
+        }
+        let name = spec.name.as_deref().unwrap_or(info.name);
         w.add_metadata("general.architecture", Value::String(arch.into()))?;
         w.add_metadata("general.name", Value::String(format!("synthetic-{name}")))?;
+        if spec.mix == TypeMix::Q4KM {
+            // llama.cpp's LLAMA_FTYPE_MOSTLY_Q4_K_M.
+            w.add_metadata("general.file_type", Value::U32(15))?;
+        }
         w.add_metadata(format!("{arch}.block_count"), u32v(spec.n_layer))?;
         w.add_metadata(format!("{arch}.context_length"), u32v(spec.n_ctx))?;
         w.add_metadata(format!("{arch}.embedding_length"), u32v(spec.n_embd))?;
@@ -455,10 +894,10 @@ impl SyntheticModel {
             format!("{arch}.attention.head_count_kv"),
             u32v(spec.n_head_kv),
         )?;
-        w.add_metadata(format!("{arch}.rope.freq_base"), Value::F32(10_000.0))?;
+        w.add_metadata(format!("{arch}.rope.freq_base"), Value::F32(info.rope_base))?;
         w.add_metadata(
             format!("{arch}.attention.layer_norm_rms_epsilon"),
-            Value::F32(1e-5),
+            Value::F32(info.rms_eps),
         )?;
         w.add_metadata(format!("{arch}.vocab_size"), u32v(spec.n_vocab))?;
         if spec.activation == FfnActivation::Relu {
@@ -474,7 +913,37 @@ impl SyntheticModel {
                 u32v(spec.n_expert_used),
             )?;
         }
-        add_vocab(&mut w, spec.n_vocab)?;
+        w.add_metadata(format!("{arch}.rope.dimension_count"), u32v(head_dim))?;
+        if info.head_dim_keys {
+            w.add_metadata(format!("{arch}.attention.key_length"), u32v(head_dim))?;
+            w.add_metadata(format!("{arch}.attention.value_length"), u32v(head_dim))?;
+        }
+        if let Some(sw) = info.sliding_window {
+            let window = spec.sliding_window.unwrap_or(sw.default_window);
+            w.add_metadata(format!("{arch}.attention.sliding_window"), u32v(window))?;
+            w.add_metadata(
+                format!("{arch}.rope.freq_base_swa"),
+                Value::F32(sw.rope_base_swa),
+            )?;
+            if let Some(p) = spec.swa_period {
+                w.add_metadata(format!("{arch}.attention.sliding_window_pattern"), u32v(p))?;
+            }
+        }
+        if let RopeFactors::LongRope {
+            original_ctx,
+            attn_factor,
+        } = info.rope_factors
+        {
+            w.add_metadata(
+                format!("{arch}.rope.scaling.original_context_length"),
+                u32v(original_ctx),
+            )?;
+            w.add_metadata(
+                format!("{arch}.rope.scaling.attn_factor"),
+                Value::F32(attn_factor),
+            )?;
+        }
+        add_vocab(&mut w, &info.vocab, spec.n_vocab)?;
 
         let shift = Self::shift(spec)?;
         let mut b = Builder {
@@ -482,13 +951,9 @@ impl SyntheticModel {
             planned: Vec::new(),
             at: 0,
         };
-        let (embd, ff) = (spec.n_embd, spec.n_ff);
-        let q = spec.n_head * head_dim;
-        let kv = spec.n_head_kv * head_dim;
-        let wt = spec.weight_type;
         // Scales keep activations O(1) through the layers (≈ 1/sqrt(fan-in)).
-        let s_in = 1.0 / (embd as f32).sqrt();
-        let s_ff = 1.0 / (ff as f32).sqrt();
+        let fan_in = |cols: u32| 1.0 / (cols as f32).sqrt();
+        let s_in = fan_in(embd);
         // With the ReLU shift, layers add less to the residual stream, so the shifted dimension
         // keeps its share of the norm (and the sparsity stays near its target) through depth.
         let out_scale = if matches!(shift, Shift::None) {
@@ -497,28 +962,92 @@ impl SyntheticModel {
             0.2
         };
         let reads = Role::Reads;
+        let ty = |kind, layer, cols| matrix_type(spec, kind, layer, cols);
+        let embd_std = info.embd_std_sqrt.map_or(1.0, |k| k * s_in);
+        let embd_ty = ty(Kind::Embedding, 0, embd);
         b.matrix(
             "token_embd.weight",
             spec.n_vocab,
             embd,
-            spec.embd_type,
-            1.0,
+            embd_ty,
+            embd_std,
             0,
             Role::Embedding,
         )?;
+        match info.rope_factors {
+            RopeFactors::None => {}
+            RopeFactors::Llama3 {
+                factor,
+                low_freq,
+                high_freq,
+                original_ctx,
+            } => {
+                let f = llama3_rope_factors(
+                    info.rope_base,
+                    head_dim,
+                    factor,
+                    low_freq,
+                    high_freq,
+                    original_ctx,
+                );
+                b.vector("rope_freqs.weight", f)?;
+            }
+            RopeFactors::LongRope { .. } => {
+                let (short, long) = longrope_factors(head_dim);
+                b.vector("rope_factors_long.weight", long)?;
+                b.vector("rope_factors_short.weight", short)?;
+            }
+        }
         for i in 0..spec.n_layer {
             let n = |t: &str| format!("blk.{i}.{t}");
             b.vector(&n("attn_norm.weight"), norm_weights(Some(i), embd))?;
-            b.matrix(&n("attn_q.weight"), q, embd, wt, s_in, 0, reads)?;
-            b.matrix(&n("attn_k.weight"), kv, embd, wt, s_in, 0, reads)?;
-            b.matrix(&n("attn_v.weight"), kv, embd, wt, s_in, 0, reads)?;
-            let out = s_in * out_scale;
-            b.matrix(&n("attn_output.weight"), embd, q, wt, out, 0, Role::Writes)?;
-            if arch == "qwen2" {
+            let other = ty(Kind::Other, i, embd);
+            if info.fused_qkv {
+                b.matrix(
+                    &n("attn_qkv.weight"),
+                    q + 2 * kv,
+                    embd,
+                    other,
+                    s_in,
+                    0,
+                    reads,
+                )?;
+            } else {
+                b.matrix(&n("attn_q.weight"), q, embd, other, s_in, 0, reads)?;
+                b.matrix(&n("attn_k.weight"), kv, embd, other, s_in, 0, reads)?;
+                let v_ty = ty(Kind::MoreBits, i, embd);
+                b.matrix(&n("attn_v.weight"), kv, embd, v_ty, s_in, 0, reads)?;
+            }
+            let out = fan_in(q) * out_scale;
+            let o_ty = ty(Kind::Other, i, q);
+            b.matrix(
+                &n("attn_output.weight"),
+                embd,
+                q,
+                o_ty,
+                out,
+                0,
+                Role::Writes,
+            )?;
+            if info.qkv_bias {
                 for (t, len) in [("attn_q.bias", q), ("attn_k.bias", kv), ("attn_v.bias", kv)] {
                     let bias = (0..len).map(|j| ((j % 7) as f32 - 3.0) * 0.05).collect();
                     b.vector(&n(t), bias)?;
                 }
+            }
+            if info.qk_norm {
+                b.vector(
+                    &n("attn_q_norm.weight"),
+                    norm_weights(Some(i + 1), head_dim),
+                )?;
+                b.vector(
+                    &n("attn_k_norm.weight"),
+                    norm_weights(Some(i + 2), head_dim),
+                )?;
+            }
+            if info.post_norms {
+                let w = norm_weights(Some(i + 3), embd);
+                b.vector(&n("post_attention_norm.weight"), w)?;
             }
             b.vector(&n("ffn_norm.weight"), norm_weights(Some(i), embd))?;
             let e = spec.n_expert;
@@ -535,14 +1064,22 @@ impl SyntheticModel {
                     "ffn_down_exps.weight",
                 ],
             };
-            b.matrix(&n(names[0]), ff, embd, wt, s_in, e, Role::Gate(i))?;
-            b.matrix(&n(names[1]), ff, embd, wt, s_in, e, reads)?;
-            let down = s_ff * out_scale;
-            b.matrix(&n(names[2]), embd, ff, wt, down, e, Role::Writes)?;
+            if info.fused_gate_up {
+                b.matrix(&n("ffn_up.weight"), 2 * ff, embd, other, s_in, 0, reads)?;
+            } else {
+                b.matrix(&n(names[0]), ff, embd, other, s_in, e, Role::Gate(i))?;
+                b.matrix(&n(names[1]), ff, embd, other, s_in, e, reads)?;
+            }
+            let down = fan_in(ff) * out_scale;
+            let d_ty = ty(Kind::MoreBits, i, ff);
+            b.matrix(&n(names[2]), embd, ff, d_ty, down, e, Role::Writes)?;
+            if info.post_norms {
+                b.vector(&n("post_ffw_norm.weight"), norm_weights(Some(i + 4), embd))?;
+            }
         }
         b.vector("output_norm.weight", norm_weights(None, embd))?;
         if !spec.tied_output {
-            let ty = spec.output_type.unwrap_or(spec.embd_type);
+            let ty = ty(Kind::Output, 0, embd);
             b.matrix("output.weight", spec.n_vocab, embd, ty, s_in, 0, reads)?;
         }
         Ok(SyntheticModel {
@@ -729,14 +1266,64 @@ pub fn synthetic_model(spec: &SyntheticSpec) -> Result<GgufWriter, GgufError> {
     Ok(w)
 }
 
-/// A byte-level BPE vocabulary: 256 byte tokens, two control tokens, then merged pairs of
-/// lowercase letters (each with its merge rule) up to `n_vocab`.
-fn add_vocab(w: &mut GgufWriter, n_vocab: u32) -> Result<(), GgufError> {
+/// The vocabulary `vocab` describes, `n_vocab` tokens, with its tokenizer's metadata.
+fn add_vocab(w: &mut GgufWriter, vocab: &VocabInfo, n_vocab: u32) -> Result<(), GgufError> {
+    match *vocab {
+        VocabInfo::Bpe {
+            pre,
+            specials,
+            bos,
+            eos,
+            add_bos,
+        } => {
+            add_bpe_vocab(w, n_vocab, pre, specials)?;
+            w.add_metadata("tokenizer.ggml.eos_token_id", Value::U32(eos))?;
+            w.add_metadata("tokenizer.ggml.bos_token_id", Value::U32(bos))?;
+            w.add_metadata("tokenizer.ggml.add_bos_token", Value::Bool(add_bos))?;
+        }
+        VocabInfo::Spm {
+            specials,
+            bos,
+            eos,
+            unk,
+            add_bos,
+            add_space_prefix,
+        } => {
+            add_spm_vocab(w, n_vocab, specials, unk)?;
+            w.add_metadata("tokenizer.ggml.bos_token_id", Value::U32(bos))?;
+            w.add_metadata("tokenizer.ggml.eos_token_id", Value::U32(eos))?;
+            w.add_metadata("tokenizer.ggml.unknown_token_id", Value::U32(unk))?;
+            w.add_metadata("tokenizer.ggml.add_bos_token", Value::Bool(add_bos))?;
+            w.add_metadata("tokenizer.ggml.add_eos_token", Value::Bool(false))?;
+            w.add_metadata(
+                "tokenizer.ggml.add_space_prefix",
+                Value::Bool(add_space_prefix),
+            )?;
+        }
+    }
+    w.add_metadata(
+        "tokenizer.chat_template",
+        Value::String(
+            "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}\
+             {% if add_generation_prompt %}assistant: {% endif %}"
+                .into(),
+        ),
+    )?;
+    Ok(())
+}
+
+/// A byte-level BPE vocabulary: 256 byte tokens, the control tokens `specials`, then merged
+/// pairs of lowercase letters (each with its merge rule) up to `n_vocab`.
+fn add_bpe_vocab(
+    w: &mut GgufWriter,
+    n_vocab: u32,
+    pre: &str,
+    specials: &[&str],
+) -> Result<(), GgufError> {
     let mut tokens: Vec<String> = (0..=255u8).map(|b| byte_to_char(b).to_string()).collect();
     let mut types = vec![1i32; 256];
-    tokens.push("<|endoftext|>".into());
-    tokens.push("<|im_end|>".into());
-    types.extend([3, 3]);
+    tokens.extend(specials.iter().map(|s| s.to_string()));
+    types.extend(specials.iter().map(|_| 3));
     let mut merges = Vec::new();
     'outer: for a in b'a'..=b'z' {
         for b in b'a'..=b'z' {
@@ -753,21 +1340,63 @@ fn add_vocab(w: &mut GgufWriter, n_vocab: u32) -> Result<(), GgufError> {
         types.push(5);
     }
     w.add_metadata("tokenizer.ggml.model", Value::String("gpt2".into()))?;
-    w.add_metadata("tokenizer.ggml.pre", Value::String("gpt-2".into()))?;
+    w.add_metadata("tokenizer.ggml.pre", Value::String(pre.into()))?;
     w.add_metadata("tokenizer.ggml.tokens", Value::Array(Array::String(tokens)))?;
     w.add_metadata("tokenizer.ggml.token_type", Value::Array(Array::I32(types)))?;
     w.add_metadata("tokenizer.ggml.merges", Value::Array(Array::String(merges)))?;
-    w.add_metadata("tokenizer.ggml.eos_token_id", Value::U32(256))?;
-    w.add_metadata("tokenizer.ggml.bos_token_id", Value::U32(256))?;
-    w.add_metadata("tokenizer.ggml.add_bos_token", Value::Bool(false))?;
-    w.add_metadata(
-        "tokenizer.chat_template",
-        Value::String(
-            "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}\
-             {% if add_generation_prompt %}assistant: {% endif %}"
-                .into(),
-        ),
-    )?;
+    Ok(())
+}
+
+/// A SentencePiece vocabulary: `specials` (control tokens, `unk` unknown), the 256 byte tokens
+/// `<0xNN>`, `▁`, then `▁`-prefixed letters and letter pairs with descending scores, padded
+/// with unused tokens up to `n_vocab`.
+fn add_spm_vocab(
+    w: &mut GgufWriter,
+    n_vocab: u32,
+    specials: &[&str],
+    unk: u32,
+) -> Result<(), GgufError> {
+    let mut tokens: Vec<String> = specials.iter().map(|s| s.to_string()).collect();
+    let mut types: Vec<i32> = (0..specials.len() as u32)
+        .map(|i| if i == unk { 2 } else { 3 })
+        .collect();
+    tokens.extend((0..=255u8).map(|b| format!("<0x{b:02X}>")));
+    types.extend([6; 256]);
+    let letters = (b'a'..=b'z').map(|a| (a as char).to_string());
+    let pairs = (b'a'..=b'z')
+        .flat_map(|a| (b'a'..=b'z').map(move |b| format!("{}{}", a as char, b as char)));
+    let words = std::iter::once(String::new())
+        .chain(letters.clone())
+        .chain(pairs)
+        .map(|w| format!("\u{2581}{w}"))
+        .chain(letters);
+    for word in words {
+        if tokens.len() >= n_vocab as usize {
+            break;
+        }
+        tokens.push(word);
+        types.push(1);
+    }
+    while tokens.len() < n_vocab as usize {
+        tokens.push(format!("<unused{}>", tokens.len()));
+        types.push(5);
+    }
+    // Words score by rank (earlier is likelier); control and byte tokens 0.
+    let first_word = specials.len() + 256;
+    let scores = (0..tokens.len())
+        .map(|i| {
+            if i < first_word {
+                0.0
+            } else {
+                -((i - first_word) as f32)
+            }
+        })
+        .collect();
+    w.add_metadata("tokenizer.ggml.model", Value::String("llama".into()))?;
+    w.add_metadata("tokenizer.ggml.pre", Value::String("default".into()))?;
+    w.add_metadata("tokenizer.ggml.tokens", Value::Array(Array::String(tokens)))?;
+    w.add_metadata("tokenizer.ggml.scores", Value::Array(Array::F32(scores)))?;
+    w.add_metadata("tokenizer.ggml.token_type", Value::Array(Array::I32(types)))?;
     Ok(())
 }
 

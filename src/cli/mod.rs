@@ -5,6 +5,7 @@ mod chart;
 mod check_refs;
 mod convert;
 mod explore;
+mod logits;
 mod perplexity;
 mod plan;
 mod profile;
@@ -61,6 +62,9 @@ enum Command {
     /// Profile a model's FFN activations over text: sparsity thresholds, hot neurons,
     /// predictors (for --sparsity).
     Profile(profile::ProfileArgs),
+    /// Every position's logits for token ids, teacher-forced (bench/logits-vs-llama-cpp).
+    #[command(hide = true)]
+    Logits(logits::LogitsArgs),
 }
 
 #[derive(Args)]
@@ -388,6 +392,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
         Command::Simulate(args) => simulate::run(args),
         Command::ProfileHw(args) => profile_hw::run(args),
         Command::Profile(args) => profile::run(args),
+        Command::Logits(args) => logits::run(args),
         Command::Plan(args) => plan::run(args),
         Command::Explore(args) => explore::run(args),
     }
