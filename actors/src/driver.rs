@@ -456,7 +456,7 @@ impl ActorDriver {
         self.next_step += 1;
         // Lend the session's KV cache to the actors for this step.
         session.swap_kv(&mut write(&self.shared.kv));
-        let result = self.step_with_lent_cache(&request, tokens);
+        let result = self.step_with_lent_cache(&request, tokens, session.n_ctx());
         session.swap_kv(&mut write(&self.shared.kv));
         match result {
             Ok(()) => {
@@ -473,8 +473,13 @@ impl ActorDriver {
         }
     }
 
-    fn step_with_lent_cache(&self, request: &StepRequest, tokens: &[u32]) -> Result<(), StepError> {
-        write(&self.shared.state).begin_step(&self.model, request, tokens)?;
+    fn step_with_lent_cache(
+        &self,
+        request: &StepRequest,
+        tokens: &[u32],
+        n_ctx: usize,
+    ) -> Result<(), StepError> {
+        write(&self.shared.state).begin_step(&self.model, request, tokens, n_ctx)?;
         let (tx, rx) = sync_channel(1);
         let stopped = |why: &str| StepError::Actor {
             actor: "scheduler".into(),

@@ -321,6 +321,18 @@ fn relu_ffn_with_q8_0_and_q4_0() {
 }
 
 #[test]
+fn five_bit_and_iq4_nl_weights() {
+    // Gemma-3-270M's attn_q/attn_k/ffn_gate/ffn_up are Q5_0; Q5_1 and IQ4_NL share its path.
+    for wt in [GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::IQ4_NL] {
+        let spec = SyntheticSpec {
+            weight_type: wt,
+            ..SyntheticSpec::default()
+        };
+        check(spec, 5, 3, 0.03);
+    }
+}
+
+#[test]
 fn k_quants_on_256_wide_rows() {
     for wt in [GgmlType::Q4_K, GgmlType::Q6_K] {
         let spec = SyntheticSpec {

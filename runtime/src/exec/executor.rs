@@ -178,12 +178,14 @@ impl StepState {
         std::mem::swap(&mut self.logits, buf);
     }
 
-    /// Embeds the step's tokens and prepares the first phase's input.
+    /// Embeds the step's tokens and prepares the first phase's input. `n_ctx` is the session's
+    /// context size (it picks a model's long-context RoPE factors).
     pub fn begin_step(
         &mut self,
         model: &Model,
         request: &StepRequest,
         tokens: &[u32],
+        n_ctx: usize,
     ) -> Result<(), ModelError> {
         let c = &model.config;
         let embd = c.n_embd as usize;
@@ -197,7 +199,7 @@ impl StepState {
                 row.iter_mut().for_each(|v| *v *= scale);
             }
         }
-        let factors = model.rope_freq_factors.as_deref();
+        let factors = model.rope_factors(n_ctx);
         self.rope
             .fill(&c.rope, factors, request.n_past, tokens.len());
         if let Some(swa) = &c.sliding_window {

@@ -124,7 +124,8 @@ impl<R: ClusterRunner> InlineDriver<R> {
             logits_from,
         };
         self.next_step += 1;
-        self.state.begin_step(&self.model, &request, tokens)?;
+        self.state
+            .begin_step(&self.model, &request, tokens, session.n_ctx())?;
         let (dispatcher, mut backend) = self.split(&mut session.kv);
         dispatcher.feed(&mut backend, Event::StepRequested(request))?;
         if !backend.done {
@@ -211,7 +212,8 @@ impl<R: ClusterRunner> InlineDriver<R> {
         for record in records.iter().filter(|r| !r.event.is_owed()) {
             if let Event::StepRequested(request) = &record.event {
                 current = steps.next().ok_or(StepError::NoTokens)?;
-                self.state.begin_step(&self.model, request, current)?;
+                self.state
+                    .begin_step(&self.model, request, current, session.n_ctx())?;
             }
             let (dispatcher, mut backend) = self.split(&mut session.kv);
             dispatcher.feed(&mut backend, record.event.clone())?;

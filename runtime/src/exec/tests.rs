@@ -213,7 +213,9 @@ fn run(model: &Model, steps: &[&[u32]], split: Split) -> Run {
             n_past,
             logits_from: 0,
         };
-        state.begin_step(model, &request, tokens).unwrap();
+        state
+            .begin_step(model, &request, tokens, model.config.n_ctx_train as usize)
+            .unwrap();
         for layer in 0..=program.n_layer {
             let phases = if layer < program.n_layer {
                 program.layer_phases.iter().collect::<Vec<_>>()

@@ -16,6 +16,9 @@ pub enum Architecture {
     /// Qwen3: NeoX RoPE, RMSNorm of each q and k head before RoPE, head size set apart from
     /// the width.
     Qwen3,
+    /// Phi-3: q, k and v in one fused matrix, gate and up in another, queries scaled before
+    /// attention, LongRoPE factors (short and long).
+    Phi3,
     /// Gemma 3: embeddings scaled by √n_embd, RMSNorm of q and k heads, norms after attention
     /// and after the FFN as well as before, a GELU-gated FFN, and sliding-window layers with
     /// their own RoPE base between global ones.
@@ -23,7 +26,7 @@ pub enum Architecture {
 }
 
 /// The architectures `general.architecture` may name, as error messages list them.
-pub const SUPPORTED_ARCHITECTURES: &str = "llama, mistral, qwen2, qwen3, gemma3";
+pub const SUPPORTED_ARCHITECTURES: &str = "llama, mistral, qwen2, qwen3, phi3, gemma3";
 
 /// Sliding-window attention: layers that see only the last `window` positions, with their
 /// own RoPE.
@@ -54,6 +57,9 @@ pub struct RopeConfig {
     pub freq_base: f32,
     /// 1 / linear scaling factor.
     pub freq_scale: f32,
+    /// cos and sin are multiplied by this (`rope.scaling.attn_factor`: Phi-3's LongRoPE
+    /// scale; 1 elsewhere).
+    pub mscale: f32,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -89,6 +95,10 @@ pub struct ModelConfig {
     pub sliding_window: Option<SlidingWindow>,
     /// Logits become `cap · tanh(logit / cap)` (`{arch}.final_logit_softcapping`).
     pub final_logit_softcap: Option<f32>,
+    /// The context RoPE was trained for before any extension
+    /// (`rope.scaling.original_context_length`; `n_ctx_train` when absent): a longer session
+    /// context uses the long-context RoPE factors.
+    pub n_ctx_orig: u32,
 }
 
 /// Upper bounds that keep arithmetic on dimensions far from overflow: far above any real model,
@@ -110,6 +120,7 @@ impl ModelConfig {
             "qwen2" => Architecture::Qwen2,
             "qwen3" => Architecture::Qwen3,
             "gemma3" => Architecture::Gemma3,
+            "phi3" => Architecture::Phi3,
             other => return Err(ModelError::UnsupportedArchitecture(other.to_string())),
         };
         let key = |k: &str| format!("{arch_name}.{k}");
@@ -224,11 +235,17 @@ impl ModelConfig {
         let rope = RopeConfig {
             style: match arch {
                 Architecture::Llama => RopeStyle::Normal,
-                Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Gemma3 => RopeStyle::Neox,
+                Architecture::Qwen2
+                | Architecture::Qwen3
+                | Architecture::Phi3
+                | Architecture::Gemma3 => RopeStyle::Neox,
             },
             n_dims: n_rot,
             freq_base,
             freq_scale,
+            mscale: file
+                .get_f32(&key("rope.scaling.attn_factor"))?
+                .unwrap_or(1.0),
         };
         let sliding_window = match arch {
             Architecture::Gemma3 => sliding_window(file, &key, n_layer, &rope)?,
@@ -247,8 +264,12 @@ impl ModelConfig {
                 };
                 (Some((n_embd as f32).sqrt()), q_scale, 1.0)
             }
+            Architecture::Phi3 => (None, default_kq_scale, 1.0),
             _ => (None, 1.0, default_kq_scale),
         };
+        let n_ctx_orig = file
+            .get_u32(&key("rope.scaling.original_context_length"))?
+            .unwrap_or(n_ctx_train);
         let final_logit_softcap = file
             .get_f32(&key("final_logit_softcapping"))?
             .filter(|&c| c != 0.0);
@@ -274,6 +295,7 @@ impl ModelConfig {
             kq_scale,
             sliding_window,
             final_logit_softcap,
+            n_ctx_orig,
         };
         config.validate()?;
         Ok(config)
@@ -335,6 +357,12 @@ impl ModelConfig {
             return bad(
                 "rope.freq_base",
                 format!("{} is not a positive base", self.rope.freq_base),
+            );
+        }
+        if !(self.rope.mscale.is_finite() && self.rope.mscale > 0.0) {
+            return bad(
+                "rope.scaling.attn_factor",
+                format!("{} is not a positive factor", self.rope.mscale),
             );
         }
         if let Some(swa) = &self.sliding_window {

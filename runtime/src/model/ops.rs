@@ -54,7 +54,8 @@ impl RopeTable {
             for i in 0..self.half {
                 let ff = freq_factors.map_or(1.0, |f| f[i]);
                 let angle = rope.freq_scale * (theta / ff);
-                self.cos_sin.push((angle.cos(), angle.sin()));
+                self.cos_sin
+                    .push((angle.cos() * rope.mscale, angle.sin() * rope.mscale));
                 theta *= theta_scale;
             }
         }
@@ -152,6 +153,7 @@ mod tests {
             n_dims: 4,
             freq_base: 100.0,
             freq_scale: 1.0,
+            mscale: 1.0,
         };
         let mut table = RopeTable::default();
         table.fill(&rope, None, 3, 1);

@@ -27,6 +27,26 @@ impl TensorRef {
     pub fn row_bytes(&self) -> usize {
         self.ty.bytes_for(self.cols as u64).unwrap_or(0) as usize
     }
+
+    /// The matrix cut into consecutive runs of `rows` rows (which add up to its own): the
+    /// parts of a fused matrix, each named `NAME[i]`.
+    fn split_rows<const N: usize>(&self, rows: [usize; N]) -> [TensorRef; N] {
+        debug_assert_eq!(rows.iter().sum::<usize>(), self.rows);
+        let rb = self.row_bytes();
+        let mut first = 0;
+        rows.each_ref().map(|&n| {
+            let start = self.bytes.start + first * rb;
+            let part = TensorRef {
+                name: format!("{}[{}..{}]", self.name, first, first + n),
+                ty: self.ty,
+                rows: n,
+                cols: self.cols,
+                bytes: start..start + n * rb,
+            };
+            first += n;
+            part
+        })
+    }
 }
 
 pub struct LayerWeights {
@@ -74,8 +94,11 @@ pub struct Model {
     /// The output projection; the embedding matrix itself when the model ties them.
     pub output: TensorRef,
     pub layers: Vec<LayerWeights>,
-    /// Per-frequency divisors of RoPE (Llama 3.1 style), if the model has them.
+    /// Per-frequency divisors of RoPE, if the model has them: Llama 3.1's `rope_freqs`, or
+    /// Phi-3's LongRoPE factors for contexts up to `n_ctx_orig` (`rope_factors_short`).
     pub rope_freq_factors: Option<Vec<f32>>,
+    /// Phi-3's LongRoPE factors for longer contexts (`rope_factors_long`).
+    pub rope_factors_long: Option<Vec<f32>>,
     /// What a neuron store's metadata says; `None` for an ordinary model.
     pub store: Option<StoreInfo>,
     /// Only the resident tensors are in memory ([`Model::load_resident`]).
@@ -133,6 +156,15 @@ struct RowReader {
 }
 
 impl Model {
+    /// The RoPE frequency factors for a session of `n_ctx` tokens: the long-context ones past
+    /// the context RoPE was trained for, as llama.cpp picks them.
+    pub fn rope_factors(&self, n_ctx: usize) -> Option<&[f32]> {
+        match &self.rope_factors_long {
+            Some(long) if n_ctx > self.config.n_ctx_orig as usize => Some(long),
+            _ => self.rope_freq_factors.as_deref(),
+        }
+    }
+
     /// Opens and checks a GGUF model file.
     pub fn load(path: &Path) -> Result<Model, ModelError> {
         let mut model = Model::from_gguf(GgufFile::open(path)?)?;
@@ -226,10 +258,15 @@ impl Model {
             None => tok_embd.clone(),
         };
         let output_norm = loader.vector("output_norm.weight", embd)?;
-        let rope_freq_factors = match loader.file.tensor("rope_freqs.weight") {
-            Some(_) => Some(loader.vector("rope_freqs.weight", c.rope.n_dims as usize / 2)?),
-            None => None,
+        let factors = |name: &str| match loader.file.tensor(name) {
+            Some(_) => loader.vector(name, c.rope.n_dims as usize / 2).map(Some),
+            None => Ok(None),
         };
+        let rope_freq_factors = match factors("rope_freqs.weight")? {
+            Some(f) => Some(f),
+            None => factors("rope_factors_short.weight")?,
+        };
+        let rope_factors_long = factors("rope_factors_long.weight")?;
         let store = StoreInfo::from_gguf(&file, c.n_embd, c.n_ff, c.n_layer)
             .map_err(|e| ModelError::Store(Box::new(e)))?;
         let per_expert = c.ffn_per_expert();
@@ -294,22 +331,41 @@ impl Model {
                 true => loader.vector(&name(t), n).map(Some),
                 false => Ok(None),
             };
+            // Q, K and V fused in one matrix (`attn_qkv`, Phi-3) are its consecutive rows; so
+            // are gate and up in Phi-3's `ffn_up` (gate first).
+            let [wq, wk, wv] = match loader.file.tensor(&name("attn_q.weight")) {
+                None if loader.file.tensor(&name("attn_qkv.weight")).is_some() => {
+                    let fused = loader.matrix(&name("attn_qkv.weight"), q + 2 * kv, embd)?;
+                    fused.split_rows([q, kv, kv])
+                }
+                _ => [
+                    loader.matrix(&name("attn_q.weight"), q, embd)?,
+                    loader.matrix(&name("attn_k.weight"), kv, embd)?,
+                    loader.matrix(&name("attn_v.weight"), kv, embd)?,
+                ],
+            };
+            let (gate, up) = if c.arch == Architecture::Phi3 && store.is_none() && n_expert == 0 {
+                let [g, u] = loader.matrix(&name("ffn_up.weight"), 2 * f, embd)?.split_rows([f, f]);
+                (g, u)
+            } else {
+                (ffn(gate_name, f, embd, 0)?, ffn(up_name, f, embd, 1)?)
+            };
             layers.push(LayerWeights {
                 attn_norm: loader.vector(&name("attn_norm.weight"), embd)?,
                 q_norm: norm_if(has_qk_norm, "attn_q_norm.weight", hd)?,
                 k_norm: norm_if(has_qk_norm, "attn_k_norm.weight", hd)?,
                 attn_post_norm: norm_if(has_post_norms, "post_attention_norm.weight", embd)?,
                 ffn_post_norm: norm_if(has_post_norms, "post_ffw_norm.weight", embd)?,
-                wq: loader.matrix(&name("attn_q.weight"), q, embd)?,
-                wk: loader.matrix(&name("attn_k.weight"), kv, embd)?,
-                wv: loader.matrix(&name("attn_v.weight"), kv, embd)?,
+                wq,
+                wk,
+                wv,
                 wo: loader.matrix(&name("attn_output.weight"), embd, q)?,
                 bq: bias("attn_q.bias", q)?,
                 bk: bias("attn_k.bias", kv)?,
                 bv: bias("attn_v.bias", kv)?,
                 ffn_norm: loader.vector(&name("ffn_norm.weight"), embd)?,
-                gate: ffn(gate_name, f, embd, 0)?,
-                up: ffn(up_name, f, embd, 1)?,
+                gate,
+                up,
                 down: ffn(down_name, embd, f, 2)?,
                 router: match n_expert {
                     0 => None,
@@ -333,6 +389,7 @@ impl Model {
             output,
             layers,
             rope_freq_factors,
+            rope_factors_long,
             store,
             resident_only: false,
             path: None,

@@ -21,10 +21,12 @@ use half::f16;
 use std::arch::x86_64::*;
 
 mod axpy;
+mod blocks32;
 mod quantize;
 
 use axpy::axpy_rows_float;
 pub(crate) use axpy::{axpy_rows_impl, dm_chunk, AxpyBlock, AXPY_CHUNK, AXPY_GROUP, AXPY_PREFETCH};
+pub(crate) use blocks32::{iq4_values_table, q5_quants};
 use quantize::{quantize_q8_0, quantize_q8_1, quantize_q8_k};
 
 // ---------------------------------------------------------------- integer dot flavours

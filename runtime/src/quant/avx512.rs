@@ -21,6 +21,8 @@ use super::blocks::{BlockQ4_0, BlockQ4_1, BlockQ8_0};
 use super::gemm::{f16f, tables, transpose8};
 use std::arch::x86_64::*;
 
+mod blocks32;
+
 /// `vpdpbusd` with the AVX512-VL encoding on 256-bit vectors.
 pub(crate) struct Vnni512;
 

@@ -157,3 +157,95 @@ impl BlockQ8K {
         i16::from_le_bytes(self.bsums[j]) as i32
     }
 }
+
+pub(crate) const QK5_0: usize = 32;
+pub(crate) const QK5_1: usize = 32;
+pub(crate) const QK4_NL: usize = 32;
+
+/// Q5_0: x = d * (q - 16), q 5 bits: the low 4 as in Q4_0 (element j < 16 in the low nibble of
+/// qs[j], j >= 16 in the high nibble of qs[j - 16]), the fifth is bit j of `qh` (a little-endian
+/// u32).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockQ5_0 {
+    pub d: [u8; 2],
+    pub qh: [u8; 4],
+    pub qs: [u8; QK5_0 / 2],
+}
+block_impl!(BlockQ5_0, 22);
+
+/// Q5_1: x = d * q + m, q 5 bits laid out as Q5_0.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockQ5_1 {
+    pub d: [u8; 2],
+    pub m: [u8; 2],
+    pub qh: [u8; 4],
+    pub qs: [u8; QK5_1 / 2],
+}
+block_impl!(BlockQ5_1, 24);
+
+/// IQ4_NL: x = d * IQ4_VALUES[q], q 4 bits in Q4_0's nibble order.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockIQ4NL {
+    pub d: [u8; 2],
+    pub qs: [u8; QK4_NL / 2],
+}
+block_impl!(BlockIQ4NL, 18);
+
+/// The 16 values of the non-linear 4-bit grid of IQ4_NL and IQ4_XS (ggml's `kvalues_iq4nl`).
+pub(crate) const IQ4_VALUES: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
+
+/// Q2_K: 16 sub-blocks of 16; x = d * (sc & 15) * q - dmin * (sc >> 4), sc = scales[e / 16],
+/// q 2 bits: element 128n + 32j + l is bits 2j..2j+2 of qs[32n + l].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockQ2K {
+    pub scales: [u8; QK_K / 16],
+    pub qs: [u8; QK_K / 4],
+    pub d: [u8; 2],
+    pub dmin: [u8; 2],
+}
+block_impl!(BlockQ2K, 84);
+
+/// Q3_K: 16 sub-blocks of 16; x = d * (s - 32) * (q - 4 * !h), s the 6-bit scale of e / 16
+/// (see `scalar::q3k_scales`), q 2 bits as in Q2_K, h bit 4n + j of hmask[l] for element
+/// 128n + 32j + l.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockQ3K {
+    pub hmask: [u8; QK_K / 8],
+    pub qs: [u8; QK_K / 4],
+    pub scales: [u8; 12],
+    pub d: [u8; 2],
+}
+block_impl!(BlockQ3K, 110);
+
+/// Q5_K: as Q4_K (8 sub-blocks of 32, 6-bit scales and mins, the same nibble layout), plus a
+/// fifth bit: bit j of qh[l] for element 32j + l.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockQ5K {
+    pub d: [u8; 2],
+    pub dmin: [u8; 2],
+    pub scales: [u8; 12],
+    pub qh: [u8; QK_K / 8],
+    pub qs: [u8; QK_K / 2],
+}
+block_impl!(BlockQ5K, 176);
+
+/// IQ4_XS: 8 sub-blocks of 32; x = d * (ls - 32) * IQ4_VALUES[q], ls 6 bits (low 4 in nibble
+/// j % 2 of scales_l[j / 2], high 2 at bit 2j of `scales_h`), q in Q4_0's nibble order per
+/// sub-block (16 bytes of qs each).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockIQ4XS {
+    pub d: [u8; 2],
+    pub scales_h: [u8; 2],
+    pub scales_l: [u8; QK_K / 64],
+    pub qs: [u8; QK_K / 2],
+}
+block_impl!(BlockIQ4XS, 136);

@@ -147,6 +147,9 @@ impl GgmlType {
                 | GgmlType::Q8_0
                 | GgmlType::Q4_K
                 | GgmlType::Q6_K
+                | GgmlType::Q5_0
+                | GgmlType::Q5_1
+                | GgmlType::IQ4_NL
         )
     }
 }

@@ -1,8 +1,8 @@
 //! Block formats and the kernels that compute with them.
 //!
-//! Weight types: F32, F16, Q4_0, Q4_1, Q8_0, Q4_K, Q6_K. Each quantized weight type is dotted with
-//! activations quantized to [`activation_type`] (Q8_0, Q8_1 or Q8_K, as in ggml); F16/F32 weights
-//! dot with f32 activations (passed as little-endian bytes).
+//! Weight types: F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q4_K, Q6_K. Each quantized
+//! weight type is dotted with activations quantized to [`activation_type`] (Q8_0, Q8_1 or Q8_K,
+//! as in ggml); F16/F32 weights dot with f32 activations (passed as little-endian bytes).
 //!
 //! # Numerics
 //! * Activation quantization reproduces ggml's (x86/ARM SIMD) `quantize_row_q8_0/q8_1` and
@@ -10,24 +10,28 @@
 //!   Q8_1 s = d * sum(q) with the f32 d; Q8_K d = 1/iscale with iscale = -127/max (max the signed
 //!   value of largest magnitude), bsums per 16.
 //! * Every dot product is defined by its `scalar.rs` function: per block an exact integer sum,
-//!   then `acc = fma(dw * da, isum, acc)` block by block (Q4_1 and Q4_K keep their min term in a
-//!   second chain). All ISA paths, `vec_dot`, `matvec` and `matmul` reproduce those float steps,
+//!   then `acc = fma(dw * da, isum, acc)` block by block (Q4_1, Q5_1 and Q4_K keep their min
+//!   term in a second chain). All ISA paths, `vec_dot`, `matvec` and `matmul` reproduce those float steps,
 //!   so results are bit-identical across ISAs, across row groupings and token counts.
 //! * F32/F16 dots use 32 fma lanes with a fixed reduction tree (`scalar::dot_f32_lanes`).
 //! * [`Kernels::axpy_rows`] (sparse FFN decode) is defined by `scalar::axpy_rows`: per output
 //!   element one `fma(coef, x, acc)` per neuron in neuron order from +0.0, x exactly
-//!   `dequantize_row`'s value (computed as exact `d * q`, Q4_1 `fma(d, q, m)`); every ISA gives
-//!   the same bits.
+//!   `dequantize_row`'s value (computed as exact `d * q`, Q4_1/Q5_1 `fma(d, q, m)`); every ISA
+//!   gives the same bits.
 //!
 //! # ISA paths (files)
 //! * `scalar.rs`: portable reference; the only path on non-x86 targets (and with
-//!   `--cfg conductor_portable`, which builds the crate as those targets see it).
+//!   `--cfg conductor_portable`, which builds the crate as those targets see it). Q5_0, Q5_1
+//!   and IQ4_NL in `scalar/blocks32.rs`.
 //! * `avx2.rs`: AVX2+FMA+F16C kernels (activation quantizers, K-quant and float dots, f16
 //!   helpers) and the 4-row matvec / 4x4 matmul tiles, generic over the int8 multiply: AVX2
 //!   `vpmaddubsw`, AVX-VNNI `vpdpbusd`, or its EVEX form (`avx512.rs`); its sparse rows
-//!   (`axpy_rows`) in `avx2/axpy.rs`, its activation quantizers in `avx2/quantize.rs`.
+//!   (`axpy_rows`) in `avx2/axpy.rs`, its activation quantizers in `avx2/quantize.rs`; Q5_0,
+//!   Q5_1 and IQ4_NL join the 32-element tiles and sparse rows through `avx2/blocks32.rs`
+//!   (and `avx512/blocks32.rs` for the 512-bit sparse rows).
 //! * `gemm.rs`: prefill GEMM on row-interleaved repacked weights (8 rows per ymm), used from
-//!   8 tokens on. `avx512.rs`: the same with 16 rows per zmm.
+//!   8 tokens on (on plain AVX2 only for the 4-bit Q4_0/Q4_1, whose products fit its i16
+//!   sums). `avx512.rs`: the same with 16 rows per zmm.
 //!
 //! [`Kernels::best`] picks AVX512-VNNI, else AVX-VNNI, else AVX2, else scalar.
 //!
@@ -48,7 +52,8 @@ mod avx512;
 #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
 mod gemm;
 
-/// `return $module::$func::<Block>(args)` for the 32-element weight formats (Q4_0, Q4_1, Q8_0),
+/// `return $module::$func::<Block>(args)` for the 32-element weight formats (Q4_0, Q4_1, Q8_0,
+/// Q5_0, Q5_1, IQ4_NL),
 /// the types whose kernels are generic over the block; falls through for any other type.
 #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
 macro_rules! call32 {
@@ -57,6 +62,9 @@ macro_rules! call32 {
             GgmlType::Q4_0 => return $m::$f::<BlockQ4_0>($($arg),*),
             GgmlType::Q4_1 => return $m::$f::<BlockQ4_1>($($arg),*),
             GgmlType::Q8_0 => return $m::$f::<BlockQ8_0>($($arg),*),
+            GgmlType::Q5_0 => return $m::$f::<BlockQ5_0>($($arg),*),
+            GgmlType::Q5_1 => return $m::$f::<BlockQ5_1>($($arg),*),
+            GgmlType::IQ4_NL => return $m::$f::<BlockIQ4NL>($($arg),*),
             _ => {}
         }
     };
@@ -70,7 +78,10 @@ const PACKED_MIN_TOKENS: usize = 8;
 #[cfg(test)]
 mod tests;
 
-pub use blocks::{BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1};
+pub use blocks::{
+    BlockIQ4NL, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K,
+    BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
+};
 pub use ggml_type::GgmlType;
 
 use blocks::{view, view_mut, Block};
@@ -108,8 +119,8 @@ pub fn activation_type(weight: GgmlType) -> GgmlType {
 /// [`activation_type`], as a `Result`.
 pub fn try_activation_type(weight: GgmlType) -> Result<GgmlType, QuantError> {
     Ok(match weight {
-        GgmlType::Q4_0 | GgmlType::Q8_0 => GgmlType::Q8_0,
-        GgmlType::Q4_1 => GgmlType::Q8_1,
+        GgmlType::Q4_0 | GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::IQ4_NL => GgmlType::Q8_0,
+        GgmlType::Q4_1 | GgmlType::Q5_1 => GgmlType::Q8_1,
         GgmlType::Q4_K | GgmlType::Q6_K => GgmlType::Q8_K,
         GgmlType::F16 | GgmlType::F32 => GgmlType::F32,
         ty => {
@@ -152,9 +163,10 @@ fn blocks_of_mut<B: Block>(bytes: &mut [u8]) -> &mut [B] {
     view_mut::<B>(bytes).expect("length checked by the caller")
 }
 
-/// Quantizes `src` into `dst` (the file layout of `ty`). Supported: F32, F16, Q4_0, Q4_1, Q8_0,
-/// Q8_1, Q4_K, Q6_K, Q8_K. Q4_K/Q6_K use a simple (not ggml's search-based) quantizer; all other
-/// types give exactly ggml's bytes (Q8_0 with the numerics described in the module docs).
+/// Quantizes `src` into `dst` (the file layout of `ty`). Supported: F32, F16, Q4_0, Q4_1, Q5_0,
+/// Q5_1, Q8_0, Q8_1, IQ4_NL, Q4_K, Q6_K, Q8_K. Q4_K/Q6_K and IQ4_NL use simple (not ggml's
+/// importance-weighted) quantizers; all other types give exactly ggml's reference bytes (Q8_0
+/// with the numerics described in the module docs).
 pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
     let n = src.len();
     check_len("quantize_row dst", row_bytes(ty, n)?, dst.len())?;
@@ -176,6 +188,9 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
         GgmlType::Q4_K => scalar::quantize_q4_k(src, blocks_of_mut(dst)),
         GgmlType::Q6_K => scalar::quantize_q6_k(src, blocks_of_mut(dst)),
         GgmlType::Q8_K => scalar::quantize_q8_k(src, blocks_of_mut(dst)),
+        GgmlType::Q5_0 => scalar::quantize_q5_0(src, blocks_of_mut(dst)),
+        GgmlType::Q5_1 => scalar::quantize_q5_1(src, blocks_of_mut(dst)),
+        GgmlType::IQ4_NL => scalar::quantize_iq4_nl(src, blocks_of_mut(dst)),
         ty => {
             return Err(QuantError::Unsupported {
                 ty,
@@ -209,6 +224,9 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Q
         GgmlType::Q4_K => scalar::dequantize_q4_k(blocks_of(src), dst),
         GgmlType::Q6_K => scalar::dequantize_q6_k(blocks_of(src), dst),
         GgmlType::Q8_K => scalar::dequantize_q8_k(blocks_of(src), dst),
+        GgmlType::Q5_0 => scalar::dequantize_q5_0(blocks_of(src), dst),
+        GgmlType::Q5_1 => scalar::dequantize_q5_1(blocks_of(src), dst),
+        GgmlType::IQ4_NL => scalar::dequantize_iq4_nl(blocks_of(src), dst),
         ty => {
             return Err(QuantError::Unsupported {
                 ty,
@@ -220,7 +238,8 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Q
 }
 
 /// The transpose of `w` (rows × cols) as a `cols × rows` matrix quantized row-wise in `ty`
-/// (Q8_0, Q4_0, Q4_1, F16 or F32): dequantize, transpose, quantize with [`quantize_row`].
+/// (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, F16 or F32): dequantize, transpose, quantize with
+/// [`quantize_row`].
 /// For the sparse FFN: the down projection (`n_embd` rows of `n_ff`) becomes one row of
 /// `n_embd` per neuron, the layout [`Kernels::axpy_rows`] reads.
 ///
@@ -311,10 +330,26 @@ pub fn transpose_requantize_cols(
     Ok(())
 }
 
+/// The types [`Kernels::axpy_rows`] reads and [`transpose_requantize`] writes: the 32-element
+/// formats and the float ones.
+fn axpy_type(ty: GgmlType) -> bool {
+    matches!(
+        ty,
+        GgmlType::Q8_0
+            | GgmlType::Q4_0
+            | GgmlType::Q4_1
+            | GgmlType::Q5_0
+            | GgmlType::Q5_1
+            | GgmlType::IQ4_NL
+            | GgmlType::F16
+            | GgmlType::F32
+    )
+}
+
 /// The types [`transpose_requantize`] can quantize into.
 fn check_transpose_type(ty: GgmlType) -> Result<(), QuantError> {
     match ty {
-        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::F16 | GgmlType::F32 => Ok(()),
+        ty if axpy_type(ty) => Ok(()),
         _ => Err(QuantError::Unsupported {
             ty,
             op: "transpose_requantize",
@@ -578,6 +613,9 @@ impl Kernels {
             GgmlType::Q8_0 => scalar::dot_q8_0_q8_0(blocks_of(w), blocks_of(act)),
             GgmlType::Q4_K => scalar::dot_q4_k_q8_k(blocks_of(w), blocks_of(act)),
             GgmlType::Q6_K => scalar::dot_q6_k_q8_k(blocks_of(w), blocks_of(act)),
+            GgmlType::Q5_0 => scalar::dot_q5_0_q8_0(blocks_of(w), blocks_of(act)),
+            GgmlType::Q5_1 => scalar::dot_q5_1_q8_1(blocks_of(w), blocks_of(act)),
+            GgmlType::IQ4_NL => scalar::dot_iq4_nl_q8_0(blocks_of(w), blocks_of(act)),
             GgmlType::F32 => scalar::dot_f32(n, w, act),
             GgmlType::F16 => scalar::dot_f16(n, w, act),
             ty => panic!("vec_dot: {ty} is not supported"),
@@ -742,8 +780,9 @@ impl Kernels {
                             gemm::matmul_vnni(m, blocks_of(acts), n_tokens, out, out_stride)
                         )
                     }
-                    // Without VNNI the packed scheme needs 4-bit weights (i16 accumulation).
-                    Isa::Avx2 if packed && w.ty != GgmlType::Q8_0 => {
+                    // Without VNNI the packed scheme needs 4-bit weights (i16 accumulation):
+                    // 5-bit and 8-bit weights could overflow it.
+                    Isa::Avx2 if packed && matches!(w.ty, GgmlType::Q4_0 | GgmlType::Q4_1) => {
                         call32!(
                             w.ty,
                             gemm::matmul_avx2(m, blocks_of(acts), n_tokens, out, out_stride)
@@ -819,7 +858,7 @@ impl Kernels {
     /// Sparse FFN decode: `out = Σ_k coefs[k] · row(neurons[k]) of w` (rows dequantized),
     /// accumulated in k order; `out` is overwritten (the sum starts from +0.0). `w` is typically
     /// a transposed down projection (one row of `n_embd` columns per FFN neuron, see
-    /// [`transpose_requantize`]). Supported types: Q8_0, Q4_0, Q4_1, F16, F32. A neuron may
+    /// [`transpose_requantize`]). Supported types: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, F16, F32. A neuron may
     /// repeat (each occurrence adds its term).
     ///
     /// Numerics (`scalar::axpy_rows`): per output element, `acc = fma(coefs[k], x, acc)` for k in
@@ -842,14 +881,7 @@ impl Kernels {
     /// As [`Kernels::axpy_rows`].
     pub fn axpy_rows_add(&self, w: MatRef<'_>, neurons: &[u32], coefs: &[f32], out: &mut [f32]) {
         let stride = w.validate().unwrap_or_else(|e| panic!("{e}"));
-        assert!(
-            matches!(
-                w.ty,
-                GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::F16 | GgmlType::F32
-            ),
-            "axpy_rows: {} is not supported",
-            w.ty
-        );
+        assert!(axpy_type(w.ty), "axpy_rows: {} is not supported", w.ty);
         assert_eq!(
             coefs.len(),
             neurons.len(),

@@ -7,6 +7,9 @@
 use super::blocks::*;
 use half::f16;
 
+mod blocks32;
+pub(crate) use blocks32::*;
+
 // ---------------------------------------------------------------- weight quantizers
 
 /// ggml's `quantize_row_q4_0_ref`: scale from the signed value of largest magnitude, so that
@@ -58,7 +61,7 @@ pub(crate) fn quantize_q4_1(x: &[f32], y: &mut [BlockQ4_1]) {
 /// Round to nearest, ties to even: what `vroundps`/`vcvtps2dq` (default MXCSR) and ggml's
 /// `nearest_int` compute. Out-of-range values saturate (only reachable with non-finite input).
 #[inline(always)]
-fn rne_i32(v: f32) -> i32 {
+pub(crate) fn rne_i32(v: f32) -> i32 {
     v.round_ties_even() as i32
 }
 
@@ -374,7 +377,7 @@ fn idot_q4(qs: &[u8; 16], y: &[u8; 32]) -> i32 {
 }
 
 #[inline(always)]
-fn isum_i8(y: &[u8]) -> i32 {
+pub(crate) fn isum_i8(y: &[u8]) -> i32 {
     y.iter().map(|&v| v as i8 as i32).sum()
 }
 
@@ -569,6 +572,8 @@ pub(crate) fn axpy_f16(a: f32, x: &[f16], y: &mut [f32]) {
 /// * Q4_1: `fma(d, q as f32, m)`. Since `d * q` is exact this is the same value as ggml's (and
 ///   [`dequantize_row`](super::dequantize_row)'s) `d * q + m` in two roundings, including for
 ///   infinite or NaN scales (up to NaN payloads).
+/// * Q5_0: `d * ((q - 16) as f32)`, IQ4_NL: `d * (grid[q] as f32)` (exact products, as Q4_0);
+///   Q5_1: `fma(d, q as f32, m)` (as Q4_1).
 /// * F16: the exact f32 of the half; F32: the value.
 ///
 /// So x is exactly `dequantize_row`'s value and the result equals "dequantize each row, then one
@@ -629,6 +634,9 @@ pub(crate) fn axpy_rows(
                     }
                 }
             }
+            GgmlType::Q5_0 => axpy_blocks(blocks::<BlockQ5_0>(row), c, out, axpy_values_q5_0),
+            GgmlType::Q5_1 => axpy_blocks(blocks::<BlockQ5_1>(row), c, out, axpy_values_q5_1),
+            GgmlType::IQ4_NL => axpy_blocks(blocks::<BlockIQ4NL>(row), c, out, axpy_values_iq4_nl),
             GgmlType::F16 => {
                 for (i, o) in out.iter_mut().enumerate() {
                     *o = c.mul_add(f16_at(row, i), *o);
@@ -640,6 +648,16 @@ pub(crate) fn axpy_rows(
                 }
             }
             ty => panic!("axpy_rows: {ty} is not supported"),
+        }
+    }
+}
+
+/// One neuron's term of [`axpy_rows`] for a 32-element format whose values `values` gives.
+#[inline(always)]
+fn axpy_blocks<B>(row: &[B], c: f32, out: &mut [f32], values: impl Fn(&B) -> [f32; 32]) {
+    for (b, o) in row.iter().zip(out.chunks_exact_mut(32)) {
+        for (o, x) in o.iter_mut().zip(values(b)) {
+            *o = c.mul_add(x, *o);
         }
     }
 }

@@ -10,9 +10,10 @@ use super::blocks::*;
 use super::*;
 use proptest::prelude::*;
 
+mod dequant_fixture;
 mod rows;
 
-const WEIGHT_TYPES: [GgmlType; 7] = [
+const WEIGHT_TYPES: [GgmlType; 10] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::Q4_0,
@@ -20,6 +21,9 @@ const WEIGHT_TYPES: [GgmlType; 7] = [
     GgmlType::Q8_0,
     GgmlType::Q4_K,
     GgmlType::Q6_K,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::IQ4_NL,
 ];
 
 fn quant(ty: GgmlType, x: &[f32]) -> Vec<u8> {
@@ -79,6 +83,13 @@ fn block_sizes_match_type_table() {
         (GgmlType::Q4_K, size_of::<BlockQ4K>(), 256),
         (GgmlType::Q6_K, size_of::<BlockQ6K>(), 256),
         (GgmlType::Q8_K, size_of::<BlockQ8K>(), 256),
+        (GgmlType::Q5_0, size_of::<BlockQ5_0>(), 32),
+        (GgmlType::Q5_1, size_of::<BlockQ5_1>(), 32),
+        (GgmlType::IQ4_NL, size_of::<BlockIQ4NL>(), 32),
+        (GgmlType::Q2_K, size_of::<BlockQ2K>(), 256),
+        (GgmlType::Q3_K, size_of::<BlockQ3K>(), 256),
+        (GgmlType::Q5_K, size_of::<BlockQ5K>(), 256),
+        (GgmlType::IQ4_XS, size_of::<BlockIQ4XS>(), 256),
     ];
     for (ty, size, qk) in table {
         assert_eq!(ty.type_size(), size, "{ty}");
@@ -95,6 +106,9 @@ fn activation_types() {
     assert_eq!(activation_type(GgmlType::Q6_K), GgmlType::Q8_K);
     assert_eq!(activation_type(GgmlType::F16), GgmlType::F32);
     assert_eq!(activation_type(GgmlType::F32), GgmlType::F32);
+    assert_eq!(activation_type(GgmlType::Q5_0), GgmlType::Q8_0);
+    assert_eq!(activation_type(GgmlType::Q5_1), GgmlType::Q8_1);
+    assert_eq!(activation_type(GgmlType::IQ4_NL), GgmlType::Q8_0);
     assert!(matches!(
         try_activation_type(GgmlType::Q5_K),
         Err(QuantError::Unsupported {
@@ -125,10 +139,11 @@ fn format_functions_reject_bad_input() {
     assert!(e.to_string().contains("IQ2_XS"), "{e}");
     let mut y = vec![0f32; 64];
     assert!(dequantize_row(GgmlType::Q4_1, &buf[..20], &mut y).is_err());
-    assert!(dequantize_row(GgmlType::Q5_0, &[0u8; 44], &mut y).is_err());
+    assert!(dequantize_row(GgmlType::Q5_0, &[0u8; 43], &mut y).is_err());
     assert!(MatRef::new(GgmlType::Q4_1, &buf, 2, 32).is_ok());
     assert!(MatRef::new(GgmlType::Q4_1, &buf, 3, 32).is_err());
-    assert!(MatRef::new(GgmlType::Q5_1, &[0u8; 24], 1, 32).is_err());
+    assert!(MatRef::new(GgmlType::Q5_1, &[0u8; 24], 1, 32).is_ok());
+    assert!(MatRef::new(GgmlType::IQ2_XS, &[0u8; 74], 1, 256).is_err());
 }
 
 #[test]
@@ -295,6 +310,56 @@ fn known_answer_q6_k() {
 }
 
 #[test]
+fn known_answer_q5_0_q5_1() {
+    // Low nibbles as in Q4_0 (byte j: j | (15 - j) << 4); fifth bits qh = 0xA5C3_0F01: bit e is
+    // element e's 16s bit.
+    let qs: Vec<u8> = (0..16u8).map(|j| j | ((15 - j) << 4)).collect();
+    let qh = 0xA5C3_0F01u32;
+    let q = |e: usize| {
+        let lo = if e < 16 {
+            e as u32
+        } else {
+            15 - (e as u32 - 16)
+        };
+        (lo | (((qh >> e) & 1) << 4)) as f32
+    };
+    // Q5_0: d = 0.5.
+    let mut b = vec![0x00, 0x38];
+    b.extend(qh.to_le_bytes());
+    b.extend(&qs);
+    let y = deq(GgmlType::Q5_0, &b, 32);
+    for (e, v) in y.iter().enumerate() {
+        assert_eq!(*v, (q(e) - 16.0) * 0.5, "Q5_0 element {e}");
+    }
+    // e=0: lo 0, bit 0 set -> 16 -> 0. e=8: lo 8, bit 8 set -> 24 -> 4. e=31: lo 0, bit 31 set.
+    assert_eq!((y[0], y[1], y[8], y[31]), (0.0, -7.5, 4.0, 0.0));
+    // Q5_1: d = 0.25, m = -1.
+    let mut b = vec![0x00, 0x34, 0x00, 0xBC];
+    b.extend(qh.to_le_bytes());
+    b.extend(&qs);
+    let y = deq(GgmlType::Q5_1, &b, 32);
+    for (e, v) in y.iter().enumerate() {
+        assert_eq!(*v, q(e) * 0.25 - 1.0, "Q5_1 element {e}");
+    }
+}
+
+#[test]
+fn known_answer_iq4_nl() {
+    // d = 2; nibble j of element j (low) and 15 - j (high).
+    let mut b = vec![0x00, 0x40];
+    b.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
+    let y = deq(GgmlType::IQ4_NL, &b, 32);
+    let grid = [
+        -127.0f32, -104., -83., -65., -49., -35., -22., -10., 1., 13., 25., 38., 53., 69., 89.,
+        113.,
+    ];
+    for j in 0..16 {
+        assert_eq!(y[j], 2.0 * grid[j]);
+        assert_eq!(y[16 + j], 2.0 * grid[15 - j]);
+    }
+}
+
+#[test]
 fn known_answer_f16_f32() {
     let b = [0x00, 0x3C, 0x00, 0xC0, 0x01, 0x00];
     assert_eq!(deq(GgmlType::F16, &b, 3), vec![1.0, -2.0, 5.960_464_5e-8]);
@@ -371,6 +436,21 @@ fn element_bound(ty: GgmlType, xb: &[f32]) -> f32 {
             d / 2.0 + 127.0 * (d * e16 + sub) + tiny
         }
         GgmlType::Q8_K => amax / 127.0 * 0.5 + tiny,
+        GgmlType::Q5_0 => {
+            let d = amax / 16.0;
+            d + 16.0 * (d * e16 + sub) + tiny
+        }
+        GgmlType::Q5_1 => {
+            let d = (max - min) / 31.0;
+            d / 2.0 + 31.0 * (d * e16 + sub) + min.abs() * e16 + sub + tiny
+        }
+        // The grid's widest gap (113 to 89, or -127 to -104: 24 units of d = amax / 127 at the
+        // starting scale; the fit only keeps a scale with smaller total error, so bound by the
+        // worst single element of that: the block's RMS at most the start's, times sqrt(32)).
+        GgmlType::IQ4_NL => {
+            let d = amax / 127.0;
+            (12.0 * d + 127.0 * (d * e16 + sub)) * 32f32.sqrt() + tiny
+        }
         _ => unreachable!(),
     }
 }
@@ -400,6 +480,9 @@ fn round_trip_ggml_data_budgets() {
         (GgmlType::Q4_K, 0.11),
         (GgmlType::Q6_K, 0.025),
         (GgmlType::Q8_K, 0.0065),
+        (GgmlType::Q5_0, 0.05),
+        (GgmlType::Q5_1, 0.05),
+        (GgmlType::IQ4_NL, 0.10),
         (GgmlType::F16, 0.0005),
         (GgmlType::F32, 0.0),
     ];
@@ -429,11 +512,11 @@ fn dot_ggml_data_budgets() {
     }
 }
 
-/// sum over blocks of m * (s - d_a * sum(q)): the difference between Q4_1 . Q8_1 as the format
-/// defines it and the plain dot of the dequantized operands.
-fn q4_1_min_term_correction(w: &[u8], a: &[u8]) -> f64 {
+/// sum over blocks of m * (s - d_a * sum(q)): the difference between Q4_1 (or Q5_1) . Q8_1 as
+/// the format defines it and the plain dot of the dequantized operands.
+fn q4_1_min_term_correction(ty: GgmlType, w: &[u8], a: &[u8]) -> f64 {
     let f = |b: &[u8]| half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f64();
-    w.chunks(20)
+    w.chunks(ty.type_size())
         .zip(a.chunks(36))
         .map(|(bw, ba)| {
             let sum: i32 = ba[4..].iter().map(|&q| q as i8 as i32).sum();
@@ -478,7 +561,15 @@ proptest! {
 
     #[test]
     fn round_trip_element_bounds(x in data(32, 6)) {
-        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q8_1] {
+        for ty in [
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q8_0,
+            GgmlType::Q8_1,
+            GgmlType::Q5_0,
+            GgmlType::Q5_1,
+            GgmlType::IQ4_NL,
+        ] {
             let y = deq(ty, &quant(ty, &x), x.len());
             for (b, (xb, yb)) in x.chunks(32).zip(y.chunks(32)).enumerate() {
                 let bound = element_bound(ty, xb);
@@ -545,10 +636,10 @@ proptest! {
             let wd = deq(ty, &wq, n);
             let xd = deq(activation_type(ty), &a, n);
             let mut exact: f64 = wd.iter().zip(&xd).map(|(p, q)| *p as f64 * *q as f64).sum();
-            if ty == GgmlType::Q4_1 {
+            if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1) {
                 // Q8_1 stores s = d * sum(q) rounded to f16 on its own; the format's dot uses
                 // m * s, not m * sum(dequantized activations). Use the format's value.
-                exact += q4_1_min_term_correction(&wq, &a);
+                exact += q4_1_min_term_correction(ty, &wq, &a);
             }
             let mag: f64 = wd.iter().zip(&xd).map(|(p, q)| (*p as f64 * *q as f64).abs()).sum();
             let blocks = (n / ty.block_size()).min(n / 32 + 1) as f64;

@@ -5,10 +5,13 @@ use super::*;
 
 // ---------------------------------------------------------------- sparse rows (axpy_rows)
 
-const AXPY_TYPES: [GgmlType; 5] = [
+const AXPY_TYPES: [GgmlType; 8] = [
     GgmlType::Q8_0,
     GgmlType::Q4_0,
     GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::IQ4_NL,
     GgmlType::F16,
     GgmlType::F32,
 ];
