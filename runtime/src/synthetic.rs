@@ -58,6 +58,10 @@ pub struct SyntheticSpec {
     pub mix: TypeMix,
     /// Use the embeddings as the output projection.
     pub tied_output: bool,
+    /// An untied output projection's deviation is this over √n_embd: the logits' deviation.
+    /// Random models' next-token distributions are flat; a larger spread gives their argmax a
+    /// margin, as a trained model's confident predictions have.
+    pub logit_scale: f32,
     pub activation: FfnActivation,
     /// Sliding-window layers' window (architectures with sliding windows; `None`: the
     /// architecture's default).
@@ -101,6 +105,7 @@ impl Default for SyntheticSpec {
             output_type: None,
             mix: TypeMix::Uniform,
             tied_output: true,
+            logit_scale: 1.0,
             activation: FfnActivation::Silu,
             sliding_window: None,
             swa_period: None,
@@ -405,6 +410,7 @@ impl SyntheticSpec {
             output_type: Some(GgmlType::Q6_K),
             mix: TypeMix::Q4KM,
             tied_output: tied,
+            logit_scale: 4.0,
             sliding_window: window,
             swa_period: period,
             seed: 5,
@@ -782,13 +788,14 @@ fn matrix_type(spec: &SyntheticSpec, kind: Kind, layer: u32, cols: u32) -> GgmlT
 }
 
 /// A 256-block type on rows that are not a multiple of 256 falls back to a 32-block type, as
-/// in llama.cpp's quantizer: Q6_K to Q8_0; Q4_K to Q8_0 here (llama.cpp takes Q5_0).
+/// in llama.cpp's quantizer: Q4_K to Q5_0, Q6_K to Q8_0.
 fn fallback_type(ty: GgmlType, cols: u32) -> GgmlType {
     if (cols as usize).is_multiple_of(ty.block_size()) {
         return ty;
     }
     match ty {
-        GgmlType::Q4_K | GgmlType::Q6_K => GgmlType::Q8_0,
+        GgmlType::Q4_K => GgmlType::Q5_0,
+        GgmlType::Q6_K => GgmlType::Q8_0,
         other => other,
     }
 }
@@ -1080,7 +1087,8 @@ impl SyntheticModel {
         b.vector("output_norm.weight", norm_weights(None, embd))?;
         if !spec.tied_output {
             let ty = ty(Kind::Output, 0, embd);
-            b.matrix("output.weight", spec.n_vocab, embd, ty, s_in, 0, reads)?;
+            let std = spec.logit_scale * s_in;
+            b.matrix("output.weight", spec.n_vocab, embd, ty, std, 0, reads)?;
         }
         Ok(SyntheticModel {
             header: b.w,

@@ -75,6 +75,10 @@ fn swiglu_ffn(
         .map(|(g, u)| match activation {
             FfnActivation::Silu => g / (1.0 + (-g).exp()) * u,
             FfnActivation::Relu => g.max(0.0) * u,
+            FfnActivation::GeluTanh => {
+                let c = (2.0 / std::f64::consts::PI).sqrt();
+                0.5 * g * (1.0 + (c * (g + 0.044_715 * g * g * g)).tanh()) * u
+            }
         })
         .collect();
     matvec(down, &act)

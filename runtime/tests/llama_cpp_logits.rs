@@ -13,9 +13,14 @@
 //! (llama.cpp 0.3.36 as bench/ builds it: flash attention, f16 KV cache). Rerun it after any
 //! change to the generator: the CRC check below says when.
 //!
-//! Each position must have llama.cpp's argmax as its own (≥ 99% of positions, so all 65 here),
-//! and each of llama.cpp's top 16 logits must be within [`MAX_DLOGIT`] of Conductor's. Random
-//! weights: these say how closely the two compute the same function, not about quality.
+//! Each position where llama.cpp's top-1 logit leads its second by at least [`CONFIDENT`] (as
+//! `conductor check-refs` counts them) must have llama.cpp's argmax as its own (≥ 99%, so all of
+//! them here), at least half the positions must be such, and each of llama.cpp's top 16 logits
+//! must be within [`MAX_DLOGIT`] of Conductor's at every position. Positions closer to a tie
+//! than that are left to the logit bound: on these random models llama.cpp itself, with flash
+//! attention off against on, picks another argmax at 2-6 of the 65 positions (all of them
+//! near-ties; `bench/logits-vs-llama-cpp` prints both). Random weights: these say how closely
+//! the two compute the same function, not about quality.
 
 use conductor_runtime::exec::{Driver, InlineDriver, Serial, Session};
 use conductor_runtime::gguf::GgufFile;
@@ -29,14 +34,17 @@ use std::sync::Arc;
 /// The largest |Conductor − llama.cpp| allowed on llama.cpp's top 16 logits at any position.
 /// Both quantize activations to 8 bits; a value that lands near a rounding boundary in one
 /// engine and across it in the other changes a product by a quantum, and attention's f16
-/// accumulation differs in order. Measured: up to 0.20 (qwen3, logits' deviation 4.1), 0.11
-/// (gemma3, deviation 5.3), 0.03 (llama, deviation 1), 0 (llama3, qwen2: no boundary was
-/// crossed). A wrong norm,
-/// scale, RoPE or layout moves logits by whole units.
+/// accumulation differs in order. Measured (logits' deviation about 4, 18.7 for qwen2): 0.24
+/// phi3, 0.20 qwen3, 0.13 llama, 0.01 gemma3, 0 llama3 and qwen2 (no boundary crossed);
+/// llama.cpp with flash attention off is 0.15-1.04 from itself with it on. A wrong norm, scale,
+/// RoPE or layout moves logits by whole units.
 const MAX_DLOGIT: f32 = 0.5;
 
-/// Share of positions whose argmax must be llama.cpp's.
+/// Share of confident positions whose argmax must be llama.cpp's.
 const MIN_AGREEMENT: f64 = 0.99;
+
+/// llama.cpp's top-1 lead that makes a position confident (check-refs's margin).
+const CONFIDENT: f32 = 0.5;
 
 #[derive(Deserialize)]
 struct Stored {
@@ -113,10 +121,15 @@ fn matches_llama_cpp(arch: &str) {
     assert_eq!(logits.len(), s.ids.len() * n_vocab);
 
     let mut disagree = Vec::new();
+    let mut confident = 0;
     let mut worst = (0.0f32, 0usize, 0u32);
     for (p, (row, top)) in logits.chunks_exact(n_vocab).zip(&s.top_k).enumerate() {
-        if argmax(row) != top[0].0 {
-            disagree.push((p, top[0].0, argmax(row)));
+        let lead = top[0].1 - top[1].1;
+        if lead >= CONFIDENT {
+            confident += 1;
+            if argmax(row) != top[0].0 {
+                disagree.push((p, top[0].0, argmax(row), lead));
+            }
         }
         for &(id, l) in top {
             let d = (row[id as usize] - l).abs();
@@ -126,18 +139,24 @@ fn matches_llama_cpp(arch: &str) {
         }
     }
     let n = s.ids.len();
-    let agreement = (n - disagree.len()) as f64 / n as f64;
+    let agreement = (confident - disagree.len()) as f64 / confident.max(1) as f64;
     eprintln!(
-        "{arch}: top-1 {}/{n}, max |dlogit| on llama.cpp's top 16 {:.4} (position {}, id {})",
-        n - disagree.len(),
+        "{arch}: top-1 {}/{confident} confident positions (of {n}), max |dlogit| on llama.cpp's \
+         top 16 {:.4} (position {}, id {})",
+        confident - disagree.len(),
         worst.0,
         worst.1,
         worst.2
     );
     assert!(
+        2 * confident >= n,
+        "{arch}: only {confident} of {n} positions have a top-1 lead of {CONFIDENT}: the test \
+         model's logits are too flat to test argmaxes"
+    );
+    assert!(
         agreement >= MIN_AGREEMENT,
-        "{arch}: argmax differs from llama.cpp's at {} of {n} positions \
-         (position, llama.cpp's, Conductor's): {disagree:?}",
+        "{arch}: argmax differs from llama.cpp's at {} of {confident} confident positions \
+         (position, llama.cpp's, Conductor's, llama.cpp's lead): {disagree:?}",
         disagree.len()
     );
     assert!(

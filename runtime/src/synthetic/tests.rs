@@ -49,7 +49,7 @@ fn more_bits_follows_llama_cpp() {
 #[test]
 fn rows_off_the_256_grid_fall_back_to_32_blocks() {
     assert_eq!(fallback_type(GgmlType::Q4_K, 512), GgmlType::Q4_K);
-    assert_eq!(fallback_type(GgmlType::Q4_K, 640), GgmlType::Q8_0);
+    assert_eq!(fallback_type(GgmlType::Q4_K, 640), GgmlType::Q5_0);
     assert_eq!(fallback_type(GgmlType::Q6_K, 896), GgmlType::Q8_0);
     assert_eq!(fallback_type(GgmlType::Q4_0, 640), GgmlType::Q4_0);
 }
@@ -124,7 +124,7 @@ fn every_arch_preset_has_its_tensors_and_types() {
         let wide = if spec.n_embd.is_multiple_of(256) {
             GgmlType::Q4_K
         } else {
-            GgmlType::Q8_0
+            GgmlType::Q5_0
         };
         assert_eq!(ty("blk.0.ffn_up.weight"), wide, "{}", info.name);
         assert_eq!(ty("token_embd.weight"), GgmlType::Q8_0, "{}", info.name);
