@@ -345,7 +345,9 @@ impl Model {
                 ],
             };
             let (gate, up) = if c.arch == Architecture::Phi3 && store.is_none() && n_expert == 0 {
-                let [g, u] = loader.matrix(&name("ffn_up.weight"), 2 * f, embd)?.split_rows([f, f]);
+                let [g, u] = loader
+                    .matrix(&name("ffn_up.weight"), 2 * f, embd)?
+                    .split_rows([f, f]);
                 (g, u)
             } else {
                 (ffn(gate_name, f, embd, 0)?, ffn(up_name, f, embd, 1)?)
