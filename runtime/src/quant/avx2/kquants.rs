@@ -47,25 +47,38 @@ unsafe fn scaled(q: __m256i, y: __m256i, scale: __m256i) -> __m256i {
     _mm256_madd_epi16(_mm256_maddubs_epi16(q, y), scale)
 }
 
-/// Two sub-block scales of 16 elements each, as the i16 lanes of one 32-element product:
-/// `lo` for the lower 128 bits, `hi` for the upper.
+/// The Q4_K/Q5_K 6-bit scales and mins of a block, decoded with 32-bit masks (the layout of
+/// `scalar::q4k_scale_min`): (the 8 scales as i16 lanes in both 128-bit halves, the 8 mins each
+/// in the two i16 lanes of i32 lane j).
 #[inline(always)]
-unsafe fn scale_pair(lo: i16, hi: i16) -> __m256i {
-    _mm256_setr_m128i(_mm_set1_epi16(lo), _mm_set1_epi16(hi))
+unsafe fn scales_mins(s: &[u8; 12]) -> (__m256i, __m256i) {
+    let w = |i: usize| u32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]]);
+    let (w0, w1, w2) = (w(0), w(1), w(2));
+    let (m6, m4, m2) = (0x3f3f_3f3fu32, 0x0f0f_0f0fu32, 0x0303_0303u32);
+    // Bytes: sc 0..4 | sc 4..8 | m 0..4 | m 4..8.
+    let sc_lo = w0 & m6;
+    let sc_hi = (w2 & m4) | (((w0 >> 6) & m2) << 4);
+    let m_lo = w1 & m6;
+    let m_hi = ((w2 >> 4) & m4) | (((w1 >> 6) & m2) << 4);
+    let v = _mm256_cvtepu8_epi16(_mm_setr_epi32(
+        sc_lo as i32,
+        sc_hi as i32,
+        m_lo as i32,
+        m_hi as i32,
+    ));
+    let sc = _mm256_permute2x128_si256(v, v, 0x00);
+    let m = _mm256_cvtepu16_epi32(_mm256_extracti128_si256(v, 1));
+    (sc, _mm256_or_si256(m, _mm256_slli_epi32(m, 16)))
 }
 
-/// The Q4_K/Q5_K 6-bit scales and mins of a block.
+/// i16 lane `j` (0..8) of each 128-bit half of `v`, in every i16 lane.
 #[inline(always)]
-fn scales_mins(s: &[u8; 12]) -> ([i16; 8], __m256i) {
-    let mut sc = [0i16; 8];
-    let mut mn = [0i16; 16];
-    for j in 0..8 {
-        let (a, b) = scalar::q4k_scale_min(j, s);
-        sc[j] = a as i16;
-        (mn[2 * j], mn[2 * j + 1]) = (b as i16, b as i16);
-    }
-    // SAFETY: `mn` has exactly 32 bytes. (An unaligned load from a local array.)
-    (sc, unsafe { _mm256_loadu_si256(mn.as_ptr().cast()) })
+unsafe fn bcast16(v: __m256i, j: usize) -> __m256i {
+    let b = (2 * j) as i8;
+    _mm256_shuffle_epi8(
+        v,
+        _mm256_set1_epi16(i16::from_le_bytes([b as u8, b as u8 + 1])),
+    )
 }
 
 // ---------------------------------------------------------------- Q4_K
@@ -73,7 +86,8 @@ fn scales_mins(s: &[u8; 12]) -> ([i16; 8], __m256i) {
 #[derive(Clone, Copy)]
 pub(crate) struct UQ4K {
     q: [__m256i; 8],
-    sc: [i16; 8],
+    /// The 8 scales as i16 lanes (both halves).
+    sc: __m256i,
     /// m_j in i16 lanes 2j and 2j + 1, against the bsums of sub-block j's two halves.
     mins: __m256i,
 }
@@ -102,7 +116,7 @@ impl KBlock for BlockQ4K {
     unsafe fn isums(u: &UQ4K, a: &BlockQ8K) -> (__m256i, __m256i) {
         let mut s = _mm256_setzero_si256();
         for j in 0..8 {
-            let p = scaled(u.q[j], y32(a, 32 * j), _mm256_set1_epi16(u.sc[j]));
+            let p = scaled(u.q[j], y32(a, 32 * j), bcast16(u.sc, j));
             s = _mm256_add_epi32(s, p);
         }
         (s, _mm256_madd_epi16(bsums16(a), u.mins))
@@ -158,6 +172,23 @@ pub(crate) struct U16s {
     corr: __m256i,
 }
 
+/// For group g of 32 elements (sub-blocks 2g and 2g + 1 of 16): scale 2g in the lower 128-bit
+/// half's i16 lanes, 2g + 1 in the upper, from the 16 scales as i16 lanes of `s16`.
+#[inline(always)]
+unsafe fn pair16(s16: __m256i, g: usize) -> __m256i {
+    // Both sub-blocks lie in the same 128-bit half of `s16` (lanes 2g % 8 and 2g % 8 + 1).
+    let half = if g < 4 {
+        _mm256_permute2x128_si256(s16, s16, 0x00)
+    } else {
+        _mm256_permute2x128_si256(s16, s16, 0x11)
+    };
+    let (a, b) = ((4 * (g % 4)) as u8, (4 * (g % 4) + 2) as u8);
+    let lo = i16::from_le_bytes([a, a + 1]);
+    let hi = i16::from_le_bytes([b, b + 1]);
+    let idx = _mm256_setr_m128i(_mm_set1_epi16(lo), _mm_set1_epi16(hi));
+    _mm256_shuffle_epi8(half, idx)
+}
+
 /// sumi lanes of 8 groups of 32.
 #[inline(always)]
 unsafe fn isum16(u: &U16s, a: &BlockQ8K) -> __m256i {
@@ -181,7 +212,8 @@ impl KBlock for BlockQ6K {
         let m2 = _mm256_set1_epi8(0x03);
         let mut q = [_mm256_setzero_si256(); 8];
         let mut sc = [_mm256_setzero_si256(); 8];
-        let s = |j: usize| self.scales[j] as i8 as i16;
+        // SAFETY (load): exactly the 16 bytes of `scales`.
+        let corr = _mm256_cvtepi8_epi16(_mm_loadu_si128(self.scales.as_ptr().cast()));
         for n in 0..2 {
             let l0: &[u8; 32] = self.ql[64 * n..64 * n + 32].try_into().expect("32 bytes");
             let l1: &[u8; 32] = self.ql[64 * n + 32..64 * n + 64]
@@ -204,11 +236,9 @@ impl KBlock for BlockQ6K {
             for k in 0..4 {
                 let g = 4 * n + k;
                 q[g] = _mm256_or_si256(lows[k], _mm256_slli_epi16(highs[k], 4));
-                sc[g] = scale_pair(s(2 * g), s(2 * g + 1));
+                sc[g] = pair16(corr, g);
             }
         }
-        // SAFETY (load): exactly the 16 bytes of `scales`.
-        let corr = _mm256_cvtepi8_epi16(_mm_loadu_si128(self.scales.as_ptr().cast()));
         U16s { q, sc, corr }
     }
     #[inline(always)]
@@ -250,16 +280,15 @@ impl KBlock for BlockQ3K {
         let hm = load256(&self.hmask);
         let one = _mm256_set1_epi8(1);
         let s = scalar::q3k_scales(&self.scales);
+        // SAFETY (load): `s` has exactly 16 bytes.
+        let corr = _mm256_cvtepi8_epi16(_mm_loadu_si128(s.as_ptr().cast()));
         let mut sc = [_mm256_setzero_si256(); 8];
         for (g, q) in q.iter_mut().enumerate() {
             // u = low | h << 2 with h bit g of hmask[l].
             let h = _mm256_and_si256(_mm256_srl_epi16(hm, _mm_cvtsi32_si128(g as i32)), one);
             *q = _mm256_or_si256(*q, _mm256_slli_epi16(h, 2));
-            sc[g] = scale_pair(s[2 * g] as i16, s[2 * g + 1] as i16);
+            sc[g] = pair16(corr, g);
         }
-        let s16: [i16; 16] = std::array::from_fn(|j| s[j] as i16);
-        // SAFETY (load): `s16` has exactly 32 bytes.
-        let corr = _mm256_loadu_si256(s16.as_ptr().cast());
         U16s { q, sc, corr }
     }
     #[inline(always)]
@@ -281,10 +310,13 @@ impl KBlock for BlockQ2K {
     #[inline(always)]
     unsafe fn unpack(&self) -> U16s {
         let q = bits2(&self.qs);
-        let s = |j: usize| (self.scales[j] & 0xF) as i16;
-        let sc: [__m256i; 8] = std::array::from_fn(|g| scale_pair(s(2 * g), s(2 * g + 1)));
         // SAFETY (load): exactly the 16 bytes of `scales`.
         let raw = _mm_loadu_si128(self.scales.as_ptr().cast());
+        let s16 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, _mm_set1_epi8(0x0F)));
+        let mut sc = [_mm256_setzero_si256(); 8];
+        for (g, sc) in sc.iter_mut().enumerate() {
+            *sc = pair16(s16, g);
+        }
         let mins = _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0F));
         U16s {
             q,
