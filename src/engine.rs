@@ -349,10 +349,7 @@ impl EngineBuilder {
 
     pub fn build(mut self) -> Result<Engine, Error> {
         let started = Instant::now();
-        let path = match self.model.take() {
-            Some(p) => p,
-            None => fetch::ensure_default_model(&mut *self.say)?,
-        };
+        let path = fetch::resolve_model(self.model.take().as_deref(), &mut *self.say)?;
         let load = |source| Error::Load {
             path: path.clone(),
             source,

@@ -144,7 +144,7 @@ fn an_unsupported_architecture_is_named() {
 
 #[test]
 fn an_unsupported_quant_type_is_named() {
-    // The same model with one matrix stored as Q5_K, which the kernels do not handle.
+    // The same model with one matrix stored as IQ2_XS, which the kernels do not handle.
     let spec = SyntheticSpec {
         n_embd: 256,
         n_ff: 512,
@@ -159,8 +159,8 @@ fn an_unsupported_quant_type_is_named() {
     }
     for t in src.tensors() {
         if t.name == "blk.1.ffn_up.weight" {
-            let n = GgmlType::Q5_K.bytes_for(t.n_elements).unwrap() as usize;
-            w.add_tensor(t.name.clone(), t.dims.clone(), GgmlType::Q5_K, vec![0; n])
+            let n = GgmlType::IQ2_XS.bytes_for(t.n_elements).unwrap() as usize;
+            w.add_tensor(t.name.clone(), t.dims.clone(), GgmlType::IQ2_XS, vec![0; n])
                 .unwrap();
         } else {
             w.add_tensor(
@@ -172,11 +172,11 @@ fn an_unsupported_quant_type_is_named() {
             .unwrap();
         }
     }
-    let path = temp_path("q5k.gguf");
+    let path = temp_path("iq2xs.gguf");
     w.write_file_atomic(&path).unwrap();
     fails_with(
         &run_args(&path, &["-p", "hi"]),
-        &["blk.1.ffn_up.weight", "Q5_K"],
+        &["blk.1.ffn_up.weight", "IQ2_XS"],
     );
 }
 

@@ -137,10 +137,20 @@ fn main() {
         "\n{:<34} {:>9} {:>10} {:>9} {:>11}",
         "matmul (rows x cols x tokens)", "isa", "ms/call", "GMAC/s", "GMAC/s@min"
     );
-    for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_0] {
-        let (rows, cols, n) = (1536, 576, 512);
+    let matmul_types = [
+        (GgmlType::Q4_1, 576),
+        (GgmlType::Q8_0, 576),
+        (GgmlType::Q4_0, 576),
+        (GgmlType::Q5_0, 576),
+        (GgmlType::Q4_K, 512),
+        (GgmlType::Q5_K, 512),
+        (GgmlType::Q6_K, 512),
+    ];
+    for (ty, cols) in matmul_types {
+        let (rows, n) = (1536, 512);
         let name = format!("matmul {ty} {rows}x{cols}x{n}");
-        if !want(&name) {
+        // (Types a build does not support are skipped, so this file also measures older builds.)
+        if !want(&name) || !ty.is_supported() {
             continue;
         }
         let w = quantized(ty, rows, cols, 3);
@@ -201,10 +211,21 @@ fn main() {
             );
         }
     }
-    for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::F16] {
+    for ty in [
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+        GgmlType::Q5_K,
+        GgmlType::Q3_K,
+        GgmlType::Q2_K,
+        GgmlType::IQ4_XS,
+        GgmlType::Q5_0,
+        GgmlType::Q4_0,
+        GgmlType::F16,
+        GgmlType::BF16,
+    ] {
         let (rows, cols) = (576, 1536);
         let name = format!("matvec {ty} {rows}x{cols} hot");
-        if !want(&name) {
+        if !want(&name) || !ty.is_supported() {
             continue;
         }
         let w = quantized(ty, rows, cols, 6);

@@ -43,10 +43,7 @@ enum DownLayoutArg {
 }
 
 pub fn run(args: ConvertArgs) -> Result<()> {
-    let source = match args.model {
-        Some(p) => p,
-        None => conductor::fetch::ensure_default_model(&mut |s| eprintln!("{s}"))?,
-    };
+    let source = conductor::fetch::resolve_model(args.model.as_deref(), &mut |s| eprintln!("{s}"))?;
     std::fs::metadata(&source)
         .with_context(|| format!("cannot read model file {}", source.display()))?;
     let started = Instant::now();

@@ -39,7 +39,8 @@ pub struct Cli {
 enum Command {
     /// Generate text from a prompt, streaming it as it comes.
     Run(run::RunArgs),
-    /// Download the default model into the cache (done automatically when no -m is given).
+    /// Download a model into the cache (done automatically for the default model and for
+    /// `-m NAME`).
     Fetch(FetchArgs),
     /// Compare with llama.cpp's reference outputs (greedy tokens, first-token logits).
     CheckRefs(check_refs::CheckRefsArgs),
@@ -69,9 +70,14 @@ enum Command {
 
 #[derive(Args)]
 struct FetchArgs {
+    /// Which model (default: the default model). `--list` shows the names.
+    name: Option<String>,
     /// Print only the model's path (for scripts).
     #[arg(long)]
     print_path: bool,
+    /// List the models Conductor can fetch, with their cache paths.
+    #[arg(long)]
+    list: bool,
 }
 
 /// Which driver runs the model.
@@ -96,7 +102,8 @@ impl From<DriverArg> for DriverKind {
 /// Options shared by every command that loads a model.
 #[derive(Args, Clone)]
 pub struct ModelArgs {
-    /// GGUF model file (default: SmolLM2-135M-Instruct Q4_1, fetched on first use).
+    /// GGUF model file, or the name of a model Conductor fetches on first use
+    /// (`conductor fetch --list`; default: SmolLM2-135M-Instruct Q4_1).
     #[arg(short = 'm', long = "model")]
     pub model: Option<PathBuf>,
     /// Compute threads.
@@ -269,12 +276,13 @@ pub fn load_engine(model: Option<&Path>, threads: usize, engine: &EngineArgs) ->
     if threads == 0 {
         bail!("-t must be at least 1");
     }
-    if let Some(path) = model {
-        // Say which file is missing before the GGUF reader says it in its own words.
-        std::fs::metadata(path)
-            .with_context(|| format!("cannot read model file {}", path.display()))?;
-    }
+    // A model's name fetches it; a missing file is named before the GGUF reader says it in its
+    // own words.
+    let model = fetch::resolve_model(model, &mut |line| eprintln!("{line}"))?;
+    std::fs::metadata(&model)
+        .with_context(|| format!("cannot read model file {}", model.display()))?;
     let mut builder = Engine::builder()
+        .model(model)
         .threads(threads)
         .driver(engine.driver.into());
     if let Some(plan) = engine.plan()? {
@@ -329,9 +337,6 @@ pub fn load_engine(model: Option<&Path>, threads: usize, engine: &EngineArgs) ->
         all_tokens: engine.sparse_all_tokens,
         down_type: engine.sparse_down_type,
     });
-    if let Some(path) = model {
-        builder = builder.model(path);
-    }
     let engine = builder.build()?;
     if let Some(b) = engine.budget() {
         let mib = |x: u64| x as f64 / (1 << 20) as f64;
@@ -378,7 +383,31 @@ pub fn dispatch(cli: Cli) -> Result<()> {
         Command::Run(args) => run::run(args),
         Command::Convert(args) => convert::run(args),
         Command::Fetch(args) => {
-            let path = fetch::ensure_default_model(&mut |line| {
+            if args.list {
+                for m in fetch::KNOWN_MODELS {
+                    let have = fetch::model_path(m);
+                    let state = if have.is_file() {
+                        "fetched"
+                    } else {
+                        "not fetched"
+                    };
+                    println!(
+                        "{:<14} ~{:>4} MB  {state:<11}  {}",
+                        m.name,
+                        m.approx_mb,
+                        have.display()
+                    );
+                }
+                return Ok(());
+            }
+            let model = match args.name.as_deref() {
+                None => &fetch::DEFAULT_MODEL,
+                Some(name) => fetch::known_model(name).with_context(|| {
+                    let known: Vec<_> = fetch::KNOWN_MODELS.iter().map(|m| m.name).collect();
+                    format!("no model called `{name}` (known: {})", known.join(", "))
+                })?,
+            };
+            let path = fetch::ensure_model(model, &mut |line| {
                 if !args.print_path {
                     eprintln!("{line}");
                 }

@@ -200,10 +200,7 @@ fn load_model(args: &PlanArgs) -> Result<Loaded> {
             sparse: None,
         });
     }
-    let path = match &args.model {
-        Some(p) => p.clone(),
-        None => fetch::ensure_default_model(&mut |line| eprintln!("{line}"))?,
-    };
+    let path = fetch::resolve_model(args.model.as_deref(), &mut |line| eprintln!("{line}"))?;
     std::fs::metadata(&path)
         .with_context(|| format!("cannot read model file {}", path.display()))?;
     let mut model =

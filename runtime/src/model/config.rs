@@ -560,6 +560,127 @@ mod tests {
         }
     }
 
+    /// A header of `arch` with the given keys (names without the `ARCH.` prefix) on top of a
+    /// valid small configuration.
+    fn config_of(
+        arch: &str,
+        keys: &[(&str, crate::gguf::Value)],
+    ) -> Result<ModelConfig, ModelError> {
+        use crate::gguf::{GgufFile, GgufWriter, Value};
+        let mut w = GgufWriter::new();
+        w.add_metadata("general.architecture", Value::String(arch.into()))
+            .unwrap();
+        let base = [
+            ("block_count", Value::U32(6)),
+            ("embedding_length", Value::U32(640)),
+            ("feed_forward_length", Value::U32(2048)),
+            ("attention.head_count", Value::U32(4)),
+            ("attention.head_count_kv", Value::U32(1)),
+            ("attention.key_length", Value::U32(256)),
+            ("context_length", Value::U32(1024)),
+            ("vocab_size", Value::U32(320)),
+        ];
+        for (k, v) in base.iter().cloned().chain(keys.iter().cloned()) {
+            w.add_metadata(format!("{arch}.{k}"), v).unwrap();
+        }
+        ModelConfig::from_gguf(&GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap())
+    }
+
+    #[test]
+    fn gemma3_reads_its_window_pattern_scales_and_local_rope() {
+        use crate::gguf::Value;
+        let c = config_of("gemma3", &[("attention.sliding_window", Value::U32(512))]).unwrap();
+        assert_eq!(c.arch, Architecture::Gemma3);
+        assert_eq!(c.activation, FfnActivation::GeluTanh);
+        assert_eq!(c.embd_scale, Some(640f32.sqrt()));
+        assert_eq!((c.q_scale, c.kq_scale), (1.0 / 16.0, 1.0));
+        let swa = c.sliding_window.as_ref().unwrap();
+        // Every sixth layer is global: 5 windowed, then 1.
+        assert_eq!(swa.layers, [true, true, true, true, true, false]);
+        assert_eq!(c.layer_attention(0), (Some(512), &swa.rope));
+        assert_eq!(c.layer_attention(5), (None, &c.rope));
+        assert_eq!((swa.rope.freq_base, c.rope.freq_base), (10_000.0, 10_000.0));
+        // A pattern given per layer, and a local base of its own.
+        let flags = Value::Array(crate::gguf::Array::Bool(vec![
+            true, false, true, false, true, false,
+        ]));
+        let c = config_of(
+            "gemma3",
+            &[
+                ("attention.sliding_window", Value::U32(64)),
+                ("attention.sliding_window_pattern", flags),
+                ("rope.freq_base_swa", Value::F32(500.0)),
+            ],
+        )
+        .unwrap();
+        let swa = c.sliding_window.unwrap();
+        assert_eq!(swa.layers, [true, false, true, false, true, false]);
+        assert_eq!(swa.rope.freq_base, 500.0);
+    }
+
+    #[test]
+    fn hyperparameters_that_do_not_fit_together_name_their_key() {
+        use crate::gguf::Value;
+        let err =
+            |arch: &str, keys: &[(&str, Value)]| config_of(arch, keys).unwrap_err().to_string();
+        let e = err("gemma3", &[("attention.sliding_window", Value::U32(4096))]);
+        assert!(
+            e.contains("gemma3.attention.sliding_window")
+                && e.contains("larger than the 1024-token context"),
+            "{e}"
+        );
+        let flags = Value::Array(crate::gguf::Array::Bool(vec![true; 4]));
+        let e = err(
+            "gemma3",
+            &[
+                ("attention.sliding_window", Value::U32(64)),
+                ("attention.sliding_window_pattern", flags),
+            ],
+        );
+        assert!(
+            e.contains("sliding_window_pattern") && e.contains("4 flags for 6 layers"),
+            "{e}"
+        );
+        let e = err("qwen3", &[("attention.value_length", Value::U32(128))]);
+        assert!(e.contains("qwen3.attention.value_length"), "{e}");
+        let e = err("phi3", &[("rope.scaling.attn_factor", Value::F32(-1.0))]);
+        assert!(e.contains("phi3.rope.scaling.attn_factor"), "{e}");
+        let e = err(
+            "gemma3",
+            &[("final_logit_softcapping", Value::F32(f32::NAN))],
+        );
+        assert!(e.contains("final_logit_softcapping"), "{e}");
+        let e = err("falcon", &[]);
+        assert!(
+            e.contains("`falcon`") && e.contains(SUPPORTED_ARCHITECTURES),
+            "{e}"
+        );
+    }
+
+    /// Without `attention.key_length` the heads split the width, which they must divide.
+    #[test]
+    fn heads_that_do_not_divide_the_width_need_a_head_size() {
+        use crate::gguf::{GgufFile, GgufWriter, Value};
+        let mut w = GgufWriter::new();
+        w.add_metadata("general.architecture", Value::String("llama".into()))
+            .unwrap();
+        for (k, v) in [
+            ("block_count", 2),
+            ("embedding_length", 100),
+            ("feed_forward_length", 64),
+            ("attention.head_count", 3),
+            ("vocab_size", 320),
+        ] {
+            w.add_metadata(format!("llama.{k}"), Value::U32(v)).unwrap();
+        }
+        let file = GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap();
+        let e = ModelConfig::from_gguf(&file).unwrap_err().to_string();
+        assert!(
+            e.contains("llama.attention.head_count") && e.contains("do not divide the width 100"),
+            "{e}"
+        );
+    }
+
     /// PowerInfer's files name no activation: they load as ReLU models (the predictor tensors
     /// are ignored), from bytes or from disk.
     #[test]

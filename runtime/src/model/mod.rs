@@ -42,7 +42,7 @@ pub enum ModelError {
         expected: Vec<u64>,
         found: Vec<u64>,
     },
-    #[error("tensor `{name}` has type {ty}, which Conductor cannot compute with (supported: F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q4_K, Q6_K)")]
+    #[error("tensor `{name}` has type {ty}, which Conductor cannot compute with (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS)")]
     UnsupportedType { name: String, ty: GgmlType },
     #[error(transparent)]
     Store(Box<crate::store::StoreError>),

@@ -22,6 +22,7 @@ use std::arch::x86_64::*;
 
 mod axpy;
 mod blocks32;
+pub(crate) mod kquants;
 mod quantize;
 
 use axpy::axpy_rows_float;
@@ -103,22 +104,6 @@ pub(crate) unsafe fn unpack_nibbles(qs: &[u8; 16]) -> __m256i {
     // Shift only the upper 128-bit half by 4: a variable 64-bit shift avoids a port-5 insert.
     let x = _mm256_srlv_epi64(x, _mm256_set_epi64x(4, 4, 0, 0));
     _mm256_and_si256(x, _mm256_set1_epi8(0x0F))
-}
-
-/// One f16 to f32, broadcast to 4 lanes, through F16C.
-///
-/// Built from a broadcast rather than `_mm_cvtsi32_si128`: for the latter LLVM emits a `vpinsrw`
-/// that merges into whatever register is free (in the tile loop: the accumulator), a false
-/// loop-carried dependency that made matvec ~3x slower.
-#[inline(always)]
-unsafe fn f16_bcast(b: [u8; 2]) -> __m128 {
-    _mm_cvtph_ps(_mm_set1_epi16(u16::from_le_bytes(b) as i16))
-}
-
-/// One f16 to f32 through F16C.
-#[inline(always)]
-unsafe fn f16_1(b: [u8; 2]) -> f32 {
-    _mm_cvtss_f32(f16_bcast(b))
 }
 
 /// Reduces R (1 or 4) vectors of i32 lanes to one exact sum each, in lanes 0..R.
@@ -470,96 +455,6 @@ pub(crate) unsafe fn vec_dot_impl<W: WeightBlock, V: IDot>(w: &[W], a: &[W::Act]
     _mm_cvtss_f32(v)
 }
 
-// ---------------------------------------------------------------- K-quants
-
-/// Q4_K · Q8_K, integer parts per super-block with `vpmaddubsw` + `vpmaddwd` by the 6-bit scale.
-#[inline(always)]
-unsafe fn dot_q4_k(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
-    let mut acc = 0.0f32;
-    let mut accm = 0.0f32;
-    for (bw, ba) in w.iter().zip(a) {
-        let mut sc = [0u8; 8];
-        let mut mn = [0u8; 8];
-        for j in 0..8 {
-            (sc[j], mn[j]) = scalar::q4k_scale_min(j, &bw.scales);
-        }
-        let mut isum = _mm256_setzero_si256();
-        for c in 0..4 {
-            let q = _mm256_loadu_si256(bw.qs[32 * c..].as_ptr().cast());
-            let lo = _mm256_and_si256(q, _mm256_set1_epi8(0x0F));
-            let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), _mm256_set1_epi8(0x0F));
-            let ylo = _mm256_loadu_si256(ba.qs[64 * c..].as_ptr().cast());
-            let yhi = _mm256_loadu_si256(ba.qs[64 * c + 32..].as_ptr().cast());
-            let plo = _mm256_madd_epi16(
-                _mm256_maddubs_epi16(lo, ylo),
-                _mm256_set1_epi16(sc[2 * c] as i16),
-            );
-            let phi = _mm256_madd_epi16(
-                _mm256_maddubs_epi16(hi, yhi),
-                _mm256_set1_epi16(sc[2 * c + 1] as i16),
-            );
-            isum = _mm256_add_epi32(isum, _mm256_add_epi32(plo, phi));
-        }
-        let sumi = _mm_cvtsi128_si32(reduce::<1>([isum]));
-        let summ: i32 = (mn.iter().enumerate())
-            .map(|(j, &m)| m as i32 * (ba.bsum(2 * j) + ba.bsum(2 * j + 1)))
-            .sum();
-        let da = ba.d();
-        acc = (f16_1(bw.d) * da).mul_add(sumi as f32, acc);
-        accm = (f16_1(bw.dmin) * da).mul_add(summ as f32, accm);
-    }
-    acc - accm
-}
-
-/// Q6_K · Q8_K: quants rebuilt from ql/qh 32 at a time; the -32 offset applied once per
-/// super-block through the Q8_K bsums (sum_j sc_j * 32 * bsum_j), exact in i32.
-#[inline(always)]
-unsafe fn dot_q6_k(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
-    let mut acc = 0.0f32;
-    let m4 = _mm256_set1_epi8(0x0F);
-    let m2 = _mm256_set1_epi8(0x03);
-    for (bw, ba) in w.iter().zip(a) {
-        let mut isum = _mm256_setzero_si256();
-        for n in 0..2 {
-            let ql0 = _mm256_loadu_si256(bw.ql[64 * n..].as_ptr().cast());
-            let ql1 = _mm256_loadu_si256(bw.ql[64 * n + 32..].as_ptr().cast());
-            let qh = _mm256_loadu_si256(bw.qh[32 * n..].as_ptr().cast());
-            let lows = [
-                _mm256_and_si256(ql0, m4),
-                _mm256_and_si256(ql1, m4),
-                _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-            ];
-            let highs = [
-                _mm256_and_si256(qh, m2),
-                _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2),
-                _mm256_and_si256(_mm256_srli_epi16(qh, 4), m2),
-                _mm256_and_si256(_mm256_srli_epi16(qh, 6), m2),
-            ];
-            for k in 0..4 {
-                let q = _mm256_or_si256(lows[k], _mm256_slli_epi16(highs[k], 4));
-                let e = 128 * n + 32 * k;
-                let y = _mm256_loadu_si256(ba.qs[e..].as_ptr().cast());
-                let s = e / 16;
-                let scv = _mm256_setr_m128i(
-                    _mm_set1_epi16(bw.scales[s] as i8 as i16),
-                    _mm_set1_epi16(bw.scales[s + 1] as i8 as i16),
-                );
-                // q <= 63 and |y| <= 128: pair sums <= 16128, no i16 saturation.
-                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, y), scv);
-                isum = _mm256_add_epi32(isum, p);
-            }
-        }
-        let mut corr = 0i32;
-        for j in 0..16 {
-            corr += bw.scales[j] as i8 as i32 * ba.bsum(j);
-        }
-        let sumi = _mm_cvtsi128_si32(reduce::<1>([isum])) - 32 * corr;
-        acc = (f16_1(bw.d) * ba.d()).mul_add(sumi as f32, acc);
-    }
-    acc
-}
-
 // ---------------------------------------------------------------- float dots and f16 helpers
 
 /// The 32-lane float dot of `scalar::dot_f32_lanes`, with `load(i)` giving 8 f32 at element i.
@@ -611,6 +506,26 @@ unsafe fn dot_f16(n: usize, w: &[u8], x: &[u8]) -> f32 {
         |i| _mm256_cvtph_ps(_mm_loadu_si128(w.as_ptr().add(2 * i).cast())),
         |i| _mm256_loadu_ps(x.as_ptr().add(4 * i).cast()),
         |j| (scalar::f16_at(w, j), scalar::f32_at(x, j)),
+    )
+}
+
+/// 8 BF16 values (16 bytes at `p`) as f32 lanes (exact: the bits moved up by 16).
+#[inline(always)]
+pub(crate) unsafe fn bf16x8(p: *const u8) -> __m256 {
+    let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast()));
+    _mm256_castsi256_ps(_mm256_slli_epi32(h, 16))
+}
+
+/// BF16 weights · f32 activations.
+#[inline(always)]
+unsafe fn dot_bf16(n: usize, w: &[u8], x: &[u8]) -> f32 {
+    assert!(w.len() >= 2 * n && x.len() >= 4 * n);
+    // SAFETY (loads): as in `dot_f16`.
+    dot_lanes(
+        n,
+        |i| bf16x8(w.as_ptr().add(2 * i)),
+        |i| _mm256_loadu_ps(x.as_ptr().add(4 * i).cast()),
+        |j| (scalar::bf16_at(w, j), scalar::f32_at(x, j)),
     )
 }
 
@@ -719,16 +634,6 @@ pub(crate) mod plain {
     entry_idot!("avx2,fma,f16c", Madd);
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(crate) unsafe fn dot_q4_k(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
-        super::dot_q4_k(w, a)
-    }
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(crate) unsafe fn dot_q6_k(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
-        super::dot_q6_k(w, a)
-    }
-
-    #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) unsafe fn dot_f32(n: usize, w: &[u8], x: &[u8]) -> f32 {
         super::dot_f32(n, w, x)
     }
@@ -736,6 +641,11 @@ pub(crate) mod plain {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) unsafe fn dot_f16(n: usize, w: &[u8], x: &[u8]) -> f32 {
         super::dot_f16(n, w, x)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn dot_bf16(n: usize, w: &[u8], x: &[u8]) -> f32 {
+        super::dot_bf16(n, w, x)
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -776,7 +686,7 @@ pub(crate) mod plain {
         coefs: &[f32],
         out: &mut [f32],
     ) {
-        super::axpy_rows_float::<false>(data, stride, neurons, coefs, out)
+        super::axpy_rows_float::<{ axpy::F32 }>(data, stride, neurons, coefs, out)
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -787,7 +697,18 @@ pub(crate) mod plain {
         coefs: &[f32],
         out: &mut [f32],
     ) {
-        super::axpy_rows_float::<true>(data, stride, neurons, coefs, out)
+        super::axpy_rows_float::<{ axpy::F16 }>(data, stride, neurons, coefs, out)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn axpy_rows_bf16(
+        data: &[u8],
+        stride: usize,
+        neurons: &[u32],
+        coefs: &[f32],
+        out: &mut [f32],
+    ) {
+        super::axpy_rows_float::<{ axpy::BF16 }>(data, stride, neurons, coefs, out)
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]

@@ -150,6 +150,11 @@ impl GgmlType {
                 | GgmlType::Q5_0
                 | GgmlType::Q5_1
                 | GgmlType::IQ4_NL
+                | GgmlType::Q2_K
+                | GgmlType::Q3_K
+                | GgmlType::Q5_K
+                | GgmlType::IQ4_XS
+                | GgmlType::BF16
         )
     }
 }

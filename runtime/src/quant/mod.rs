@@ -1,8 +1,10 @@
 //! Block formats and the kernels that compute with them.
 //!
-//! Weight types: F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q4_K, Q6_K. Each quantized
-//! weight type is dotted with activations quantized to [`activation_type`] (Q8_0, Q8_1 or Q8_K,
-//! as in ggml); F16/F32 weights dot with f32 activations (passed as little-endian bytes).
+//! Weight types: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL (32-element blocks),
+//! Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS (256-element super-blocks). Each quantized weight type
+//! is dotted with activations quantized to [`activation_type`] (Q8_0, Q8_1 or Q8_K, as ggml's
+//! `vec_dot_type`); F16/BF16/F32 weights dot with f32 activations (passed as little-endian
+//! bytes).
 //!
 //! # Numerics
 //! * Activation quantization reproduces ggml's (x86/ARM SIMD) `quantize_row_q8_0/q8_1` and
@@ -10,10 +12,10 @@
 //!   Q8_1 s = d * sum(q) with the f32 d; Q8_K d = 1/iscale with iscale = -127/max (max the signed
 //!   value of largest magnitude), bsums per 16.
 //! * Every dot product is defined by its `scalar.rs` function: per block an exact integer sum,
-//!   then `acc = fma(dw * da, isum, acc)` block by block (Q4_1, Q5_1 and Q4_K keep their min
-//!   term in a second chain). All ISA paths, `vec_dot`, `matvec` and `matmul` reproduce those float steps,
+//!   then `acc = fma(dw * da, isum, acc)` block by block (Q4_1, Q5_1, Q2_K, Q4_K and Q5_K keep
+//!   their min term in a second chain). All ISA paths, `vec_dot`, `matvec` and `matmul` reproduce those float steps,
 //!   so results are bit-identical across ISAs, across row groupings and token counts.
-//! * F32/F16 dots use 32 fma lanes with a fixed reduction tree (`scalar::dot_f32_lanes`).
+//! * F32/F16/BF16 dots use 32 fma lanes with a fixed reduction tree (`scalar::dot_f32_lanes`).
 //! * [`Kernels::axpy_rows`] (sparse FFN decode) is defined by `scalar::axpy_rows`: per output
 //!   element one `fma(coef, x, acc)` per neuron in neuron order from +0.0, x exactly
 //!   `dequantize_row`'s value (computed as exact `d * q`, Q4_1/Q5_1 `fma(d, q, m)`); every ISA
@@ -22,13 +24,16 @@
 //! # ISA paths (files)
 //! * `scalar.rs`: portable reference; the only path on non-x86 targets (and with
 //!   `--cfg conductor_portable`, which builds the crate as those targets see it). Q5_0, Q5_1
-//!   and IQ4_NL in `scalar/blocks32.rs`.
-//! * `avx2.rs`: AVX2+FMA+F16C kernels (activation quantizers, K-quant and float dots, f16
-//!   helpers) and the 4-row matvec / 4x4 matmul tiles, generic over the int8 multiply: AVX2
+//!   and IQ4_NL in `scalar/blocks32.rs`; Q2_K, Q3_K, Q5_K, IQ4_XS and BF16 in
+//!   `scalar/kquants.rs`.
+//! * `avx2.rs`: AVX2+FMA+F16C kernels (activation quantizers, float dots, f16 helpers) and the
+//!   4-row matvec / 4x4 matmul tiles of the 32-element formats, generic over the int8 multiply: AVX2
 //!   `vpmaddubsw`, AVX-VNNI `vpdpbusd`, or its EVEX form (`avx512.rs`); its sparse rows
 //!   (`axpy_rows`) in `avx2/axpy.rs`, its activation quantizers in `avx2/quantize.rs`; Q5_0,
 //!   Q5_1 and IQ4_NL join the 32-element tiles and sparse rows through `avx2/blocks32.rs`
-//!   (and `avx512/blocks32.rs` for the 512-bit sparse rows).
+//!   (and `avx512/blocks32.rs` for the 512-bit sparse rows). The Q8_K-dotted formats (K-quants,
+//!   IQ4_XS) have their own 4-row matvec / 4x4 matmul tiles in `avx2/kquants.rs` (`vpmaddubsw`
+//!   on every SIMD ISA).
 //! * `gemm.rs`: prefill GEMM on row-interleaved repacked weights (8 rows per ymm), used from
 //!   8 tokens on (on plain AVX2 only for the 4-bit Q4_0/Q4_1, whose products fit its i16
 //!   sums). `avx512.rs`: the same with 16 rows per zmm.
@@ -65,6 +70,23 @@ macro_rules! call32 {
             GgmlType::Q5_0 => return $m::$f::<BlockQ5_0>($($arg),*),
             GgmlType::Q5_1 => return $m::$f::<BlockQ5_1>($($arg),*),
             GgmlType::IQ4_NL => return $m::$f::<BlockIQ4NL>($($arg),*),
+            _ => {}
+        }
+    };
+}
+
+/// `return $module::$func::<Block>(args)` for the 256-element super-block formats dotted with
+/// Q8_K (the K-quants and IQ4_XS, see `avx2/kquants.rs`); falls through for any other type.
+#[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
+macro_rules! callk {
+    ($ty:expr, $m:ident :: $f:ident ( $($arg:expr),* )) => {
+        match $ty {
+            GgmlType::Q2_K => return $m::$f::<BlockQ2K>($($arg),*),
+            GgmlType::Q3_K => return $m::$f::<BlockQ3K>($($arg),*),
+            GgmlType::Q4_K => return $m::$f::<BlockQ4K>($($arg),*),
+            GgmlType::Q5_K => return $m::$f::<BlockQ5K>($($arg),*),
+            GgmlType::Q6_K => return $m::$f::<BlockQ6K>($($arg),*),
+            GgmlType::IQ4_XS => return $m::$f::<BlockIQ4XS>($($arg),*),
             _ => {}
         }
     };
@@ -121,8 +143,13 @@ pub fn try_activation_type(weight: GgmlType) -> Result<GgmlType, QuantError> {
     Ok(match weight {
         GgmlType::Q4_0 | GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::IQ4_NL => GgmlType::Q8_0,
         GgmlType::Q4_1 | GgmlType::Q5_1 => GgmlType::Q8_1,
-        GgmlType::Q4_K | GgmlType::Q6_K => GgmlType::Q8_K,
-        GgmlType::F16 | GgmlType::F32 => GgmlType::F32,
+        GgmlType::Q2_K
+        | GgmlType::Q3_K
+        | GgmlType::Q4_K
+        | GgmlType::Q5_K
+        | GgmlType::Q6_K
+        | GgmlType::IQ4_XS => GgmlType::Q8_K,
+        GgmlType::F16 | GgmlType::BF16 | GgmlType::F32 => GgmlType::F32,
         ty => {
             return Err(QuantError::Unsupported {
                 ty,
@@ -163,10 +190,10 @@ fn blocks_of_mut<B: Block>(bytes: &mut [u8]) -> &mut [B] {
     view_mut::<B>(bytes).expect("length checked by the caller")
 }
 
-/// Quantizes `src` into `dst` (the file layout of `ty`). Supported: F32, F16, Q4_0, Q4_1, Q5_0,
-/// Q5_1, Q8_0, Q8_1, IQ4_NL, Q4_K, Q6_K, Q8_K. Q4_K/Q6_K and IQ4_NL use simple (not ggml's
-/// importance-weighted) quantizers; all other types give exactly ggml's reference bytes (Q8_0
-/// with the numerics described in the module docs).
+/// Quantizes `src` into `dst` (the file layout of `ty`). Supported: every weight type of the
+/// module docs, and Q8_1, Q8_K. The K-quants and the IQ4 types use simple (not ggml's
+/// search-based, importance-weighted) quantizers; all other types give exactly ggml's reference
+/// bytes (Q8_0 with the numerics described in the module docs).
 pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
     let n = src.len();
     check_len("quantize_row dst", row_bytes(ty, n)?, dst.len())?;
@@ -181,6 +208,11 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
                 d.copy_from_slice(&blocks::f16_bytes(*s));
             }
         }
+        GgmlType::BF16 => {
+            for (d, s) in dst.chunks_exact_mut(2).zip(src) {
+                d.copy_from_slice(&scalar::bf16_from_f32(*s).to_le_bytes());
+            }
+        }
         GgmlType::Q4_0 => scalar::quantize_q4_0(src, blocks_of_mut(dst)),
         GgmlType::Q4_1 => scalar::quantize_q4_1(src, blocks_of_mut(dst)),
         GgmlType::Q8_0 => scalar::quantize_q8_0(src, blocks_of_mut(dst)),
@@ -191,6 +223,10 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
         GgmlType::Q5_0 => scalar::quantize_q5_0(src, blocks_of_mut(dst)),
         GgmlType::Q5_1 => scalar::quantize_q5_1(src, blocks_of_mut(dst)),
         GgmlType::IQ4_NL => scalar::quantize_iq4_nl(src, blocks_of_mut(dst)),
+        GgmlType::Q2_K => scalar::quantize_q2_k(src, blocks_of_mut(dst)),
+        GgmlType::Q3_K => scalar::quantize_q3_k(src, blocks_of_mut(dst)),
+        GgmlType::Q5_K => scalar::quantize_q5_k(src, blocks_of_mut(dst)),
+        GgmlType::IQ4_XS => scalar::quantize_iq4_xs(src, blocks_of_mut(dst)),
         ty => {
             return Err(QuantError::Unsupported {
                 ty,
@@ -217,6 +253,11 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Q
                 *d = scalar::f16_at(src, i);
             }
         }
+        GgmlType::BF16 => {
+            for (i, d) in dst.iter_mut().enumerate() {
+                *d = scalar::bf16_at(src, i);
+            }
+        }
         GgmlType::Q4_0 => scalar::dequantize_q4_0(blocks_of(src), dst),
         GgmlType::Q4_1 => scalar::dequantize_q4_1(blocks_of(src), dst),
         GgmlType::Q8_0 => scalar::dequantize_q8_0(blocks_of(src), dst),
@@ -227,6 +268,10 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Q
         GgmlType::Q5_0 => scalar::dequantize_q5_0(blocks_of(src), dst),
         GgmlType::Q5_1 => scalar::dequantize_q5_1(blocks_of(src), dst),
         GgmlType::IQ4_NL => scalar::dequantize_iq4_nl(blocks_of(src), dst),
+        GgmlType::Q2_K => scalar::dequantize_q2_k(blocks_of(src), dst),
+        GgmlType::Q3_K => scalar::dequantize_q3_k(blocks_of(src), dst),
+        GgmlType::Q5_K => scalar::dequantize_q5_k(blocks_of(src), dst),
+        GgmlType::IQ4_XS => scalar::dequantize_iq4_xs(blocks_of(src), dst),
         ty => {
             return Err(QuantError::Unsupported {
                 ty,
@@ -238,7 +283,7 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Q
 }
 
 /// The transpose of `w` (rows × cols) as a `cols × rows` matrix quantized row-wise in `ty`
-/// (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, F16 or F32): dequantize, transpose, quantize with
+/// (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, F16, BF16 or F32): dequantize, transpose, quantize with
 /// [`quantize_row`].
 /// For the sparse FFN: the down projection (`n_embd` rows of `n_ff`) becomes one row of
 /// `n_embd` per neuron, the layout [`Kernels::axpy_rows`] reads.
@@ -342,6 +387,7 @@ fn axpy_type(ty: GgmlType) -> bool {
             | GgmlType::Q5_1
             | GgmlType::IQ4_NL
             | GgmlType::F16
+            | GgmlType::BF16
             | GgmlType::F32
     )
 }
@@ -585,6 +631,7 @@ impl Kernels {
     fn dot_dispatch(&self, weight: GgmlType, n: usize, w: &[u8], act: &[u8]) -> f32 {
         #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
         if self.isa != Isa::Scalar {
+            use avx2::kquants::entry as kq;
             use avx2::{plain, vnni};
             use avx512::narrow;
             // SAFETY: the ISA was detected when this `Kernels` was built (every SIMD ISA implies
@@ -598,11 +645,11 @@ impl Kernels {
                     }
                     _ => call32!(weight, plain::vec_dot(blocks_of(w), blocks_of(a))),
                 }
+                callk!(weight, kq::vec_dot(blocks_of(w), blocks_of(a)));
                 match weight {
-                    GgmlType::Q4_K => return plain::dot_q4_k(blocks_of(w), blocks_of(a)),
-                    GgmlType::Q6_K => return plain::dot_q6_k(blocks_of(w), blocks_of(a)),
                     GgmlType::F32 => return plain::dot_f32(n, w, a),
                     GgmlType::F16 => return plain::dot_f16(n, w, a),
+                    GgmlType::BF16 => return plain::dot_bf16(n, w, a),
                     _ => {}
                 }
             }
@@ -616,6 +663,11 @@ impl Kernels {
             GgmlType::Q5_0 => scalar::dot_q5_0_q8_0(blocks_of(w), blocks_of(act)),
             GgmlType::Q5_1 => scalar::dot_q5_1_q8_1(blocks_of(w), blocks_of(act)),
             GgmlType::IQ4_NL => scalar::dot_iq4_nl_q8_0(blocks_of(w), blocks_of(act)),
+            GgmlType::Q2_K => scalar::dot_q2_k_q8_k(blocks_of(w), blocks_of(act)),
+            GgmlType::Q3_K => scalar::dot_q3_k_q8_k(blocks_of(w), blocks_of(act)),
+            GgmlType::Q5_K => scalar::dot_q5_k_q8_k(blocks_of(w), blocks_of(act)),
+            GgmlType::IQ4_XS => scalar::dot_iq4_xs_q8_k(blocks_of(w), blocks_of(act)),
+            GgmlType::BF16 => scalar::dot_bf16(n, w, act),
             GgmlType::F32 => scalar::dot_f32(n, w, act),
             GgmlType::F16 => scalar::dot_f16(n, w, act),
             ty => panic!("vec_dot: {ty} is not supported"),
@@ -660,6 +712,7 @@ impl Kernels {
         assert_eq!(out.len(), w.rows, "matvec output length");
         #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
         {
+            use avx2::kquants::entry as kq;
             use avx2::{plain, vnni};
             use avx512::narrow;
             let m = g.rows();
@@ -667,6 +720,9 @@ impl Kernels {
             // slice it hands out is bounds-checked slicing), `act` has exactly `nb` activation
             // blocks, and `out` has `rows` elements.
             unsafe {
+                if self.isa != Isa::Scalar {
+                    callk!(w.ty, kq::matvec(m, blocks_of(act), out));
+                }
                 match self.isa {
                     Isa::Scalar => {}
                     Isa::Avx2 => call32!(w.ty, plain::matvec(m, blocks_of(act), out)),
@@ -697,6 +753,7 @@ impl Kernels {
         }
         #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
         {
+            use avx2::kquants::entry as kq;
             use avx2::{plain, vnni};
             use avx512::narrow;
             let m = g.rows();
@@ -704,6 +761,9 @@ impl Kernels {
             // sliced with bounds checks; `act` has exactly `nb` activation blocks and `out` one
             // element per pick.
             unsafe {
+                if self.isa != Isa::Scalar {
+                    callk!(w.ty, kq::matvec_rows(m, pick, blocks_of(act), out));
+                }
                 match self.isa {
                     Isa::Scalar => {}
                     Isa::Avx2 => call32!(w.ty, plain::matvec_rows(m, pick, blocks_of(act), out)),
@@ -759,6 +819,7 @@ impl Kernels {
         );
         #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
         {
+            use avx2::kquants::entry as kq;
             use avx2::{plain, vnni};
             use avx512::narrow;
             let m = g.rows();
@@ -766,6 +827,12 @@ impl Kernels {
             // SAFETY: ISA detected at construction; geometry validated above, `acts` has
             // n_tokens * nb blocks and `out` covers every (t, r) written (checked above).
             unsafe {
+                if self.isa != Isa::Scalar {
+                    callk!(
+                        w.ty,
+                        kq::matmul(m, blocks_of(acts), n_tokens, out, out_stride)
+                    );
+                }
                 match self.isa {
                     Isa::Scalar => {}
                     Isa::Avx512Vnni if packed => {
@@ -858,8 +925,8 @@ impl Kernels {
     /// Sparse FFN decode: `out = Σ_k coefs[k] · row(neurons[k]) of w` (rows dequantized),
     /// accumulated in k order; `out` is overwritten (the sum starts from +0.0). `w` is typically
     /// a transposed down projection (one row of `n_embd` columns per FFN neuron, see
-    /// [`transpose_requantize`]). Supported types: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, F16, F32. A neuron may
-    /// repeat (each occurrence adds its term).
+    /// [`transpose_requantize`]). Supported types: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, F16,
+    /// BF16, F32. A neuron may repeat (each occurrence adds its term).
     ///
     /// Numerics (`scalar::axpy_rows`): per output element, `acc = fma(coefs[k], x, acc)` for k in
     /// order, x exactly [`dequantize_row`]'s value of that weight; bit-identical across ISAs.
@@ -919,6 +986,9 @@ impl Kernels {
                     }
                     GgmlType::F16 => {
                         return plain::axpy_rows_f16(w.data, stride, neurons, coefs, out)
+                    }
+                    GgmlType::BF16 => {
+                        return plain::axpy_rows_bf16(w.data, stride, neurons, coefs, out)
                     }
                     _ => {}
                 }

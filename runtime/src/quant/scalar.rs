@@ -8,7 +8,9 @@ use super::blocks::*;
 use half::f16;
 
 mod blocks32;
+mod kquants;
 pub(crate) use blocks32::*;
+pub(crate) use kquants::*;
 
 // ---------------------------------------------------------------- weight quantizers
 
@@ -574,7 +576,7 @@ pub(crate) fn axpy_f16(a: f32, x: &[f16], y: &mut [f32]) {
 ///   infinite or NaN scales (up to NaN payloads).
 /// * Q5_0: `d * ((q - 16) as f32)`, IQ4_NL: `d * (grid[q] as f32)` (exact products, as Q4_0);
 ///   Q5_1: `fma(d, q as f32, m)` (as Q4_1).
-/// * F16: the exact f32 of the half; F32: the value.
+/// * F16/BF16: the exact f32 of the half; F32: the value.
 ///
 /// So x is exactly `dequantize_row`'s value and the result equals "dequantize each row, then one
 /// fma per element per neuron in neuron order" (the tests check this). The caller validated the geometry: `data` holds rows of `stride`
@@ -645,6 +647,11 @@ pub(crate) fn axpy_rows(
             GgmlType::F32 => {
                 for (i, o) in out.iter_mut().enumerate() {
                     *o = c.mul_add(f32_at(row, i), *o);
+                }
+            }
+            GgmlType::BF16 => {
+                for (i, o) in out.iter_mut().enumerate() {
+                    *o = c.mul_add(bf16_at(row, i), *o);
                 }
             }
             ty => panic!("axpy_rows: {ty} is not supported"),

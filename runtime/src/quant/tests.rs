@@ -13,7 +13,7 @@ use proptest::prelude::*;
 mod dequant_fixture;
 mod rows;
 
-const WEIGHT_TYPES: [GgmlType; 10] = [
+const WEIGHT_TYPES: [GgmlType; 15] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::Q4_0,
@@ -24,6 +24,11 @@ const WEIGHT_TYPES: [GgmlType; 10] = [
     GgmlType::Q5_0,
     GgmlType::Q5_1,
     GgmlType::IQ4_NL,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q5_K,
+    GgmlType::IQ4_XS,
+    GgmlType::BF16,
 ];
 
 fn quant(ty: GgmlType, x: &[f32]) -> Vec<u8> {
@@ -109,10 +114,19 @@ fn activation_types() {
     assert_eq!(activation_type(GgmlType::Q5_0), GgmlType::Q8_0);
     assert_eq!(activation_type(GgmlType::Q5_1), GgmlType::Q8_1);
     assert_eq!(activation_type(GgmlType::IQ4_NL), GgmlType::Q8_0);
+    for ty in [
+        GgmlType::Q2_K,
+        GgmlType::Q3_K,
+        GgmlType::Q5_K,
+        GgmlType::IQ4_XS,
+    ] {
+        assert_eq!(activation_type(ty), GgmlType::Q8_K);
+    }
+    assert_eq!(activation_type(GgmlType::BF16), GgmlType::F32);
     assert!(matches!(
-        try_activation_type(GgmlType::Q5_K),
+        try_activation_type(GgmlType::IQ2_XS),
         Err(QuantError::Unsupported {
-            ty: GgmlType::Q5_K,
+            ty: GgmlType::IQ2_XS,
             ..
         })
     ));
@@ -483,6 +497,9 @@ fn round_trip_ggml_data_budgets() {
         (GgmlType::Q5_0, 0.05),
         (GgmlType::Q5_1, 0.05),
         (GgmlType::IQ4_NL, 0.10),
+        (GgmlType::Q5_K, 0.06),
+        (GgmlType::IQ4_XS, 0.11),
+        (GgmlType::BF16, 0.004),
         (GgmlType::F16, 0.0005),
         (GgmlType::F32, 0.0),
     ];
@@ -507,7 +524,10 @@ fn dot_ggml_data_budgets() {
             let a = act(&k, ty, &x2);
             let r = k.vec_dot(ty, n, &w, &a);
             let err = (r as f64 - exact).abs() / n as f64;
-            assert!(err < 0.02, "{} {ty}: {err}", k.isa());
+            // ggml's budget; for Q2_K ggml allows 0.04 with its search-based quantizer, and our
+            // simple one (least-squares scale/min per 16, see `quantize_q2_k`) lands at ~0.043.
+            let budget = if ty == GgmlType::Q2_K { 0.05 } else { 0.02 };
+            assert!(err < budget, "{} {ty}: {err}", k.isa());
         }
     }
 }
@@ -592,7 +612,14 @@ proptest! {
                 prop_assert!((a - c).abs() <= bound, "Q8_K {a} vs {c}");
             }
         }
-        for (ty, levels) in [(GgmlType::Q4_K, 15.0f32), (GgmlType::Q6_K, 31.0)] {
+        for (ty, levels) in [
+            (GgmlType::Q4_K, 15.0f32),
+            (GgmlType::Q6_K, 31.0),
+            (GgmlType::Q5_K, 31.0),
+            (GgmlType::Q3_K, 3.5),
+            (GgmlType::Q2_K, 3.0),
+            (GgmlType::IQ4_XS, 12.0),
+        ] {
             let y = deq(ty, &quant(ty, &x), x.len());
             for (xb, yb) in x.chunks(256).zip(y.chunks(256)) {
                 let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
@@ -610,7 +637,7 @@ proptest! {
     fn activation_quantization_bit_identical(x in data(256, 3)) {
         let s = Kernels::scalar();
         for k in Kernels::available() {
-            for w in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q4_K, GgmlType::F16] {
+            for w in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q4_K, GgmlType::F16, GgmlType::BF16] {
                 prop_assert_eq!(act(&k, w, &x), act(&s, w, &x), "{} {}", k.isa(), w);
             }
         }

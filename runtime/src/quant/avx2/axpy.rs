@@ -188,10 +188,15 @@ pub(crate) unsafe fn axpy_rows_impl<B: AxpyBlock>(
     }
 }
 
-/// F32 (`F16 == false`) or F16 rows: `out[i] = fma(c, x_i, out[i])` per neuron, in order.
+/// Element kinds of [`axpy_rows_float`].
+pub(super) const F32: u8 = 0;
+pub(super) const F16: u8 = 1;
+pub(super) const BF16: u8 = 2;
+
+/// F32, F16 or BF16 rows (`KIND`): `out[i] = fma(c, x_i, out[i])` per neuron, in order.
 /// `data` holds rows of `stride` bytes; each indexed row must hold `out.len()` elements.
 #[inline(always)]
-pub(super) unsafe fn axpy_rows_float<const F16: bool>(
+pub(super) unsafe fn axpy_rows_float<const KIND: u8>(
     data: &[u8],
     stride: usize,
     neurons: &[u32],
@@ -199,7 +204,7 @@ pub(super) unsafe fn axpy_rows_float<const F16: bool>(
     out: &mut [f32],
 ) {
     let n = out.len();
-    let es = if F16 { 2 } else { 4 };
+    let es = if KIND == F32 { 4 } else { 2 };
     assert!(stride >= es * n && coefs.len() == neurons.len());
     let full = n / 8 * 8;
     for (&r, &c) in neurons.iter().zip(coefs) {
@@ -209,20 +214,20 @@ pub(super) unsafe fn axpy_rows_float<const F16: bool>(
         while i < full {
             // SAFETY: i + 8 <= n: the 8 elements (8 * es bytes at byte es * i) are inside `row`
             // (stride >= es * n, asserted) and inside `out`.
-            let x = if F16 {
-                _mm256_cvtph_ps(_mm_loadu_si128(row.as_ptr().add(2 * i).cast()))
-            } else {
-                _mm256_loadu_ps(row.as_ptr().add(4 * i).cast())
+            let x = match KIND {
+                F16 => _mm256_cvtph_ps(_mm_loadu_si128(row.as_ptr().add(2 * i).cast())),
+                BF16 => bf16x8(row.as_ptr().add(2 * i)),
+                _ => _mm256_loadu_ps(row.as_ptr().add(4 * i).cast()),
             };
             let o = out.as_mut_ptr().add(i);
             _mm256_storeu_ps(o, _mm256_fmadd_ps(cv, x, _mm256_loadu_ps(o)));
             i += 8;
         }
         for (j, o) in out.iter_mut().enumerate().skip(full) {
-            let x = if F16 {
-                scalar::f16_at(row, j)
-            } else {
-                scalar::f32_at(row, j)
+            let x = match KIND {
+                F16 => scalar::f16_at(row, j),
+                BF16 => scalar::bf16_at(row, j),
+                _ => scalar::f32_at(row, j),
             };
             *o = c.mul_add(x, *o);
         }

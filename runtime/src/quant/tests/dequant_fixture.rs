@@ -14,6 +14,11 @@ const FIXTURES: &[(GgmlType, &[u8])] = &[
     (GgmlType::IQ4_NL, include_bytes!("data/IQ4_NL.bin")),
     (GgmlType::Q4_K, include_bytes!("data/Q4_K.bin")),
     (GgmlType::Q6_K, include_bytes!("data/Q6_K.bin")),
+    (GgmlType::Q2_K, include_bytes!("data/Q2_K.bin")),
+    (GgmlType::Q3_K, include_bytes!("data/Q3_K.bin")),
+    (GgmlType::Q5_K, include_bytes!("data/Q5_K.bin")),
+    (GgmlType::IQ4_XS, include_bytes!("data/IQ4_XS.bin")),
+    (GgmlType::BF16, include_bytes!("data/BF16.bin")),
 ];
 
 #[test]

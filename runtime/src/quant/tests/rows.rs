@@ -5,7 +5,7 @@ use super::*;
 
 // ---------------------------------------------------------------- sparse rows (axpy_rows)
 
-const AXPY_TYPES: [GgmlType; 8] = [
+const AXPY_TYPES: [GgmlType; 9] = [
     GgmlType::Q8_0,
     GgmlType::Q4_0,
     GgmlType::Q4_1,
@@ -13,6 +13,7 @@ const AXPY_TYPES: [GgmlType; 8] = [
     GgmlType::Q5_1,
     GgmlType::IQ4_NL,
     GgmlType::F16,
+    GgmlType::BF16,
     GgmlType::F32,
 ];
 
@@ -230,6 +231,7 @@ fn transpose_requantize_f32_is_exact_and_quantized_within_bounds() {
                     let bound = match ty {
                         GgmlType::F32 => 0.0,
                         GgmlType::F16 => xb.iter().fold(0f32, |a, v| a.max(v.abs())) / 2048.0,
+                        GgmlType::BF16 => xb.iter().fold(0f32, |a, v| a.max(v.abs())) / 256.0,
                         _ => element_bound(ty, xb),
                     };
                     for (j, (x, y)) in xb.iter().zip(yb).enumerate() {

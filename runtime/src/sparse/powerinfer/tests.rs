@@ -357,8 +357,8 @@ fn powerinfer_errors_name_the_tensor() {
             w.add_tensor(
                 fc1_name(l),
                 vec![64, 32],
-                GgmlType::Q5_0,
-                vec![0; 2 * 32 * 22],
+                GgmlType::MXFP4,
+                vec![0; 2 * 32 * 17],
             )
             .unwrap();
             f16_tensor(w, fc2_name(l), [32, 160]);
@@ -367,7 +367,7 @@ fn powerinfer_errors_name_the_tensor() {
     );
     let e = err(&f);
     assert!(
-        matches!(&e, PowerInferError::UnsupportedType { tensor, ty: GgmlType::Q5_0, .. }
+        matches!(&e, PowerInferError::UnsupportedType { tensor, ty: GgmlType::MXFP4, .. }
             if tensor == "blk.0.fc1.weight"),
         "{e}"
     );
@@ -399,8 +399,8 @@ fn powerinfer_errors_name_the_tensor() {
             w.add_tensor(
                 down_t_name(l),
                 vec![64, 160],
-                GgmlType::Q5_0,
-                vec![0; 160 * 2 * 22],
+                GgmlType::MXFP4,
+                vec![0; 160 * 2 * 17],
             )
             .unwrap();
         },
