@@ -125,7 +125,8 @@ pub enum TypeMix {
     Uniform,
     /// As llama.cpp's quantizer makes a Q4_K_M file: Q4_K matrices; Q6_K for `attn_v` and
     /// `ffn_down` on the layers llama.cpp gives more bits (the first and last eighth, and every
-    /// third between) and for an untied output; `embd_type` for the embeddings.
+    /// third between) and for an untied output; Q5_K for a fused `attn_qkv`; `embd_type` for
+    /// the embeddings.
     Q4KM,
 }
 
@@ -764,6 +765,8 @@ enum Kind {
     Output,
     /// `attn_v` and `ffn_down`: more bits on some layers in a Q4_K_M file.
     MoreBits,
+    /// A fused `attn_qkv`: Q5_K in a Q4_K_M file.
+    Qkv,
     Other,
 }
 
@@ -782,19 +785,21 @@ fn matrix_type(spec: &SyntheticSpec, kind: Kind, layer: u32, cols: u32) -> GgmlT
         (TypeMix::Uniform, _) => spec.weight_type,
         (TypeMix::Q4KM, Kind::Output) => GgmlType::Q6_K,
         (TypeMix::Q4KM, Kind::MoreBits) if more_bits(layer, spec.n_layer) => GgmlType::Q6_K,
+        (TypeMix::Q4KM, Kind::Qkv) => GgmlType::Q5_K,
         (TypeMix::Q4KM, _) => GgmlType::Q4_K,
     };
     fallback_type(ty, cols)
 }
 
 /// A 256-block type on rows that are not a multiple of 256 falls back to a 32-block type, as
-/// in llama.cpp's quantizer: Q4_K to Q5_0, Q6_K to Q8_0.
+/// in llama.cpp's quantizer: Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0.
 fn fallback_type(ty: GgmlType, cols: u32) -> GgmlType {
     if (cols as usize).is_multiple_of(ty.block_size()) {
         return ty;
     }
     match ty {
         GgmlType::Q4_K => GgmlType::Q5_0,
+        GgmlType::Q5_K => GgmlType::Q5_1,
         GgmlType::Q6_K => GgmlType::Q8_0,
         other => other,
     }
@@ -1010,15 +1015,9 @@ impl SyntheticModel {
             b.vector(&n("attn_norm.weight"), norm_weights(Some(i), embd))?;
             let other = ty(Kind::Other, i, embd);
             if info.fused_qkv {
-                b.matrix(
-                    &n("attn_qkv.weight"),
-                    q + 2 * kv,
-                    embd,
-                    other,
-                    s_in,
-                    0,
-                    reads,
-                )?;
+                let qkv_ty = ty(Kind::Qkv, i, embd);
+                let rows = q + 2 * kv;
+                b.matrix(&n("attn_qkv.weight"), rows, embd, qkv_ty, s_in, 0, reads)?;
             } else {
                 b.matrix(&n("attn_q.weight"), q, embd, other, s_in, 0, reads)?;
                 b.matrix(&n("attn_k.weight"), kv, embd, other, s_in, 0, reads)?;

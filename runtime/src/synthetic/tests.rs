@@ -51,6 +51,7 @@ fn rows_off_the_256_grid_fall_back_to_32_blocks() {
     assert_eq!(fallback_type(GgmlType::Q4_K, 512), GgmlType::Q4_K);
     assert_eq!(fallback_type(GgmlType::Q4_K, 640), GgmlType::Q5_0);
     assert_eq!(fallback_type(GgmlType::Q6_K, 896), GgmlType::Q8_0);
+    assert_eq!(fallback_type(GgmlType::Q5_K, 320), GgmlType::Q5_1);
     assert_eq!(fallback_type(GgmlType::Q4_0, 640), GgmlType::Q4_0);
 }
 
@@ -112,6 +113,9 @@ fn every_arch_preset_has_its_tensors_and_types() {
             "{}",
             info.name
         );
+        if info.fused_qkv {
+            assert_eq!(find("blk.0.attn_qkv.weight").unwrap().ty, GgmlType::Q5_K);
+        }
         if info.fused_gate_up {
             let up = find("blk.0.ffn_up.weight").unwrap();
             assert_eq!(up.dims, [u64::from(spec.n_embd), 2 * u64::from(spec.n_ff)]);
