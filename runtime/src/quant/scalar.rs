@@ -173,40 +173,66 @@ pub(crate) fn q4k_scale_min(j: usize, q: &[u8; 12]) -> (u8, u8) {
     }
 }
 
-/// Simple Q4_K quantizer (not ggml's search-based one): per sub-block min/max, 6-bit scales and
-/// mins relative to the super-block maxima, then nearest quants against the *quantized* scales so
-/// the stored values are self-consistent. For tests and file generation.
-pub(crate) fn quantize_q4_k(x: &[f32], y: &mut [BlockQ4K]) {
-    for (xb, yb) in x.chunks_exact(QK_K).zip(y.iter_mut()) {
+/// A Q4_K/Q5_K super-block's scales as the simple quantizers fit them: per sub-block of 32 the
+/// range over `levels` steps and the minimum (as a positive offset, x = d*q - m), then 6-bit
+/// scales and mins against the super-block maxima, chosen against the f16-rounded super-scales
+/// (what dequantization sees); mins round up so that x + m stays ≥ 0.
+pub(crate) struct KScales {
+    pub d: f32,
+    pub dmin: f32,
+    pub d16: f32,
+    pub dmin16: f32,
+    pub ls: [u8; 8],
+    pub lm: [u8; 8],
+}
+
+impl KScales {
+    pub(crate) fn fit(xb: &[f32], levels: f32) -> KScales {
         let mut scales = [0f32; 8];
         let mut mins = [0f32; 8];
         for (j, sb) in xb.chunks_exact(32).enumerate() {
             let lo = sb.iter().fold(f32::MAX, |a, &v| a.min(v)).min(0.0);
             let hi = sb.iter().fold(-f32::MAX, |a, &v| a.max(v));
-            scales[j] = (hi - lo) / 15.0;
-            mins[j] = -lo; // stored as a positive offset: x = d*q - m
+            scales[j] = (hi - lo) / levels;
+            mins[j] = -lo;
         }
         let max_scale = scales.iter().fold(0f32, |a, &v| a.max(v));
         let max_min = mins.iter().fold(0f32, |a, &v| a.max(v));
-        let d = max_scale / 63.0;
-        let dmin = max_min / 63.0;
-        // Use the f16-rounded super-scales so quants are chosen against what dequantize sees.
+        let (d, dmin) = (max_scale / 63.0, max_min / 63.0);
         let (d16, dmin16) = (f16::from_f32(d).to_f32(), f16::from_f32(dmin).to_f32());
-        let mut ls = [0u8; 8];
-        let mut lm = [0u8; 8];
+        let (mut ls, mut lm) = ([0u8; 8], [0u8; 8]);
         for j in 0..8 {
-            ls[j] = if d16 > 0.0 {
-                rne_i32(scales[j] / d16).clamp(0, 63) as u8
-            } else {
-                0
-            };
-            lm[j] = if dmin16 > 0.0 {
-                // Round the min up so that x + m stays >= 0 for the sub-block's smallest value.
-                ((mins[j] / dmin16).ceil() as i32).clamp(0, 63) as u8
-            } else {
-                0
-            };
+            if d16 > 0.0 {
+                ls[j] = rne_i32(scales[j] / d16).clamp(0, 63) as u8;
+            }
+            if dmin16 > 0.0 {
+                lm[j] = ((mins[j] / dmin16).ceil() as i32).clamp(0, 63) as u8;
+            }
         }
+        KScales {
+            d,
+            dmin,
+            d16,
+            dmin16,
+            ls,
+            lm,
+        }
+    }
+}
+
+/// Simple Q4_K quantizer (not ggml's search-based one): per sub-block min/max, 6-bit scales and
+/// mins relative to the super-block maxima, then nearest quants against the *quantized* scales so
+/// the stored values are self-consistent. For tests and file generation.
+pub(crate) fn quantize_q4_k(x: &[f32], y: &mut [BlockQ4K]) {
+    for (xb, yb) in x.chunks_exact(QK_K).zip(y.iter_mut()) {
+        let KScales {
+            d,
+            dmin,
+            d16,
+            dmin16,
+            ls,
+            lm,
+        } = KScales::fit(xb, 15.0);
         yb.d = f16_bytes(d);
         yb.dmin = f16_bytes(dmin);
         yb.scales = q4k_pack_scales(&ls, &lm);

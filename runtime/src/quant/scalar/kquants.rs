@@ -8,7 +8,9 @@
 //! ones: they are for tests and synthetic files.
 
 use super::super::blocks::*;
-use super::{iq4_fit, iq4_nearest, q4k_pack_scales, q4k_scale_min, rne_i32, signed_absmax};
+use super::{
+    iq4_fit, iq4_nearest, q4k_pack_scales, q4k_scale_min, rne_i32, signed_absmax, KScales,
+};
 use half::f16;
 
 fn f16r(x: f32) -> f32 {
@@ -317,28 +319,14 @@ pub(crate) fn q5k_quant(b: &BlockQ5K, e: usize) -> u8 {
 /// Simple Q5_K quantizer: as the simple Q4_K one with 31 levels.
 pub(crate) fn quantize_q5_k(x: &[f32], y: &mut [BlockQ5K]) {
     for (xb, yb) in x.chunks_exact(QK_K).zip(y.iter_mut()) {
-        let mut scales = [0f32; 8];
-        let mut mins = [0f32; 8];
-        for (j, sb) in xb.chunks_exact(32).enumerate() {
-            let lo = sb.iter().fold(f32::MAX, |a, &v| a.min(v)).min(0.0);
-            let hi = sb.iter().fold(-f32::MAX, |a, &v| a.max(v));
-            scales[j] = (hi - lo) / 31.0;
-            mins[j] = -lo;
-        }
-        let max_scale = scales.iter().fold(0f32, |a, &v| a.max(v));
-        let max_min = mins.iter().fold(0f32, |a, &v| a.max(v));
-        let (d, dmin) = (max_scale / 63.0, max_min / 63.0);
-        let (d16, dmin16) = (f16r(d), f16r(dmin));
-        let mut ls = [0u8; 8];
-        let mut lm = [0u8; 8];
-        for j in 0..8 {
-            if d16 > 0.0 {
-                ls[j] = rne_i32(scales[j] / d16).clamp(0, 63) as u8;
-            }
-            if dmin16 > 0.0 {
-                lm[j] = ((mins[j] / dmin16).ceil() as i32).clamp(0, 63) as u8;
-            }
-        }
+        let KScales {
+            d,
+            dmin,
+            d16,
+            dmin16,
+            ls,
+            lm,
+        } = KScales::fit(xb, 31.0);
         yb.d = f16_bytes(d);
         yb.dmin = f16_bytes(dmin);
         yb.scales = q4k_pack_scales(&ls, &lm);
