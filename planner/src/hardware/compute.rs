@@ -161,17 +161,16 @@ fn ffn_cluster_rate(k: &Kernels, ty: GgmlType, stream_bytes: u64, effort: &Effor
     let layer_bytes = 3 * ty.bytes_for((ff * embd) as u64)? as usize;
     // Copies of (gate, up, down) visited in turn, as decode visits layers.
     let copies = (stream_bytes as usize).div_ceil(layer_bytes).max(2);
-    let mut layers = Vec::with_capacity(copies);
-    for c in 0..copies {
-        let seed = 100 + 3 * c as u64;
-        layers.push((
-            quantized(ty, ff, embd, seed),
-            quantized(ty, ff, embd, seed + 1),
-            // The down projection as the engine holds it in memory (`DownBlocks`): one
-            // contiguous block-column of n_embd rows per cluster, in cluster order.
-            quantized(ty, embd * (ff / FFN_CLUSTER), FFN_CLUSTER, seed + 2),
-        ));
-    }
+    // One layer quantized, then copied: the copies only have to live at other addresses (some
+    // quantizers, IQ4_NL's, search per block and would take minutes over 128 MiB).
+    let layer = (
+        quantized(ty, ff, embd, 100),
+        quantized(ty, ff, embd, 101),
+        // The down projection as the engine holds it in memory (`DownBlocks`): one
+        // contiguous block-column of n_embd rows per cluster, in cluster order.
+        quantized(ty, embd * (ff / FFN_CLUSTER), FFN_CLUSTER, 102),
+    );
+    let layers = vec![layer; copies];
     let act = activations(k, ty, embd, 1, 4);
     let hidden_bytes = activation_type(ty).bytes_for(FFN_CLUSTER as u64)? as usize;
     let mut hidden = vec![0u8; hidden_bytes];
