@@ -17,7 +17,9 @@ pub use hardware::{
     CoreClassProfile, HardwareProfile, KernelRates, MemoryProfile, MessagingProfile, NpuProfile,
     NpuShapeRate, ProfileError, StorageProfile, StorageRate, PROFILE_FORMAT_VERSION,
 };
-pub use model::{FfnActivation, ModelDescription, ModelIdentity, ModelShape, WeightTypes};
+pub use model::{
+    gelu_tanh, FfnActivation, ModelDescription, ModelIdentity, ModelShape, WeightTypes,
+};
 pub use topology::{hosts_of, PlacedGroup, PlacementError, Topology};
 
 use serde::{Deserialize, Serialize};

@@ -132,6 +132,49 @@ pub enum FfnActivation {
     GeluTanh,
 }
 
+impl FfnActivation {
+    /// `act(g)`, as every path (dense, sparse, profiling) computes it.
+    #[inline]
+    pub fn apply(self, g: f32) -> f32 {
+        match self {
+            FfnActivation::Silu => g / (1.0 + (-g).exp()),
+            FfnActivation::Relu => g.max(0.0),
+            FfnActivation::GeluTanh => gelu_tanh(g),
+        }
+    }
+}
+
+/// GELU with the tanh approximation, as llama.cpp's CPU backend computes it for GeGLU: 0 from
+/// -10 down, the identity from 10 up, and in between the input rounded to f16 and looked up in
+/// a table of f16 results (`0.5x(1 + tanh(√(2/π)·x·(1 + 0.044715x²)))` in f32, rounded).
+/// Matching the rounding keeps Gemma's logits close to llama.cpp's.
+#[inline]
+pub fn gelu_tanh(x: f32) -> f32 {
+    if x <= -10.0 {
+        0.0
+    } else if x >= 10.0 {
+        x
+    } else {
+        let table = GELU_F16.get_or_init(gelu_f16_table);
+        half::f16::from_bits(table[half::f16::from_f32(x).to_bits() as usize]).to_f32()
+    }
+}
+
+static GELU_F16: std::sync::OnceLock<Box<[u16]>> = std::sync::OnceLock::new();
+
+/// GELU of every f16 value, rounded to f16 (128 KiB, built on first use).
+fn gelu_f16_table() -> Box<[u16]> {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    const COEF_A: f32 = 0.044715;
+    (0..=u16::MAX)
+        .map(|bits| {
+            let x = half::f16::from_bits(bits).to_f32();
+            let y = 0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + COEF_A * x * x)).tanh());
+            half::f16::from_f32(y).to_bits()
+        })
+        .collect()
+}
+
 /// What identifies the model a profile belongs to: its shape and a checksum of its norm
 /// weights and of its first token embeddings (trained values every llama-family model can
 /// give, store or not).

@@ -96,6 +96,6 @@ impl SparseFfn {
     /// `act(g)` as the dense path computes it (before the product with up).
     #[inline]
     pub fn activate(&self, g: f32) -> f32 {
-        crate::model::ops::activate(self.activation, g)
+        self.activation.apply(g)
     }
 }
