@@ -8,7 +8,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .nth(1)
         .unwrap_or("What is the capital of France?".into());
     let mut engine = Engine::builder().build()?; // actor driver, default model (fetched once)
-    let chat = engine.tokenizer().chat_template()?;
+    let (chat, _) = engine.chat_template()?; // the file's own, or its family's format
     let prompt =
         engine.tokenize(&chat.apply(&[ChatMessage::new("user", question.as_str())], true)?);
     let mut session = engine.session(Some(2048)); // its own KV cache

@@ -16,7 +16,9 @@ use conductor_runtime::schedule::ScheduleError;
 use conductor_runtime::sparse::powerinfer::read_powerinfer;
 use conductor_runtime::sparse::profile::ModelProfile;
 use conductor_runtime::sparse::{SparseError, SparseFfn, SparsityMode};
-use conductor_runtime::tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
+use conductor_runtime::tokenizer::{
+    fallback_chat_template, ChatTemplate, StreamDecoder, Tokenizer, TokenizerError,
+};
 use conductor_runtime::trace::Trace;
 use std::ops::ControlFlow;
 use std::path::PathBuf;
@@ -751,6 +753,23 @@ impl Engine {
     /// Evaluates `tokens` and returns the logits of the last one.
     pub fn eval_last(&mut self, session: &mut Session, tokens: &[u32]) -> Result<&[f32], Error> {
         Ok(self.driver.get().eval_last(session, tokens)?)
+    }
+
+    /// The chat template for this model: the file's own or, for a file without one, its
+    /// family's format ([`fallback_chat_template`]), whose name comes back so that callers can
+    /// say so. `strftime_now` and the date variables give today's date (UTC).
+    pub fn chat_template(&self) -> Result<(ChatTemplate, Option<&'static str>), TokenizerError> {
+        let (template, fallback) = match self.tokenizer.chat_template() {
+            Err(TokenizerError::NoChatTemplate) => {
+                let (name, source) = fallback_chat_template(&self.model.config.arch_name);
+                (self.tokenizer.chat_template_from(source)?, Some(name))
+            }
+            found => (found?, None),
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        Ok((template.with_time(now), fallback))
     }
 
     /// Tokenizes a prompt the way llama.cpp does for plain text: BOS if the model wants it,

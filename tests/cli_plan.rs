@@ -10,7 +10,7 @@ use conductor::runtime::cache::MemoryBudget;
 use conductor::runtime::convert::ConvertOptions;
 use conductor::runtime::plan::ExecutionPlan;
 use conductor::runtime::plan::{CachePlan, CachePolicy};
-use conductor::runtime::synthetic::synthetic_model;
+use conductor::runtime::synthetic::{synthetic_model, Preset, SyntheticSpec};
 use conductor::{DriverKind, Engine, GenerateOptions};
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
@@ -47,6 +47,17 @@ fn error_line(out: &std::process::Output) -> String {
     let lines: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error")).collect();
     assert_eq!(lines.len(), 1, "one error line expected:\n{stderr}");
     lines[0].to_string()
+}
+
+/// The budget (MiB) that a plan refused for too small a budget says it needs at least.
+fn least_budget_mib(out: &std::process::Output) -> f64 {
+    let line = error_line(out);
+    assert!(line.contains("give at least"), "{line}");
+    line.rsplit("give at least ")
+        .next()
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no size in {line}"))
 }
 
 fn greedy(engine: &mut Engine) -> Vec<u32> {
@@ -93,15 +104,8 @@ fn a_plan_under_a_budget_runs_under_that_budget_with_the_in_memory_tokens() {
     let out = plan_cmd(&[
         "-m", store_arg, "--memory", "1MiB", "-c", "64", "-o", out_arg,
     ]);
-    let line = error_line(&out);
-    assert!(line.contains("give at least"), "{line}");
+    let need = least_budget_mib(&out);
     assert!(!out_path.exists());
-    let need: f64 = line
-        .rsplit("give at least ")
-        .next()
-        .and_then(|s| s.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no size in {line}"));
 
     // Just above it: a plan that holds part of the FFN.
     let budget = format!("{}KiB", (need * 1024.0) as u64 + 256);
@@ -184,4 +188,73 @@ fn limits_no_plan_meets_and_bad_arguments_write_nothing() {
     let plan = ExecutionPlan::from_file(&out_path).unwrap();
     assert!(plan.predicted.unwrap().decode_tok_s >= 5.0);
     assert!(plan.memory.is_some());
+}
+
+/// Gemma 3 (threshold on |GELU(gate)|) and Qwen 3 go the whole way from a file to a budgeted
+/// sparse run: profile, convert, plan under a budget with threshold sparsity, run that plan;
+/// the run writes what the same sparsity writes with the store in memory.
+#[test]
+fn gemma3_and_qwen3_profile_plan_and_run_sparse_under_a_budget() {
+    for arch in ["gemma3", "qwen3"] {
+        let dir = ScratchDir::new(&format!("cli-plan-{arch}"));
+        let source = dir.file("model.gguf", || {
+            let spec = SyntheticSpec::preset(arch, Preset::Tiny).unwrap();
+            synthetic_model(&spec).unwrap().to_bytes().unwrap()
+        });
+        let store = dir.store(&source, &ConvertOptions::neuron_columns(64));
+        let (source_arg, store_arg) = (source.to_str().unwrap(), store.to_str().unwrap());
+        let out = common::conductor()
+            .args([
+                "profile",
+                "-m",
+                source_arg,
+                "--no-predictors",
+                "--tokens",
+                "256",
+            ])
+            .args(["-c", "64", "-t", "1"])
+            .output()
+            .unwrap();
+        common::assert_success(&out);
+
+        let plan_path = dir.join("plan.json");
+        let plan_arg = plan_path.to_str().unwrap();
+        let sparse = ["--sparsity", "threshold", "--target-sparsity", "30%"];
+        let need = least_budget_mib(&plan_cmd(&[
+            "-m", store_arg, "--memory", "1MiB", "-c", "64", "-o", plan_arg,
+        ]));
+        let budget = format!("{}KiB", (need * 1024.0) as u64 + 256);
+        let out = plan_cmd(
+            &[
+                &["-m", store_arg, "--memory", &budget, "-c", "64", "-t", "1"][..],
+                &sparse,
+                &["-o", plan_arg],
+            ]
+            .concat(),
+        );
+        common::assert_success(&out);
+        let plan = ExecutionPlan::from_file(&plan_path).unwrap();
+        assert!(
+            plan.memory.is_some() && plan.cache.is_some(),
+            "{arch}: {plan:?}"
+        );
+
+        let run = |extra: &[&str]| {
+            let out = common::conductor()
+                .args([
+                    "run", "-m", store_arg, "-p", "ab cd", "-n", "8", "--temp", "0",
+                ])
+                .args(["--ignore-eos", "-c", "64", "-t", "1", "--driver", "inline"])
+                .args(extra)
+                .output()
+                .unwrap();
+            common::assert_success(&out);
+            let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+            assert!(stderr.contains("sparsity: threshold"), "{arch}: {stderr}");
+            String::from_utf8_lossy(&out.stdout).to_string()
+        };
+        let planned = run(&["--plan", plan_arg]);
+        let in_memory = run(&sparse);
+        assert_eq!(planned, in_memory, "{arch}");
+    }
 }

@@ -15,6 +15,7 @@ use conductor::runtime::plan::{ExecutionPlan, IoEngine, Topology};
 use conductor::runtime::quant::Kernels;
 use conductor::runtime::schedule::{Command, StepShape};
 use conductor::runtime::store::{DownLayout, StoreError};
+use conductor::runtime::synthetic::{synthetic_model, Preset, SyntheticSpec, TypeMix};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -230,6 +231,80 @@ fn the_actor_driver_pipelines_loads_with_the_same_bits() {
         let report = d.cache_report().unwrap();
         assert!(report.loads > 0 && report.reads > 0 && report.reads <= report.loads);
         assert_eq!(report.layer_bytes.iter().sum::<u64>(), report.bytes_read);
+    }
+}
+
+/// Every architecture's file converts and runs from its store as llama's does: Gemma 3 (post
+/// norms, q/k norms, GELU-gated FFN, a sliding-window layer), Qwen 3 (q/k norms, a head size
+/// apart from the width), Phi-3 (fused qkv and gate-up) and Qwen 2, in Q4_K_M type mixes.
+/// Block columns (the source's quant blocks) give the source's logits to rounding; neuron
+/// columns (down re-quantized, activations no longer rounded to 8 bits) stay close; and every
+/// cache whose cold segment holds a cluster (two bundles here), streamed output and streamed
+/// attention, inline and on actors, gives the bits of the store in memory.
+#[test]
+fn every_architecture_converts_and_decodes_under_every_cache_with_the_same_bits() {
+    let worst = |a: &[Vec<u32>], b: &[Vec<u32>]| {
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| drift(x, y))
+            .fold(0f32, f32::max)
+    };
+    for arch in ["gemma3", "qwen3", "phi3", "qwen2"] {
+        let dir = ScratchDir::new(&format!("store-{arch}"));
+        let source = dir.file("source.gguf", || {
+            let spec = SyntheticSpec::preset(arch, Preset::Tiny).unwrap();
+            synthetic_model(&spec).unwrap().to_bytes().unwrap()
+        });
+        let from_source = run(&mut inline(&source, None)).unwrap();
+        // Block columns need one down type across layers: the same model, every matrix Q4_K.
+        let uniform_dir = ScratchDir::new(&format!("store-{arch}-uniform"));
+        let uniform = uniform_dir.file("source.gguf", || {
+            let spec = SyntheticSpec {
+                mix: TypeMix::Uniform,
+                ..SyntheticSpec::preset(arch, Preset::Tiny).unwrap()
+            };
+            synthetic_model(&spec).unwrap().to_bytes().unwrap()
+        });
+        let blocks = uniform_dir.store(&uniform, &ConvertOptions::block_columns(256));
+        let d = worst(
+            &run(&mut inline(&blocks, None)).unwrap(),
+            &run(&mut inline(&uniform, None)).unwrap(),
+        );
+        assert!(d <= 1e-4, "{arch}: block columns drift {d} from the source");
+
+        let store_path = dir.store(&source, &ConvertOptions::neuron_columns(64));
+        let reference = run(&mut inline(&store_path, None)).unwrap();
+        let d = worst(&reference, &from_source);
+        assert!(
+            d <= 4e-2,
+            "{arch}: neuron columns drift {d} from the source"
+        );
+        for plan in [
+            cache(2, 0, CachePolicy::Lru, 1),
+            cache(5, 3, CachePolicy::Segmented, 2),
+            streaming(4, 2, CachePolicy::Segmented, 2),
+            streaming(3, 1, CachePolicy::Lru, 3).map(|c| CachePlan {
+                stream_attention: true,
+                ..c
+            }),
+        ] {
+            let got = run(&mut inline(&store_path, plan.clone())).unwrap();
+            let d = worst(&got, &reference);
+            assert!(got == reference, "{arch}: {plan:?} drifts {d}");
+        }
+        let model = Arc::new(Model::load_resident_with(&store_path, false, true).unwrap());
+        let mut plan = plan_with(cache(4, 1, CachePolicy::Segmented, 2));
+        plan.cache.as_mut().unwrap().stream_attention = true;
+        let options = ActorOptions {
+            threads: Some(2),
+            topology: Some(Topology::uniform(2)),
+            no_pinning: true,
+            model_path: Some(store_path.clone()),
+        };
+        let mut actors = ActorDriver::new(model, &plan, Kernels::best(), options).unwrap();
+        let got = run(&mut actors).unwrap();
+        let d = worst(&got, &reference);
+        assert!(got == reference, "{arch}: actors drift {d}");
     }
 }
 

@@ -222,13 +222,22 @@ def tensor_differences(ref: dict, other: dict, order: list[str]) -> list[tuple[s
     return rows
 
 
-def build_logits_tool(bin_dir: Path, out: Path) -> Path:
-    """Compiles bench/llama-logits.cpp against the cached llama.cpp build."""
+def compile_against_llama_cpp(bin_dir: Path, source: str, exe: Path, libs: list[str],
+                              common: bool = False) -> Path:
+    """Compiles bench/SOURCE against the cached llama.cpp build (its headers, its shared
+    libraries, found at run time through rpath); `common` adds llama.cpp's common library."""
     src = next((bin_dir.parent.parent / "src").glob("*/vendor/llama.cpp"))
-    exe = out / "llama-logits"
     here = Path(__file__).resolve().parents[1]
-    cmd = ["g++", "-O2", "-std=c++17", str(here / "llama-logits.cpp"),
-           f"-I{src / 'include'}", f"-I{src / 'ggml' / 'include'}", f"-L{bin_dir}",
-           "-lllama", "-lggml", "-lggml-base", f"-Wl,-rpath,{bin_dir}", "-o", str(exe)]
+    includes = [src / "include", src / "ggml" / "include"]
+    if common:
+        includes += [src / "common", src / "vendor"]
+    cmd = ["g++", "-O2", "-std=c++17", str(here / source), *(f"-I{i}" for i in includes),
+           f"-L{bin_dir}", *(f"-l{lib}" for lib in libs), f"-Wl,-rpath,{bin_dir}", "-o", str(exe)]
     subprocess.run(cmd, check=True)
     return exe
+
+
+def build_logits_tool(bin_dir: Path, out: Path) -> Path:
+    """Compiles bench/llama-logits.cpp against the cached llama.cpp build."""
+    return compile_against_llama_cpp(bin_dir, "llama-logits.cpp", out / "llama-logits",
+                                     ["llama", "ggml", "ggml-base"])

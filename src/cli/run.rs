@@ -1,7 +1,7 @@
 //! `conductor run`: generate from a prompt, streamed, with llama.cpp-style timings at the end.
 
 use super::ModelArgs;
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use conductor::runtime::sample::SamplingParams;
 use conductor::runtime::tokenizer::ChatMessage;
@@ -50,6 +50,9 @@ pub struct RunArgs {
     /// System message for --chat.
     #[arg(long = "system", requires = "chat")]
     system: Option<String>,
+    /// Jinja chat template for --chat instead of the model's own.
+    #[arg(long = "chat-template-file", requires = "chat", value_name = "FILE")]
+    chat_template_file: Option<std::path::PathBuf>,
     /// Keep generating past end-of-generation tokens.
     #[arg(long = "ignore-eos")]
     ignore_eos: bool,
@@ -91,7 +94,20 @@ pub fn run(args: RunArgs) -> Result<()> {
     let mut engine = model_args.load(model_args.threads())?;
     let load_time = started.elapsed();
     let text = if args.chat {
-        let template = engine.tokenizer().chat_template()?;
+        let template = match &args.chat_template_file {
+            Some(path) => {
+                let source = std::fs::read_to_string(path)
+                    .with_context(|| format!("reading the chat template {}", path.display()))?;
+                engine.tokenizer().chat_template_from(&source)?
+            }
+            None => {
+                let (template, fallback) = engine.chat_template()?;
+                if let Some(name) = fallback {
+                    eprintln!("the model file has no chat template; using the {name} format");
+                }
+                template
+            }
+        };
         let mut messages = Vec::new();
         if let Some(system) = &args.system {
             messages.push(ChatMessage::new("system", system.as_str()));

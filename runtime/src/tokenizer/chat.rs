@@ -34,6 +34,12 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: String,
     eos_token: String,
+    /// Tokenizing the prompt adds BOS (EOS): the template's own leading BOS (trailing EOS) text
+    /// is dropped, as llama.cpp drops it, so the model does not see it twice.
+    strip_bos: bool,
+    strip_eos: bool,
+    /// Seconds since the Unix epoch (UTC) that dates are rendered for, when given.
+    now: Option<i64>,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -96,6 +102,9 @@ impl ChatTemplate {
             env,
             bos_token: String::new(),
             eos_token: String::new(),
+            strip_bos: false,
+            strip_eos: false,
+            now: None,
         })
     }
 
@@ -106,8 +115,20 @@ impl ChatTemplate {
         self
     }
 
-    /// The time that `strftime_now` formats, as seconds since the Unix epoch (UTC).
+    /// Whether tokenizing the rendered prompt adds BOS and EOS (the vocabulary's `add_bos`,
+    /// `add_eos`): if so, a BOS text the template writes first, and an EOS text it writes last,
+    /// are dropped from the prompt.
+    pub fn with_added_specials(mut self, add_bos: bool, add_eos: bool) -> Self {
+        self.strip_bos = add_bos;
+        self.strip_eos = add_eos;
+        self
+    }
+
+    /// The time that `strftime_now` formats, as seconds since the Unix epoch (UTC). It also
+    /// sets `date_string` ("26 Jul 2024") and `datetime` ("Jul 26 2024"), which llama.cpp gives
+    /// every template (Llama 3.1's writes the first as today's date).
     pub fn with_time(mut self, unix_seconds: i64) -> Self {
+        self.now = Some(unix_seconds);
         self.env
             .add_function("strftime_now", move |fmt: String| -> Result<Value, Error> {
                 Ok(Value::from(strftime(&fmt, unix_seconds)))
@@ -116,19 +137,77 @@ impl ChatTemplate {
     }
 
     /// Renders the conversation; `add_generation_prompt` opens the assistant's turn.
+    ///
+    /// As llama.cpp's chat layer does: a leading system message is merged into the first user
+    /// turn (`system + "\n" + user`) when the template has no place for it, `enable_thinking`
+    /// is true, and BOS/EOS texts that tokenizing adds anyway are dropped
+    /// ([`ChatTemplate::with_added_specials`]).
     pub fn apply(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, TokenizerError> {
+        let merged;
+        let messages = match messages {
+            [system, user, rest @ ..]
+                if system.role == "system" && !self.supports_system_role() =>
+            {
+                merged = std::iter::once(ChatMessage::new(
+                    user.role.as_str(),
+                    format!("{}\n{}", system.content, user.content),
+                ))
+                .chain(rest.iter().cloned())
+                .collect::<Vec<_>>();
+                &merged[..]
+            }
+            [system] if system.role == "system" && !self.supports_system_role() => &[],
+            _ => messages,
+        };
+        let mut text = self.render(messages, add_generation_prompt)?;
+        if self.strip_bos && !self.bos_token.is_empty() && text.starts_with(&self.bos_token) {
+            text.drain(..self.bos_token.len());
+        }
+        if self.strip_eos && !self.eos_token.is_empty() && text.ends_with(&self.eos_token) {
+            text.truncate(text.len() - self.eos_token.len());
+        }
+        Ok(text)
+    }
+
+    fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, TokenizerError> {
         let tmpl = self.env.get_template(NAME).map_err(template_error)?;
+        // Without a time the dates stay undefined: templates then write their own default.
+        let dates = match self.now {
+            Some(t) => minijinja::context! {
+                date_string => strftime("%d %b %Y", t),
+                datetime => strftime("%b %d %Y", t),
+            },
+            None => minijinja::context! {},
+        };
         tmpl.render(minijinja::context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,
             bos_token => &self.bos_token,
             eos_token => &self.eos_token,
+            enable_thinking => true,
+            ..dates
         })
         .map_err(template_error)
+    }
+
+    /// Whether the template writes a system message's text (some, like Gemma 2's, refuse the
+    /// role; others drop it): probed by rendering one, as llama.cpp probes its capabilities.
+    fn supports_system_role(&self) -> bool {
+        const PROBE: &str = "System message probe";
+        let probe = [
+            ChatMessage::new("system", PROBE),
+            ChatMessage::new("user", "User message"),
+        ];
+        self.render(&probe, false)
+            .is_ok_and(|text| text.contains(PROBE))
     }
 }
 

@@ -16,6 +16,7 @@
 
 mod bpe;
 mod chat;
+mod chat_fallback;
 mod detok;
 mod gguf;
 mod pretok;
@@ -26,6 +27,7 @@ mod unicode_data;
 mod vocab;
 
 pub use chat::{ChatMessage, ChatTemplate};
+pub use chat_fallback::fallback_chat_template;
 pub use stream::StreamDecoder;
 
 use bpe::Bpe;
@@ -604,8 +606,16 @@ impl Tokenizer {
             .chat_template
             .as_deref()
             .ok_or(TokenizerError::NoChatTemplate)?;
+        self.chat_template_from(source)
+    }
+
+    /// A chat template compiled from `source`, with this vocabulary's special tokens (their
+    /// texts, and whether tokenizing adds them).
+    pub fn chat_template_from(&self, source: &str) -> Result<ChatTemplate, TokenizerError> {
         let text = |id: Option<u32>| id.and_then(|i| self.token_text(i)).unwrap_or("");
-        Ok(ChatTemplate::new(source)?.with_special_tokens(text(self.bos), text(self.eos)))
+        Ok(ChatTemplate::new(source)?
+            .with_special_tokens(text(self.bos), text(self.eos))
+            .with_added_specials(self.add_bos, self.add_eos))
     }
 
     /// Tokenizes `text` like `llama_tokenize`: `add_special` adds BOS/EOS as the vocabulary
