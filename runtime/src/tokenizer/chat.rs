@@ -53,6 +53,15 @@ impl std::fmt::Debug for ChatTemplate {
 
 const NAME: &str = "chat_template";
 
+/// Templates come with model files, so a hostile one must not hang or exhaust the process.
+/// Instructions a render may run: real templates take a few hundred per message, so this is
+/// thousands of messages' worth, and about a second at most.
+const FUEL: u64 = 50_000_000;
+/// The most a render may write: far more than any context holds.
+const MAX_OUTPUT: usize = 8 << 20;
+/// The largest `tojson(indent=…)`.
+const MAX_INDENT: usize = 64;
+
 fn template_error(e: Error) -> TokenizerError {
     // The display of a minijinja error carries its kind, detail and line.
     let mut msg = e.to_string();
@@ -68,6 +77,7 @@ impl ChatTemplate {
     /// Compiles `source`; a syntax error is a [`TokenizerError::Template`].
     pub fn new(source: &str) -> Result<Self, TokenizerError> {
         let mut env = Environment::new();
+        env.set_fuel(Some(FUEL));
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.add_function("raise_exception", |msg: String| -> Result<Value, Error> {
@@ -187,15 +197,27 @@ impl ChatTemplate {
             },
             None => minijinja::context! {},
         };
-        tmpl.render(minijinja::context! {
-            messages => messages,
-            add_generation_prompt => add_generation_prompt,
-            bos_token => &self.bos_token,
-            eos_token => &self.eos_token,
-            enable_thinking => true,
-            ..dates
-        })
-        .map_err(template_error)
+        let mut out = CappedWriter(Vec::new());
+        tmpl.render_to_write(
+            minijinja::context! {
+                messages => messages,
+                add_generation_prompt => add_generation_prompt,
+                bos_token => &self.bos_token,
+                eos_token => &self.eos_token,
+                enable_thinking => true,
+                ..dates
+            },
+            &mut out,
+        )
+        .map_err(|e| match e.kind() {
+            ErrorKind::WriteFailure => TokenizerError::Template(format!(
+                "the chat template wrote more than {} MiB",
+                MAX_OUTPUT >> 20
+            )),
+            _ => template_error(e),
+        })?;
+        // Everything written came from Rust strings, so it is UTF-8.
+        String::from_utf8(out.0).map_err(|e| TokenizerError::Template(e.to_string()))
     }
 
     /// Whether the template writes a system message's text (some, like Gemma 2's, refuse the
@@ -211,9 +233,32 @@ impl ChatTemplate {
     }
 }
 
+/// A render's output, refused past [`MAX_OUTPUT`] bytes.
+struct CappedWriter(Vec<u8>);
+
+impl std::io::Write for CappedWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.0.len() + buf.len() > MAX_OUTPUT {
+            return Err(std::io::Error::other("chat template output too large"));
+        }
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Python's `json.dumps(value, ensure_ascii=False, indent=indent)`.
 fn tojson(value: Value, args: Kwargs) -> Result<Value, Error> {
     let indent: Option<usize> = args.get("indent")?;
+    if indent.is_some_and(|n| n > MAX_INDENT) {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!("tojson: an indent above {MAX_INDENT} is refused"),
+        ));
+    }
     let sort_keys: Option<bool> = args.get("sort_keys")?;
     args.assert_all_used()?;
     let json = serde_json::to_value(&value)
@@ -553,6 +598,32 @@ fn strftime(fmt: &str, unix_seconds: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Hostile templates end in an error within the limits, never hang or exhaust memory.
+    #[test]
+    fn runaway_templates_are_stopped() {
+        let user = [ChatMessage::new("user", "hi")];
+        for (source, says) in [
+            (
+                "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+                "fuel",
+            ),
+            (
+                "{% for i in range(100000) %}{{ 'x' * 100 }}{% endfor %}",
+                "MiB",
+            ),
+            ("{{ messages | tojson(indent=1000000000) }}", "indent"),
+        ] {
+            let started = std::time::Instant::now();
+            let err = ChatTemplate::new(source)
+                .unwrap()
+                .apply(&user, true)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(says), "{source}: {err}");
+            assert!(started.elapsed().as_secs_f64() < 2.0, "{source}: too slow");
+        }
+    }
 
     #[test]
     fn dates() {
