@@ -78,10 +78,10 @@ fn a_panicking_group_fails_the_step_and_the_engine_serves_the_next() {
     within("supervision after a panic", || {
         let (path, model) = model_file();
         let mut d = driver(&model, None);
-        let mut session = Session::new(&model, 64);
+        let mut session = Session::new(&model, 64).unwrap();
         let expected = bits(d.eval_last(&mut session, &PROMPT).unwrap());
 
-        let mut session = Session::new(&model, 64);
+        let mut session = Session::new(&model, 64).unwrap();
         assert!(d.inject_panic("cpu"));
         let err = d.eval_last(&mut session, &[7]).unwrap_err();
         assert!(
@@ -98,7 +98,7 @@ fn a_panicking_group_fails_the_step_and_the_engine_serves_the_next() {
         assert_eq!(again, expected);
 
         // The dense backend's actor too (prefill runs there).
-        let mut session = Session::new(&model, 64);
+        let mut session = Session::new(&model, 64).unwrap();
         assert!(d.inject_panic("npu"));
         assert!(d.eval_last(&mut session, &PROMPT).is_err());
         assert_eq!(bits(d.eval_last(&mut session, &PROMPT).unwrap()), expected);
@@ -111,9 +111,9 @@ fn a_killed_group_fails_the_step_instead_of_hanging_and_is_replaced() {
     within("supervision after a kill", || {
         let (path, model) = model_file();
         let mut d = driver(&model, None);
-        let mut session = Session::new(&model, 64);
+        let mut session = Session::new(&model, 64).unwrap();
         let expected = bits(d.eval_last(&mut session, &PROMPT).unwrap());
-        let mut session = Session::new(&model, 64);
+        let mut session = Session::new(&model, 64).unwrap();
         assert!(d.kill_group("cpu"));
         std::thread::sleep(Duration::from_millis(20));
         // One token: a decode step, which runs on the CPU group.
@@ -130,7 +130,7 @@ fn a_recorded_trace_replays_to_the_identical_command_stream() {
     within("trace recording", || {
         let (path, model) = model_file();
         let mut d = driver(&model, None);
-        let mut session = Session::new(&model, 64);
+        let mut session = Session::new(&model, 64).unwrap();
         d.start_trace();
         d.eval_last(&mut session, &PROMPT).unwrap();
         for t in [4, 8, 15] {

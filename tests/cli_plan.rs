@@ -51,7 +51,7 @@ fn error_line(out: &std::process::Output) -> String {
 
 fn greedy(engine: &mut Engine) -> Vec<u32> {
     let prompt = engine.tokenize("ab cd ef");
-    let mut session = engine.session(Some(64));
+    let mut session = engine.session(Some(64)).unwrap();
     let options = GenerateOptions {
         max_tokens: 6,
         sampling: conductor::runtime::sample::SamplingParams::greedy(),

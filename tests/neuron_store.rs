@@ -31,7 +31,7 @@ const PROMPT: [u32; 9] = [3, 17, 42, 5, 99, 120, 7, 250, 31];
 /// Logits of a prompt step and four decode steps (greedy), as bits.
 fn run(driver: &mut dyn Driver) -> Result<Vec<Vec<u32>>, StepError> {
     let model = Arc::clone(driver.model());
-    let mut session = Session::new(&model, 64);
+    let mut session = Session::new(&model, 64).unwrap();
     let mut out = Vec::new();
     let mut logits = driver.eval_last(&mut session, &PROMPT)?.to_vec();
     for _ in 0..4 {
@@ -371,7 +371,7 @@ fn io_uring_reads_give_the_same_bits_and_the_same_errors() {
 /// that after restoring the file the same driver serves the next step.
 fn truncate_while_running(d: &mut InlineDriver<Serial>, copy: &Path, store: &Path) {
     let model = Arc::clone(d.model());
-    let mut session = Session::new(&model, 64);
+    let mut session = Session::new(&model, 64).unwrap();
     d.eval_last(&mut session, &PROMPT).unwrap();
     // Cut the file inside the last layer's bundles.
     let last = model.layers[2].bundles.clone().unwrap();

@@ -18,7 +18,8 @@ pub use hardware::{
     NpuShapeRate, ProfileError, StorageProfile, StorageRate, PROFILE_FORMAT_VERSION,
 };
 pub use model::{
-    gelu_tanh, FfnActivation, ModelDescription, ModelIdentity, ModelShape, WeightTypes,
+    gelu_tanh, FfnActivation, ModelDescription, ModelIdentity, ModelShape, WeightTypes, MAX_DIM,
+    MAX_EXPERTS, MAX_LAYERS,
 };
 pub use topology::{hosts_of, PlacedGroup, PlacementError, Topology};
 
