@@ -11,7 +11,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (chat, _) = engine.chat_template()?; // the file's own, or its family's format
     let prompt =
         engine.tokenize(&chat.apply(&[ChatMessage::new("user", question.as_str())], true)?);
-    let mut session = engine.session(Some(2048)); // its own KV cache
+    let mut session = engine.session(Some(2048))?; // its own KV cache
     let options = GenerateOptions {
         max_tokens: 96,
         sampling: SamplingParams::greedy(),

@@ -61,6 +61,8 @@ pub enum Error {
     NoProbe,
     #[error("gate-first loading {0}")]
     GateFirst(&'static str),
+    #[error("cannot make a session: {0}")]
+    Session(ModelError),
 }
 
 /// Which FFN neurons decode computes ([`EngineBuilder::sparsity`]).
@@ -468,6 +470,10 @@ impl EngineBuilder {
                 }
             }
         }
+        let default_ctx = match &budget {
+            Some((_, n)) => *n,
+            None => fit_default_context(&model, physical_memory(), &mut *self.say),
+        };
         let model = Arc::new(model);
         let (driver, threads) = match self.driver {
             DriverKind::Inline => {
@@ -498,8 +504,59 @@ impl EngineBuilder {
             path,
             load_time: started.elapsed(),
             budget,
+            default_ctx,
         })
     }
+}
+
+/// The share of the machine's memory a session's KV cache may take by default (the weights
+/// and everything else need the rest).
+const DEFAULT_KV_SHARE: u64 = 2;
+
+/// The context sessions get by default without a budget: the model's training context, or
+/// what half of `memory` holds when its KV cache would be larger (said through `say`). A model
+/// may claim a context of millions of tokens; reserving that much would fail, or succeed and
+/// be killed when used.
+fn fit_default_context(model: &Model, memory: Option<u64>, say: &mut dyn FnMut(&str)) -> usize {
+    let c = &model.config;
+    let n_ctx = c.n_ctx_train as usize;
+    let Some(memory) = memory else {
+        return n_ctx;
+    };
+    let (n, cut) = conductor_runtime::model::context_that_fits(
+        c.n_layer as usize,
+        c.n_head_kv as usize,
+        c.head_dim as usize,
+        n_ctx,
+        memory / DEFAULT_KV_SHARE,
+    );
+    if cut {
+        say(&format!(
+            "context: the model's {n_ctx} tokens would need more KV cache than half of this \
+             machine's {} MiB; sessions default to {n} tokens (ask for more explicitly)",
+            memory >> 20
+        ));
+    }
+    n
+}
+
+/// Physical memory of this machine in bytes, where the system says.
+fn physical_memory() -> Option<u64> {
+    #[cfg(unix)]
+    {
+        // SAFETY: sysconf only reads system configuration; any name is safe to ask for (an
+        // unknown one returns -1).
+        let (pages, size) = unsafe {
+            (
+                libc::sysconf(libc::_SC_PHYS_PAGES),
+                libc::sysconf(libc::_SC_PAGESIZE),
+            )
+        };
+        if pages > 0 && size > 0 {
+            return (pages as u64).checked_mul(size as u64);
+        }
+    }
+    None
 }
 
 /// Hands the allocator's free pages back to the system: loading parses the GGUF header into
@@ -592,6 +649,9 @@ pub struct Engine {
     load_time: Duration,
     /// How the memory budget was split, and the context it reserved.
     budget: Option<(BudgetSplit, usize)>,
+    /// Tokens a session holds when none is asked for: the budget's context, else the model's
+    /// training context cut to what the machine holds.
+    default_ctx: usize,
 }
 
 impl Engine {
@@ -714,7 +774,7 @@ impl Engine {
         trace: &Trace,
         steps: &[&[u32]],
     ) -> Result<Vec<conductor_runtime::trace::TraceRecord>, Error> {
-        let mut session = self.session(None);
+        let mut session = self.session(None)?;
         let AnyDriver::Inline(d) = &mut self.driver else {
             return Err(Error::ReplayNeedsInline);
         };
@@ -726,14 +786,17 @@ impl Engine {
         self.load_time
     }
 
-    /// A new session with room for `n_ctx` tokens (default: the model's training context).
-    pub fn session(&self, n_ctx: Option<usize>) -> Session {
-        let default = match &self.budget {
-            Some((_, n)) => *n,
-            None => self.model.config.n_ctx_train as usize,
-        };
-        let n_ctx = n_ctx.unwrap_or(default);
-        Session::new(&self.model, n_ctx.max(1))
+    /// A new session with room for `n_ctx` tokens (default: the budget's context, else the
+    /// model's training context, cut to what half of the machine's memory holds). A context
+    /// whose KV cache cannot be reserved is an error.
+    pub fn session(&self, n_ctx: Option<usize>) -> Result<Session, Error> {
+        let n_ctx = n_ctx.unwrap_or(self.default_ctx);
+        Session::new(&self.model, n_ctx.max(1)).map_err(Error::Session)
+    }
+
+    /// Tokens a session holds when none is asked for ([`Engine::session`]).
+    pub fn default_context(&self) -> usize {
+        self.default_ctx
     }
 
     /// Evaluates `tokens`; see [`Driver::eval`].
@@ -925,5 +988,37 @@ impl Iterator for TokenStream<'_> {
                 Some(Err(e))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use conductor_runtime::gguf::GgufFile;
+    use conductor_runtime::synthetic::{synthetic_model, SyntheticSpec};
+
+    /// A model that claims 16M tokens of context: its sessions default to what half of the
+    /// machine's memory holds, and the engine says so.
+    #[test]
+    fn a_context_too_large_for_the_machine_defaults_to_what_fits_and_says_so() {
+        let spec = SyntheticSpec {
+            n_ctx: 1 << 24,
+            ..SyntheticSpec::default()
+        };
+        let bytes = synthetic_model(&spec).unwrap().to_bytes().unwrap();
+        let model = Model::from_gguf(GgufFile::from_bytes(bytes).unwrap()).unwrap();
+        let mut said = Vec::new();
+        // 2 layers x 2 KV heads x 16 dimensions x 4 bytes: 256 bytes a position, so half of
+        // 1 MiB holds 2048 positions.
+        let n = fit_default_context(&model, Some(1 << 20), &mut |l| said.push(l.to_string()));
+        assert_eq!(n, 2048);
+        assert!(
+            said.len() == 1 && said[0].contains("16777216 tokens") && said[0].contains("2048"),
+            "{said:?}"
+        );
+        said.clear();
+        let n = fit_default_context(&model, Some(1 << 40), &mut |l| said.push(l.to_string()));
+        assert_eq!((n, said.len()), (1 << 24, 0));
+        assert_eq!(fit_default_context(&model, None, &mut |_| {}), 1 << 24);
     }
 }

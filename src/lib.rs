@@ -7,7 +7,7 @@
 //! use conductor::runtime::sample::SamplingParams;
 //!
 //! let mut engine = Engine::builder().threads(2).build()?; // default model, fetched once
-//! let mut session = engine.session(None);
+//! let mut session = engine.session(None)?;
 //! let prompt = engine.tokenize("The capital of France is");
 //! let options = GenerateOptions { max_tokens: 16, sampling: SamplingParams::greedy(), ignore_eos: false };
 //! engine.generate(&mut session, &prompt, &options, &mut |text| {

@@ -93,7 +93,7 @@ pub fn profile_model(
     })))?;
     let add_bos = engine.tokenizer().add_bos();
     let bos = engine.tokenizer().bos();
-    let mut session = engine.session(Some(ctx));
+    let mut session = engine.session(Some(ctx))?;
     for i in 0..n_chunks {
         let mut chunk = tokens[i * ctx..(i + 1) * ctx].to_vec();
         if let (true, Some(b)) = (add_bos, bos) {

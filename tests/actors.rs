@@ -78,10 +78,10 @@ fn a_panicking_group_fails_the_step_and_the_engine_serves_the_next() {
     within("supervision after a panic", || {
         let (path, model) = model_file();
         let mut d = driver(&model, None);
-        let mut session = Session::new(&model, 64);
+        let mut session = Session::new(&model, 64).unwrap();
         let expected = bits(d.eval_last(&mut session, &PROMPT).unwrap());
 
-        let mut session = Session::new(&model, 64);
+        let mut session = Session::new(&model, 64).unwrap();
         assert!(d.inject_panic("cpu"));
         let err = d.eval_last(&mut session, &[7]).unwrap_err();
         assert!(
@@ -98,7 +98,7 @@ fn a_panicking_group_fails_the_step_and_the_engine_serves_the_next() {
         assert_eq!(again, expected);
 
         // The dense backend's actor too (prefill runs there).
-        let mut session = Session::new(&model, 64);
+        let mut session = Session::new(&model, 64).unwrap();
         assert!(d.inject_panic("npu"));
         assert!(d.eval_last(&mut session, &PROMPT).is_err());
         assert_eq!(bits(d.eval_last(&mut session, &PROMPT).unwrap()), expected);
@@ -106,14 +106,77 @@ fn a_panicking_group_fails_the_step_and_the_engine_serves_the_next() {
     });
 }
 
+/// A step that outlives the plan's deadline (here: its host held by a stuck future) fails
+/// instead of hanging; the stuck host is let go, the next step runs on a fresh one and gives
+/// the same bits.
+#[test]
+fn a_step_past_its_deadline_fails_and_a_stuck_host_is_replaced() {
+    within("a stuck host", || {
+        let (path, model) = model_file();
+        let plan = ExecutionPlan {
+            step_deadline_ms: 300,
+            ..ExecutionPlan::default()
+        };
+        let mut d = ActorDriver::new(
+            Arc::clone(&model),
+            &plan,
+            Kernels::best(),
+            ActorOptions {
+                threads: Some(2),
+                topology: Some(Topology::uniform(2)),
+                no_pinning: true,
+                model_path: None,
+            },
+        )
+        .unwrap();
+        let mut session = Session::new(&model, 64).unwrap();
+        let expected = bits(d.eval_last(&mut session, &PROMPT).unwrap());
+        let mut session = Session::new(&model, 64).unwrap();
+        assert!(d.stall_group_host("cpu", Duration::from_secs(4)));
+        let started = std::time::Instant::now();
+        let err = d.eval_last(&mut session, &PROMPT).unwrap_err();
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(
+            matches!(&err, StepError::Actor { why, .. } if why.contains("did not finish within 300 ms")),
+            "{err}"
+        );
+        assert_eq!(session.n_past(), 0);
+        // The host is still stuck: the restart replaces it rather than waiting for it.
+        let started = std::time::Instant::now();
+        assert_eq!(bits(d.eval_last(&mut session, &PROMPT).unwrap()), expected);
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            started.elapsed()
+        );
+        let _ = std::fs::remove_file(path);
+    });
+}
+
+/// Plans written before `step_deadline_ms` existed load with the generous default.
+#[test]
+fn plans_without_a_deadline_get_the_default() {
+    let mut json = serde_json::to_value(ExecutionPlan::default()).unwrap();
+    json.as_object_mut().unwrap().remove("step_deadline_ms");
+    let plan: ExecutionPlan = serde_json::from_value(json).unwrap();
+    assert_eq!(
+        plan.step_deadline_ms,
+        conductor::runtime::plan::DEFAULT_STEP_DEADLINE_MS
+    );
+}
+
 #[test]
 fn a_killed_group_fails_the_step_instead_of_hanging_and_is_replaced() {
     within("supervision after a kill", || {
         let (path, model) = model_file();
         let mut d = driver(&model, None);
-        let mut session = Session::new(&model, 64);
+        let mut session = Session::new(&model, 64).unwrap();
         let expected = bits(d.eval_last(&mut session, &PROMPT).unwrap());
-        let mut session = Session::new(&model, 64);
+        let mut session = Session::new(&model, 64).unwrap();
         assert!(d.kill_group("cpu"));
         std::thread::sleep(Duration::from_millis(20));
         // One token: a decode step, which runs on the CPU group.
@@ -130,7 +193,7 @@ fn a_recorded_trace_replays_to_the_identical_command_stream() {
     within("trace recording", || {
         let (path, model) = model_file();
         let mut d = driver(&model, None);
-        let mut session = Session::new(&model, 64);
+        let mut session = Session::new(&model, 64).unwrap();
         d.start_trace();
         d.eval_last(&mut session, &PROMPT).unwrap();
         for t in [4, 8, 15] {

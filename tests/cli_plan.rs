@@ -62,7 +62,7 @@ fn least_budget_mib(out: &std::process::Output) -> f64 {
 
 fn greedy(engine: &mut Engine) -> Vec<u32> {
     let prompt = engine.tokenize("ab cd ef");
-    let mut session = engine.session(Some(64));
+    let mut session = engine.session(Some(64)).unwrap();
     let options = GenerateOptions {
         max_tokens: 6,
         sampling: conductor::runtime::sample::SamplingParams::greedy(),

@@ -34,7 +34,7 @@ fn actors(model: &Arc<Model>, threads: u32, plan: &ExecutionPlan) -> Box<dyn Dri
 
 /// Logits of a prefill step and of every following decode step, as raw bits.
 fn logit_bits(driver: &mut dyn Driver, tokens: &[u32], prompt_len: usize) -> Vec<u32> {
-    let mut session = Session::new(driver.model(), tokens.len() + 1);
+    let mut session = Session::new(driver.model(), tokens.len() + 1).unwrap();
     let mut bits = Vec::new();
     let mut all = |_: usize, rows: &[f32]| bits.extend(rows.iter().map(|x| x.to_bits()));
     // Every prompt position's logits: exercises the output phase with many rows too.

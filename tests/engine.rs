@@ -36,7 +36,7 @@ fn token_streams_match_callbacks_and_drivers_and_cancel_when_dropped() {
     let (mut inline, dir_b) = engine_with(DriverKind::Inline, "s2");
     let prompt = actors.tokenize("gh ij");
 
-    let mut session = actors.session(Some(64));
+    let mut session = actors.session(Some(64)).unwrap();
     let pieces: Vec<_> = actors
         .stream(&mut session, &prompt, &options(6))
         .unwrap()
@@ -48,7 +48,7 @@ fn token_streams_match_callbacks_and_drivers_and_cancel_when_dropped() {
     assert_eq!(text, actors.tokenizer().decode(&tokens));
 
     // The inline driver generates the same tokens.
-    let mut other = inline.session(Some(64));
+    let mut other = inline.session(Some(64)).unwrap();
     let stats = inline
         .generate(&mut other, &prompt, &options(6), &mut |_| {
             ControlFlow::Continue(())
@@ -58,7 +58,7 @@ fn token_streams_match_callbacks_and_drivers_and_cancel_when_dropped() {
 
     // Taking two tokens and dropping the stream evaluates one: the session holds the prompt
     // and the one token evaluated after it.
-    let mut short = actors.session(Some(64));
+    let mut short = actors.session(Some(64)).unwrap();
     let mut stream = actors.stream(&mut short, &prompt, &options(50)).unwrap();
     let first: Vec<u32> = stream
         .by_ref()
@@ -91,7 +91,7 @@ fn generation_streams_stops_and_continues_a_session() {
     assert!(!prompt.is_empty());
 
     // Length limit.
-    let mut session = engine.session(Some(64));
+    let mut session = engine.session(Some(64)).unwrap();
     let mut text = String::new();
     let stats = engine
         .generate(&mut session, &prompt, &options(5), &mut |t| {
@@ -107,7 +107,7 @@ fn generation_streams_stops_and_continues_a_session() {
     assert_eq!(session.n_past(), prompt.len() + 4);
 
     // Cancellation from the callback.
-    let mut fresh = engine.session(Some(64));
+    let mut fresh = engine.session(Some(64)).unwrap();
     let mut pieces = 0;
     let stats = engine
         .generate(&mut fresh, &prompt, &options(50), &mut |_| {
@@ -123,14 +123,14 @@ fn generation_streams_stops_and_continues_a_session() {
     assert!(stats.generated.len() <= 50 && pieces == 3);
 
     // Same prompt, same settings, fresh session: same tokens (greedy is deterministic).
-    let mut again = engine.session(Some(64));
+    let mut again = engine.session(Some(64)).unwrap();
     let first5 = engine
         .generate(&mut again, &prompt, &options(5), &mut |_| {
             ControlFlow::Continue(())
         })
         .unwrap()
         .generated;
-    let mut check = engine.session(Some(64));
+    let mut check = engine.session(Some(64)).unwrap();
     let replay = engine
         .generate(&mut check, &prompt, &options(5), &mut |_| {
             ControlFlow::Continue(())
@@ -140,7 +140,7 @@ fn generation_streams_stops_and_continues_a_session() {
     assert_eq!(first5, replay);
 
     // A full context is an error, and the session stays usable.
-    let mut tiny = engine.session(Some(prompt.len()));
+    let mut tiny = engine.session(Some(prompt.len())).unwrap();
     assert!(engine
         .generate(&mut tiny, &prompt, &options(10), &mut |_| {
             ControlFlow::Continue(())
@@ -148,5 +148,35 @@ fn generation_streams_stops_and_continues_a_session() {
         .is_err());
     tiny.clear();
     assert!(engine.eval_last(&mut tiny, &prompt[..1]).is_ok());
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// A session larger than any machine holds is an error from `session`, not an abort; the
+/// default session of a model claiming 16M tokens of context is one the machine can reserve.
+#[test]
+fn contexts_no_machine_holds_are_errors_and_the_default_fits() {
+    let dir = std::env::temp_dir().join(format!("conductor-engine-ctx-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("long.gguf");
+    let spec = SyntheticSpec {
+        n_ctx: 1 << 24,
+        ..SyntheticSpec::default()
+    };
+    synthetic_model(&spec)
+        .unwrap()
+        .write_file_atomic(&path)
+        .unwrap();
+    let engine = Engine::builder()
+        .model(&path)
+        .threads(1)
+        .driver(DriverKind::Inline)
+        .on_progress(|_| {})
+        .build()
+        .unwrap();
+    assert!((1..=1 << 24).contains(&engine.default_context()));
+    let session = engine.session(None).unwrap();
+    assert_eq!(session.n_ctx(), engine.default_context());
+    let e = engine.session(Some(1 << 60)).err().unwrap().to_string();
+    assert!(e.contains("KV cache"), "{e}");
     std::fs::remove_dir_all(dir).unwrap();
 }

@@ -92,7 +92,7 @@ fn plan(slots: u32, hot: u32) -> ExecutionPlan {
 /// (allocations, loads) over [`STEPS`] decode steps, after a prompt and three warm-up steps.
 fn count<D: Driver>(d: &mut D, loads: impl Fn(&D) -> u64) -> (u64, u64) {
     let model = Arc::clone(d.model());
-    let mut session = Session::new(&model, 64);
+    let mut session = Session::new(&model, 64).unwrap();
     d.eval_last(&mut session, &[1, 2, 3, 4]).unwrap();
     for t in 0..3 {
         d.eval_last(&mut session, &[t]).unwrap();

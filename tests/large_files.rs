@@ -53,7 +53,7 @@ const PROMPT: [u32; 6] = [3, 17, 42, 5, 99, 120];
 /// Logits of a prompt and three greedy decode steps, as bits.
 fn run(driver: &mut dyn Driver) -> Vec<Vec<u32>> {
     let model = Arc::clone(driver.model());
-    let mut session = Session::new(&model, 64);
+    let mut session = Session::new(&model, 64).unwrap();
     let mut out = Vec::new();
     let mut logits = driver.eval_last(&mut session, &PROMPT).unwrap().to_vec();
     for _ in 0..3 {

@@ -52,7 +52,7 @@ const PROMPT: [u32; 9] = [3, 17, 42, 5, 99, 120, 7, 250, 31];
 
 /// Logits of every prompt position, then of 4 greedy decode steps, as bits.
 fn run(driver: &mut dyn Driver) -> Vec<Vec<u32>> {
-    let mut session = Session::new(driver.model(), 64);
+    let mut session = Session::new(driver.model(), 64).unwrap();
     let mut out = Vec::new();
     let mut rows = Vec::new();
     driver
@@ -225,7 +225,7 @@ fn a_moe_store_under_a_budget_reads_only_the_chosen_experts() {
         };
         let mut d =
             InlineDriver::new(Arc::clone(&resident), &budget, Kernels::best(), Serial).unwrap();
-        let mut session = Session::new(&resident, 64);
+        let mut session = Session::new(&resident, 64).unwrap();
         let mut got = Vec::new();
         d.eval(&mut session, &PROMPT, 0, &mut |_, r| {
             got.extend(r.iter().map(|x| x.to_bits()))
@@ -291,7 +291,7 @@ fn the_engine_runs_a_moe_store_under_a_memory_budget_and_refuses_sparse_modes() 
         b.build()
     };
     let decode = |e: &mut Engine| -> Vec<u32> {
-        let mut session = e.session(Some(64));
+        let mut session = e.session(Some(64)).unwrap();
         let mut tokens = Vec::new();
         let mut logits = e.eval_last(&mut session, &PROMPT).unwrap().to_vec();
         for _ in 0..4 {

@@ -32,7 +32,7 @@ const PROMPT: [u32; 9] = [3, 17, 42, 5, 99, 120, 7, 250, 31];
 /// Logits of a prompt step and four decode steps (greedy), as bits.
 fn run(driver: &mut dyn Driver) -> Result<Vec<Vec<u32>>, StepError> {
     let model = Arc::clone(driver.model());
-    let mut session = Session::new(&model, 64);
+    let mut session = Session::new(&model, 64).unwrap();
     let mut out = Vec::new();
     let mut logits = driver.eval_last(&mut session, &PROMPT)?.to_vec();
     for _ in 0..4 {
@@ -446,7 +446,7 @@ fn io_uring_reads_give_the_same_bits_and_the_same_errors() {
 /// that after restoring the file the same driver serves the next step.
 fn truncate_while_running(d: &mut InlineDriver<Serial>, copy: &Path, store: &Path) {
     let model = Arc::clone(d.model());
-    let mut session = Session::new(&model, 64);
+    let mut session = Session::new(&model, 64).unwrap();
     d.eval_last(&mut session, &PROMPT).unwrap();
     // Cut the file inside the last layer's bundles.
     let last = model.layers[2].bundles.clone().unwrap();
@@ -601,6 +601,46 @@ fn bad_stores_are_refused_with_a_reason() {
         run(&mut inline(&v1, None)).unwrap(),
         run(&mut inline(&blocks, None)).unwrap()
     );
+}
+
+/// A storage actor that panics while reading fails the step in flight (its loads will never
+/// be answered) instead of hanging it; one killed is replaced; the next steps give the
+/// reference bits.
+#[test]
+fn a_failing_storage_actor_fails_the_step_instead_of_hanging() {
+    let dir = ScratchDir::new("store-storage-fault");
+    let store_path = store(&dir, 64);
+    let reference = run(&mut inline(&store_path, None)).unwrap();
+    let model = Arc::new(Model::load_resident(&store_path, true).unwrap());
+    let plan = plan_with(streaming(9, 3, CachePolicy::Segmented, 2));
+    let options = ActorOptions {
+        threads: Some(2),
+        topology: Some(Topology::uniform(2)),
+        no_pinning: true,
+        model_path: Some(store_path.clone()),
+    };
+    let mut d = ActorDriver::new(model, &plan, Kernels::best(), options).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        assert!(d.inject_storage_panic(0));
+        let err = run(&mut d).unwrap_err();
+        let after_panic = run(&mut d).unwrap();
+        assert!(d.kill_storage(0));
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let after_kill = (run(&mut d), run(&mut d));
+        let _ = tx.send((err, after_panic, after_kill));
+    });
+    let (err, after_panic, after_kill) = rx
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("a failed storage actor hung the driver");
+    assert!(
+        matches!(&err, StepError::Actor { actor, why } if actor == "storage" && why.contains("injected fault")),
+        "{err}"
+    );
+    assert_eq!(after_panic, reference);
+    // The first request after the kill may fail (the actor is gone); the next is served.
+    assert!(after_kill.0.as_ref().map_or(true, |r| *r == reference));
+    assert_eq!(after_kill.1.unwrap(), reference);
 }
 
 #[test]

@@ -249,7 +249,7 @@ fn a_cache_of_tens_of_thousands_of_slots() {
             bundle: None,
         })
         .collect();
-    let (arena, bytes) = peak_during(|| SlotArena::new(slots, &map, &extents));
+    let (arena, bytes) = peak_during(|| SlotArena::new(slots, &map, &extents).unwrap());
     let per_slot = 4096 + 128;
     eprintln!("an arena of {slots} slots: {bytes} bytes");
     assert!(

@@ -108,7 +108,7 @@ const PROMPT: &str = "the quick brown fox jumps over";
 
 fn decode_logits(engine: &mut Engine) -> Vec<Vec<f32>> {
     let prompt = engine.tokenize(PROMPT);
-    let mut session = engine.session(Some(128));
+    let mut session = engine.session(Some(128)).unwrap();
     let mut all = Vec::new();
     let mut logits = engine.eval_last(&mut session, &prompt).unwrap().to_vec();
     for _ in 0..12 {

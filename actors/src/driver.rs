@@ -46,7 +46,7 @@ use conductor_runtime::trace::{Trace, TraceHeader, TRACE_FORMAT_VERSION};
 use kameo::actor::{Actor, ActorRef, PreparedActor};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
-use std::sync::mpsc::sync_channel;
+use std::sync::mpsc::{sync_channel, RecvTimeoutError};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -114,7 +114,50 @@ impl Actors {
 struct ComputeHost {
     host: Host,
     pool: Arc<WorkerPool>,
+    /// How it was started, to start it again if its thread dies.
+    spec: ComputeHostSpec,
 }
+
+/// What a compute host is started with.
+#[derive(Clone)]
+struct ComputeHostSpec {
+    config: HostConfig,
+    pool: PoolConfig,
+}
+
+impl ComputeHost {
+    fn start(
+        spec: ComputeHostSpec,
+        tokio: tokio::runtime::Handle,
+    ) -> Result<ComputeHost, SetupError> {
+        let pool_config = spec.pool.clone();
+        let (host, pool) = Host::start(spec.config.clone(), tokio, move || {
+            WorkerPool::new(pool_config)
+        })?;
+        Ok(ComputeHost {
+            host,
+            pool: Arc::new(pool?),
+            spec,
+        })
+    }
+}
+
+fn start_storage_host(
+    i: usize,
+    spin: Duration,
+    tokio: tokio::runtime::Handle,
+) -> std::io::Result<Host> {
+    let config = HostConfig {
+        name: format!("storage{i}"),
+        cores: Vec::new(),
+        spin,
+    };
+    Host::start(config, tokio, || ()).map(|(host, ())| host)
+}
+
+/// How long a restart waits for a host to run a new future before it counts the host as dead
+/// or stuck and starts another.
+const HOST_RESPONSE: Duration = Duration::from_secs(1);
 
 pub struct ActorDriver {
     model: Arc<Model>,
@@ -129,6 +172,10 @@ pub struct ActorDriver {
     hosts: Vec<ComputeHost>,
     /// One host per I/O thread of the plan.
     storage_hosts: Vec<Host>,
+    /// Spin window of the storage hosts (to start one again).
+    storage_spin: Duration,
+    /// How long the driver waits for a step (the plan's `step_deadline_ms`).
+    deadline: Duration,
     storage_path: Option<PathBuf>,
     max_step_tokens: usize,
     next_step: StepId,
@@ -216,44 +263,28 @@ impl ActorDriver {
             } else {
                 group.cores.clone()
             };
-            let pool_cores: Vec<usize> = cores.iter().map(|&c| c as usize).collect();
-            let (host, pool) = Host::start(
-                HostConfig {
+            let config = PoolConfig::new(threads);
+            let spec = ComputeHostSpec {
+                config: HostConfig {
                     name: names.join("+"),
-                    cores,
+                    cores: cores.clone(),
                     spin: host_spin,
                 },
-                runtime.handle().clone(),
-                move || {
-                    let config = PoolConfig::new(threads);
-                    WorkerPool::new(PoolConfig {
-                        cores: pool_cores,
-                        spin_iterations: if io_bound {
-                            IO_BOUND_POOL_SPIN
-                        } else {
-                            config.spin_iterations
-                        },
-                        ..config
-                    })
+                pool: PoolConfig {
+                    cores: cores.iter().map(|&c| c as usize).collect(),
+                    spin_iterations: if io_bound {
+                        IO_BOUND_POOL_SPIN
+                    } else {
+                        config.spin_iterations
+                    },
+                    ..config
                 },
-            )?;
-            hosts.push(ComputeHost {
-                host,
-                pool: Arc::new(pool?),
-            });
+            };
+            hosts.push(ComputeHost::start(spec, runtime.handle().clone())?);
         }
         let mut storage_hosts = Vec::new();
-        for i in 0..plan.storage.io_threads.max(1) {
-            let (host, ()) = Host::start(
-                HostConfig {
-                    name: format!("storage{i}"),
-                    cores: Vec::new(),
-                    spin: host_spin,
-                },
-                runtime.handle().clone(),
-                || (),
-            )?;
-            storage_hosts.push(host);
+        for i in 0..plan.storage.io_threads.max(1) as usize {
+            storage_hosts.push(start_storage_host(i, host_spin, runtime.handle().clone())?);
         }
 
         let shared = Arc::new(StepShared {
@@ -299,6 +330,8 @@ impl ActorDriver {
             actors,
             hosts,
             storage_hosts,
+            storage_spin: host_spin,
+            deadline: Duration::from_millis(plan.step_deadline_ms),
             storage_path,
             next_step: 0,
             logits: Vec::new(),
@@ -321,9 +354,24 @@ impl ActorDriver {
             .map_or(1, |g| g.threads)
     }
 
-    /// Replaces every actor (after a failure). Hosts, pools and buffers stay.
+    /// Replaces every actor (after a failure). Hosts, pools and buffers stay, except a host
+    /// whose thread died or is stuck (a read that never returns): new actors there would
+    /// never run, so it is let go and another started in its place.
     fn restart(&mut self) -> Result<(), SetupError> {
         self.actors.kill();
+        let tokio = self._runtime.handle().clone();
+        for i in 0..self.hosts.len() {
+            if !self.hosts[i].host.responds_within(HOST_RESPONSE) {
+                let fresh = ComputeHost::start(self.hosts[i].spec.clone(), tokio.clone())?;
+                std::mem::replace(&mut self.hosts[i], fresh).host.abandon();
+            }
+        }
+        for i in 0..self.storage_hosts.len() {
+            if !self.storage_hosts[i].responds_within(HOST_RESPONSE) {
+                let fresh = start_storage_host(i, self.storage_spin, tokio.clone())?;
+                std::mem::replace(&mut self.storage_hosts[i], fresh).abandon();
+            }
+        }
         let scheduler = conductor_runtime::exec::scheduler_for(&self.model, &self.plan)?;
         let storage = open_storage(&self.storage_path, &self.plan)?;
         self.actors = start_actors(
@@ -349,7 +397,7 @@ impl ActorDriver {
             .tell(TakeCacheStats(tx))
             .try_send()
             .ok()?;
-        let layers = rx.recv().ok()?;
+        let layers = rx.recv_timeout(self.deadline).ok()?;
         let c = &self.shared.counters;
         let get = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
         Some(CacheReport {
@@ -372,7 +420,7 @@ impl ActorDriver {
     pub fn take_trace(&mut self) -> Trace {
         let (tx, rx) = sync_channel(1);
         let recording = match self.actors.scheduler.tell(TakeRecording(tx)).try_send() {
-            Ok(()) => rx.recv().unwrap_or_default(),
+            Ok(()) => rx.recv_timeout(self.deadline).unwrap_or_default(),
             Err(_) => Recording::default(),
         };
         Trace {
@@ -406,8 +454,11 @@ impl ActorDriver {
             })
             .try_send()
             .map_err(|_| not_running())?;
-        rx.recv()
-            .map_err(|_| not_running())?
+        rx.recv_timeout(self.deadline)
+            .map_err(|_| StepError::Actor {
+                actor: "storage".into(),
+                why: format!("no answer within {} ms", self.deadline.as_millis()),
+            })?
             .map_err(|e| StepError::Actor {
                 actor: "storage".into(),
                 why: e.to_string(),
@@ -424,6 +475,32 @@ impl ActorDriver {
             GroupRef::Cpu(r) => r.tell(InjectPanic).try_send().is_ok(),
             GroupRef::Npu(r) => r.tell(InjectPanic).try_send().is_ok(),
         }
+    }
+
+    /// Fault injection for tests: the next read run of storage actor `i` panics. False if
+    /// there is no such actor.
+    pub fn inject_storage_panic(&self, i: usize) -> bool {
+        self.actors
+            .storage
+            .get(i)
+            .is_some_and(|s| s.tell(InjectPanic).try_send().is_ok())
+    }
+
+    /// Fault injection for tests: stops storage actor `i` as if its thread had died.
+    pub fn kill_storage(&self, i: usize) -> bool {
+        self.actors.storage.get(i).map(|s| s.kill()).is_some()
+    }
+
+    /// Fault injection for tests: holds the host thread of group `name` for `d`, as a read
+    /// or a compute that does not return would (its actors get no message meanwhile).
+    pub fn stall_group_host(&self, name: &str, d: Duration) -> bool {
+        let Some(i) = self.placed.iter().position(|g| g.name == name) else {
+            return false;
+        };
+        self.hosts[self.group_hosts[i]]
+            .host
+            .spawn(async move { std::thread::sleep(d) });
+        true
     }
 
     /// Fault injection for tests: stops group `name` as if its thread had died.
@@ -493,7 +570,20 @@ impl ActorDriver {
             })
             .try_send()
             .map_err(|_| stopped("not running"))?;
-        rx.recv().map_err(|_| stopped("stopped during the step"))?
+        match rx.recv_timeout(self.deadline) {
+            Ok(result) => result,
+            Err(RecvTimeoutError::Disconnected) => Err(stopped("stopped during the step")),
+            // A stuck read or an actor gone without a word: give the step up; the actors are
+            // replaced before the next one.
+            Err(RecvTimeoutError::Timeout) => Err(StepError::Actor {
+                actor: "driver".into(),
+                why: format!(
+                    "step {} did not finish within {} ms (the plan's step_deadline_ms)",
+                    request.step,
+                    self.deadline.as_millis()
+                ),
+            }),
+        }
     }
 }
 
@@ -561,7 +651,8 @@ fn start_actors(
     let mut file = storage;
     let storage: Vec<(ActorRef<Storage>, QueuedLoads)> = storage_hosts
         .iter()
-        .map(|host| {
+        .enumerate()
+        .map(|(i, host)| {
             let queued = QueuedLoads::default();
             let actor = spawn_on(
                 host,
@@ -571,6 +662,8 @@ fn start_actors(
                     shared: Some(Arc::clone(shared)),
                     scheduler: Some(scheduler_ref.clone().recipient()),
                     queued: queued.clone(),
+                    failed: Some(scheduler_ref.clone().recipient()),
+                    name: format!("storage{i}"),
                 },
             );
             (actor, queued)

@@ -75,6 +75,7 @@ pub struct Host {
 }
 
 /// What a host is told when it starts.
+#[derive(Clone, Debug)]
 pub struct HostConfig {
     pub name: String,
     /// Pin the host thread to the first of these cores (none: leave it to the OS).
@@ -141,6 +142,28 @@ impl Host {
     /// Whether the host thread is still running.
     pub fn is_running(&self) -> bool {
         self.thread.as_ref().is_some_and(|t| !t.is_finished())
+    }
+
+    /// Whether the host runs a new future within `wait`: false when its thread died, or is
+    /// stuck in a future that does not return (a read that never completes). New actors
+    /// must not be put on such a host.
+    pub fn responds_within(&self, wait: Duration) -> bool {
+        if !self.is_running() {
+            return false;
+        }
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        self.spawn(async move {
+            let _ = tx.send(());
+        });
+        rx.recv_timeout(wait).is_ok()
+    }
+
+    /// Lets the thread go without joining it (a stuck thread would block the join forever):
+    /// it stops on its own once its futures return.
+    pub fn abandon(mut self) {
+        self.shared.shutdown.store(true, Ordering::SeqCst);
+        self.shared.ring();
+        drop(self.thread.take());
     }
 }
 
@@ -287,6 +310,28 @@ mod tests {
         assert_eq!(done_rx.recv_timeout(Duration::from_secs(20)).unwrap(), 1000);
         drop(a);
         drop(b);
+    }
+
+    /// A host whose thread died, or is stuck in a future, does not respond; an abandoned
+    /// stuck host does not block the caller.
+    #[test]
+    fn dead_and_stuck_hosts_do_not_respond() {
+        let rt = runtime();
+        let (host, ()) = Host::start(config("d"), rt.handle().clone(), || ()).unwrap();
+        assert!(host.responds_within(Duration::from_secs(5)));
+        host.spawn(async { panic!("a future that kills its host") });
+        let started = Instant::now();
+        while host.is_running() && started.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(!host.responds_within(Duration::from_secs(1)));
+        drop(host);
+        let (stuck, ()) = Host::start(config("e"), rt.handle().clone(), || ()).unwrap();
+        stuck.spawn(async { std::thread::sleep(Duration::from_secs(2)) });
+        assert!(!stuck.responds_within(Duration::from_millis(200)));
+        let started = Instant::now();
+        stuck.abandon();
+        assert!(started.elapsed() < Duration::from_secs(1));
     }
 
     #[test]

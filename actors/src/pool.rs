@@ -90,8 +90,33 @@ impl PoolConfig {
     }
 }
 
+/// The most threads a pool starts: far above any machine's cores, far below what would
+/// exhaust the process's threads (a plan or `-t` asking for millions is refused).
+pub const MAX_POOL_THREADS: usize = 1024;
+
+/// Starts one helper thread: its name and body.
+type Spawn<'a> =
+    dyn FnMut(String, Box<dyn FnOnce() + Send>) -> std::io::Result<JoinHandle<()>> + 'a;
+
 impl WorkerPool {
     pub fn new(config: PoolConfig) -> std::io::Result<WorkerPool> {
+        WorkerPool::start(config, &mut |name, body| {
+            std::thread::Builder::new().name(name).spawn(body)
+        })
+    }
+
+    /// [`WorkerPool::new`] with the helpers started by `spawn`. If one fails, those already
+    /// started are stopped and joined before the error returns: none is left parked forever.
+    fn start(config: PoolConfig, spawn: &mut Spawn) -> std::io::Result<WorkerPool> {
+        if config.threads > MAX_POOL_THREADS {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "{} worker threads asked for; at most {MAX_POOL_THREADS}",
+                    config.threads
+                ),
+            ));
+        }
         let shared = Arc::new(Shared {
             state: AtomicU64::new(0),
             job: UnsafeCell::new(Job {
@@ -110,24 +135,24 @@ impl WorkerPool {
             spin_iterations: config.spin_iterations,
         });
         pin_worker(&config.cores, 0);
-        let mut helpers = Vec::new();
-        for worker in 1..config.threads {
-            let shared = Arc::clone(&shared);
-            let cores = config.cores.clone();
-            helpers.push(
-                std::thread::Builder::new()
-                    .name(format!("conductor-worker-{worker}"))
-                    .spawn(move || {
-                        pin_worker(&cores, worker);
-                        helper_loop(&shared, worker);
-                    })?,
-            );
-        }
-        Ok(WorkerPool {
+        // The pool exists before its helpers: on a failed spawn, its drop shuts down and joins
+        // the helpers already running.
+        let mut pool = WorkerPool {
             shared,
-            helpers,
+            helpers: Vec::new(),
             threads: config.threads,
-        })
+        };
+        for worker in 1..config.threads {
+            let shared = Arc::clone(&pool.shared);
+            let cores = config.cores.clone();
+            let body = Box::new(move || {
+                pin_worker(&cores, worker);
+                helper_loop(&shared, worker);
+            });
+            pool.helpers
+                .push(spawn(format!("conductor-worker-{worker}"), body)?);
+        }
+        Ok(pool)
     }
 
     pub fn threads(&self) -> usize {
@@ -356,6 +381,35 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A helper that cannot be started fails the pool, and the helpers started before it
+    /// have returned by then: none is left parked forever.
+    #[test]
+    fn a_failed_spawn_joins_the_helpers_already_started() {
+        let running = Arc::new(AtomicUsize::new(0));
+        let mut spawned = 0;
+        let err = WorkerPool::start(PoolConfig::new(4), &mut |name, body| {
+            spawned += 1;
+            if spawned == 3 {
+                return Err(std::io::Error::other("no more threads"));
+            }
+            let running = Arc::clone(&running);
+            running.fetch_add(1, Ordering::SeqCst);
+            std::thread::Builder::new().name(name).spawn(move || {
+                body();
+                running.fetch_sub(1, Ordering::SeqCst);
+            })
+        })
+        .err()
+        .unwrap();
+        assert_eq!(err.to_string(), "no more threads");
+        assert_eq!(spawned, 3);
+        assert_eq!(running.load(Ordering::SeqCst), 0, "helpers left running");
+        let e = WorkerPool::new(PoolConfig::new(MAX_POOL_THREADS + 1))
+            .err()
+            .unwrap();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //!   driver ──RunStep──► scheduler ──Compute──► group ──ClusterDone / GroupFailed──► scheduler
-//!                                 ──LoadClusters──► storage ──ClusterLoaded──► scheduler
+//!                                 ──LoadClusters──► storage ──ClusterLoaded / StorageFailed──► scheduler
 //! ```
 
 use conductor_runtime::cache::{LayerCacheStats, LoadError, SlotRead};
@@ -40,6 +40,12 @@ pub struct ClusterDone {
 pub struct GroupFailed {
     pub xpu: XpuId,
     pub step: Option<StepId>,
+    pub why: String,
+}
+
+/// A storage actor failed (panicked while reading, or stopped): the loads it was given may
+/// never be answered, so the step in flight fails rather than waiting for them.
+pub struct StorageFailed {
     pub why: String,
 }
 

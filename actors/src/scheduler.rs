@@ -9,7 +9,7 @@
 use crate::backend::ActorBackend;
 use crate::protocol::{
     ClusterDone, ClusterLoaded, Compute, GroupFailed, Recording, RunStep, StartRecording,
-    TakeCacheStats, TakeRecording,
+    StorageFailed, TakeCacheStats, TakeRecording,
 };
 use crate::step::StepShared;
 use crate::storage::{QueuedLoads, Storage};
@@ -180,6 +180,21 @@ impl Message<GroupFailed> for SchedulerActor {
             let actor = self.parts.groups[usize::from(msg.xpu.0)].0.clone();
             self.fail(StepError::Actor {
                 actor,
+                why: msg.why,
+            });
+        }
+    }
+}
+
+impl Message<StorageFailed> for SchedulerActor {
+    type Reply = ();
+
+    /// Loads given to a failed storage actor may never be answered: the step in flight (if
+    /// any) fails now rather than waiting for them.
+    async fn handle(&mut self, msg: StorageFailed, _: &mut Context<Self, ()>) {
+        if self.parts.flight.is_some() {
+            self.fail(StepError::Actor {
+                actor: "storage".into(),
                 why: msg.why,
             });
         }

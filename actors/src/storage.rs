@@ -9,15 +9,21 @@
 //! scheduler decided (one unit, adjacent bundles fetched with one vectored read, or runs in
 //! flight together with io_uring), read straight into the cache slots
 //! ([`conductor_runtime::cache::read_slots`]), each unit answered to the scheduler.
+//!
+//! Supervision as for the groups: a panic while reading is caught by kameo and reported to
+//! the scheduler by `on_panic` ([`StorageFailed`]), which fails the step in flight; an actor
+//! that stops (killed, or its host gone) reports from its destructor. Either way the scheduler
+//! never waits for loads that will not come.
 
-use crate::protocol::ClusterLoaded;
-pub use crate::protocol::{LoadClusters, ReadAt, StorageError};
+use crate::protocol::{ClusterLoaded, InjectPanic};
+pub use crate::protocol::{LoadClusters, ReadAt, StorageError, StorageFailed};
 use crate::step::StepShared;
 use conductor_runtime::cache::{open_for_reads, read_full, read_slots, LoadError};
-use kameo::actor::{Actor, ActorRef, Recipient};
-use kameo::error::Infallible;
+use kameo::actor::{Actor, ActorRef, Recipient, WeakActorRef};
+use kameo::error::{ActorStopReason, Infallible, PanicError};
 use kameo::message::{Context, Message};
 use std::fs::File;
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -107,6 +113,27 @@ pub struct Storage {
     queued: QueuedLoads,
     /// Scratch: each unit's result of a run.
     results: Vec<Result<u64, LoadError>>,
+    /// Where failures go (`None`: no scheduler to tell).
+    failed: Option<Recipient<StorageFailed>>,
+    /// `storage{i}`, for reports.
+    name: String,
+    /// Fault injection for tests: the next [`LoadClusters`] panics.
+    panic_next: bool,
+}
+
+impl Storage {
+    fn report(&self, why: String) {
+        if let Some(failed) = &self.failed {
+            // If the scheduler is gone the driver already sees its reply channel closed.
+            let _ = failed.tell(StorageFailed { why }).try_send();
+        }
+    }
+}
+
+impl Drop for Storage {
+    fn drop(&mut self) {
+        self.report(format!("storage `{}` stopped", self.name));
+    }
 }
 
 /// [`LoadClusters`] messages sent to one storage actor and not yet carried out: the scheduler
@@ -149,6 +176,10 @@ pub struct StorageArgs {
     pub(crate) scheduler: Option<Recipient<ClusterLoaded>>,
     /// This actor's count of loads sent and not yet done.
     pub(crate) queued: QueuedLoads,
+    /// Where the actor reports its failures.
+    pub(crate) failed: Option<Recipient<StorageFailed>>,
+    /// `storage{i}`.
+    pub(crate) name: String,
 }
 
 impl Actor for Storage {
@@ -163,7 +194,32 @@ impl Actor for Storage {
             scheduler: args.scheduler,
             queued: args.queued,
             results: Vec::new(),
+            failed: args.failed,
+            name: args.name,
+            panic_next: false,
         })
+    }
+
+    /// A panic while reading fails the step in flight; the actor carries on (its file and
+    /// counters are intact; the slots of the failed run are forgotten by the scheduler).
+    async fn on_panic(
+        &mut self,
+        _: WeakActorRef<Self>,
+        err: PanicError,
+    ) -> Result<ControlFlow<ActorStopReason>, Infallible> {
+        let why = err
+            .with_str(|s| format!("storage `{}` panicked: {s}", self.name))
+            .unwrap_or_else(|| format!("storage `{}` panicked: {err:?}", self.name));
+        self.report(why);
+        Ok(ControlFlow::Continue(()))
+    }
+}
+
+impl Message<InjectPanic> for Storage {
+    type Reply = ();
+
+    async fn handle(&mut self, _: InjectPanic, _: &mut Context<Self, ()>) {
+        self.panic_next = true;
     }
 }
 
@@ -172,6 +228,9 @@ impl Message<LoadClusters> for Storage {
 
     async fn handle(&mut self, msg: LoadClusters, _: &mut Context<Self, ()>) {
         let _done = DoneOnDrop(self.queued.clone());
+        if std::mem::take(&mut self.panic_next) {
+            panic!("injected fault in storage `{}`", self.name);
+        }
         let (Some(shared), Some(scheduler)) = (&self.shared, &self.scheduler) else {
             return;
         };

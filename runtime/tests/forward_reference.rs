@@ -269,7 +269,7 @@ fn check(spec: SyntheticSpec, prompt_len: usize, decode: usize, tolerance: f64) 
         Serial,
     )
     .unwrap();
-    let mut session = Session::new(&model, 256);
+    let mut session = Session::new(&model, 256).unwrap();
     let mut worst = 0.0f64;
     let logits = driver
         .eval_last(&mut session, &tokens[..prompt_len])

@@ -110,7 +110,7 @@ fn matches_llama_cpp(arch: &str) {
         Serial,
     )
     .unwrap();
-    let mut session = Session::new(&model, s.ids.len());
+    let mut session = Session::new(&model, s.ids.len()).unwrap();
     let mut logits = Vec::with_capacity(s.ids.len() * n_vocab);
     driver
         .eval(&mut session, &s.ids, 0, &mut |start, rows| {

@@ -132,7 +132,7 @@ fn ffn_inputs(model: &Arc<Model>, chunks: usize, len: usize) -> Vec<Vec<f32>> {
             sink.lock().unwrap()[l.parse::<usize>().unwrap()].extend_from_slice(rows);
         }
     })));
-    let mut session = Session::new(model, len);
+    let mut session = Session::new(model, len).unwrap();
     let vocab = u64::from(model.config.n_vocab);
     for c in 0..chunks {
         let tokens: Vec<u32> = (0..len)

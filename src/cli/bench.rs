@@ -102,7 +102,7 @@ fn random_tokens(n: usize, n_vocab: u32, seed: u64) -> Vec<u32> {
 
 fn prompt_speed(engine: &mut Engine, n: usize, seed: u64) -> Result<f64> {
     let tokens = random_tokens(n, engine.model().config.n_vocab, seed);
-    let mut session = engine.session(Some(n));
+    let mut session = engine.session(Some(n))?;
     let t0 = Instant::now();
     engine.eval_last(&mut session, &tokens)?;
     Ok(n as f64 / t0.elapsed().as_secs_f64())
@@ -110,7 +110,7 @@ fn prompt_speed(engine: &mut Engine, n: usize, seed: u64) -> Result<f64> {
 
 fn generation_speed(engine: &mut Engine, n: usize, seed: u64) -> Result<f64> {
     let tokens = random_tokens(n, engine.model().config.n_vocab, seed);
-    let mut session = engine.session(Some(n));
+    let mut session = engine.session(Some(n))?;
     let t0 = Instant::now();
     for &t in &tokens {
         engine.eval_last(&mut session, &[t])?;

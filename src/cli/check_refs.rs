@@ -88,7 +88,7 @@ pub fn run(args: CheckRefsArgs) -> Result<()> {
             );
         }
         let n = r.greedy_ids.len();
-        let mut session = engine.session(Some(r.prompt_ids.len() + n + 1));
+        let mut session = engine.session(Some(r.prompt_ids.len() + n + 1))?;
         let first = engine.eval_last(&mut session, &r.prompt_ids)?.to_vec();
         let dlogit = r
             .top5_first

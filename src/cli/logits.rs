@@ -56,7 +56,7 @@ pub fn run(args: LogitsArgs) -> Result<()> {
             put_record(&mut sink.lock().expect("probe sink"), name, rows);
         })))?;
     }
-    let mut session = engine.session(Some(args.ids.len()));
+    let mut session = engine.session(Some(args.ids.len()))?;
     let mut bytes = Vec::with_capacity(args.ids.len() * n_vocab * 4);
     let mut next = 0;
     engine.eval(&mut session, &args.ids, 0, &mut |start, rows| {

@@ -72,7 +72,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     );
     let started = Instant::now();
     let (mut nll, mut nll2, mut count) = (0.0f64, 0.0f64, 0usize);
-    let mut session = engine.session(Some(n_ctx));
+    let mut session = engine.session(Some(n_ctx))?;
     let mut out = std::io::stdout().lock();
     for i in 0..n_chunk {
         let mut chunk = tokens[i * n_ctx..(i + 1) * n_ctx].to_vec();

@@ -118,7 +118,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         args.prompt.clone()
     };
     let prompt = engine.tokenize(&text);
-    let mut session = engine.session(args.ctx_size);
+    let mut session = engine.session(args.ctx_size)?;
     if prompt.len() >= session.n_ctx() {
         bail!(
             "the prompt is {} tokens long but the context holds {} (raise -c)",

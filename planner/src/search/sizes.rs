@@ -30,6 +30,8 @@ pub fn planned_store_sizes_with(
     bundle_neurons: Option<u32>,
     down_type: Option<GgmlType>,
 ) -> Result<(ModelDescription, StoreSizes), String> {
+    // A shape from a description file: its products below must not wrap.
+    model.shape.check_limits()?;
     let s = &model.shape;
     let t = &model.types;
     let mut model = model.clone();
@@ -83,6 +85,16 @@ pub fn planned_store_sizes_with(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Heads x head size that would wrap a u32 are refused, naming the field.
+    #[test]
+    fn shapes_beyond_the_limits_are_refused() {
+        let mut big = conductor_simulator::named_shape("smollm2-135m").unwrap();
+        big.shape.n_head = 1 << 16;
+        big.shape.head_dim = 1 << 16;
+        let e = planned_store_sizes(&big, None).unwrap_err();
+        assert!(e.contains("n_head x head_dim"), "{e}");
+    }
 
     #[test]
     fn a_shape_is_planned_as_the_store_convert_would_write() {

@@ -27,14 +27,16 @@ struct SlotMemory {
 }
 
 impl SlotMemory {
-    fn new(bytes: usize) -> SlotMemory {
-        let layout = std::alloc::Layout::from_size_align(bytes.max(SLOT_ALIGN), SLOT_ALIGN)
-            .expect("a cache the budget could hold fits in isize");
+    /// `None` when `bytes` cannot be described or the allocator refuses: a plan may ask for
+    /// more slots than the machine holds, which is an error, not an abort.
+    fn new(bytes: usize) -> Option<SlotMemory> {
+        let layout = std::alloc::Layout::from_size_align(bytes.max(SLOT_ALIGN), SLOT_ALIGN).ok()?;
         // SAFETY: the layout's size is non-zero (at least one page).
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        let ptr =
-            std::ptr::NonNull::new(ptr).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
-        SlotMemory { ptr, layout }
+        Some(SlotMemory {
+            ptr: std::ptr::NonNull::new(ptr)?,
+            layout,
+        })
     }
 }
 
@@ -94,12 +96,21 @@ pub struct SlotArena {
 }
 
 impl SlotArena {
-    /// `n_slots` slots for the units of `map`, whose reads `extents` describe.
-    pub fn new(n_slots: u32, map: &UnitMap, extents: &[Extent]) -> SlotArena {
+    /// `n_slots` slots for the units of `map`, whose reads `extents` describe. Slots the
+    /// machine cannot hold (the size overflows, or the allocator refuses) are an error.
+    pub fn new(n_slots: u32, map: &UnitMap, extents: &[Extent]) -> Result<SlotArena, String> {
         let longest = extents.iter().map(|e| e.len).max().unwrap_or(0);
         let slot_bytes = longest.div_ceil(SLOT_ALIGN) * SLOT_ALIGN;
-        let memory = SlotMemory::new(n_slots as usize * slot_bytes);
-        SlotArena {
+        let memory = (n_slots as usize)
+            .checked_mul(slot_bytes)
+            .and_then(SlotMemory::new)
+            .ok_or_else(|| {
+                format!(
+                    "cannot reserve {n_slots} cache slots of {slot_bytes} bytes (plan field \
+                     `cache.slots`: fewer slots, or a smaller budget)"
+                )
+            })?;
+        Ok(SlotArena {
             slots: (0..n_slots as usize)
                 .map(|i| {
                     RwLock::new(SlotBuf {
@@ -118,7 +129,7 @@ impl SlotArena {
             data: extents.iter().map(|e| e.data.clone()).collect(),
             generations: (0..n_slots).map(|_| AtomicU64::new(0)).collect(),
             _memory: memory,
-        }
+        })
     }
 
     /// How units are numbered.
@@ -179,5 +190,36 @@ impl SlotArena {
         self.slots[slot as usize]
             .write()
             .unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Slots whose memory overflows or that no machine holds are an error naming the plan
+    /// field, not an abort.
+    #[test]
+    fn slots_the_machine_cannot_hold_are_an_error() {
+        let map = UnitMap {
+            n_layer: 1,
+            ffn_clusters: 1,
+            output_clusters: 0,
+            attn_units: 0,
+        };
+        let extent = |len| Extent {
+            offset: 0,
+            len,
+            data: 0..len,
+            what: String::new(),
+            bundle: None,
+        };
+        // 2^32 slots of 2^40 bytes overflow; 2^20 slots of 2^40 bytes (2^60) no machine holds.
+        for (slots, len) in [(u32::MAX, 1 << 40), (1 << 20, 1 << 40)] {
+            let e = SlotArena::new(slots, &map, &[extent(len)]).err().unwrap();
+            assert!(e.contains("cache.slots"), "{e}");
+        }
+        let arena = SlotArena::new(2, &map, &[extent(5000)]).unwrap();
+        assert_eq!(arena.slots.len(), 2);
     }
 }

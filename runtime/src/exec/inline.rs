@@ -356,7 +356,7 @@ pub fn open_cache(
         .as_deref()
         .ok_or_else(|| io("the neuron cache needs the store's file path".into()))?;
     let extents = unit_extents(model, map, plan.decode.output_rows);
-    let arena = SlotArena::new(c.slots, map, &extents);
+    let arena = SlotArena::new(c.slots, map, &extents).map_err(io)?;
     let file = BundleFile::open(
         path,
         model,

@@ -39,18 +39,19 @@ pub enum StepError {
 
 impl Session {
     /// A session able to hold `n_ctx` tokens of `model`. Memory for positions not yet used is
-    /// reserved, not touched.
-    pub fn new(model: &Model, n_ctx: usize) -> Session {
+    /// reserved, not touched. A context too large to reserve is an error
+    /// ([`crate::model::KvCacheError`]).
+    pub fn new(model: &Model, n_ctx: usize) -> Result<Session, ModelError> {
         let c = &model.config;
-        Session {
+        Ok(Session {
             kv: KvCache::new(
                 c.n_layer as usize,
                 c.n_head_kv as usize,
                 c.head_dim as usize,
                 n_ctx,
-            ),
+            )?,
             tokens: Vec::new(),
-        }
+        })
     }
 
     /// Tokens evaluated so far (their keys and values are cached).

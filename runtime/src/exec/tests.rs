@@ -193,7 +193,8 @@ fn run(model: &Model, steps: &[&[u32]], split: Split) -> Run {
         c.n_head_kv as usize,
         c.head_dim as usize,
         64,
-    );
+    )
+    .unwrap();
     let outputs = [Mutex::new(GroupOutput::default())];
     let mut result = Run {
         phases: Vec::new(),

@@ -101,12 +101,12 @@ pub struct ModelConfig {
     pub n_ctx_orig: u32,
 }
 
-/// Upper bounds that keep arithmetic on dimensions far from overflow: far above any real model,
-/// far below what would make `rows * cols` overflow.
-const MAX_DIM: u32 = 1 << 20;
-const MAX_LAYERS: u32 = 4096;
-/// The most experts a layer may have: above every released MoE model (DeepSeek-V3: 256).
-pub const MAX_EXPERTS: u32 = 256;
+pub use crate::plan::MAX_EXPERTS;
+use crate::plan::{MAX_DIM, MAX_LAYERS};
+/// The longest context a model may claim (`context_length`, `original_context_length`): 16M
+/// tokens, 16x the longest released model's. It bounds products, not memory: what a session
+/// may hold is decided by [`super::KvCache::new`] and the engine's default context.
+pub const MAX_CONTEXT: u32 = 1 << 24;
 
 impl ModelConfig {
     /// Reads the configuration of a llama-family model.
@@ -326,6 +326,30 @@ impl ModelConfig {
                 format!("{} is outside 1..={MAX_LAYERS}", self.n_layer),
             );
         }
+        // Widths that are products: each factor may be in range and their product not.
+        for (k, heads, what) in [
+            ("attention.head_count", self.n_head, "query"),
+            ("attention.head_count_kv", self.n_head_kv, "key/value"),
+        ] {
+            let width = heads.checked_mul(self.head_dim).filter(|&w| w <= MAX_DIM);
+            if width.is_none() {
+                return bad(
+                    k,
+                    format!(
+                        "{heads} {what} heads of {} dimensions exceed {MAX_DIM} dimensions",
+                        self.head_dim
+                    ),
+                );
+            }
+        }
+        for (k, v) in [
+            ("context_length", self.n_ctx_train),
+            ("rope.scaling.original_context_length", self.n_ctx_orig),
+        ] {
+            if v == 0 || v > MAX_CONTEXT {
+                return bad(k, format!("{v} is outside 1..={MAX_CONTEXT} tokens"));
+            }
+        }
         if !self.n_head.is_multiple_of(self.n_head_kv) {
             return bad(
                 "attention.head_count_kv",
@@ -414,14 +438,16 @@ impl ModelConfig {
         self.n_expert > 0
     }
 
-    /// Width of the query projection (all heads).
+    /// Width of the query projection (all heads). A configuration from
+    /// [`ModelConfig::from_gguf`] keeps it within `MAX_DIM`; one built by hand that overflows
+    /// saturates (and then fails the tensor shape checks) rather than wrapping.
     pub fn q_dim(&self) -> u32 {
-        self.n_head * self.head_dim
+        self.n_head.saturating_mul(self.head_dim)
     }
 
-    /// Width of the key and of the value projection.
+    /// Width of the key and of the value projection (saturating, as [`ModelConfig::q_dim`]).
     pub fn kv_dim(&self) -> u32 {
-        self.n_head_kv * self.head_dim
+        self.n_head_kv.saturating_mul(self.head_dim)
     }
 
     /// The shape the scheduler needs; `ffn_granule` comes from the down projection's type,
@@ -561,7 +587,7 @@ mod tests {
     }
 
     /// A header of `arch` with the given keys (names without the `ARCH.` prefix) on top of a
-    /// valid small configuration.
+    /// valid small configuration (replacing its values).
     fn config_of(
         arch: &str,
         keys: &[(&str, crate::gguf::Value)],
@@ -580,7 +606,11 @@ mod tests {
             ("context_length", Value::U32(1024)),
             ("vocab_size", Value::U32(320)),
         ];
-        for (k, v) in base.iter().cloned().chain(keys.iter().cloned()) {
+        // `keys` replace the base values they name.
+        let kept = base
+            .iter()
+            .filter(|(k, _)| keys.iter().all(|(o, _)| o != k));
+        for (k, v) in kept.cloned().chain(keys.iter().cloned()) {
             w.add_metadata(format!("{arch}.{k}"), v).unwrap();
         }
         ModelConfig::from_gguf(&GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap())
@@ -655,6 +685,38 @@ mod tests {
             e.contains("`falcon`") && e.contains(SUPPORTED_ARCHITECTURES),
             "{e}"
         );
+    }
+
+    /// Heads and head size each in range whose product wraps a u32 (65536 x 65536 = 2^32
+    /// is 0 in release), and contexts no cache could hold, are refused naming the key.
+    #[test]
+    fn products_and_contexts_out_of_range_name_their_key() {
+        use crate::gguf::Value;
+        let err = |keys: &[(&str, Value)]| config_of("llama", keys).unwrap_err().to_string();
+        let e = err(&[
+            ("attention.head_count", Value::U32(1 << 16)),
+            ("attention.head_count_kv", Value::U32(1 << 16)),
+            ("attention.key_length", Value::U32(1 << 16)),
+        ]);
+        assert!(
+            e.contains("llama.attention.head_count") && e.contains("query heads"),
+            "{e}"
+        );
+        let e = err(&[
+            ("attention.head_count", Value::U32(64)),
+            ("attention.head_count_kv", Value::U32(64)),
+            ("attention.key_length", Value::U32(1 << 15)),
+        ]);
+        assert!(e.contains("exceed 1048576 dimensions"), "{e}");
+        for n in [0, MAX_CONTEXT + 1, u32::MAX] {
+            let e = err(&[("context_length", Value::U32(n))]);
+            assert!(e.contains("llama.context_length"), "{n}: {e}");
+        }
+        let e = err(&[("rope.scaling.original_context_length", Value::U32(u32::MAX))]);
+        assert!(e.contains("original_context_length"), "{e}");
+        // The largest values allowed still load.
+        let c = config_of("llama", &[("context_length", Value::U32(MAX_CONTEXT))]).unwrap();
+        assert_eq!(c.n_ctx_train, MAX_CONTEXT);
     }
 
     /// Without `attention.key_length` the heads split the width, which they must divide.

@@ -15,7 +15,7 @@ pub use config::{
     Architecture, ModelConfig, RopeConfig, RopeStyle, SlidingWindow, MAX_EXPERTS,
     SUPPORTED_ARCHITECTURES,
 };
-pub use kv_cache::KvCache;
+pub use kv_cache::{context_that_fits, kv_bytes_per_position, KvCache, KvCacheError};
 pub use weights::{DownBlocks, LayerWeights, Model, TensorRef};
 
 use crate::gguf::GgufError;
@@ -48,4 +48,6 @@ pub enum ModelError {
     Store(Box<crate::store::StoreError>),
     #[error("token id {token} is outside the vocabulary of {n_vocab} tokens")]
     TokenOutOfRange { token: u32, n_vocab: u32 },
+    #[error(transparent)]
+    KvCache(#[from] KvCacheError),
 }

@@ -18,7 +18,8 @@ pub use hardware::{
     NpuShapeRate, ProfileError, StorageProfile, StorageRate, PROFILE_FORMAT_VERSION,
 };
 pub use model::{
-    gelu_tanh, FfnActivation, ModelDescription, ModelIdentity, ModelShape, WeightTypes,
+    gelu_tanh, FfnActivation, ModelDescription, ModelIdentity, ModelShape, WeightTypes, MAX_DIM,
+    MAX_EXPERTS, MAX_LAYERS,
 };
 pub use topology::{hosts_of, PlacedGroup, PlacementError, Topology};
 
@@ -200,6 +201,20 @@ pub struct ExecutionPlan {
     /// What the planner predicted for this plan (kept to compare with measurements).
     #[serde(default)]
     pub predicted: Option<PlanPrediction>,
+    /// The longest a step may take, in milliseconds, before the actor driver gives it up as
+    /// failed (a stuck read, an actor gone without a word) and replaces the actors. Generous:
+    /// a deadline is a last resort against hangs, not a latency target. Absent from older
+    /// plans: [`DEFAULT_STEP_DEADLINE_MS`].
+    #[serde(default = "default_step_deadline_ms")]
+    pub step_deadline_ms: u64,
+}
+
+/// A step's deadline when the plan names none: one minute (a prefill of 512 tokens of a 7B
+/// model on a slow phone takes seconds).
+pub const DEFAULT_STEP_DEADLINE_MS: u64 = 60_000;
+
+fn default_step_deadline_ms() -> u64 {
+    DEFAULT_STEP_DEADLINE_MS
 }
 
 /// How decode chooses the FFN neurons it computes.
@@ -347,8 +362,29 @@ impl Default for ExecutionPlan {
             memory: None,
             sparsity: None,
             predicted: None,
+            step_deadline_ms: DEFAULT_STEP_DEADLINE_MS,
         }
     }
+}
+
+/// Ceilings of a plan's counts: what a hostile or mistaken plan could otherwise ask for in
+/// threads or memory. Each is far above what any machine Conductor runs on uses.
+pub mod limits {
+    /// Worker threads of one group.
+    pub const THREADS: u32 = 1024;
+    /// Threads issuing reads.
+    pub const IO_THREADS: u32 = 64;
+    /// Reads in flight per issuer (io_uring's queue).
+    pub const QUEUE_DEPTH: u32 = 4096;
+    /// Tokens of one step (scratch buffers scale with it).
+    pub const STEP_TOKENS: u32 = 1 << 16;
+    /// Cache slots (each holds a bundle of at least a page), loads in flight and reads
+    /// grouped: 4M slots of 4 KiB are 16 GiB.
+    pub const SLOTS: u32 = 1 << 22;
+    /// Processor groups (a group is a host thread and its pool).
+    pub const GROUPS: usize = 255;
+    /// A step's deadline: one day.
+    pub const DEADLINE_MS: u64 = 24 * 3600 * 1000;
 }
 
 /// A plan that cannot be used. Each error names the field.
@@ -358,6 +394,8 @@ pub enum PlanError {
     Version { found: u32, min: u32, expected: u32 },
     #[error("plan field `{field}` must be at least 1")]
     Zero { field: String },
+    #[error("plan field `{field}` is {value}: at most {max}")]
+    TooLarge { field: String, value: u64, max: u64 },
     #[error("plan field `{field}`: no group named `{name}` (groups: {known})")]
     UnknownGroup {
         field: String,
@@ -487,6 +525,12 @@ impl ExecutionPlan {
                 return Err(PlanError::Zero { field });
             }
         }
+        if self.step_deadline_ms == 0 {
+            return Err(PlanError::Zero {
+                field: "step_deadline_ms".into(),
+            });
+        }
+        self.check_ceilings()?;
         for (i, g) in self.groups.iter().enumerate() {
             if self.groups[..i].iter().any(|h| h.name == g.name) {
                 return Err(PlanError::DuplicateGroup {
@@ -527,6 +571,70 @@ impl ExecutionPlan {
         Ok(())
     }
 
+    /// Refuses counts that would ask for unbounded threads or memory ([`limits`]).
+    fn check_ceilings(&self) -> Result<(), PlanError> {
+        let mut ceilings: Vec<(String, u64, u64)> = vec![
+            (
+                "decode_max_tokens".into(),
+                self.decode_max_tokens.into(),
+                limits::STEP_TOKENS.into(),
+            ),
+            (
+                "prefill_max_tokens".into(),
+                self.prefill_max_tokens.into(),
+                limits::STEP_TOKENS.into(),
+            ),
+            (
+                "dense.token_chunk".into(),
+                self.dense.token_chunk.into(),
+                limits::STEP_TOKENS.into(),
+            ),
+            (
+                "storage.io_threads".into(),
+                self.storage.io_threads.into(),
+                limits::IO_THREADS.into(),
+            ),
+            (
+                "storage.queue_depth".into(),
+                self.storage.queue_depth.into(),
+                limits::QUEUE_DEPTH.into(),
+            ),
+            (
+                "groups".into(),
+                self.groups.len() as u64,
+                limits::GROUPS as u64,
+            ),
+            (
+                "step_deadline_ms".into(),
+                self.step_deadline_ms,
+                limits::DEADLINE_MS,
+            ),
+        ];
+        for (i, g) in self.groups.iter().enumerate() {
+            ceilings.push((
+                format!("groups[{i}].threads"),
+                g.threads.into(),
+                limits::THREADS.into(),
+            ));
+        }
+        if let Some(c) = &self.cache {
+            for (field, value) in [
+                ("slots", c.slots),
+                ("hot_slots", c.hot_slots),
+                ("max_loads", c.max_loads),
+                ("coalesce", c.coalesce),
+            ] {
+                ceilings.push((format!("cache.{field}"), value.into(), limits::SLOTS.into()));
+            }
+        }
+        for (field, value, max) in ceilings {
+            if value > max {
+                return Err(PlanError::TooLarge { field, value, max });
+            }
+        }
+        Ok(())
+    }
+
     /// The index (`XpuId`) of the group called `name`.
     pub fn group_index(&self, name: &str) -> Option<usize> {
         self.groups.iter().position(|g| g.name == name)
@@ -552,6 +660,60 @@ mod tests {
         let toml = toml::to_string(&plan).unwrap();
         let back: ExecutionPlan = toml::from_str(&toml).unwrap();
         assert_eq!(plan, back);
+    }
+
+    /// Counts that would ask for unbounded threads or memory are refused naming the field;
+    /// the ceilings themselves are accepted.
+    #[test]
+    fn plans_asking_for_unbounded_threads_or_memory_are_refused() {
+        let too_large = |f: &dyn Fn(&mut ExecutionPlan)| {
+            let mut plan = ExecutionPlan::default();
+            f(&mut plan);
+            match plan.validate() {
+                Err(PlanError::TooLarge { field, .. }) => field,
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(
+            too_large(&|p| p.groups[1].threads = u32::MAX),
+            "groups[1].threads"
+        );
+        assert_eq!(
+            too_large(&|p| p.storage.io_threads = 1_000_000),
+            "storage.io_threads"
+        );
+        assert_eq!(
+            too_large(&|p| p.storage.queue_depth = u32::MAX),
+            "storage.queue_depth"
+        );
+        assert_eq!(
+            too_large(&|p| p.prefill_max_tokens = u32::MAX),
+            "prefill_max_tokens"
+        );
+        assert_eq!(
+            too_large(&|p| p.step_deadline_ms = u64::MAX),
+            "step_deadline_ms"
+        );
+        assert_eq!(
+            too_large(&|p| {
+                p.cache = Some(CachePlan {
+                    slots: u32::MAX,
+                    ..CachePlan::default()
+                })
+            }),
+            "cache.slots"
+        );
+        let mut plan = ExecutionPlan::default();
+        plan.groups[0].threads = limits::THREADS;
+        plan.storage.io_threads = limits::IO_THREADS;
+        plan.validate().unwrap();
+        plan.step_deadline_ms = 0;
+        assert_eq!(
+            plan.validate(),
+            Err(PlanError::Zero {
+                field: "step_deadline_ms".into()
+            })
+        );
     }
 
     #[test]

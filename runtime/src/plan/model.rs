@@ -40,7 +40,59 @@ pub struct ModelShape {
     pub n_expert_used: u32,
 }
 
+/// The largest width of a model (embedding, FFN, heads, head size, vocabulary, and the
+/// products heads x head size): far above any real model, far below what would make
+/// `rows * cols` overflow.
+pub const MAX_DIM: u32 = 1 << 20;
+/// The most layers a model may have.
+pub const MAX_LAYERS: u32 = 4096;
+/// The most experts a layer may have: above every released MoE model (DeepSeek-V3: 256).
+pub const MAX_EXPERTS: u32 = 256;
+
 impl ModelShape {
+    /// Checks the upper bounds of a shape that came from outside (a trace, a description
+    /// file): every width within [`MAX_DIM`], heads x head size too, layers and experts
+    /// within theirs, so that the scheduler's and the simulator's arithmetic cannot overflow.
+    /// The error names the field.
+    pub fn check_limits(&self) -> Result<(), String> {
+        let widths = [
+            ("n_embd", u64::from(self.n_embd)),
+            ("n_ff", u64::from(self.n_ff)),
+            ("n_head", u64::from(self.n_head)),
+            ("n_head_kv", u64::from(self.n_head_kv)),
+            ("head_dim", u64::from(self.head_dim)),
+            ("n_vocab", u64::from(self.n_vocab)),
+            ("ffn_granule", u64::from(self.ffn_granule)),
+            ("ffn_bundle", u64::from(self.ffn_bundle)),
+            (
+                "n_head x head_dim",
+                u64::from(self.n_head) * u64::from(self.head_dim),
+            ),
+            (
+                "n_head_kv x head_dim",
+                u64::from(self.n_head_kv) * u64::from(self.head_dim),
+            ),
+        ];
+        for (field, v) in widths {
+            if v > u64::from(MAX_DIM) {
+                return Err(format!("model shape `{field}` is {v}, above {MAX_DIM}"));
+            }
+        }
+        if self.n_layer > MAX_LAYERS {
+            return Err(format!(
+                "model shape `n_layer` is {}, above {MAX_LAYERS}",
+                self.n_layer
+            ));
+        }
+        if self.n_expert > MAX_EXPERTS || self.n_expert_used > self.n_expert {
+            return Err(format!(
+                "model shape: {} experts ({} used) is outside 0..={MAX_EXPERTS}",
+                self.n_expert, self.n_expert_used
+            ));
+        }
+        Ok(())
+    }
+
     /// Neurons of one expert (the whole FFN for a dense model).
     pub fn ffn_per_expert(&self) -> u32 {
         self.n_ff / self.n_expert.max(1)
@@ -90,13 +142,14 @@ impl ModelDescription {
     pub fn attention_matrix_bytes(&self) -> [u64; 4] {
         let s = &self.shape;
         let t = &self.types;
-        let q = u64::from(s.n_head * s.head_dim);
-        let kv = u64::from(s.n_head_kv * s.head_dim);
+        // In u64: a shape from a file is not yet checked here, and a u32 product could wrap.
+        let q = u64::from(s.n_head) * u64::from(s.head_dim);
+        let kv = u64::from(s.n_head_kv) * u64::from(s.head_dim);
         [
             q * Self::row_bytes(t.attn_q, s.n_embd),
             kv * Self::row_bytes(t.attn_k, s.n_embd),
             kv * Self::row_bytes(t.attn_v, s.n_embd),
-            u64::from(s.n_embd) * Self::row_bytes(t.attn_out, s.n_head * s.head_dim),
+            u64::from(s.n_embd) * Self::row_bytes(t.attn_out, s.n_head.saturating_mul(s.head_dim)),
         ]
     }
 

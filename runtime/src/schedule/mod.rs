@@ -228,6 +228,10 @@ pub enum ScheduleError {
     UnexpectedCompletion(ClusterWork),
     #[error("model shape field `{0}` is 0: nothing to schedule")]
     EmptyShape(&'static str),
+    /// A shape (from a trace or a description file) beyond the limits of
+    /// [`crate::plan::ModelShape::check_limits`].
+    #[error("{0}")]
+    ShapeTooLarge(String),
     #[error("the plan has {0} processor groups; at most 255 are supported")]
     TooManyGroups(usize),
     #[error("the plan has a neuron cache, but the model is not a neuron store (make one with `conductor convert`)")]

@@ -121,6 +121,7 @@ impl Scheduler {
                 return Err(ScheduleError::EmptyShape(field));
             }
         }
+        shape.check_limits().map_err(ScheduleError::ShapeTooLarge)?;
         if plan.groups.len() > usize::from(u8::MAX) {
             return Err(ScheduleError::TooManyGroups(plan.groups.len()));
         }

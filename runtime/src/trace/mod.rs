@@ -182,6 +182,17 @@ impl Trace {
                 expected: TRACE_FORMAT_VERSION,
             });
         }
+        // The header sizes everything a replay or a simulation builds: a shape or plan beyond
+        // the limits (a model of 2^32 neurons in clusters of one) is refused here.
+        header
+            .model
+            .shape
+            .check_limits()
+            .map_err(|why| corrupt(format!("header: {why}")))?;
+        header
+            .plan
+            .validate()
+            .map_err(|e| corrupt(format!("header: {e}")))?;
         let body = &rest[8 + header_len..];
         type Body = (Vec<TraceRecord>, Vec<StepActivity>, Vec<Span>);
         let ((records, activity, spans), used): (Body, usize) =

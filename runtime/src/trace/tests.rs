@@ -125,6 +125,26 @@ fn foreign_or_damaged_bytes_are_refused() {
     ));
 }
 
+/// A header that would have a replay or a simulation cut billions of clusters (a shape of
+/// 2^32 - 1 neurons in clusters of one) or run an invalid plan is refused at load.
+#[test]
+fn headers_beyond_the_limits_are_refused() {
+    let mut t = sample();
+    t.header.model.shape.n_ff = u32::MAX;
+    t.header.plan.decode.ffn_neurons = 1;
+    let e = Trace::from_bytes(&encoded(&t), "big")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("n_ff") && e.contains("big"), "{e}");
+    let mut t = sample();
+    t.header.plan.groups[0].threads = u32::MAX;
+    let e = Trace::from_bytes(&encoded(&t), "threads")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("threads"), "{e}");
+    assert!(Trace::from_bytes(&encoded(&sample()), "ok").is_ok());
+}
+
 #[test]
 fn active_sets_count_neurons_in_ranges() {
     let s = ActiveSet::Neurons(vec![1, 5, 64, 100]);

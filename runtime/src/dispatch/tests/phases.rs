@@ -28,6 +28,35 @@ fn prefill_without_logits_skips_the_output_projection() {
         .any(|c| matches!(c, Command::Compute { work, .. } if work.phase == Phase::FfnDownRows)));
 }
 
+/// A shape from a trace or a description file whose widths are each small but whose product
+/// wraps a u32 (65536 heads of 65536 dimensions), or with absurd layer counts, is refused
+/// naming the field, before any program is cut.
+#[test]
+fn shapes_beyond_the_limits_are_refused_naming_the_field() {
+    let plan = ExecutionPlan::default();
+    let refused = |s: ModelShape| match Scheduler::new(&s, &plan) {
+        Err(ScheduleError::ShapeTooLarge(why)) => why,
+        other => panic!("{:?}", other.map(|_| ())),
+    };
+    let why = refused(ModelShape {
+        n_head: 1 << 16,
+        n_head_kv: 1 << 16,
+        head_dim: 1 << 16,
+        ..shape()
+    });
+    assert!(why.contains("n_head x head_dim"), "{why}");
+    let why = refused(ModelShape {
+        n_layer: u32::MAX,
+        ..shape()
+    });
+    assert!(why.contains("n_layer"), "{why}");
+    let why = refused(ModelShape {
+        n_vocab: u32::MAX,
+        ..shape()
+    });
+    assert!(why.contains("n_vocab"), "{why}");
+}
+
 #[test]
 fn bad_events_are_errors_not_panics() {
     let mut s = Scheduler::new(&shape(), &ExecutionPlan::default()).unwrap();
