@@ -74,6 +74,16 @@ fn inline(path: &Path, cache: Option<CachePlan>) -> InlineDriver<Serial> {
     InlineDriver::new(Arc::new(model), &plan, Kernels::best(), Serial).unwrap()
 }
 
+/// The actor driver on two threads (unpinned), reading `store`.
+fn two_threads(store: &Path) -> ActorOptions {
+    ActorOptions {
+        threads: Some(2),
+        topology: Some(Topology::uniform(2)),
+        no_pinning: true,
+        model_path: Some(store.to_path_buf()),
+    }
+}
+
 fn streaming(slots: u32, hot: u32, policy: CachePolicy, max_loads: u32) -> Option<CachePlan> {
     cache(slots, hot, policy, max_loads).map(|c| CachePlan {
         stream_output: true,
@@ -215,18 +225,8 @@ fn the_actor_driver_pipelines_loads_with_the_same_bits() {
             plan.prefill.output_rows = 60;
         }
         plan.cache.as_mut().unwrap().stream_attention = attention;
-        let mut d = ActorDriver::new(
-            model,
-            &plan,
-            Kernels::best(),
-            ActorOptions {
-                threads: Some(2),
-                topology: Some(Topology::uniform(2)),
-                no_pinning: true,
-                model_path: Some(store_path.clone()),
-            },
-        )
-        .unwrap();
+        let mut d =
+            ActorDriver::new(model, &plan, Kernels::best(), two_threads(&store_path)).unwrap();
         assert_eq!(run(&mut d).unwrap(), reference, "slots {slots} hot {hot}");
         let report = d.cache_report().unwrap();
         assert!(report.loads > 0 && report.reads > 0 && report.reads <= report.loads);
@@ -295,12 +295,7 @@ fn every_architecture_converts_and_decodes_under_every_cache_with_the_same_bits(
         let model = Arc::new(Model::load_resident_with(&store_path, false, true).unwrap());
         let mut plan = plan_with(cache(4, 1, CachePolicy::Segmented, 2));
         plan.cache.as_mut().unwrap().stream_attention = true;
-        let options = ActorOptions {
-            threads: Some(2),
-            topology: Some(Topology::uniform(2)),
-            no_pinning: true,
-            model_path: Some(store_path.clone()),
-        };
+        let options = two_threads(&store_path);
         let mut actors = ActorDriver::new(model, &plan, Kernels::best(), options).unwrap();
         let got = run(&mut actors).unwrap();
         let d = worst(&got, &reference);
@@ -375,12 +370,7 @@ fn clusters_of_several_bundles_give_the_same_bits_under_every_cache() {
     let mut plan = plan_with(cache(9, 2, CachePolicy::Segmented, 3));
     plan.decode.ffn_neurons = 32;
     plan.prefill.ffn_neurons = 32;
-    let options = ActorOptions {
-        threads: Some(2),
-        topology: Some(Topology::uniform(2)),
-        no_pinning: true,
-        model_path: Some(store_path.clone()),
-    };
+    let options = two_threads(&store_path);
     let mut actors = ActorDriver::new(model, &plan, Kernels::best(), options).unwrap();
     assert_eq!(run(&mut actors).unwrap(), reference, "actors");
     // One cluster per bundle sums the same products grouped otherwise: close.
@@ -405,12 +395,7 @@ fn io_uring_reads_give_the_same_bits_and_the_same_errors() {
     plan.decode.output_rows = 60;
     plan.prefill.output_rows = 60;
     plan.storage.engine = IoEngine::Uring;
-    let options = || ActorOptions {
-        threads: Some(2),
-        topology: Some(Topology::uniform(2)),
-        no_pinning: true,
-        model_path: Some(store_path.clone()),
-    };
+    let options = || two_threads(&store_path);
     let mut d = match ActorDriver::new(Arc::clone(&model), &plan, Kernels::best(), options()) {
         Ok(d) => d,
         Err(e) => {
@@ -613,12 +598,7 @@ fn a_failing_storage_actor_fails_the_step_instead_of_hanging() {
     let reference = run(&mut inline(&store_path, None)).unwrap();
     let model = Arc::new(Model::load_resident(&store_path, true).unwrap());
     let plan = plan_with(streaming(9, 3, CachePolicy::Segmented, 2));
-    let options = ActorOptions {
-        threads: Some(2),
-        topology: Some(Topology::uniform(2)),
-        no_pinning: true,
-        model_path: Some(store_path.clone()),
-    };
+    let options = two_threads(&store_path);
     let mut d = ActorDriver::new(model, &plan, Kernels::best(), options).unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
