@@ -553,10 +553,10 @@ unsafe fn dot_q5_k_impl<V: IDot>(w: &[BlockQ5K], a: &[BlockQ8K]) -> f32 {
             // Element 32j + l: nibble (low for even j) of qs[32 (j / 2) + l], bit j of qh[l].
             let bit = vdupq_n_u8(1 << j);
             let mut s = vdupq_n_s32(0);
-            for h in 0..2 {
+            for (h, &qhh) in qh.iter().enumerate() {
                 let (lo, hi) = nibbles(sub16(&bw.qs, 32 * (j / 2) + 16 * h));
                 let q = if j % 2 == 0 { lo } else { hi };
-                let q = vorrq_u8(q, vandq_u8(vtstq_u8(qh[h], bit), b4));
+                let q = vorrq_u8(q, vandq_u8(vtstq_u8(qhh, bit), b4));
                 let y = load16(sub16(&ba.qs, 32 * j + 16 * h));
                 s = V::dot(s, vreinterpretq_s8_u8(q), y);
             }
