@@ -59,9 +59,20 @@ pub fn references() -> Vec<Reference> {
         .collect()
 }
 
-/// The `conductor` binary built for these tests.
+/// The `conductor` binary built for these tests. Under `$CONDUCTOR_TEST_RUNNER` (a command and
+/// its arguments, split on spaces; `scripts/test-aarch64` sets it to qemu-aarch64) the binary
+/// runs through it, for cross-built tests on a host without binfmt_misc.
 pub fn conductor() -> std::process::Command {
-    std::process::Command::new(env!("CARGO_BIN_EXE_conductor"))
+    let exe = env!("CARGO_BIN_EXE_conductor");
+    match std::env::var("CONDUCTOR_TEST_RUNNER") {
+        Ok(runner) if !runner.trim().is_empty() => {
+            let mut words = runner.split_whitespace();
+            let mut cmd = std::process::Command::new(words.next().expect("non-empty runner"));
+            cmd.args(words).arg(exe);
+            cmd
+        }
+        _ => std::process::Command::new(exe),
+    }
 }
 
 /// A scratch directory for one test, `$TMPDIR/conductor-{tag}-{pid}`: emptied when made,

@@ -22,8 +22,8 @@
 //!   gives the same bits.
 //!
 //! # ISA paths (files)
-//! * `scalar.rs`: portable reference; the only path on non-x86 targets (and with
-//!   `--cfg conductor_portable`, which builds the crate as those targets see it). Q5_0, Q5_1
+//! * `scalar.rs`: portable reference; the only path on targets other than x86-64 and aarch64
+//!   (and with `--cfg conductor_portable`, which builds the crate as those targets see it). Q5_0, Q5_1
 //!   and IQ4_NL in `scalar/blocks32.rs`; Q2_K, Q3_K, Q5_K, IQ4_XS and BF16 in
 //!   `scalar/kquants.rs`.
 //! * `avx2.rs`: AVX2+FMA+F16C kernels (activation quantizers, float dots, f16 helpers) and the
@@ -38,7 +38,15 @@
 //!   8 tokens on (on plain AVX2 only for the 4-bit Q4_0/Q4_1, whose products fit its i16
 //!   sums). `avx512.rs`: the same with 16 rows per zmm.
 //!
-//! [`Kernels::best`] picks AVX512-VNNI, else AVX-VNNI, else AVX2, else scalar.
+//! * `neon.rs` (aarch64): activation quantizers (Q8_0, Q8_1, Q8_K); dot, 4-row matvec, sparse
+//!   rows, 4x4 matmul tiles and `axpy_rows` of the 32-element formats; Q4_K, Q5_K, Q6_K and
+//!   IQ4_XS dots (their matvec and matmul are the per-row loop over those dots); the float dots
+//!   and f16 helpers. Generic over the int8 multiply: plain NEON `smull`/`sadalp`, or dotprod
+//!   `sdot` (inline asm; `vdotq_s32` is not stable). Q2_K, Q3_K and float `axpy_rows` stay
+//!   scalar there.
+//!
+//! [`Kernels::best`] picks AVX512-VNNI, else AVX-VNNI, else AVX2, else scalar on x86-64; on
+//! aarch64 NEON+dotprod, else NEON.
 //!
 //! # Contracts
 //! Format functions ([`quantize_row`], [`dequantize_row`]) return [`QuantError`] on unsupported
@@ -56,11 +64,16 @@ mod avx2;
 mod avx512;
 #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
 mod gemm;
+#[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
+mod neon;
 
 /// `return $module::$func::<Block>(args)` for the 32-element weight formats (Q4_0, Q4_1, Q8_0,
 /// Q5_0, Q5_1, IQ4_NL),
 /// the types whose kernels are generic over the block; falls through for any other type.
-#[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
+#[cfg(all(
+    any(target_arch = "x86_64", target_arch = "aarch64"),
+    not(conductor_portable)
+))]
 macro_rules! call32 {
     ($ty:expr, $m:ident :: $f:ident ( $($arg:expr),* )) => {
         match $ty {
@@ -452,7 +465,7 @@ impl<'a> MatRef<'a> {
 /// The instruction set a [`Kernels`] value dispatches to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Isa {
-    /// Portable Rust; what every non-x86 target uses.
+    /// Portable Rust; what targets other than x86-64 and aarch64 use.
     Scalar,
     /// x86-64 AVX2 + FMA + F16C.
     Avx2,
@@ -460,6 +473,12 @@ pub enum Isa {
     AvxVnni,
     /// AVX2 + FMA + F16C + AVX512 F/BW/VL/VNNI: 512-bit prefill GEMM, EVEX `vpdpbusd` elsewhere.
     Avx512Vnni,
+    /// AArch64 NEON (the baseline of every aarch64 CPU): `smull`/`sadalp` integer dots.
+    #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
+    Neon,
+    /// AArch64 NEON + dotprod (ARMv8.2 `sdot`).
+    #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
+    NeonDot,
 }
 
 impl Isa {
@@ -469,6 +488,10 @@ impl Isa {
             Isa::Avx2 => "avx2",
             Isa::AvxVnni => "avx-vnni",
             Isa::Avx512Vnni => "avx512-vnni",
+            #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
+            Isa::Neon => "neon",
+            #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
+            Isa::NeonDot => "neon-dotprod",
         }
     }
 
@@ -491,6 +514,12 @@ impl Isa {
                     && is_x86_feature_detected!("avx512bw")
                     && is_x86_feature_detected!("avx512vl")
                     && is_x86_feature_detected!("avx512vnni")
+            }
+            #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
+            Isa::Neon => std::arch::is_aarch64_feature_detected!("neon"),
+            #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
+            Isa::NeonDot => {
+                Isa::Neon.is_available() && std::arch::is_aarch64_feature_detected!("dotprod")
             }
             #[allow(unreachable_patterns)]
             _ => false,
@@ -521,7 +550,10 @@ struct Geometry<'a> {
     nb: usize,
     ncols: usize,
     #[cfg_attr(
-        not(all(target_arch = "x86_64", not(conductor_portable))),
+        not(all(
+            any(target_arch = "x86_64", target_arch = "aarch64"),
+            not(conductor_portable)
+        )),
         allow(dead_code)
     )]
     rows: usize,
@@ -544,6 +576,17 @@ impl<'a> Geometry<'a> {
             rows: self.rows,
         }
     }
+
+    #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
+    fn neon_rows(&self) -> neon::Rows<'a> {
+        neon::Rows {
+            data: self.data,
+            stride: self.stride,
+            off: self.off,
+            nb: self.nb,
+            rows: self.rows,
+        }
+    }
 }
 
 impl Kernels {
@@ -551,10 +594,18 @@ impl Kernels {
     pub fn best() -> Kernels {
         static BEST: std::sync::OnceLock<Kernels> = std::sync::OnceLock::new();
         *BEST.get_or_init(|| {
-            [Isa::Avx512Vnni, Isa::AvxVnni, Isa::Avx2]
-                .into_iter()
-                .find_map(Kernels::with_isa)
-                .unwrap_or_else(Kernels::scalar)
+            [
+                Isa::Avx512Vnni,
+                Isa::AvxVnni,
+                Isa::Avx2,
+                #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
+                Isa::NeonDot,
+                #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
+                Isa::Neon,
+            ]
+            .into_iter()
+            .find_map(Kernels::with_isa)
+            .unwrap_or_else(Kernels::scalar)
         })
     }
 
@@ -570,10 +621,19 @@ impl Kernels {
 
     /// Every ISA this CPU supports (for tests and benchmarks).
     pub fn available() -> Vec<Kernels> {
-        [Isa::Scalar, Isa::Avx2, Isa::AvxVnni, Isa::Avx512Vnni]
-            .into_iter()
-            .filter_map(Kernels::with_isa)
-            .collect()
+        [
+            Isa::Scalar,
+            Isa::Avx2,
+            Isa::AvxVnni,
+            Isa::Avx512Vnni,
+            #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
+            Isa::Neon,
+            #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
+            Isa::NeonDot,
+        ]
+        .into_iter()
+        .filter_map(Kernels::with_isa)
+        .collect()
     }
 
     pub fn isa(&self) -> Isa {
@@ -605,6 +665,22 @@ impl Kernels {
             (Isa::Avx2 | Isa::AvxVnni | Isa::Avx512Vnni, GgmlType::Q8_K) => {
                 // SAFETY: as above.
                 unsafe { avx2::plain::quantize_q8_k(src, blocks_of_mut(dst)) }
+            }
+            #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
+            (Isa::Neon | Isa::NeonDot, GgmlType::Q8_0) => {
+                // SAFETY: NEON is the aarch64 baseline (and was detected at construction); the
+                // block view has exactly src.len()/32 blocks.
+                unsafe { neon::plain::quantize_q8_0(src, blocks_of_mut(dst)) }
+            }
+            #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
+            (Isa::Neon | Isa::NeonDot, GgmlType::Q8_1) => {
+                // SAFETY: as above.
+                unsafe { neon::plain::quantize_q8_1(src, blocks_of_mut(dst)) }
+            }
+            #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
+            (Isa::Neon | Isa::NeonDot, GgmlType::Q8_K) => {
+                // SAFETY: as above (src.len()/256 blocks).
+                unsafe { neon::plain::quantize_q8_k(src, blocks_of_mut(dst)) }
             }
             _ => quantize_row(at, src, dst).unwrap_or_else(|e| panic!("{e}")),
         }
@@ -647,6 +723,37 @@ impl Kernels {
                 }
                 callk!(weight, kq::vec_dot(blocks_of(w), blocks_of(a)));
                 match weight {
+                    GgmlType::F32 => return plain::dot_f32(n, w, a),
+                    GgmlType::F16 => return plain::dot_f16(n, w, a),
+                    GgmlType::BF16 => return plain::dot_bf16(n, w, a),
+                    _ => {}
+                }
+            }
+        }
+        #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
+        if self.isa != Isa::Scalar {
+            use neon::{dot, plain};
+            let (w, a) = (w, act);
+            // SAFETY: the ISA was detected when this `Kernels` was built (NEON is the aarch64
+            // baseline, NeonDot implies dotprod); the block views cover exactly the lengths
+            // checked by the caller.
+            unsafe {
+                if self.isa == Isa::NeonDot {
+                    call32!(weight, dot::vec_dot(blocks_of(w), blocks_of(a)));
+                    match weight {
+                        GgmlType::Q4_K => return dot::dot_q4_k(blocks_of(w), blocks_of(a)),
+                        GgmlType::Q6_K => return dot::dot_q6_k(blocks_of(w), blocks_of(a)),
+                        GgmlType::Q5_K => return dot::dot_q5_k(blocks_of(w), blocks_of(a)),
+                        GgmlType::IQ4_XS => return dot::dot_iq4_xs(blocks_of(w), blocks_of(a)),
+                        _ => {}
+                    }
+                }
+                call32!(weight, plain::vec_dot(blocks_of(w), blocks_of(a)));
+                match weight {
+                    GgmlType::Q4_K => return plain::dot_q4_k(blocks_of(w), blocks_of(a)),
+                    GgmlType::Q6_K => return plain::dot_q6_k(blocks_of(w), blocks_of(a)),
+                    GgmlType::Q5_K => return plain::dot_q5_k(blocks_of(w), blocks_of(a)),
+                    GgmlType::IQ4_XS => return plain::dot_iq4_xs(blocks_of(w), blocks_of(a)),
                     GgmlType::F32 => return plain::dot_f32(n, w, a),
                     GgmlType::F16 => return plain::dot_f16(n, w, a),
                     GgmlType::BF16 => return plain::dot_bf16(n, w, a),
@@ -731,6 +838,19 @@ impl Kernels {
                 }
             }
         }
+        #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
+        if self.isa != Isa::Scalar {
+            use neon::{dot, plain};
+            let m = g.neon_rows();
+            // SAFETY: ISA detected at construction; `m` was validated by `geometry` (rows are
+            // bounds-checked slices), `act` has exactly `nb` activation blocks, `out` `rows`.
+            unsafe {
+                if self.isa == Isa::NeonDot {
+                    call32!(w.ty, dot::matvec(m, blocks_of(act), out));
+                }
+                call32!(w.ty, plain::matvec(m, blocks_of(act), out));
+            }
+        }
         for (r, o) in out.iter_mut().enumerate() {
             *o = self.dot_dispatch(w.ty, g.ncols, g.row(r), act);
         }
@@ -772,6 +892,19 @@ impl Kernels {
                         call32!(w.ty, narrow::matvec_rows(m, pick, blocks_of(act), out))
                     }
                 }
+            }
+        }
+        #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
+        if self.isa != Isa::Scalar {
+            use neon::{dot, plain};
+            let m = g.neon_rows();
+            // SAFETY: ISA detected at construction; every picked row was checked above and is
+            // sliced with bounds checks; `act` has `nb` blocks and `out` one element per pick.
+            unsafe {
+                if self.isa == Isa::NeonDot {
+                    call32!(w.ty, dot::matvec_rows(m, pick, blocks_of(act), out));
+                }
+                call32!(w.ty, plain::matvec_rows(m, pick, blocks_of(act), out));
             }
         }
         for (&r, o) in pick.iter().zip(out.iter_mut()) {
@@ -872,6 +1005,25 @@ impl Kernels {
                 }
             }
         }
+        #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
+        if self.isa != Isa::Scalar {
+            use neon::{dot, plain};
+            let m = g.neon_rows();
+            // SAFETY: ISA detected at construction; geometry validated above, `acts` has
+            // n_tokens * nb blocks and `out` covers every (t, r) written (checked above).
+            unsafe {
+                if self.isa == Isa::NeonDot {
+                    call32!(
+                        w.ty,
+                        dot::matmul(m, blocks_of(acts), n_tokens, out, out_stride)
+                    );
+                }
+                call32!(
+                    w.ty,
+                    plain::matmul(m, blocks_of(acts), n_tokens, out, out_stride)
+                );
+            }
+        }
         for t in 0..n_tokens {
             let a = &acts[t * arow..(t + 1) * arow];
             for r in 0..w.rows {
@@ -891,6 +1043,11 @@ impl Kernels {
             // SAFETY: F16C/AVX detected at construction; lengths equal.
             return unsafe { avx2::plain::f32_to_f16_row(src, dst) };
         }
+        #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
+        if self.isa != Isa::Scalar {
+            // SAFETY: NEON detected at construction (the aarch64 baseline); lengths checked.
+            return unsafe { neon::plain::f32_to_f16_row(src, dst) };
+        }
         scalar::f32_to_f16_row(src, dst)
     }
 
@@ -905,6 +1062,11 @@ impl Kernels {
             // SAFETY: F16C/AVX detected at construction; lengths equal.
             return unsafe { avx2::plain::f16_to_f32_row(src, dst) };
         }
+        #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
+        if self.isa != Isa::Scalar {
+            // SAFETY: NEON detected at construction (the aarch64 baseline); lengths checked.
+            return unsafe { neon::plain::f16_to_f32_row(src, dst) };
+        }
         scalar::f16_to_f32_row(src, dst)
     }
 
@@ -918,6 +1080,11 @@ impl Kernels {
         if self.isa != Isa::Scalar {
             // SAFETY: AVX2/FMA/F16C detected at construction; lengths equal.
             return unsafe { avx2::plain::dot_f32_f16(x, y) };
+        }
+        #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
+        if self.isa != Isa::Scalar {
+            // SAFETY: NEON detected at construction (the aarch64 baseline); lengths checked.
+            return unsafe { neon::plain::dot_f32_f16(x, y) };
         }
         scalar::dot_f32_f16(x, y)
     }
@@ -994,6 +1161,20 @@ impl Kernels {
                 }
             }
         }
+        #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
+        if self.isa != Isa::Scalar {
+            let m = neon::Rows {
+                data: w.data,
+                stride,
+                off: 0,
+                nb: w.cols / w.ty.block_size(),
+                rows: w.rows,
+            };
+            use neon::plain;
+            // SAFETY: NEON detected at construction; `m` describes the validated matrix (rows
+            // are bounds-checked slices), `out` has `cols` elements and coefs match neurons.
+            unsafe { call32!(w.ty, plain::axpy_rows(m, neurons, coefs, out)) }
+        }
         scalar::axpy_rows(w.ty, w.data, stride, neurons, coefs, out)
     }
 
@@ -1007,6 +1188,11 @@ impl Kernels {
         if self.isa != Isa::Scalar {
             // SAFETY: AVX2/FMA/F16C detected at construction; lengths equal.
             return unsafe { avx2::plain::axpy_f16(a, x, y) };
+        }
+        #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
+        if self.isa != Isa::Scalar {
+            // SAFETY: NEON detected at construction (the aarch64 baseline); lengths checked.
+            return unsafe { neon::plain::axpy_f16(a, x, y) };
         }
         scalar::axpy_f16(a, x, y)
     }

@@ -203,6 +203,23 @@ fn best_is_detected_and_listed() {
             "an AVX2 CPU must not fall back to scalar"
         );
     }
+    #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
+    {
+        // NEON is the aarch64 baseline, so it is always listed (and compared with scalar by
+        // every test that walks `Kernels::available()`); dotprod CPUs get the `sdot` kernels.
+        let want = if std::arch::is_aarch64_feature_detected!("dotprod") {
+            Isa::NeonDot
+        } else {
+            Isa::Neon
+        };
+        assert_eq!(best.isa(), want, "best kernels on this aarch64 CPU");
+        assert!(Kernels::available().contains(&Kernels::with_isa(Isa::Neon).unwrap()));
+        let names: Vec<&str> = Kernels::available()
+            .iter()
+            .map(|k| k.isa().name())
+            .collect();
+        println!("aarch64 kernels: best {}, available {names:?}", best.isa());
+    }
 }
 
 // ---------------------------------------------------------------- known answers

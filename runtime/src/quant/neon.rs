@@ -1,0 +1,1041 @@
+//! AArch64 NEON kernels, and (through the [`IDot`] parameter) their dotprod (`sdot`) variants.
+//!
+//! Each kernel reproduces the float steps of its `scalar.rs` twin exactly; integer block sums are
+//! exact whatever the instruction order, so results are bit-identical to the scalar path (and so
+//! to the x86 paths). Covered here: the activation quantizers (Q8_0, Q8_1, Q8_K); the dot
+//! product, matvec, sparse matvec, matmul and `axpy_rows` of the 32-element formats (Q4_0,
+//! Q4_1, Q8_0, Q5_0, Q5_1, IQ4_NL); the dot products of Q4_K, Q5_K, Q6_K and IQ4_XS (their
+//! matvec/matmul run the per-row loop of `mod.rs` over these dots); the F32/F16/BF16 dots and
+//! the f16 helpers. Q2_K, Q3_K and float `axpy_rows` stay on `scalar.rs`.
+//!
+//! Structure (as `avx2.rs`): the row/token loops are `#[inline(always)]` generic functions; the
+//! `entry!` macro stamps out entry points per ISA, with `#[target_feature]` so the inline-asm
+//! `sdot` (`vdotq_s32` is not stable) assembles in the dotprod variant.
+//!
+//! # Safety contract
+//! Every function here is an `unsafe fn` whose only precondition is that the CPU supports the
+//! features of its entry point (NEON is part of the aarch64 baseline; `Kernels` selects the
+//! dotprod ISA only after `is_aarch64_feature_detected!("dotprod")`). Memory accesses are not
+//! part of the contract: every vector load and store goes through a reference to a fixed-size
+//! array of exactly the accessed size, or a slice whose length is asserted right before; rows
+//! come from `Rows::row`, which slices with bounds checks.
+
+use super::blocks::*;
+use super::scalar;
+use half::f16;
+use std::arch::aarch64::*;
+use std::arch::asm;
+
+// ---------------------------------------------------------------- integer dot flavours
+
+/// The integer multiply-accumulate step, per ISA.
+pub(crate) trait IDot {
+    /// `acc` plus, per i32 lane, the sum of the 4 products i8(a) * i8(b) of that lane's bytes
+    /// (exact: every product fits i16 and every sum i32).
+    unsafe fn dot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t;
+}
+
+/// Plain NEON: `smull`/`smull2` (i8 x i8 to i16, exact) then `sadalp` (pairs into i32).
+pub(crate) struct Widen;
+
+impl IDot for Widen {
+    #[inline(always)]
+    unsafe fn dot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+        let lo = vmull_s8(vget_low_s8(a), vget_low_s8(b));
+        let hi = vmull_high_s8(a, b);
+        // Lane i of `lo` + pairs gives bytes 2i, 2i+1; the grouping into i32 lanes differs from
+        // `sdot`'s, but only the total of all lanes is ever used.
+        vpadalq_s16(vpadalq_s16(acc, lo), hi)
+    }
+}
+
+/// ARMv8.2 dotprod: `sdot` (i8 x i8 quads straight into i32).
+pub(crate) struct Sdot;
+
+impl IDot for Sdot {
+    #[inline(always)]
+    unsafe fn dot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+        let mut acc = acc;
+        // SAFETY: `sdot` only reads the three vector registers and writes `acc`; no memory, no
+        // flags. Callers are compiled with `target_feature(enable = "dotprod")` and run only on a
+        // CPU that reported dotprod.
+        asm!(
+            "sdot {acc:v}.4s, {a:v}.16b, {b:v}.16b",
+            acc = inout(vreg) acc,
+            a = in(vreg) a,
+            b = in(vreg) b,
+            options(pure, nomem, nostack, preserves_flags)
+        );
+        acc
+    }
+}
+
+// ---------------------------------------------------------------- small helpers
+
+#[inline(always)]
+unsafe fn load16(p: &[u8; 16]) -> int8x16_t {
+    // SAFETY (for callers): reads exactly the 16 bytes of the referenced array.
+    vreinterpretq_s8_u8(vld1q_u8(p.as_ptr()))
+}
+
+/// The two 16-byte halves of a 32-byte array.
+#[inline(always)]
+unsafe fn load32(p: &[u8; 32]) -> (int8x16_t, int8x16_t) {
+    let (a, b) = p.split_at(16);
+    (
+        load16(a.try_into().expect("16 bytes")),
+        load16(b.try_into().expect("16 bytes")),
+    )
+}
+
+/// 16 bytes of nibbles to (low nibbles, high nibbles) as bytes 0..=15: elements 0..16, 16..32.
+#[inline(always)]
+unsafe fn nibbles(qs: &[u8; 16]) -> (uint8x16_t, uint8x16_t) {
+    let x = vld1q_u8(qs.as_ptr());
+    (vandq_u8(x, vdupq_n_u8(0x0F)), vshrq_n_u8::<4>(x))
+}
+
+/// Bit 4 of each Q5 quant: 0x10 in byte e where bit e of `qh` (little-endian u32) is set,
+/// for elements 0..16 and 16..32.
+#[inline(always)]
+unsafe fn q5_high_bits(qh: [u8; 4]) -> (uint8x16_t, uint8x16_t) {
+    let h = vreinterpret_u8_u32(vdup_n_u32(u32::from_le_bytes(qh)));
+    // Byte e of the result takes qh byte e / 8 and tests its bit e % 8.
+    let idx_lo = vcombine_u8(vdup_n_u8(0), vdup_n_u8(1));
+    let idx_hi = vcombine_u8(vdup_n_u8(2), vdup_n_u8(3));
+    const BITS: [u8; 16] = [1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128];
+    let bits = vld1q_u8(BITS.as_ptr());
+    let hq = vcombine_u8(h, h);
+    let lo = vtstq_u8(vqtbl1q_u8(hq, idx_lo), bits);
+    let hi = vtstq_u8(vqtbl1q_u8(hq, idx_hi), bits);
+    let b4 = vdupq_n_u8(0x10);
+    (vandq_u8(lo, b4), vandq_u8(hi, b4))
+}
+
+/// Reduces R (1 or 4) vectors of i32 lanes to one exact sum each, in lanes 0..R.
+#[inline(always)]
+unsafe fn reduce<const R: usize>(p: [int32x4_t; R]) -> int32x4_t {
+    if R == 4 {
+        vpaddq_s32(vpaddq_s32(p[0], p[1]), vpaddq_s32(p[2], p[3]))
+    } else {
+        vsetq_lane_s32::<0>(vaddvq_s32(p[0]), vdupq_n_s32(0))
+    }
+}
+
+#[inline(always)]
+unsafe fn lanes(v: float32x4_t) -> [f32; 4] {
+    let mut tmp = [0f32; 4];
+    // SAFETY: writes exactly the 4 floats of `tmp`.
+    vst1q_f32(tmp.as_mut_ptr(), v);
+    tmp
+}
+
+#[inline(always)]
+unsafe fn from_lanes(v: [f32; 4]) -> float32x4_t {
+    // SAFETY: reads exactly the 4 floats of `v`.
+    vld1q_f32(v.as_ptr())
+}
+
+// ---------------------------------------------------------------- 32-element block formats
+
+/// What differs between the 32-element weight formats in the shared tile loop.
+pub(crate) trait WeightBlock: Block {
+    type Act: Block;
+    /// Q4_1/Q5_1: the block has a min `m`, dotted with the activation's `s` in a second chain.
+    const HAS_MIN: bool;
+    /// The 32 weights as signed bytes (elements 0..16, 16..32) whose integer dot with the
+    /// activation quants is exactly the scalar twin's block sum.
+    unsafe fn values(&self) -> (int8x16_t, int8x16_t);
+    /// Scale and min (0 without a min), as f32.
+    fn dm(&self) -> (f32, f32);
+    fn act_qs(a: &Self::Act) -> &[u8; 32];
+    /// Activation d and s (0 without s), as f32.
+    fn act_ds(a: &Self::Act) -> (f32, f32);
+}
+
+impl WeightBlock for BlockQ4_0 {
+    type Act = BlockQ8_0;
+    const HAS_MIN: bool = false;
+    #[inline(always)]
+    unsafe fn values(&self) -> (int8x16_t, int8x16_t) {
+        // q - 8 in -8..=7: sum((q - 8) * y) is the scalar's idot - 8 * sum(y).
+        let (lo, hi) = nibbles(&self.qs);
+        let e = vdupq_n_s8(8);
+        (
+            vsubq_s8(vreinterpretq_s8_u8(lo), e),
+            vsubq_s8(vreinterpretq_s8_u8(hi), e),
+        )
+    }
+    #[inline(always)]
+    fn dm(&self) -> (f32, f32) {
+        (f16_le(self.d), 0.0)
+    }
+    #[inline(always)]
+    fn act_qs(a: &BlockQ8_0) -> &[u8; 32] {
+        &a.qs
+    }
+    #[inline(always)]
+    fn act_ds(a: &BlockQ8_0) -> (f32, f32) {
+        (f16_le(a.d), 0.0)
+    }
+}
+
+impl WeightBlock for BlockQ4_1 {
+    type Act = BlockQ8_1;
+    const HAS_MIN: bool = true;
+    #[inline(always)]
+    unsafe fn values(&self) -> (int8x16_t, int8x16_t) {
+        let (lo, hi) = nibbles(&self.qs);
+        (vreinterpretq_s8_u8(lo), vreinterpretq_s8_u8(hi))
+    }
+    #[inline(always)]
+    fn dm(&self) -> (f32, f32) {
+        (f16_le(self.d), f16_le(self.m))
+    }
+    #[inline(always)]
+    fn act_qs(a: &BlockQ8_1) -> &[u8; 32] {
+        &a.qs
+    }
+    #[inline(always)]
+    fn act_ds(a: &BlockQ8_1) -> (f32, f32) {
+        (f16_le(a.d), f16_le(a.s))
+    }
+}
+
+impl WeightBlock for BlockQ8_0 {
+    type Act = BlockQ8_0;
+    const HAS_MIN: bool = false;
+    #[inline(always)]
+    unsafe fn values(&self) -> (int8x16_t, int8x16_t) {
+        load32(&self.qs)
+    }
+    #[inline(always)]
+    fn dm(&self) -> (f32, f32) {
+        (f16_le(self.d), 0.0)
+    }
+    #[inline(always)]
+    fn act_qs(a: &BlockQ8_0) -> &[u8; 32] {
+        &a.qs
+    }
+    #[inline(always)]
+    fn act_ds(a: &BlockQ8_0) -> (f32, f32) {
+        (f16_le(a.d), 0.0)
+    }
+}
+
+impl WeightBlock for BlockQ5_0 {
+    type Act = BlockQ8_0;
+    const HAS_MIN: bool = false;
+    #[inline(always)]
+    unsafe fn values(&self) -> (int8x16_t, int8x16_t) {
+        // q - 16 in -16..=15: sum((q - 16) * y) is the scalar's s - 16 * sum(y).
+        let (lo, hi) = nibbles(&self.qs);
+        let (hlo, hhi) = q5_high_bits(self.qh);
+        let e = vdupq_n_s8(16);
+        (
+            vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(lo, hlo)), e),
+            vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(hi, hhi)), e),
+        )
+    }
+    #[inline(always)]
+    fn dm(&self) -> (f32, f32) {
+        (f16_le(self.d), 0.0)
+    }
+    #[inline(always)]
+    fn act_qs(a: &BlockQ8_0) -> &[u8; 32] {
+        &a.qs
+    }
+    #[inline(always)]
+    fn act_ds(a: &BlockQ8_0) -> (f32, f32) {
+        (f16_le(a.d), 0.0)
+    }
+}
+
+impl WeightBlock for BlockQ5_1 {
+    type Act = BlockQ8_1;
+    const HAS_MIN: bool = true;
+    #[inline(always)]
+    unsafe fn values(&self) -> (int8x16_t, int8x16_t) {
+        let (lo, hi) = nibbles(&self.qs);
+        let (hlo, hhi) = q5_high_bits(self.qh);
+        (
+            vreinterpretq_s8_u8(vorrq_u8(lo, hlo)),
+            vreinterpretq_s8_u8(vorrq_u8(hi, hhi)),
+        )
+    }
+    #[inline(always)]
+    fn dm(&self) -> (f32, f32) {
+        (f16_le(self.d), f16_le(self.m))
+    }
+    #[inline(always)]
+    fn act_qs(a: &BlockQ8_1) -> &[u8; 32] {
+        &a.qs
+    }
+    #[inline(always)]
+    fn act_ds(a: &BlockQ8_1) -> (f32, f32) {
+        (f16_le(a.d), f16_le(a.s))
+    }
+}
+
+impl WeightBlock for BlockIQ4NL {
+    type Act = BlockQ8_0;
+    const HAS_MIN: bool = false;
+    #[inline(always)]
+    unsafe fn values(&self) -> (int8x16_t, int8x16_t) {
+        // The grid values (i8) looked up by nibble.
+        let grid = vld1q_s8(IQ4_VALUES.as_ptr());
+        let (lo, hi) = nibbles(&self.qs);
+        (vqtbl1q_s8(grid, lo), vqtbl1q_s8(grid, hi))
+    }
+    #[inline(always)]
+    fn dm(&self) -> (f32, f32) {
+        (f16_le(self.d), 0.0)
+    }
+    #[inline(always)]
+    fn act_qs(a: &BlockQ8_0) -> &[u8; 32] {
+        &a.qs
+    }
+    #[inline(always)]
+    fn act_ds(a: &BlockQ8_0) -> (f32, f32) {
+        (f16_le(a.d), 0.0)
+    }
+}
+
+/// R weight rows (1 or 4) times T activation rows over `nb` blocks: returns, per token, the R
+/// results in lanes 0..R. Per (row, token) lane this performs exactly the scalar twin's steps:
+/// acc = fma(dw * da, isum, acc) block by block (plus, with a min, the separate m * s chain,
+/// added at the end).
+#[inline(always)]
+unsafe fn tile<W: WeightBlock, V: IDot, const R: usize, const T: usize>(
+    w: [&[W]; R],
+    a: [&[W::Act]; T],
+    nb: usize,
+) -> [float32x4_t; T] {
+    for r in &w {
+        assert!(r.len() >= nb);
+    }
+    for t in &a {
+        assert!(t.len() >= nb);
+    }
+    let zero = vdupq_n_s32(0);
+    let mut acc = [vdupq_n_f32(0.0); T];
+    let mut accm = [vdupq_n_f32(0.0); T];
+    for b in 0..nb {
+        let (mut d, mut m) = ([0f32; 4], [0f32; 4]);
+        let mut vals = [(vdupq_n_s8(0), vdupq_n_s8(0)); R];
+        for k in 0..R {
+            (d[k], m[k]) = w[k][b].dm();
+            vals[k] = w[k][b].values();
+        }
+        let (dw, mw) = (from_lanes(d), from_lanes(m));
+        for t in 0..T {
+            let ab = &a[t][b];
+            let (y0, y1) = load32(W::act_qs(ab));
+            let mut p = [zero; R];
+            for k in 0..R {
+                p[k] = V::dot(V::dot(zero, vals[k].0, y0), vals[k].1, y1);
+            }
+            let isum = vcvtq_f32_s32(reduce::<R>(p));
+            let (da, sa) = W::act_ds(ab);
+            acc[t] = vfmaq_f32(acc[t], vmulq_n_f32(dw, da), isum);
+            if W::HAS_MIN {
+                accm[t] = vfmaq_f32(accm[t], mw, vdupq_n_f32(sa));
+            }
+        }
+    }
+    if W::HAS_MIN {
+        for t in 0..T {
+            acc[t] = vaddq_f32(acc[t], accm[t]);
+        }
+    }
+    acc
+}
+
+/// Matrix geometry already validated by the caller (`mod.rs`): `data` holds `rows` rows of
+/// `stride` bytes; the column range starts `off` bytes into each row and spans `nb` blocks.
+#[derive(Clone, Copy)]
+pub(crate) struct Rows<'a> {
+    pub data: &'a [u8],
+    pub stride: usize,
+    pub off: usize,
+    pub nb: usize,
+    pub rows: usize,
+}
+
+impl<'a> Rows<'a> {
+    /// Row `r`'s blocks of the column range (safe slicing: panics rather than reading outside).
+    #[inline(always)]
+    pub(crate) fn row<B: Block>(&self, r: usize) -> &'a [B] {
+        let start = r * self.stride + self.off;
+        let bytes = &self.data[start..start + self.nb * std::mem::size_of::<B>()];
+        view::<B>(bytes).expect("whole blocks")
+    }
+}
+
+/// Decode shape: all rows times one activation vector, 4 rows per pass. A trailing group of fewer
+/// than 4 rows repeats its last row in the unused lanes (lanes are independent).
+#[inline(always)]
+unsafe fn matvec_impl<W: WeightBlock, V: IDot>(m: Rows<'_>, act: &[W::Act], out: &mut [f32]) {
+    assert!(out.len() >= m.rows && act.len() >= m.nb);
+    let mut r = 0;
+    while r < m.rows {
+        let n = (m.rows - r).min(4);
+        let rows: [&[W]; 4] = std::array::from_fn(|k| m.row::<W>(r + k.min(n - 1)));
+        let [v] = tile::<W, V, 4, 1>(rows, [act], m.nb);
+        out[r..r + n].copy_from_slice(&lanes(v)[..n]);
+        r += n;
+    }
+}
+
+/// Sparse decode: the rows `pick` (any order, repeats allowed), 4 per pass.
+#[inline(always)]
+unsafe fn matvec_rows_impl<W: WeightBlock, V: IDot>(
+    m: Rows<'_>,
+    pick: &[u32],
+    act: &[W::Act],
+    out: &mut [f32],
+) {
+    assert!(out.len() >= pick.len() && act.len() >= m.nb);
+    let mut k = 0;
+    while k < pick.len() {
+        let n = (pick.len() - k).min(4);
+        let rows: [&[W]; 4] = std::array::from_fn(|j| m.row::<W>(pick[k + j.min(n - 1)] as usize));
+        let [v] = tile::<W, V, 4, 1>(rows, [act], m.nb);
+        out[k..k + n].copy_from_slice(&lanes(v)[..n]);
+        k += n;
+    }
+}
+
+/// Prefill shape: 4 rows x 4 tokens tiles, weight blocks unpacked once per 4 tokens.
+#[inline(always)]
+unsafe fn matmul_impl<W: WeightBlock, V: IDot>(
+    m: Rows<'_>,
+    acts: &[W::Act],
+    n_tokens: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    assert!(acts.len() >= n_tokens * m.nb);
+    let tok = |t: usize| &acts[t * m.nb..(t + 1) * m.nb];
+    let mut r = 0;
+    while r < m.rows {
+        let n = (m.rows - r).min(4);
+        let rows: [&[W]; 4] = std::array::from_fn(|k| m.row::<W>(r + k.min(n - 1)));
+        let mut t = 0;
+        while t + 4 <= n_tokens {
+            let res = tile::<W, V, 4, 4>(rows, [tok(t), tok(t + 1), tok(t + 2), tok(t + 3)], m.nb);
+            for (j, v) in res.iter().enumerate() {
+                let o = (t + j) * out_stride + r;
+                out[o..o + n].copy_from_slice(&lanes(*v)[..n]);
+            }
+            t += 4;
+        }
+        while t < n_tokens {
+            let [v] = tile::<W, V, 4, 1>(rows, [tok(t)], m.nb);
+            let o = t * out_stride + r;
+            out[o..o + n].copy_from_slice(&lanes(v)[..n]);
+            t += 1;
+        }
+        r += 4;
+    }
+}
+
+#[inline(always)]
+unsafe fn vec_dot_impl<W: WeightBlock, V: IDot>(w: &[W], a: &[W::Act]) -> f32 {
+    let nb = w.len().min(a.len());
+    let [v] = tile::<W, V, 1, 1>([w], [a], nb);
+    vgetq_lane_f32::<0>(v)
+}
+
+// ---------------------------------------------------------------- K-quants (dot products)
+
+/// Sum of the 4 lanes of `V::dot(0, a, b)`: the exact dot of 16 signed bytes.
+#[inline(always)]
+unsafe fn idot16<V: IDot>(a: int8x16_t, b: int8x16_t) -> i32 {
+    vaddvq_s32(V::dot(vdupq_n_s32(0), a, b))
+}
+
+#[inline(always)]
+fn sub16(qs: &[u8], at: usize) -> &[u8; 16] {
+    qs[at..at + 16].try_into().expect("16 bytes")
+}
+
+/// Q4_K · Q8_K: the integer sums of `scalar::q4k_isums` with NEON, the float steps of
+/// `scalar::dot_q4_k_q8_k` verbatim.
+#[inline(always)]
+unsafe fn dot_q4_k_impl<V: IDot>(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
+    let mut acc = 0.0f32;
+    let mut accm = 0.0f32;
+    for (bw, ba) in w.iter().zip(a) {
+        let mut sumi = 0i32;
+        let mut summ = 0i32;
+        for c in 0..4 {
+            let (l0, h0) = nibbles(sub16(&bw.qs, 32 * c));
+            let (l1, h1) = nibbles(sub16(&bw.qs, 32 * c + 16));
+            let y = |o: usize| load16(sub16(&ba.qs, o));
+            let s_lo = vaddvq_s32(V::dot(
+                V::dot(vdupq_n_s32(0), vreinterpretq_s8_u8(l0), y(64 * c)),
+                vreinterpretq_s8_u8(l1),
+                y(64 * c + 16),
+            ));
+            let s_hi = vaddvq_s32(V::dot(
+                V::dot(vdupq_n_s32(0), vreinterpretq_s8_u8(h0), y(64 * c + 32)),
+                vreinterpretq_s8_u8(h1),
+                y(64 * c + 48),
+            ));
+            for (half, s) in [(0, s_lo), (1, s_hi)] {
+                let j = 2 * c + half;
+                let (sc, m) = scalar::q4k_scale_min(j, &bw.scales);
+                sumi += sc as i32 * s;
+                summ += m as i32 * (ba.bsum(2 * j) + ba.bsum(2 * j + 1));
+            }
+        }
+        let da = ba.d();
+        acc = (f16_le(bw.d) * da).mul_add(sumi as f32, acc);
+        accm = (f16_le(bw.dmin) * da).mul_add(summ as f32, accm);
+    }
+    acc - accm
+}
+
+/// Q6_K · Q8_K: the 16 sub-block sums with NEON, the rest as `scalar::dot_q6_k_q8_k`.
+#[inline(always)]
+unsafe fn dot_q6_k_impl<V: IDot>(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
+    let mut acc = 0.0f32;
+    let m4 = vdupq_n_u8(0x0F);
+    let m2 = vdupq_n_u8(0x03);
+    for (bw, ba) in w.iter().zip(a) {
+        let mut sums = [0i32; 16];
+        for n in 0..2 {
+            for h in 0..2 {
+                let la = vld1q_u8(sub16(&bw.ql, 64 * n + 16 * h).as_ptr());
+                let lb = vld1q_u8(sub16(&bw.ql, 64 * n + 32 + 16 * h).as_ptr());
+                let qh = vld1q_u8(sub16(&bw.qh, 32 * n + 16 * h).as_ptr());
+                let q = [
+                    vorrq_u8(vandq_u8(la, m4), vshlq_n_u8::<4>(vandq_u8(qh, m2))),
+                    vorrq_u8(
+                        vandq_u8(lb, m4),
+                        vshlq_n_u8::<4>(vandq_u8(vshrq_n_u8::<2>(qh), m2)),
+                    ),
+                    vorrq_u8(
+                        vshrq_n_u8::<4>(la),
+                        vshlq_n_u8::<4>(vandq_u8(vshrq_n_u8::<4>(qh), m2)),
+                    ),
+                    vorrq_u8(vshrq_n_u8::<4>(lb), vshlq_n_u8::<4>(vshrq_n_u8::<6>(qh))),
+                ];
+                for (quarter, qv) in q.into_iter().enumerate() {
+                    let y = load16(sub16(&ba.qs, 128 * n + 32 * quarter + 16 * h));
+                    sums[8 * n + 2 * quarter + h] = idot16::<V>(vreinterpretq_s8_u8(qv), y);
+                }
+            }
+        }
+        let mut sumi = 0i32;
+        for (j, s) in sums.iter().enumerate() {
+            sumi += bw.scales[j] as i8 as i32 * (s - 32 * ba.bsum(j));
+        }
+        acc = (f16_le(bw.d) * ba.d()).mul_add(sumi as f32, acc);
+    }
+    acc
+}
+
+/// Q5_K · Q8_K: the sub-block sums with NEON, the rest as `scalar::dot_q5_k_q8_k`.
+#[inline(always)]
+unsafe fn dot_q5_k_impl<V: IDot>(w: &[BlockQ5K], a: &[BlockQ8K]) -> f32 {
+    let mut acc = 0.0f32;
+    let mut accm = 0.0f32;
+    let b4 = vdupq_n_u8(0x10);
+    for (bw, ba) in w.iter().zip(a) {
+        let (mut sumi, mut summ) = (0i32, 0i32);
+        let qh = [
+            vld1q_u8(sub16(&bw.qh, 0).as_ptr()),
+            vld1q_u8(sub16(&bw.qh, 16).as_ptr()),
+        ];
+        for j in 0..8 {
+            // Element 32j + l: nibble (low for even j) of qs[32 (j / 2) + l], bit j of qh[l].
+            let bit = vdupq_n_u8(1 << j);
+            let mut s = vdupq_n_s32(0);
+            for (h, &qhh) in qh.iter().enumerate() {
+                let (lo, hi) = nibbles(sub16(&bw.qs, 32 * (j / 2) + 16 * h));
+                let q = if j % 2 == 0 { lo } else { hi };
+                let q = vorrq_u8(q, vandq_u8(vtstq_u8(qhh, bit), b4));
+                let y = load16(sub16(&ba.qs, 32 * j + 16 * h));
+                s = V::dot(s, vreinterpretq_s8_u8(q), y);
+            }
+            let (sc, m) = scalar::q4k_scale_min(j, &bw.scales);
+            sumi += sc as i32 * vaddvq_s32(s);
+            summ += m as i32 * (ba.bsum(2 * j) + ba.bsum(2 * j + 1));
+        }
+        let da = ba.d();
+        acc = (f16_le(bw.d) * da).mul_add(sumi as f32, acc);
+        accm = (f16_le(bw.dmin) * da).mul_add(summ as f32, accm);
+    }
+    acc - accm
+}
+
+/// IQ4_XS · Q8_K: grid lookups and sums with NEON, the rest as `scalar::dot_iq4_xs_q8_k`.
+#[inline(always)]
+unsafe fn dot_iq4_xs_impl<V: IDot>(w: &[BlockIQ4XS], a: &[BlockQ8K]) -> f32 {
+    let mut acc = 0.0f32;
+    let grid = vld1q_s8(IQ4_VALUES.as_ptr());
+    for (bw, ba) in w.iter().zip(a) {
+        let mut sumi = 0i32;
+        for j in 0..8 {
+            let (lo, hi) = nibbles(sub16(&bw.qs, 16 * j));
+            let s = V::dot(
+                V::dot(
+                    vdupq_n_s32(0),
+                    vqtbl1q_s8(grid, lo),
+                    load16(sub16(&ba.qs, 32 * j)),
+                ),
+                vqtbl1q_s8(grid, hi),
+                load16(sub16(&ba.qs, 32 * j + 16)),
+            );
+            sumi += scalar::iq4xs_scale(bw, j) * vaddvq_s32(s);
+        }
+        acc = (f16_le(bw.d) * ba.d()).mul_add(sumi as f32, acc);
+    }
+    acc
+}
+
+// ---------------------------------------------------------------- activation quantization
+
+/// Max |x| of 32 floats (`fmaxnm`, as `f32::max`: a NaN is ignored; max is exact, so the order
+/// is irrelevant).
+#[inline(always)]
+unsafe fn absmax32(v: &[float32x4_t; 8]) -> f32 {
+    let mut m = vabsq_f32(v[0]);
+    for x in &v[1..] {
+        m = vmaxnmq_f32(m, vabsq_f32(*x));
+    }
+    // 0.0 first, as the scalar fold starts from it (matters only for all-NaN input).
+    0.0f32.max(vmaxnmvq_f32(m))
+}
+
+#[inline(always)]
+unsafe fn load_f32x32(x: &[f32]) -> [float32x4_t; 8] {
+    assert!(x.len() >= 32);
+    // SAFETY: 32 floats are in bounds (asserted).
+    std::array::from_fn(|k| vld1q_f32(x.as_ptr().add(4 * k)))
+}
+
+/// `rne(v * m)` clamped to -128..=127 (the saturating narrows are the clamp), stored in element
+/// order into `q`; returns the sum of the stored quants.
+#[inline(always)]
+unsafe fn round_pack(v: &[float32x4_t; 8], m: f32, q: &mut [u8; 32]) -> i32 {
+    let i: [int32x4_t; 8] = std::array::from_fn(|k| vcvtnq_s32_f32(vmulq_n_f32(v[k], m)));
+    let h: [int16x8_t; 4] =
+        std::array::from_fn(|k| vcombine_s16(vqmovn_s32(i[2 * k]), vqmovn_s32(i[2 * k + 1])));
+    let b0 = vcombine_s8(vqmovn_s16(h[0]), vqmovn_s16(h[1]));
+    let b1 = vcombine_s8(vqmovn_s16(h[2]), vqmovn_s16(h[3]));
+    // SAFETY: writes exactly the 32 bytes of `q`, 16 at a time.
+    vst1q_s8(q.as_mut_ptr().cast(), b0);
+    vst1q_s8(q.as_mut_ptr().add(16).cast(), b1);
+    vaddlvq_s8(b0) as i32 + vaddlvq_s8(b1) as i32
+}
+
+#[inline(always)]
+unsafe fn quantize_q8_0_impl(x: &[f32], y: &mut [BlockQ8_0]) {
+    for (xb, yb) in x.chunks_exact(32).zip(y.iter_mut()) {
+        let v = load_f32x32(xb);
+        let amax = absmax32(&v);
+        let d = amax / 127.0;
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        round_pack(&v, id, &mut yb.qs);
+        yb.d = f16_bytes(d);
+    }
+}
+
+#[inline(always)]
+unsafe fn quantize_q8_1_impl(x: &[f32], y: &mut [BlockQ8_1]) {
+    for (xb, yb) in x.chunks_exact(32).zip(y.iter_mut()) {
+        let v = load_f32x32(xb);
+        let amax = absmax32(&v);
+        let d = amax / 127.0;
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        let sum = round_pack(&v, id, &mut yb.qs);
+        yb.d = f16_bytes(d);
+        yb.s = f16_bytes(d * sum as f32);
+    }
+}
+
+#[inline(always)]
+unsafe fn quantize_q8_k_impl(x: &[f32], y: &mut [BlockQ8K]) {
+    for (xb, yb) in x.chunks_exact(QK_K).zip(y.iter_mut()) {
+        // The signed value of largest magnitude, first one on ties, NaN ignored: exactly
+        // `scalar::signed_absmax` (a vector max then a scan for its first occurrence).
+        let mut amax = 0.0f32;
+        for c in xb.chunks_exact(32) {
+            amax = amax.max(absmax32(&load_f32x32(c)));
+        }
+        if amax == 0.0 {
+            scalar::quantize_q8_k(xb, std::slice::from_mut(yb));
+            continue;
+        }
+        let max = *xb.iter().find(|v| v.abs() == amax).unwrap_or(&amax);
+        let iscale = -127.0 / max;
+        for (c, xc) in xb.chunks_exact(32).enumerate() {
+            let q: &mut [u8; 32] = (&mut yb.qs[32 * c..32 * c + 32])
+                .try_into()
+                .expect("32 bytes");
+            round_pack(&load_f32x32(xc), iscale, q);
+        }
+        scalar::q8k_finish(yb, iscale);
+    }
+}
+
+// ---------------------------------------------------------------- sparse FFN rows (axpy_rows)
+
+/// The 32 signed bytes `v` of a block as 8 vectors of f32 (exact).
+#[inline(always)]
+unsafe fn i8x32_to_f32(v: (int8x16_t, int8x16_t)) -> [float32x4_t; 8] {
+    let h = [
+        vmovl_s8(vget_low_s8(v.0)),
+        vmovl_high_s8(v.0),
+        vmovl_s8(vget_low_s8(v.1)),
+        vmovl_high_s8(v.1),
+    ];
+    std::array::from_fn(|k| {
+        let w = if k % 2 == 0 {
+            vmovl_s16(vget_low_s16(h[k / 2]))
+        } else {
+            vmovl_high_s16(h[k / 2])
+        };
+        vcvtq_f32_s32(w)
+    })
+}
+
+/// `scalar::axpy_rows` for a 32-element format: per neuron in order, per element
+/// `out = fma(c, x, out)` with x `d * v` (an exact product; v = q - 8, q - 16, q or grid[q]) or,
+/// with a min, `fma(d, q, m)`: exactly the scalar's values and steps.
+#[inline(always)]
+unsafe fn axpy_rows_impl<W: WeightBlock>(
+    m: Rows<'_>,
+    neurons: &[u32],
+    coefs: &[f32],
+    out: &mut [f32],
+) {
+    assert!(out.len() >= 32 * m.nb);
+    for (&n, &c) in neurons.iter().zip(coefs) {
+        let row = m.row::<W>(n as usize);
+        let cv = vdupq_n_f32(c);
+        for (b, o) in row.iter().zip(out.chunks_exact_mut(32)) {
+            let (d, mn) = b.dm();
+            let q = i8x32_to_f32(b.values());
+            let (dv, mv) = (vdupq_n_f32(d), vdupq_n_f32(mn));
+            for (k, qk) in q.iter().enumerate() {
+                let x = if W::HAS_MIN {
+                    vfmaq_f32(mv, dv, *qk)
+                } else {
+                    vmulq_f32(dv, *qk)
+                };
+                // SAFETY: `o` has 32 floats (chunks_exact); 4 at 4k are inside it.
+                let p = o.as_mut_ptr().add(4 * k);
+                vst1q_f32(p, vfmaq_f32(vld1q_f32(p), cv, x));
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------- float dots and f16 helpers
+
+/// 4 f16 (bits) to f32, exact (`fcvtl`; the f16 vector types of the intrinsics are unstable).
+#[inline(always)]
+unsafe fn f16x4_to_f32(h: uint16x4_t) -> float32x4_t {
+    let out: float32x4_t;
+    // SAFETY: a register-to-register conversion (base ARMv8 FP), no memory, no flags.
+    asm!(
+        "fcvtl {o:v}.4s, {i:v}.4h",
+        o = lateout(vreg) out,
+        i = in(vreg) h,
+        options(pure, nomem, nostack, preserves_flags)
+    );
+    out
+}
+
+/// 4 f32 to f16 (bits), round to nearest even (`fcvtn` under the default FPCR).
+#[inline(always)]
+unsafe fn f32x4_to_f16(v: float32x4_t) -> uint16x4_t {
+    let out: uint16x4_t;
+    // SAFETY: as in `f16x4_to_f32`.
+    asm!(
+        "fcvtn {o:v}.4h, {i:v}.4s",
+        o = lateout(vreg) out,
+        i = in(vreg) v,
+        options(pure, nomem, nostack, preserves_flags)
+    );
+    out
+}
+
+/// The 32-lane float dot of `scalar::dot_f32_lanes`, with `load_w(i)`/`load_x(i)` giving 4 f32
+/// at element i: lane k of the 32 accumulates elements i = k (mod 32) with fma, then
+/// ((l0..7 + l8..15) + (l16..23 + l24..31)), `scalar::hsum8`, and the tail in order.
+#[inline(always)]
+unsafe fn dot_lanes(
+    n: usize,
+    load_w: impl Fn(usize) -> float32x4_t,
+    load_x: impl Fn(usize) -> float32x4_t,
+    tail: impl Fn(usize) -> (f32, f32),
+) -> f32 {
+    let mut acc = [vdupq_n_f32(0.0); 8];
+    let full = n / 32 * 32;
+    let mut i = 0;
+    while i < full {
+        for (k, a) in acc.iter_mut().enumerate() {
+            *a = vfmaq_f32(*a, load_w(i + 4 * k), load_x(i + 4 * k));
+        }
+        i += 32;
+    }
+    // s[0..4] and s[4..8] of the scalar reduction.
+    let s_lo = vaddq_f32(vaddq_f32(acc[0], acc[2]), vaddq_f32(acc[4], acc[6]));
+    let s_hi = vaddq_f32(vaddq_f32(acc[1], acc[3]), vaddq_f32(acc[5], acc[7]));
+    let a = lanes(vaddq_f32(s_lo, s_hi));
+    let mut r = (a[0] + a[2]) + (a[1] + a[3]);
+    for j in full..n {
+        let (w, x) = tail(j);
+        r = w.mul_add(x, r);
+    }
+    r
+}
+
+/// 16 bytes at byte `at` of `b` (the caller keeps `at + 16 <= b.len()`).
+#[inline(always)]
+unsafe fn bytes16(b: &[u8], at: usize) -> uint8x16_t {
+    vld1q_u8(b[at..at + 16].as_ptr())
+}
+
+#[inline(always)]
+unsafe fn bytes8(b: &[u8], at: usize) -> uint8x8_t {
+    vld1_u8(b[at..at + 8].as_ptr())
+}
+
+/// F32 weights · f32 activations, both as little-endian bytes of at least 4n.
+#[inline(always)]
+unsafe fn dot_f32_impl(n: usize, w: &[u8], x: &[u8]) -> f32 {
+    dot_lanes(
+        n,
+        |i| vreinterpretq_f32_u8(bytes16(w, 4 * i)),
+        |i| vreinterpretq_f32_u8(bytes16(x, 4 * i)),
+        |j| (scalar::f32_at(w, j), scalar::f32_at(x, j)),
+    )
+}
+
+/// F16 weights · f32 activations.
+#[inline(always)]
+unsafe fn dot_f16_impl(n: usize, w: &[u8], x: &[u8]) -> f32 {
+    dot_lanes(
+        n,
+        |i| f16x4_to_f32(vreinterpret_u16_u8(bytes8(w, 2 * i))),
+        |i| vreinterpretq_f32_u8(bytes16(x, 4 * i)),
+        |j| (scalar::f16_at(w, j), scalar::f32_at(x, j)),
+    )
+}
+
+/// BF16 weights · f32 activations (bf16 to f32 is the bits moved up by 16: exact).
+#[inline(always)]
+unsafe fn dot_bf16_impl(n: usize, w: &[u8], x: &[u8]) -> f32 {
+    dot_lanes(
+        n,
+        |i| {
+            let h = vmovl_u16(vreinterpret_u16_u8(bytes8(w, 2 * i)));
+            vreinterpretq_f32_u32(vshlq_n_u32::<16>(h))
+        },
+        |i| vreinterpretq_f32_u8(bytes16(x, 4 * i)),
+        |j| (scalar::bf16_at(w, j), scalar::f32_at(x, j)),
+    )
+}
+
+/// 4 f16 at element `at` of `y` as f32 (the caller keeps `at + 4 <= y.len()`).
+#[inline(always)]
+unsafe fn f16s(y: &[f16], at: usize) -> float32x4_t {
+    let h: &[f16; 4] = y[at..at + 4].try_into().expect("4 halves");
+    // SAFETY: reads exactly the 8 bytes of `h` (f16 is 2 bytes, alignment 2, as u16).
+    f16x4_to_f32(vld1_u16(h.as_ptr().cast()))
+}
+
+#[inline(always)]
+unsafe fn f32s(x: &[f32], at: usize) -> float32x4_t {
+    let v: &[f32; 4] = x[at..at + 4].try_into().expect("4 floats");
+    // SAFETY: reads exactly the 16 bytes of `v`.
+    vld1q_f32(v.as_ptr())
+}
+
+#[inline(always)]
+unsafe fn dot_f32_f16_impl(x: &[f32], y: &[f16]) -> f32 {
+    dot_lanes(
+        x.len(),
+        |i| f16s(y, i),
+        |i| f32s(x, i),
+        |j| (y[j].to_f32(), x[j]),
+    )
+}
+
+#[inline(always)]
+unsafe fn f32_to_f16_row_impl(src: &[f32], dst: &mut [f16]) {
+    let n = src.len().min(dst.len());
+    let full = n / 4 * 4;
+    for i in (0..full).step_by(4) {
+        let h = f32x4_to_f16(f32s(src, i));
+        let d: &mut [f16; 4] = (&mut dst[i..i + 4]).try_into().expect("4 halves");
+        // SAFETY: writes exactly the 8 bytes of `d`.
+        vst1_u16(d.as_mut_ptr().cast(), h);
+    }
+    scalar::f32_to_f16_row(&src[full..n], &mut dst[full..n]);
+}
+
+#[inline(always)]
+unsafe fn f16_to_f32_row_impl(src: &[f16], dst: &mut [f32]) {
+    let n = src.len().min(dst.len());
+    let full = n / 4 * 4;
+    for i in (0..full).step_by(4) {
+        let d: &mut [f32; 4] = (&mut dst[i..i + 4]).try_into().expect("4 floats");
+        // SAFETY: writes exactly the 16 bytes of `d`.
+        vst1q_f32(d.as_mut_ptr(), f16s(src, i));
+    }
+    scalar::f16_to_f32_row(&src[full..n], &mut dst[full..n]);
+}
+
+/// y += a * x, each element one fma (`scalar::axpy_f16`).
+#[inline(always)]
+unsafe fn axpy_f16_impl(a: f32, x: &[f16], y: &mut [f32]) {
+    let n = x.len().min(y.len());
+    let full = n / 4 * 4;
+    let av = vdupq_n_f32(a);
+    for i in (0..full).step_by(4) {
+        let xv = f16s(x, i);
+        let d: &mut [f32; 4] = (&mut y[i..i + 4]).try_into().expect("4 floats");
+        // SAFETY: reads and writes exactly the 16 bytes of `d`.
+        vst1q_f32(d.as_mut_ptr(), vfmaq_f32(vld1q_f32(d.as_ptr()), av, xv));
+    }
+    scalar::axpy_f16(a, &x[full..n], &mut y[full..n]);
+}
+
+// ---------------------------------------------------------------- entry points
+
+/// Stamps out the entry points of the kernels generic over [`IDot`].
+macro_rules! entry {
+    ($features:literal, $V:ty) => {
+        #[target_feature(enable = $features)]
+        pub(crate) unsafe fn matvec<W: WeightBlock>(m: Rows<'_>, act: &[W::Act], out: &mut [f32]) {
+            matvec_impl::<W, $V>(m, act, out)
+        }
+
+        #[target_feature(enable = $features)]
+        pub(crate) unsafe fn matmul<W: WeightBlock>(
+            m: Rows<'_>,
+            acts: &[W::Act],
+            n_tokens: usize,
+            out: &mut [f32],
+            out_stride: usize,
+        ) {
+            matmul_impl::<W, $V>(m, acts, n_tokens, out, out_stride)
+        }
+
+        #[target_feature(enable = $features)]
+        pub(crate) unsafe fn matvec_rows<W: WeightBlock>(
+            m: Rows<'_>,
+            pick: &[u32],
+            act: &[W::Act],
+            out: &mut [f32],
+        ) {
+            matvec_rows_impl::<W, $V>(m, pick, act, out)
+        }
+
+        #[target_feature(enable = $features)]
+        pub(crate) unsafe fn vec_dot<W: WeightBlock>(w: &[W], a: &[W::Act]) -> f32 {
+            vec_dot_impl::<W, $V>(w, a)
+        }
+
+        #[target_feature(enable = $features)]
+        pub(crate) unsafe fn dot_q4_k(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
+            dot_q4_k_impl::<$V>(w, a)
+        }
+
+        #[target_feature(enable = $features)]
+        pub(crate) unsafe fn dot_q6_k(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
+            dot_q6_k_impl::<$V>(w, a)
+        }
+
+        #[target_feature(enable = $features)]
+        pub(crate) unsafe fn dot_q5_k(w: &[BlockQ5K], a: &[BlockQ8K]) -> f32 {
+            dot_q5_k_impl::<$V>(w, a)
+        }
+
+        #[target_feature(enable = $features)]
+        pub(crate) unsafe fn dot_iq4_xs(w: &[BlockIQ4XS], a: &[BlockQ8K]) -> f32 {
+            dot_iq4_xs_impl::<$V>(w, a)
+        }
+    };
+}
+
+/// Entry points needing only NEON (the aarch64 baseline), and the activation quantizers.
+pub(crate) mod plain {
+    use super::*;
+
+    entry!("neon", Widen);
+
+    #[target_feature(enable = "neon")]
+    pub(crate) unsafe fn quantize_q8_0(x: &[f32], y: &mut [BlockQ8_0]) {
+        quantize_q8_0_impl(x, y)
+    }
+
+    #[target_feature(enable = "neon")]
+    pub(crate) unsafe fn quantize_q8_1(x: &[f32], y: &mut [BlockQ8_1]) {
+        quantize_q8_1_impl(x, y)
+    }
+
+    #[target_feature(enable = "neon")]
+    pub(crate) unsafe fn quantize_q8_k(x: &[f32], y: &mut [BlockQ8K]) {
+        quantize_q8_k_impl(x, y)
+    }
+
+    #[target_feature(enable = "neon")]
+    pub(crate) unsafe fn axpy_rows<W: WeightBlock>(
+        m: Rows<'_>,
+        neurons: &[u32],
+        coefs: &[f32],
+        out: &mut [f32],
+    ) {
+        axpy_rows_impl::<W>(m, neurons, coefs, out)
+    }
+
+    #[target_feature(enable = "neon")]
+    pub(crate) unsafe fn dot_f32(n: usize, w: &[u8], x: &[u8]) -> f32 {
+        dot_f32_impl(n, w, x)
+    }
+
+    #[target_feature(enable = "neon")]
+    pub(crate) unsafe fn dot_f16(n: usize, w: &[u8], x: &[u8]) -> f32 {
+        dot_f16_impl(n, w, x)
+    }
+
+    #[target_feature(enable = "neon")]
+    pub(crate) unsafe fn dot_bf16(n: usize, w: &[u8], x: &[u8]) -> f32 {
+        dot_bf16_impl(n, w, x)
+    }
+
+    #[target_feature(enable = "neon")]
+    pub(crate) unsafe fn dot_f32_f16(x: &[f32], y: &[f16]) -> f32 {
+        dot_f32_f16_impl(x, y)
+    }
+
+    #[target_feature(enable = "neon")]
+    pub(crate) unsafe fn f32_to_f16_row(src: &[f32], dst: &mut [f16]) {
+        f32_to_f16_row_impl(src, dst)
+    }
+
+    #[target_feature(enable = "neon")]
+    pub(crate) unsafe fn f16_to_f32_row(src: &[f16], dst: &mut [f32]) {
+        f16_to_f32_row_impl(src, dst)
+    }
+
+    #[target_feature(enable = "neon")]
+    pub(crate) unsafe fn axpy_f16(a: f32, x: &[f16], y: &mut [f32]) {
+        axpy_f16_impl(a, x, y)
+    }
+}
+
+/// Entry points needing NEON + dotprod (`sdot`).
+pub(crate) mod dot {
+    use super::*;
+
+    entry!("neon,dotprod", Sdot);
+}
