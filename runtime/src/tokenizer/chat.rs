@@ -198,7 +198,7 @@ impl ChatTemplate {
             None => minijinja::context! {},
         };
         let mut out = CappedWriter(Vec::new());
-        tmpl.render_to_write(
+        tmpl.render_captured_to(
             minijinja::context! {
                 messages => messages,
                 add_generation_prompt => add_generation_prompt,
