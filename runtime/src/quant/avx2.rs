@@ -144,7 +144,7 @@ unsafe fn store_lanes<const R: usize>(v: __m128, out: &mut [f32]) {
 
 /// What differs between Q4_0, Q4_1 and Q8_0 weights in the shared tile loop.
 pub(crate) trait WeightBlock: Block {
-    type Act: Block;
+    type Act: ActBlock;
     /// Per-activation-block precomputation (shared by all rows of a tile).
     unsafe fn prep<V: IDot>(y: __m256i) -> __m256i;
     /// The exact integer dot of one weight block with activation quants `y`, as i32 lanes.
@@ -153,9 +153,6 @@ pub(crate) trait WeightBlock: Block {
     const HAS_MIN: bool;
     /// Scale bytes then min bytes (zeros without a min): one 4-byte read per row.
     fn wdm(&self) -> [u8; 4];
-    fn act_qs(a: &Self::Act) -> &[u8; 32];
-    /// Activation d then s (zeros without s).
-    fn act_ds(a: &Self::Act) -> [u8; 4];
     /// For the row-interleaved GEMM (`gemm.rs`): the block as 32 unsigned bytes u, in element
     /// order, such that sum(w * y) = sum(u * y) + CORR * sum(y).
     unsafe fn unsigned_quants(&self) -> __m256i;
@@ -184,14 +181,6 @@ impl WeightBlock for BlockQ4_0 {
     fn wdm(&self) -> [u8; 4] {
         [self.d[0], self.d[1], 0, 0]
     }
-    #[inline(always)]
-    fn act_qs(a: &BlockQ8_0) -> &[u8; 32] {
-        &a.qs
-    }
-    #[inline(always)]
-    fn act_ds(a: &BlockQ8_0) -> [u8; 4] {
-        [a.d[0], a.d[1], 0, 0]
-    }
 }
 
 impl WeightBlock for BlockQ4_1 {
@@ -213,14 +202,6 @@ impl WeightBlock for BlockQ4_1 {
     #[inline(always)]
     fn wdm(&self) -> [u8; 4] {
         [self.d[0], self.d[1], self.m[0], self.m[1]]
-    }
-    #[inline(always)]
-    fn act_qs(a: &BlockQ8_1) -> &[u8; 32] {
-        &a.qs
-    }
-    #[inline(always)]
-    fn act_ds(a: &BlockQ8_1) -> [u8; 4] {
-        [a.d[0], a.d[1], a.s[0], a.s[1]]
     }
 }
 
@@ -244,14 +225,6 @@ impl WeightBlock for BlockQ8_0 {
     #[inline(always)]
     fn wdm(&self) -> [u8; 4] {
         [self.d[0], self.d[1], 0, 0]
-    }
-    #[inline(always)]
-    fn act_qs(a: &BlockQ8_0) -> &[u8; 32] {
-        &a.qs
-    }
-    #[inline(always)]
-    fn act_ds(a: &BlockQ8_0) -> [u8; 4] {
-        [a.d[0], a.d[1], 0, 0]
     }
 }
 
@@ -280,14 +253,14 @@ unsafe fn tile<W: WeightBlock, V: IDot, const R: usize, const T: usize>(
         let (dw, mw) = dm_lanes::<R>(dm);
         for t in 0..T {
             let ab = &a[t][b];
-            let y = load256(W::act_qs(ab));
+            let y = load256(ab.qs());
             let prep = W::prep::<V>(y);
             let mut p = [_mm256_setzero_si256(); R];
             for k in 0..R {
                 p[k] = w[k][b].idot::<V>(y, prep);
             }
             let isum = _mm_cvtepi32_ps(reduce::<R>(p));
-            let ds = _mm_cvtph_ps(_mm_set1_epi32(i32::from_le_bytes(W::act_ds(ab))));
+            let ds = _mm_cvtph_ps(_mm_set1_epi32(i32::from_le_bytes(ab.ds())));
             let da = _mm_permute_ps(ds, 0b00_00_00_00);
             acc[t] = _mm_fmadd_ps(_mm_mul_ps(dw, da), isum, acc[t]);
             if W::HAS_MIN {

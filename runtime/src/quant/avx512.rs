@@ -17,7 +17,7 @@ use super::avx2::{
     dm_chunk, entry_idot, matmul_impl, matvec_impl, matvec_rows_impl, vec_dot_impl, AxpyBlock,
     IDot, Rows, WeightBlock, AXPY_CHUNK, AXPY_GROUP, AXPY_PREFETCH,
 };
-use super::blocks::{BlockQ4_0, BlockQ4_1, BlockQ8_0};
+use super::blocks::{ActBlock, BlockQ4_0, BlockQ4_1, BlockQ8_0};
 use super::gemm::{f16f, tables, transpose8};
 use std::arch::x86_64::*;
 
@@ -120,7 +120,7 @@ pub(crate) unsafe fn matmul_packed16<W: WeightBlock>(
             let mut acc = [_mm512_setzero_ps(); 4];
             for (b, p) in packed.iter().enumerate() {
                 let idx: [usize; 4] = std::array::from_fn(|j| toks[j] * nb + b);
-                let ys = idx.map(|i| W::act_qs(&acts[i]));
+                let ys = idx.map(|i| acts[i].qs());
                 let mut s: [__m512i; 4] = std::array::from_fn(|j| _mm512_set1_epi32(corr[idx[j]]));
                 for (g, wg) in p.w.iter().enumerate() {
                     let wg = _mm512_loadu_si512(wg.as_ptr().cast());

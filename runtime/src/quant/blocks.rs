@@ -112,6 +112,36 @@ pub struct BlockQ8_1 {
 }
 block_impl!(BlockQ8_1, 36);
 
+/// A 32-element activation block (Q8_0 or Q8_1) as the integer kernels of every ISA read it.
+pub(crate) trait ActBlock: Block {
+    /// The 32 quants.
+    fn qs(&self) -> &[u8; 32];
+    /// The f16 bytes of d, then of s (zeros for Q8_0, which has no s).
+    fn ds(&self) -> [u8; 4];
+}
+
+impl ActBlock for BlockQ8_0 {
+    #[inline(always)]
+    fn qs(&self) -> &[u8; 32] {
+        &self.qs
+    }
+    #[inline(always)]
+    fn ds(&self) -> [u8; 4] {
+        [self.d[0], self.d[1], 0, 0]
+    }
+}
+
+impl ActBlock for BlockQ8_1 {
+    #[inline(always)]
+    fn qs(&self) -> &[u8; 32] {
+        &self.qs
+    }
+    #[inline(always)]
+    fn ds(&self) -> [u8; 4] {
+        [self.d[0], self.d[1], self.s[0], self.s[1]]
+    }
+}
+
 /// Q4_K: 8 sub-blocks of 32; x = d * sc[j] * q - dmin * m[j], with 6-bit sc/m packed in
 /// `scales` (see `scalar::q4k_scale_min`). qs byte 32c + l holds element 64c + l (low nibble)
 /// and 64c + 32 + l (high nibble).

@@ -160,13 +160,13 @@ pub(crate) unsafe fn tables<W: WeightBlock>(acts: &[W::Act]) -> (Vec<f32>, Vec<f
     let mut sa = vec![0f32; if W::HAS_MIN { n } else { 0 }];
     let mut corr = vec![0i32; n];
     for (i, a) in acts.iter().enumerate() {
-        let ds = W::act_ds(a);
+        let ds = a.ds();
         da[i] = f16f([ds[0], ds[1]]);
         if W::HAS_MIN {
             sa[i] = f16f([ds[2], ds[3]]);
         }
         if W::CORR != 0 {
-            corr[i] = W::CORR * qsum(W::act_qs(a));
+            corr[i] = W::CORR * qsum(a.qs());
         }
     }
     (da, sa, corr)
@@ -203,7 +203,7 @@ pub(crate) unsafe fn matmul_packed<W: WeightBlock, P: PackedDot>(
             let mut acc = [_mm256_setzero_ps(); 4];
             for (b, p) in packed.iter().enumerate() {
                 let idx: [usize; 4] = std::array::from_fn(|j| toks[j] * nb + b);
-                let ys = idx.map(|i| W::act_qs(&acts[i]));
+                let ys = idx.map(|i| acts[i].qs());
                 let isum = P::block4(&p.w, ys, idx.map(|i| corr[i]));
                 let dw = _mm256_loadu_ps(p.d.as_ptr());
                 for j in 0..4 {

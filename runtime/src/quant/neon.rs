@@ -138,9 +138,16 @@ unsafe fn from_lanes(v: [f32; 4]) -> float32x4_t {
 
 // ---------------------------------------------------------------- 32-element block formats
 
+/// An activation block's d and s (0 without s), as f32.
+#[inline(always)]
+fn act_ds<A: ActBlock>(a: &A) -> (f32, f32) {
+    let [d0, d1, s0, s1] = a.ds();
+    (f16_le([d0, d1]), f16_le([s0, s1]))
+}
+
 /// What differs between the 32-element weight formats in the shared tile loop.
 pub(crate) trait WeightBlock: Block {
-    type Act: Block;
+    type Act: ActBlock;
     /// Q4_1/Q5_1: the block has a min `m`, dotted with the activation's `s` in a second chain.
     const HAS_MIN: bool;
     /// The 32 weights as signed bytes (elements 0..16, 16..32) whose integer dot with the
@@ -148,9 +155,6 @@ pub(crate) trait WeightBlock: Block {
     unsafe fn values(&self) -> (int8x16_t, int8x16_t);
     /// Scale and min (0 without a min), as f32.
     fn dm(&self) -> (f32, f32);
-    fn act_qs(a: &Self::Act) -> &[u8; 32];
-    /// Activation d and s (0 without s), as f32.
-    fn act_ds(a: &Self::Act) -> (f32, f32);
 }
 
 impl WeightBlock for BlockQ4_0 {
@@ -170,14 +174,6 @@ impl WeightBlock for BlockQ4_0 {
     fn dm(&self) -> (f32, f32) {
         (f16_le(self.d), 0.0)
     }
-    #[inline(always)]
-    fn act_qs(a: &BlockQ8_0) -> &[u8; 32] {
-        &a.qs
-    }
-    #[inline(always)]
-    fn act_ds(a: &BlockQ8_0) -> (f32, f32) {
-        (f16_le(a.d), 0.0)
-    }
 }
 
 impl WeightBlock for BlockQ4_1 {
@@ -192,14 +188,6 @@ impl WeightBlock for BlockQ4_1 {
     fn dm(&self) -> (f32, f32) {
         (f16_le(self.d), f16_le(self.m))
     }
-    #[inline(always)]
-    fn act_qs(a: &BlockQ8_1) -> &[u8; 32] {
-        &a.qs
-    }
-    #[inline(always)]
-    fn act_ds(a: &BlockQ8_1) -> (f32, f32) {
-        (f16_le(a.d), f16_le(a.s))
-    }
 }
 
 impl WeightBlock for BlockQ8_0 {
@@ -212,14 +200,6 @@ impl WeightBlock for BlockQ8_0 {
     #[inline(always)]
     fn dm(&self) -> (f32, f32) {
         (f16_le(self.d), 0.0)
-    }
-    #[inline(always)]
-    fn act_qs(a: &BlockQ8_0) -> &[u8; 32] {
-        &a.qs
-    }
-    #[inline(always)]
-    fn act_ds(a: &BlockQ8_0) -> (f32, f32) {
-        (f16_le(a.d), 0.0)
     }
 }
 
@@ -241,14 +221,6 @@ impl WeightBlock for BlockQ5_0 {
     fn dm(&self) -> (f32, f32) {
         (f16_le(self.d), 0.0)
     }
-    #[inline(always)]
-    fn act_qs(a: &BlockQ8_0) -> &[u8; 32] {
-        &a.qs
-    }
-    #[inline(always)]
-    fn act_ds(a: &BlockQ8_0) -> (f32, f32) {
-        (f16_le(a.d), 0.0)
-    }
 }
 
 impl WeightBlock for BlockQ5_1 {
@@ -267,14 +239,6 @@ impl WeightBlock for BlockQ5_1 {
     fn dm(&self) -> (f32, f32) {
         (f16_le(self.d), f16_le(self.m))
     }
-    #[inline(always)]
-    fn act_qs(a: &BlockQ8_1) -> &[u8; 32] {
-        &a.qs
-    }
-    #[inline(always)]
-    fn act_ds(a: &BlockQ8_1) -> (f32, f32) {
-        (f16_le(a.d), f16_le(a.s))
-    }
 }
 
 impl WeightBlock for BlockIQ4NL {
@@ -290,14 +254,6 @@ impl WeightBlock for BlockIQ4NL {
     #[inline(always)]
     fn dm(&self) -> (f32, f32) {
         (f16_le(self.d), 0.0)
-    }
-    #[inline(always)]
-    fn act_qs(a: &BlockQ8_0) -> &[u8; 32] {
-        &a.qs
-    }
-    #[inline(always)]
-    fn act_ds(a: &BlockQ8_0) -> (f32, f32) {
-        (f16_le(a.d), 0.0)
     }
 }
 
@@ -330,13 +286,13 @@ unsafe fn tile<W: WeightBlock, V: IDot, const R: usize, const T: usize>(
         let (dw, mw) = (from_lanes(d), from_lanes(m));
         for t in 0..T {
             let ab = &a[t][b];
-            let (y0, y1) = load32(W::act_qs(ab));
+            let (y0, y1) = load32(ab.qs());
             let mut p = [zero; R];
             for k in 0..R {
                 p[k] = V::dot(V::dot(zero, vals[k].0, y0), vals[k].1, y1);
             }
             let isum = vcvtq_f32_s32(reduce::<R>(p));
-            let (da, sa) = W::act_ds(ab);
+            let (da, sa) = act_ds(ab);
             acc[t] = vfmaq_f32(acc[t], vmulq_n_f32(dw, da), isum);
             if W::HAS_MIN {
                 accm[t] = vfmaq_f32(accm[t], mw, vdupq_n_f32(sa));

@@ -67,14 +67,6 @@ impl WeightBlock for BlockQ5_0 {
     fn wdm(&self) -> [u8; 4] {
         [self.d[0], self.d[1], 0, 0]
     }
-    #[inline(always)]
-    fn act_qs(a: &BlockQ8_0) -> &[u8; 32] {
-        &a.qs
-    }
-    #[inline(always)]
-    fn act_ds(a: &BlockQ8_0) -> [u8; 4] {
-        [a.d[0], a.d[1], 0, 0]
-    }
 }
 
 impl WeightBlock for BlockQ5_1 {
@@ -96,14 +88,6 @@ impl WeightBlock for BlockQ5_1 {
     #[inline(always)]
     fn wdm(&self) -> [u8; 4] {
         [self.d[0], self.d[1], self.m[0], self.m[1]]
-    }
-    #[inline(always)]
-    fn act_qs(a: &BlockQ8_1) -> &[u8; 32] {
-        &a.qs
-    }
-    #[inline(always)]
-    fn act_ds(a: &BlockQ8_1) -> [u8; 4] {
-        [a.d[0], a.d[1], a.s[0], a.s[1]]
     }
 }
 
@@ -128,14 +112,6 @@ impl WeightBlock for BlockIQ4NL {
     #[inline(always)]
     fn wdm(&self) -> [u8; 4] {
         [self.d[0], self.d[1], 0, 0]
-    }
-    #[inline(always)]
-    fn act_qs(a: &BlockQ8_0) -> &[u8; 32] {
-        &a.qs
-    }
-    #[inline(always)]
-    fn act_ds(a: &BlockQ8_0) -> [u8; 4] {
-        [a.d[0], a.d[1], 0, 0]
     }
 }
 
