@@ -139,6 +139,10 @@ fn logits_are_bit_identical_across_drivers_thread_counts_and_group_splits() {
     );
 }
 
+/// (number of logits, CRC-32 of their bits) of the default model over the first long reference
+/// prompt and 8 greedy tokens, as computed on x86-64 (AVX-512 VNNI and scalar alike).
+const DEFAULT_MODEL_LOGITS: (usize, u32) = (17_350_656, 0xDEE2_EACF);
+
 #[test]
 fn default_model_logits_are_bit_identical_on_both_drivers_and_1_and_2_threads() {
     let model = Arc::new(Model::load(&common::default_model()).unwrap());
@@ -151,6 +155,29 @@ fn default_model_logits_are_bit_identical_on_both_drivers_and_1_and_2_threads() 
     let n = r.prompt_ids.len();
     let plan = ExecutionPlan::default();
     let reference = logit_bits(&mut *inline(&model, 1, &plan), &tokens, n);
+    // The same bits on every CPU: every kernel set this one has (scalar, AVX2, AVX-VNNI,
+    // AVX-512; NEON and dotprod on aarch64), and the digest stored from x86 (checked under qemu
+    // on aarch64 by `scripts/test-aarch64 --all`).
+    for kernels in Kernels::available() {
+        let pool = WorkerPool::new(PoolConfig::new(1)).unwrap();
+        let mut d = InlineDriver::new(Arc::clone(&model), &plan, kernels, pool).unwrap();
+        assert!(
+            logit_bits(&mut d, &tokens, n) == reference,
+            "the {} kernels differ from {}",
+            kernels.isa(),
+            Kernels::best().isa()
+        );
+    }
+    let mut crc = crc32fast::Hasher::new();
+    for b in &reference {
+        crc.update(&b.to_le_bytes());
+    }
+    assert_eq!(
+        (reference.len(), crc.finalize()),
+        (DEFAULT_MODEL_LOGITS.0, DEFAULT_MODEL_LOGITS.1),
+        "{}: the default model's logits differ from the stored digest",
+        Kernels::best().isa()
+    );
     assert_eq!(
         reference,
         logit_bits(&mut *inline(&model, 2, &plan), &tokens, n)
