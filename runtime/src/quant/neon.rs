@@ -484,11 +484,7 @@ unsafe fn dot_q6_k_impl<V: IDot>(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
                 }
             }
         }
-        let mut sumi = 0i32;
-        for (j, s) in sums.iter().enumerate() {
-            sumi += bw.scales[j] as i8 as i32 * (s - 32 * ba.bsum(j));
-        }
-        acc = (f16_le(bw.d) * ba.d()).mul_add(sumi as f32, acc);
+        acc = scalar::q6k_block_step(bw, ba, &sums, acc);
     }
     acc
 }

@@ -504,13 +504,20 @@ pub(crate) fn dot_q6_k_q8_k(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
                 sums[s + 6] += q3 * y[l + 96] as i8 as i32;
             }
         }
-        let mut sumi = 0i32;
-        for (j, s) in sums.iter().enumerate() {
-            sumi += bw.scales[j] as i8 as i32 * (s - 32 * ba.bsum(j));
-        }
-        acc = (f16_le(bw.d) * ba.d()).mul_add(sumi as f32, acc);
+        acc = q6k_block_step(bw, ba, &sums, acc);
     }
     acc
+}
+
+/// One Q6_K super-block's float step from its 16 sub-block sums of unsigned quants times
+/// activations: every ISA's twin ends each block with exactly this.
+#[inline(always)]
+pub(crate) fn q6k_block_step(bw: &BlockQ6K, ba: &BlockQ8K, sums: &[i32; 16], acc: f32) -> f32 {
+    let mut sumi = 0i32;
+    for (j, s) in sums.iter().enumerate() {
+        sumi += bw.scales[j] as i8 as i32 * (s - 32 * ba.bsum(j));
+    }
+    (f16_le(bw.d) * ba.d()).mul_add(sumi as f32, acc)
 }
 
 /// Horizontal sum of 8 lanes in the order the AVX code reduces a `__m256`.
