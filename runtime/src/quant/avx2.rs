@@ -259,14 +259,7 @@ unsafe fn tile<W: WeightBlock, V: IDot, const R: usize, const T: usize>(
             for k in 0..R {
                 p[k] = w[k][b].idot::<V>(y, prep);
             }
-            let isum = _mm_cvtepi32_ps(reduce::<R>(p));
-            let ds = _mm_cvtph_ps(_mm_set1_epi32(i32::from_le_bytes(ab.ds())));
-            let da = _mm_permute_ps(ds, 0b00_00_00_00);
-            acc[t] = _mm_fmadd_ps(_mm_mul_ps(dw, da), isum, acc[t]);
-            if W::HAS_MIN {
-                let sa = _mm_permute_ps(ds, 0b01_01_01_01);
-                accm[t] = _mm_fmadd_ps(mw, sa, accm[t]);
-            }
+            block_step::<W, R>((dw, mw), ab, p, &mut acc[t], &mut accm[t]);
         }
     }
     if W::HAS_MIN {
@@ -275,6 +268,92 @@ unsafe fn tile<W: WeightBlock, V: IDot, const R: usize, const T: usize>(
         }
     }
     acc
+}
+
+/// One block's float steps for R rows (lanes) and one token, given the rows' integer sums `p`:
+/// `acc = fma(dw * da, isum, acc)`, and for a format with mins `accm = fma(mw, sa, accm)`.
+#[inline(always)]
+unsafe fn block_step<W: WeightBlock, const R: usize>(
+    (dw, mw): (__m128, __m128),
+    ab: &W::Act,
+    p: [__m256i; R],
+    acc: &mut __m128,
+    accm: &mut __m128,
+) {
+    let isum = _mm_cvtepi32_ps(reduce::<R>(p));
+    let ds = _mm_cvtph_ps(_mm_set1_epi32(i32::from_le_bytes(ab.ds())));
+    let da = _mm_permute_ps(ds, 0b00_00_00_00);
+    *acc = _mm_fmadd_ps(_mm_mul_ps(dw, da), isum, *acc);
+    if W::HAS_MIN {
+        let sa = _mm_permute_ps(ds, 0b01_01_01_01);
+        *accm = _mm_fmadd_ps(mw, sa, *accm);
+    }
+}
+
+/// Blocks per pass of [`tile_seq`]: 4 rows' integer sums for 4096 columns (16 KiB, in L1).
+const SEQ_BLOCKS: usize = 128;
+
+/// [`tile`] for one token (decode), reading each row's blocks in address order before the next
+/// row's, `SEQ_BLOCKS` at a time: the R rows of a dense group are then one sequential stream.
+/// Side by side, block by block, they were R interleaved streams that this machine's hardware
+/// prefetchers served at a third of the bandwidth (docs/benchmarks.md, 1B-class decode). The
+/// integer sums wait in `sums` for the pass's float steps, which run block by block as in
+/// [`tile`]: the same bits.
+#[inline(always)]
+unsafe fn tile_seq<W: WeightBlock, V: IDot, const R: usize>(
+    w: [&[W]; R],
+    a: &[W::Act],
+    nb: usize,
+    ahead: bool,
+) -> __m128 {
+    for r in &w {
+        assert!(r.len() >= nb);
+    }
+    assert!(a.len() >= nb);
+    let mut acc = _mm_setzero_ps();
+    let mut accm = _mm_setzero_ps();
+    let mut sums = [[std::mem::MaybeUninit::<__m256i>::uninit(); R]; SEQ_BLOCKS];
+    let mut b0 = 0;
+    while b0 < nb {
+        let n = (nb - b0).min(SEQ_BLOCKS);
+        for k in 0..R {
+            for (i, s) in sums.iter_mut().enumerate().take(n) {
+                let blk = &w[k][b0 + i];
+                if ahead {
+                    prefetch_ahead(blk);
+                }
+                let y = load256(a[b0 + i].qs());
+                s[k].write(blk.idot::<V>(y, W::prep::<V>(y)));
+            }
+        }
+        for (i, s) in sums.iter().enumerate().take(n) {
+            let b = b0 + i;
+            let dm = dm_lanes::<R>(std::array::from_fn(|k| w[k][b].wdm()));
+            // SAFETY: the loop above wrote sums[i][k] for every k and every i < n.
+            let p = s.map(|v| v.assume_init());
+            block_step::<W, R>(dm, &a[b], p, &mut acc, &mut accm);
+        }
+        b0 += n;
+    }
+    if W::HAS_MIN {
+        acc = _mm_add_ps(acc, accm);
+    }
+    acc
+}
+
+/// How far ahead of a dense matvec's reads [`prefetch_ahead`] asks for the stream: the rows of
+/// a group, and the groups, follow each other in memory.
+pub(crate) const PREFETCH_AHEAD: usize = 2048;
+
+/// Hints the cache to fetch the memory `PREFETCH_AHEAD` bytes past the block at `at`.
+#[inline(always)]
+pub(crate) fn prefetch_ahead<B>(at: &B) {
+    let p = (at as *const B as *const i8).wrapping_add(PREFETCH_AHEAD);
+    for line in 0..std::mem::size_of::<B>().div_ceil(64) {
+        // SAFETY: `_mm_prefetch` only hints the cache and never faults, whatever the address;
+        // the pointer is never dereferenced.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * line)) };
+    }
 }
 
 /// Scales and mins of R rows (each 4 bytes: f16 d, f16 m) as lanes of two `__m128`.
@@ -301,10 +380,16 @@ pub(crate) struct Rows<'a> {
     pub rows: usize,
 }
 
-/// Decode reads each weight once, straight from memory: asking for the rows a few groups ahead
-/// keeps enough cache misses in flight to overlap the kernel's arithmetic with memory
-/// (decode of SmolLM2 on 1 thread went from 60 to ~95 tokens/s; see docs/benchmarks.md).
+/// Decode reads each weight once, straight from memory: for short rows, read 4 side by side,
+/// asking for the rows a few groups ahead keeps enough cache misses in flight to overlap the
+/// kernel's arithmetic with memory (decode of SmolLM2 on 1 thread went from 60 to ~95 tokens/s;
+/// see docs/benchmarks.md). Long rows are read one after another ([`Rows::long_rows`]), with
+/// [`prefetch_ahead`] instead: asking for whole rows ahead stalled on full miss queues there.
 pub(crate) const PREFETCH_ROWS: usize = 16;
+
+/// From this many bytes of a row in the column range, decode reads rows one at a time
+/// ([`Rows::long_rows`]).
+const SEQ_MIN_ROW_BYTES: usize = 1024;
 
 impl<'a> Rows<'a> {
     /// Hints the cache to fetch rows `first..first + count` (column range only); rows past the
@@ -320,6 +405,18 @@ impl<'a> Rows<'a> {
                 unsafe { _mm_prefetch::<_MM_HINT_T0>(line.as_ptr() as *const i8) };
             }
         }
+    }
+
+    /// Whether decode reads these rows one after another ([`tile_seq`]) rather than 4 side by
+    /// side ([`tile`]). Side by side, 4 rows of a few hundred bytes lie within a few cache lines
+    /// of each other and the prefetch of the rows ahead keeps memory busy (SmolLM2 and
+    /// Gemma-3-270M decode 7-12% faster that way); from about a kilobyte a row (a 2048-wide
+    /// Q4_K row is 1152 bytes) they are 4 streams that the hardware prefetchers serve at a third
+    /// of the bandwidth, and one stream at a time is 2-3x faster (the 1B-class decode of
+    /// docs/benchmarks.md).
+    #[inline(always)]
+    pub(crate) fn long_rows<B: Block>(&self) -> bool {
+        self.nb * std::mem::size_of::<B>() >= SEQ_MIN_ROW_BYTES
     }
 
     /// Row `r`'s blocks of the column range (safe slicing: panics rather than reading outside).
@@ -344,9 +441,13 @@ pub(crate) unsafe fn matvec_impl<W: WeightBlock, V: IDot>(
     let mut r = 0;
     while r < m.rows {
         let n = (m.rows - r).min(4);
-        m.prefetch::<W>(r + PREFETCH_ROWS, 4);
         let rows: [&[W]; 4] = std::array::from_fn(|k| m.row::<W>(r + k.min(n - 1)));
-        let [v] = tile::<W, V, 4, 1>(rows, [act], m.nb);
+        let v = if m.long_rows::<W>() {
+            tile_seq::<W, V, 4>(rows, act, m.nb, true)
+        } else {
+            m.prefetch::<W>(r + PREFETCH_ROWS, 4);
+            tile::<W, V, 4, 1>(rows, [act], m.nb)[0]
+        };
         let mut tmp = [0f32; 4];
         store_lanes::<4>(v, &mut tmp);
         out[r..r + n].copy_from_slice(&tmp[..n]);
@@ -374,7 +475,11 @@ pub(crate) unsafe fn matvec_rows_impl<W: WeightBlock, V: IDot>(
             m.prefetch::<W>(r as usize, 1);
         }
         let rows: [&[W]; 4] = std::array::from_fn(|j| m.row::<W>(pick[k + j.min(n - 1)] as usize));
-        let [v] = tile::<W, V, 4, 1>(rows, [act], m.nb);
+        let v = if m.long_rows::<W>() {
+            tile_seq::<W, V, 4>(rows, act, m.nb, false)
+        } else {
+            tile::<W, V, 4, 1>(rows, [act], m.nb)[0]
+        };
         let mut tmp = [0f32; 4];
         store_lanes::<4>(v, &mut tmp);
         out[k..k + n].copy_from_slice(&tmp[..n]);

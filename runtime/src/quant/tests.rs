@@ -160,6 +160,47 @@ fn format_functions_reject_bad_input() {
     assert!(MatRef::new(GgmlType::IQ2_XS, &[0u8; 74], 1, 256).is_err());
 }
 
+/// Decode kernels take long rows in passes of a few dozen super-blocks (4096 or 8192 columns):
+/// rows longer than a pass, from a column range that starts past the first block, give the
+/// scalar vec_dot's bits, dense and picked.
+#[test]
+fn matvec_matches_vec_dot_on_rows_longer_than_a_pass() {
+    for ty in WEIGHT_TYPES {
+        let (bs, nb) = if ty.block_size() == 256 {
+            (256, 67)
+        } else {
+            (32, 261)
+        };
+        let (rows, cols) = (6, nb * bs);
+        let w = lcg_data(ty as u64, rows * cols, 1.0);
+        let wq: Vec<u8> = w.chunks(cols).flat_map(|r| quant(ty, r)).collect();
+        let m = MatRef::new(ty, &wq, rows, cols).unwrap();
+        let s = Kernels::scalar();
+        let x = lcg_data(11, cols - bs, 2.0);
+        let a = act(&s, ty, &x);
+        let (stride, off) = (m.stride(), ty.bytes_for(bs as u64).unwrap() as usize);
+        let want: Vec<f32> = (0..rows)
+            .map(|r| s.vec_dot(ty, cols - bs, &wq[r * stride + off..(r + 1) * stride], &a))
+            .collect();
+        let pick = [5u32, 0, 3, 3, 1];
+        for k in Kernels::available() {
+            let mut out = vec![f32::NAN; rows];
+            k.matvec(m, bs..cols, &a, &mut out);
+            for r in 0..rows {
+                assert!(same(out[r], want[r]), "{} {ty} row {r}", k.isa());
+            }
+            let a_full = act(&s, ty, &lcg_data(12, cols, 2.0));
+            let mut picked = vec![f32::NAN; pick.len()];
+            k.matvec_rows(m, &pick, &a_full, &mut picked);
+            for (i, &r) in pick.iter().enumerate() {
+                let row = &wq[r as usize * stride..][..stride];
+                let want = s.vec_dot(ty, cols, row, &a_full);
+                assert!(same(picked[i], want), "{} {ty} pick {i}", k.isa());
+            }
+        }
+    }
+}
+
 #[test]
 #[should_panic(expected = "row 3 outside 0..3")]
 fn matvec_rows_rejects_a_row_past_the_matrix() {

@@ -404,19 +404,85 @@ unsafe fn ktile<K: KBlock, const R: usize, const T: usize>(
             }
         }
         for t in 0..T {
-            let da = _mm_set1_ps(a[t][b].d());
-            let isum = _mm_cvtepi32_ps(reduce::<R>(p[t]));
-            acc[t] = _mm_fmadd_ps(_mm_mul_ps(dw, da), isum, acc[t]);
-            if K::HAS_MIN {
-                let msum = _mm_cvtepi32_ps(reduce::<R>(q[t]));
-                accm[t] = _mm_fmadd_ps(_mm_mul_ps(mw, da), msum, accm[t]);
-            }
+            kblock_step::<K, R>((dw, mw), a[t][b].d(), p[t], q[t], &mut acc[t], &mut accm[t]);
         }
     }
     if K::HAS_MIN {
         for t in 0..T {
             acc[t] = _mm_sub_ps(acc[t], accm[t]);
         }
+    }
+    acc
+}
+
+/// Super-blocks per pass of [`ktile_seq`]: 4 rows' integer sums for 8192 columns (16 KiB, in
+/// L1).
+const KSEQ_BLOCKS: usize = 32;
+
+/// One super-block's float steps for R rows (lanes) and one token with activation scale `da`,
+/// given the rows' integer sums: `acc = fma(d * da, sumi, acc)`, `accm = fma(dmin * da, summ,
+/// accm)`.
+#[inline(always)]
+unsafe fn kblock_step<K: KBlock, const R: usize>(
+    (dw, mw): (__m128, __m128),
+    da: f32,
+    p: [__m256i; R],
+    q: [__m256i; R],
+    acc: &mut __m128,
+    accm: &mut __m128,
+) {
+    let da = _mm_set1_ps(da);
+    let isum = _mm_cvtepi32_ps(reduce::<R>(p));
+    *acc = _mm_fmadd_ps(_mm_mul_ps(dw, da), isum, *acc);
+    if K::HAS_MIN {
+        let msum = _mm_cvtepi32_ps(reduce::<R>(q));
+        *accm = _mm_fmadd_ps(_mm_mul_ps(mw, da), msum, *accm);
+    }
+}
+
+/// [`ktile`] for one token (decode), in the order of `avx2::tile_seq`: each row's super-blocks
+/// in address order before the next row's, the float steps block by block after them (the same
+/// bits). `ahead`: the rows are a dense group, whose stream continues past them.
+#[inline(always)]
+unsafe fn ktile_seq<K: KBlock, const R: usize>(
+    w: [&[K]; R],
+    a: &[BlockQ8K],
+    nb: usize,
+    ahead: bool,
+) -> __m128 {
+    for r in &w {
+        assert!(r.len() >= nb);
+    }
+    assert!(a.len() >= nb);
+    let mut acc = _mm_setzero_ps();
+    let mut accm = _mm_setzero_ps();
+    let mut p = [[std::mem::MaybeUninit::<__m256i>::uninit(); R]; KSEQ_BLOCKS];
+    let mut q = p;
+    let mut b0 = 0;
+    while b0 < nb {
+        let n = (nb - b0).min(KSEQ_BLOCKS);
+        for k in 0..R {
+            for i in 0..n {
+                let blk = &w[k][b0 + i];
+                if ahead {
+                    prefetch_ahead(blk);
+                }
+                let (pi, qi) = K::isums(&blk.unpack(), &a[b0 + i]);
+                p[i][k].write(pi);
+                q[i][k].write(qi);
+            }
+        }
+        for i in 0..n {
+            let b = b0 + i;
+            let dm = dm_lanes::<R>(std::array::from_fn(|k| w[k][b].dm()));
+            // SAFETY: the loop above wrote p[i][k] and q[i][k] for every k and every i < n.
+            let (pi, qi) = (p[i].map(|v| v.assume_init()), q[i].map(|v| v.assume_init()));
+            kblock_step::<K, R>(dm, a[b].d(), pi, qi, &mut acc, &mut accm);
+        }
+        b0 += n;
+    }
+    if K::HAS_MIN {
+        acc = _mm_sub_ps(acc, accm);
     }
     acc
 }
@@ -436,9 +502,13 @@ pub(crate) unsafe fn kmatvec<K: KBlock>(m: Rows<'_>, act: &[BlockQ8K], out: &mut
     let mut r = 0;
     while r < m.rows {
         let n = (m.rows - r).min(4);
-        m.prefetch::<K>(r + PREFETCH_ROWS, 4);
         let rows: [&[K]; 4] = std::array::from_fn(|k| m.row::<K>(r + k.min(n - 1)));
-        let [v] = ktile::<K, 4, 1>(rows, [act], m.nb);
+        let v = if m.long_rows::<K>() {
+            ktile_seq::<K, 4>(rows, act, m.nb, true)
+        } else {
+            m.prefetch::<K>(r + PREFETCH_ROWS, 4);
+            ktile::<K, 4, 1>(rows, [act], m.nb)[0]
+        };
         let mut tmp = [0f32; 4];
         store_lanes::<4>(v, &mut tmp);
         out[r..r + n].copy_from_slice(&tmp[..n]);
@@ -462,7 +532,11 @@ pub(crate) unsafe fn kmatvec_rows<K: KBlock>(
             m.prefetch::<K>(r as usize, 1);
         }
         let rows: [&[K]; 4] = std::array::from_fn(|j| m.row::<K>(pick[k + j.min(n - 1)] as usize));
-        let [v] = ktile::<K, 4, 1>(rows, [act], m.nb);
+        let v = if m.long_rows::<K>() {
+            ktile_seq::<K, 4>(rows, act, m.nb, false)
+        } else {
+            ktile::<K, 4, 1>(rows, [act], m.nb)[0]
+        };
         let mut tmp = [0f32; 4];
         store_lanes::<4>(v, &mut tmp);
         out[k..k + n].copy_from_slice(&tmp[..n]);
