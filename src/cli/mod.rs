@@ -11,6 +11,7 @@ mod plan;
 mod profile;
 mod profile_hw;
 mod run;
+mod serve;
 mod simulate;
 
 use anyhow::{bail, Context, Result};
@@ -39,6 +40,8 @@ pub struct Cli {
 enum Command {
     /// Generate text from a prompt, streaming it as it comes.
     Run(run::RunArgs),
+    /// Serve the OpenAI API (chat and text completions, models, health, metrics) over HTTP.
+    Serve(serve::ServeArgs),
     /// Download a model into the cache (done automatically for the default model and for
     /// `-m NAME`).
     Fetch(FetchArgs),
@@ -381,6 +384,7 @@ pub fn save_trace(trace: &conductor::runtime::trace::Trace, path: &Path) -> Resu
 pub fn dispatch(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Run(args) => run::run(args),
+        Command::Serve(args) => serve::run(args),
         Command::Convert(args) => convert::run(args),
         Command::Fetch(args) => {
             if args.list {
