@@ -68,6 +68,21 @@ pub enum Error {
     Hook(String),
 }
 
+/// Keeps what `session` already holds of `prompt` (their common prefix, short of `prompt`'s last
+/// token, whose logits the next step needs) and forgets the rest; returns how many tokens were
+/// kept. Then stream `&prompt[kept..]`: a conversation's next turn computes only what is new.
+pub fn reuse_prefix(session: &mut Session, prompt: &[u32]) -> usize {
+    let kept = session
+        .tokens()
+        .iter()
+        .zip(prompt)
+        .take_while(|(a, b)| a == b)
+        .count()
+        .min(prompt.len().saturating_sub(1));
+    session.truncate(kept);
+    kept
+}
+
 /// Sees each step's logits before a token is drawn from them, and the token drawn from them:
 /// where constrained decoding masks tokens out and where a server reads log-probabilities
 /// ([`Engine::stream_with`]). The generation loop stays [`TokenStream`]'s.

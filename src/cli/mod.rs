@@ -2,6 +2,7 @@
 
 mod bench;
 mod chart;
+mod chat;
 mod check_refs;
 mod convert;
 mod explore;
@@ -42,6 +43,8 @@ enum Command {
     Run(run::RunArgs),
     /// Serve the OpenAI API (chat and text completions, models, health, metrics) over HTTP.
     Serve(serve::ServeArgs),
+    /// Chat with the model in the terminal: history, streaming, /reset, /system, /save.
+    Chat(chat::ChatArgs),
     /// Download a model into the cache (done automatically for the default model and for
     /// `-m NAME`).
     Fetch(FetchArgs),
@@ -385,6 +388,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Run(args) => run::run(args),
         Command::Serve(args) => serve::run(args),
+        Command::Chat(args) => chat::run(args),
         Command::Convert(args) => convert::run(args),
         Command::Fetch(args) => {
             if args.list {

@@ -120,15 +120,7 @@ fn serve_one(
     job: Job,
     shared: &Shared,
 ) -> Result<Option<Event>, ApiError> {
-    // Reuse the cached prefix, leaving at least one token to evaluate (its logits are needed).
-    let reuse = session
-        .tokens()
-        .iter()
-        .zip(&job.prompt)
-        .take_while(|(a, b)| a == b)
-        .count()
-        .min(job.prompt.len().saturating_sub(1));
-    session.truncate(reuse);
+    let reuse = crate::reuse_prefix(session, &job.prompt);
     shared.metrics.prompt_tokens_cached.inc_by(reuse as u64);
     shared.metrics.prompt_tokens.inc_by(job.prompt.len() as u64);
     let drawn = Rc::new(RefCell::new(VecDeque::new()));

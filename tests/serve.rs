@@ -1,0 +1,336 @@
+//! `conductor serve` end to end, on loopback: the official `openai` Python client (from PyPI,
+//! in a venv made and cached under the Conductor home) against a server on the default model.
+//! The checks themselves are in `tests/serve/openai_checks.py`, one scenario a test.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// The client's versions, pinned so a new release cannot change what the tests mean.
+const PACKAGES: &[&str] = &["openai==3.57.0", "jsonschema==4.26.0"];
+
+/// A server on a free loopback port, stopped when dropped.
+struct Server {
+    child: Child,
+    url: String,
+    log: Arc<Mutex<String>>,
+}
+
+impl Server {
+    fn start(extra: &[&str]) -> Server {
+        let model = common::default_model();
+        let mut child = common::conductor()
+            .args([
+                "serve",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "-t",
+                "1",
+                "-m",
+            ])
+            .arg(&model)
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("conductor serve starts");
+        let log = Arc::new(Mutex::new(String::new()));
+        let stderr = child.stderr.take().expect("piped stderr");
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let mut log = sink.lock().unwrap_or_else(|e| e.into_inner());
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let line = rx
+            .recv_timeout(Duration::from_secs(180))
+            .unwrap_or_else(|_| {
+                panic!(
+                    "the server printed no address; its log:\n{}",
+                    log.lock().unwrap_or_else(|e| e.into_inner())
+                )
+            });
+        let url = line
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line: {line}"))
+            .to_string();
+        assert!(url.starts_with("http://127.0.0.1:"), "{url}");
+        Server { child, url, log }
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn port(&self) -> u16 {
+        self.url
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("a port")
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn run_logged(cmd: &mut Command) -> Result<(), String> {
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    Err(format!(
+        "{cmd:?} failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    ))
+}
+
+/// Makes a venv at `dir` with the client installed, or says why not.
+fn make_venv(dir: &Path) -> Result<(), String> {
+    let venv = || run_logged(Command::new("python3").args(["-m", "venv"]).arg(dir));
+    if let Err(first) = venv() {
+        // Debian and Ubuntu ship `venv` apart (python3-venv); as root, install it the way the
+        // bench scripts install what they need.
+        let root = std::env::var("USER").as_deref() == Ok("root")
+            || Command::new("id")
+                .arg("-u")
+                .output()
+                .is_ok_and(|o| o.stdout.trim_ascii() == b"0");
+        if !root || Command::new("apt-get").arg("--version").output().is_err() {
+            return Err(format!(
+                "{first}\n(install python3-venv, e.g. `apt-get install -y python3-venv`)"
+            ));
+        }
+        let _ = std::fs::remove_dir_all(dir);
+        run_logged(Command::new("apt-get").args(["update", "-qq"]))?;
+        run_logged(
+            Command::new("apt-get")
+                .args([
+                    "install",
+                    "-y",
+                    "-qq",
+                    "--no-install-recommends",
+                    "python3-venv",
+                ])
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+        )?;
+        venv()?;
+    }
+    run_logged(
+        Command::new(dir.join("bin/python"))
+            .args(["-m", "pip", "install", "-q", "--disable-pip-version-check"])
+            .args(PACKAGES),
+    )
+}
+
+/// The venv's python with `openai` importable: made once, then cached under the Conductor
+/// home (`venv-openai`). `None` (a skip, or a failure under CI=true) when it cannot be made.
+fn openai_python() -> Option<PathBuf> {
+    static PYTHON: OnceLock<Option<PathBuf>> = OnceLock::new();
+    PYTHON
+        .get_or_init(|| {
+            let dir = conductor::fetch::conductor_home().join("venv-openai");
+            let python = dir.join("bin/python");
+            let ready = |python: &Path| {
+                Command::new(python)
+                    .args(["-c", "import openai, jsonschema"])
+                    .output()
+                    .is_ok_and(|o| o.status.success())
+            };
+            if ready(&python) {
+                return Some(python);
+            }
+            // Made beside its place and renamed into it, so a half-made venv is never used.
+            let tmp = dir.with_extension(format!("tmp-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&tmp);
+            if let Some(parent) = dir.parent() {
+                let _ = std::fs::create_dir_all(parent);
+            }
+            match make_venv(&tmp) {
+                Ok(()) => {
+                    let _ = std::fs::remove_dir_all(&dir);
+                    if std::fs::rename(&tmp, &dir).is_err() || !ready(&python) {
+                        // A venv's scripts name its path: one that cannot move is used where
+                        // it was made.
+                        let _ = std::fs::remove_dir_all(&dir);
+                        return ready(&tmp.join("bin/python")).then(|| tmp.join("bin/python"));
+                    }
+                    Some(python)
+                }
+                Err(why) => {
+                    let _ = std::fs::remove_dir_all(&tmp);
+                    common::environment_missing(&format!(
+                        "the openai client cannot be installed into a venv: {why}"
+                    ));
+                    None
+                }
+            }
+        })
+        .clone()
+}
+
+/// Runs a scenario of `openai_checks.py` against `server`; its stdout.
+fn check(server: &Server, scenario: &str, args: &[&str]) -> Option<String> {
+    let python = openai_python()?;
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/serve/openai_checks.py");
+    let out = Command::new(python)
+        .arg(script)
+        .arg(&server.url)
+        .arg(scenario)
+        .args(args)
+        .output()
+        .expect("python runs");
+    assert!(
+        out.status.success(),
+        "scenario {scenario} failed:\n{}\n{}\nserver log:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        server.log()
+    );
+    Some(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[test]
+fn openai_client_chats_plainly_and_streamed_and_completes_text() {
+    let server = Server::start(&["-c", "1024"]);
+    check(&server, "plain_and_streamed", &[]);
+}
+
+/// Greedy output over the server is what `conductor run --chat --temp 0` prints.
+#[test]
+fn greedy_chat_over_the_server_matches_conductor_run() {
+    let prompt = "What is the capital of France? Answer in one sentence.";
+    let n = "24";
+    let server = Server::start(&["-c", "1024"]);
+    let Some(out) = check(&server, "greedy", &[prompt, n]) else {
+        return;
+    };
+    let served: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON line");
+    let served = served["content"].as_str().expect("content");
+    let run = common::conductor()
+        .args([
+            "run", "--chat", "--temp", "0", "-n", n, "-c", "1024", "-t", "1", "-p", prompt,
+        ])
+        .arg("-m")
+        .arg(common::default_model())
+        .output()
+        .expect("conductor run");
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let printed = String::from_utf8(run.stdout).expect("UTF-8");
+    let printed = printed.strip_suffix('\n').unwrap_or(&printed);
+    assert!(!served.is_empty());
+    assert_eq!(served, printed);
+}
+
+#[test]
+fn concurrent_requests_all_complete_with_their_own_answers() {
+    let server = Server::start(&["-c", "1024", "--parallel", "2", "--queue", "8"]);
+    check(&server, "concurrent", &["6"]);
+}
+
+#[test]
+fn json_schema_output_parses_and_validates_and_a_bad_schema_is_a_400() {
+    let server = Server::start(&["-c", "1024"]);
+    check(&server, "schema", &[]);
+}
+
+/// With `--queue 1`: one request generating, one waiting, the next refused with 429 and
+/// `Retry-After`; the generating client leaving cancels its sequence and the waiting one runs.
+#[test]
+fn a_full_queue_answers_429_and_a_disconnect_frees_the_engine() {
+    let server = Server::start(&["-c", "4096", "--queue", "1"]);
+    check(&server, "queue_and_disconnect", &["4000"]);
+}
+
+#[test]
+fn bad_input_gets_openai_errors_and_the_server_keeps_serving() {
+    let server = Server::start(&[
+        "-c",
+        "512",
+        "--max-body",
+        "65536",
+        "--api-key",
+        "sk-test-key",
+    ]);
+    check(&server, "bad_input", &["512"]);
+}
+
+/// SIGTERM while a stream is running: the stream ends with an error event and the server
+/// exits promptly and cleanly.
+#[test]
+fn sigterm_cancels_a_running_stream_and_exits_promptly() {
+    let mut server = Server::start(&["-c", "4096", "--shutdown-grace", "3"]);
+    let mut conn =
+        std::net::TcpStream::connect(("127.0.0.1", server.port())).expect("connect to the server");
+    let body = r#"{"messages":[{"role":"user","content":"Tell a long story."}],"max_tokens":4000,"ignore_eos":true,"stream":true}"#;
+    write!(
+        conn,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send the request");
+    conn.set_read_timeout(Some(Duration::from_secs(60)))
+        .expect("a read timeout");
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while seen.windows(8).filter(|w| w == b"content\"").count() < 3 {
+        let n = conn.read(&mut buf).expect("the stream flows");
+        assert!(
+            n > 0,
+            "the stream ended early: {}",
+            String::from_utf8_lossy(&seen)
+        );
+        seen.extend_from_slice(&buf[..n]);
+    }
+    let pid = server.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill runs")
+        .success());
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = server.child.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the server is still running 20 s after SIGTERM; log:\n{}",
+            server.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status}; log:\n{}", server.log());
+    // The stream ended: to EOF, with the error event saying why.
+    let _ = conn.read_to_end(&mut seen);
+    let text = String::from_utf8_lossy(&seen);
+    assert!(text.contains("shutting down"), "{text}");
+}
