@@ -120,7 +120,11 @@ fn ctrl_c_stops_the_answer_not_the_program() {
         std::thread::sleep(Duration::from_millis(50));
     };
     let mut stderr = String::new();
-    let _ = child.stderr.take().expect("stderr").read_to_string(&mut stderr);
+    let _ = child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut stderr);
     assert!(status.success(), "{status}: {stderr}");
     assert!(stderr.contains("(stopped)"), "{stderr}");
     let messages = saved(&file);

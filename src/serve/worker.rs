@@ -113,7 +113,18 @@ pub fn run(mut engine: Engine, n_ctx: usize, queue: Receiver<Job>, shared: &Shar
     }
 }
 
-/// Generates for `job`; `None` when it was cancelled.
+/// Why a generation loop ended.
+#[derive(Clone, Copy)]
+enum End {
+    /// The engine stopped: end of generation or `max_tokens`.
+    Finished,
+    /// A stop sequence appeared.
+    StopText,
+    ClientLeft,
+    ShuttingDown,
+}
+
+/// Generates for `job`; `None` when its client left.
 fn serve_one(
     engine: &mut Engine,
     session: &mut crate::runtime::exec::Session,
@@ -132,7 +143,7 @@ fn serve_one(
     };
     let mut stops = StopMatcher::new(job.stops);
     let mut first = true;
-    let mut stopped_by_text = false;
+    let mut end = End::Finished;
     let mut stream = engine
         .stream_with(session, &job.prompt[reuse..], &job.options, Some(&mut hook))
         .map_err(|e| ApiError::internal(format!("{e:#}")))?;
@@ -150,47 +161,54 @@ fn serve_one(
             None => Vec::new(),
         };
         let released = stops.push(&piece.text);
-        if (!released.text.is_empty() || !logprobs.is_empty())
-            && job
+        let sent = (released.text.is_empty() && logprobs.is_empty())
+            || job
                 .events
                 .send(Event::Text {
                     text: released.text,
                     logprobs,
                 })
-                .is_err()
-        {
-            return Ok(None);
-        }
+                .is_ok();
         if released.stopped {
-            stopped_by_text = true;
+            end = End::StopText;
             break;
         }
-        if job.events.is_closed() {
-            return Ok(None);
+        if !sent || job.events.is_closed() {
+            end = End::ClientLeft;
+            break;
         }
         if shared.shutdown.load(Ordering::Relaxed) {
+            end = End::ShuttingDown;
+            break;
+        }
+    }
+    let stats = stream.into_stats();
+    shared
+        .metrics
+        .completion_tokens
+        .inc_by(stats.generated.len() as u64);
+    let finish_reason = match (end, stats.stop) {
+        (End::ClientLeft, _) | (_, StopReason::Cancelled) => return Ok(None),
+        (End::ShuttingDown, _) => {
             shared.metrics.cancelled.inc();
             return Err(ApiError::unavailable(
                 "the server is shutting down: this generation was cut short",
             ));
         }
-    }
-    let stats = stream.into_stats();
-    let rest = stops.finish();
-    if !stopped_by_text && !rest.is_empty() {
-        let _ = job.events.send(Event::Text {
-            text: rest,
-            logprobs: Vec::new(),
-        });
-    }
-    shared
-        .metrics
-        .completion_tokens
-        .inc_by(stats.generated.len() as u64);
-    let finish_reason = match (stopped_by_text, stats.stop) {
-        (true, _) | (_, StopReason::EndOfGeneration) => "stop",
-        (_, StopReason::Length) => "length",
-        (_, StopReason::Cancelled) => return Ok(None),
+        (End::StopText, _) => "stop",
+        (End::Finished, stop) => {
+            let rest = stops.finish();
+            if !rest.is_empty() {
+                let _ = job.events.send(Event::Text {
+                    text: rest,
+                    logprobs: Vec::new(),
+                });
+            }
+            match stop {
+                StopReason::Length => "length",
+                _ => "stop",
+            }
+        }
     };
     Ok(Some(Event::Done {
         finish_reason,
