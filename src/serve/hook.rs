@@ -48,13 +48,9 @@ fn token_text(tokenizer: &Tokenizer, id: u32) -> (String, Vec<u8>) {
     (String::from_utf8_lossy(&bytes).into_owned(), bytes)
 }
 
-/// `token`'s log-probability under `logits` (log-softmax), with the `top` likeliest tokens.
-pub fn logprob_entry(
-    tokenizer: &Tokenizer,
-    token: u32,
-    logits: &[f32],
-    top: usize,
-) -> TokenLogprob {
+/// `token`'s log-probability under `logits` (log-softmax) and the `top` likeliest tokens with
+/// theirs, likeliest first (ties by id). Masked tokens (-inf) are at [`FLOOR`] and never listed.
+pub fn log_probs(logits: &[f32], token: u32, top: usize) -> (f32, Vec<(u32, f32)>) {
     let max = logits
         .iter()
         .copied()
@@ -87,22 +83,56 @@ pub fn logprob_entry(
     }
     ranked.truncate(top);
     ranked.sort_by(by_logit);
-    let rivals = ranked
-        .iter()
-        .map(|&(id, l)| {
-            let (token, bytes) = token_text(tokenizer, id);
-            TopLogprob {
-                token,
-                logprob: logprob(l),
-                bytes,
-            }
-        })
-        .collect();
+    let own = logits.get(token as usize).map_or(FLOOR, |&l| logprob(l));
+    (
+        own,
+        ranked.into_iter().map(|(id, l)| (id, logprob(l))).collect(),
+    )
+}
+
+/// [`log_probs`] with the tokens' texts, as the API writes them.
+pub fn logprob_entry(
+    tokenizer: &Tokenizer,
+    token: u32,
+    logits: &[f32],
+    top: usize,
+) -> TokenLogprob {
+    let (logprob, rivals) = log_probs(logits, token, top);
     let (text, bytes) = token_text(tokenizer, token);
     TokenLogprob {
         token: text,
-        logprob: logits.get(token as usize).map_or(FLOOR, |&l| logprob(l)),
+        logprob,
         bytes,
-        top_logprobs: Some(rivals),
+        top_logprobs: Some(
+            rivals
+                .into_iter()
+                .map(|(id, logprob)| {
+                    let (token, bytes) = token_text(tokenizer, id);
+                    TopLogprob {
+                        token,
+                        logprob,
+                        bytes,
+                    }
+                })
+                .collect(),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_probabilities_are_a_log_softmax_with_masked_tokens_at_the_floor() {
+        // Probabilities 1/4, 1/2, 0 (masked), 1/4.
+        let logits = [0.0f32, 2.0f32.ln(), f32::NEG_INFINITY, 0.0];
+        let (own, top) = log_probs(&logits, 1, 3);
+        assert!((own - 0.5f32.ln()).abs() < 1e-6, "{own}");
+        let ids: Vec<u32> = top.iter().map(|t| t.0).collect();
+        assert_eq!(ids, [1, 0, 3]);
+        assert!((top[1].1 - 0.25f32.ln()).abs() < 1e-6);
+        assert_eq!(log_probs(&logits, 2, 0), (FLOOR, vec![]));
+        assert_eq!(log_probs(&logits, 99, 10).1.len(), 3);
     }
 }

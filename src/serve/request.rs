@@ -7,7 +7,7 @@ use super::worker::Job;
 use super::AppState;
 use crate::GenerateOptions;
 use conductor_runtime::sample::SamplingParams;
-use conductor_runtime::tokenizer::ChatMessage;
+use conductor_runtime::tokenizer::{ChatMessage, ChatTemplate};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -48,6 +48,18 @@ pub fn chat_messages(request: &ChatRequest) -> Result<Vec<ChatMessage>, ApiError
             Ok(ChatMessage::new(m.role.as_str(), content))
         })
         .collect()
+}
+
+/// The prompt text of a chat: the template's rendering, opening the assistant's turn. A
+/// template that refuses the messages (`raise_exception`, fuel or output exhausted) is a 400.
+pub fn render(template: &ChatTemplate, messages: &[ChatMessage]) -> Result<String, ApiError> {
+    template.apply(messages, true).map_err(|e| {
+        ApiError::invalid_param(
+            "messages",
+            format!("the chat template cannot render these messages: {e}"),
+        )
+        .with_code("template_error")
+    })
 }
 
 /// A seed for requests that give none: different for every request.
@@ -190,5 +202,40 @@ pub fn logprobs_wanted(
         )),
         _ if !wanted => Ok(None),
         top => Ok(Some(top.unwrap_or(0) as usize)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::StatusCode;
+
+    #[test]
+    fn a_template_that_refuses_the_messages_is_a_400() {
+        let template = ChatTemplate::new(
+            "{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('no tools here') }}{% endif %}{{ m.content }}{% endfor %}",
+        )
+        .unwrap();
+        let ok = [ChatMessage::new("user", "hi")];
+        assert_eq!(render(&template, &ok).unwrap(), "hi");
+        let e = render(&template, &[ChatMessage::new("tool", "x")]).unwrap_err();
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert_eq!(
+            (e.param, e.code),
+            (Some("messages"), Some("template_error"))
+        );
+        assert!(e.message.contains("no tools here"), "{}", e.message);
+    }
+
+    #[test]
+    fn top_logprobs_needs_logprobs_and_a_bound() {
+        assert_eq!(logprobs_wanted(false, None, "top_logprobs", 20), Ok(None));
+        assert_eq!(logprobs_wanted(true, None, "top_logprobs", 20), Ok(Some(0)));
+        assert_eq!(
+            logprobs_wanted(true, Some(3), "top_logprobs", 20),
+            Ok(Some(3))
+        );
+        assert!(logprobs_wanted(false, Some(3), "top_logprobs", 20).is_err());
+        assert!(logprobs_wanted(true, Some(21), "top_logprobs", 20).is_err());
     }
 }

@@ -3,7 +3,7 @@
 use super::api::{
     ChatChoice, ChatChunk, ChatLogprobs, ChatRequest, ChunkChoice, CompletionChoice,
     CompletionLogprobs, CompletionRequest, CompletionResponse, Delta, ModelEntry, ModelList,
-    PromptInput, ResponseMessage, TokenLogprob, Usage,
+    PromptInput, ResponseMessage, SamplingFields, TokenLogprob, Usage,
 };
 use super::error::ApiError;
 use super::request::{self, MAX_TOP_LOGPROBS};
@@ -183,6 +183,37 @@ fn submit(state: &AppState, job: Job) -> Result<(), ApiError> {
     }
 }
 
+/// A queued job's events, and how its client wants them.
+struct Queued {
+    events: UnboundedReceiver<Event>,
+    stream: bool,
+    include_usage: bool,
+}
+
+/// Makes the job for `prompt` and puts it in line.
+fn enqueue(
+    state: &AppState,
+    prompt: Vec<u32>,
+    sampling: SamplingFields,
+    logprobs: Option<usize>,
+    matcher: Option<llguidance::Matcher>,
+    received: Instant,
+) -> Result<Queued, ApiError> {
+    let stream = sampling.stream.unwrap_or(false);
+    let include_usage = sampling
+        .stream_options
+        .as_ref()
+        .and_then(|o| o.include_usage)
+        .unwrap_or(false);
+    let (job, events) = request::job(state, prompt, sampling, logprobs, matcher, received)?;
+    submit(state, job)?;
+    Ok(Queued {
+        events,
+        stream,
+        include_usage,
+    })
+}
+
 /// What a finished non-streamed request produced.
 struct Collected {
     text: String,
@@ -253,15 +284,9 @@ async fn chat_response(
     body: Result<Json<ChatRequest>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let received = Instant::now();
-    let Json(mut req) = body?;
+    let Json(req) = body?;
     let messages = request::chat_messages(&req)?;
-    let text = state.template.apply(&messages, true).map_err(|e| {
-        ApiError::invalid_param(
-            "messages",
-            format!("the chat template cannot render these messages: {e}"),
-        )
-        .with_code("template_error")
-    })?;
+    let text = request::render(&state.template, &messages)?;
     let prompt = state.tokenizer.encode(&text, true, true);
     let logprobs = request::logprobs_wanted(
         req.logprobs.unwrap_or(false),
@@ -281,22 +306,11 @@ async fn chat_response(
             }
         },
     };
-    let stream = req.sampling.stream.unwrap_or(false);
-    let include_usage = req
-        .sampling
-        .stream_options
-        .take()
-        .and_then(|o| o.include_usage)
-        .unwrap_or(false);
-    let (job, events) = request::job(
-        &state,
-        prompt,
-        std::mem::take(&mut req.sampling),
-        logprobs,
-        matcher,
-        received,
-    )?;
-    submit(&state, job)?;
+    let Queued {
+        events,
+        stream,
+        include_usage,
+    } = enqueue(&state, prompt, req.sampling, logprobs, matcher, received)?;
     let id = next_id("chatcmpl");
     let created = unix_now();
     let model = state.model.clone();
@@ -414,7 +428,7 @@ async fn completion_response(
     body: Result<Json<CompletionRequest>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let received = Instant::now();
-    let Json(mut req) = body?;
+    let Json(req) = body?;
     let text = match req.prompt {
         PromptInput::Text(t) => t,
         PromptInput::Texts(mut v) if v.len() == 1 => v.remove(0),
@@ -435,22 +449,11 @@ async fn completion_response(
         "logprobs",
         MAX_LEGACY_LOGPROBS,
     )?;
-    let stream = req.sampling.stream.unwrap_or(false);
-    let include_usage = req
-        .sampling
-        .stream_options
-        .take()
-        .and_then(|o| o.include_usage)
-        .unwrap_or(false);
-    let (job, events) = request::job(
-        &state,
-        prompt,
-        std::mem::take(&mut req.sampling),
-        logprobs,
-        None,
-        received,
-    )?;
-    submit(&state, job)?;
+    let Queued {
+        events,
+        stream,
+        include_usage,
+    } = enqueue(&state, prompt, req.sampling, logprobs, None, received)?;
     let id = next_id("cmpl");
     let created = unix_now();
     let model = state.model.clone();
