@@ -147,7 +147,7 @@ fn serve_one(
     let mut stream = engine
         .stream_with(session, &job.prompt[reuse..], &job.options, Some(&mut hook))
         .map_err(|e| ApiError::internal(format!("{e:#}")))?;
-    while let Some(piece) = stream.next() {
+    for piece in stream.by_ref() {
         let piece = piece.map_err(|e| ApiError::internal(format!("{e:#}")))?;
         if first {
             first = false;
