@@ -256,6 +256,52 @@ fn concurrent_requests_all_complete_with_their_own_answers() {
     check(&server, "concurrent", &["6"]);
 }
 
+/// A bounded load: 8 clients, each sending its requests in turn. It stops by itself; every
+/// request succeeds (none refused: the queue holds every client); the log gets throughput and
+/// TTFT p50/p99 (informational: this is a functional test on a shared machine).
+#[test]
+fn a_bounded_load_of_eight_clients_has_no_errors() {
+    let server = Server::start(&["-c", "1024", "--queue", "8"]);
+    if let Some(out) = check(&server, "load", &["8", "3"]) {
+        eprintln!("load: {}", out.trim());
+    }
+}
+
+/// Flags that cannot work are refused before anything is served.
+#[test]
+fn serve_refuses_flags_that_cannot_work() {
+    for (args, said) in [
+        (&["--queue", "0"][..], "--queue must be at least 1"),
+        (&["--parallel", "0"][..], "--parallel must be at least 1"),
+        (&["-c", "1"][..], "-c must be at least 2"),
+        (&["--api-key", ""][..], "--api-key is empty"),
+    ] {
+        let out = common::conductor()
+            .arg("serve")
+            .args(args)
+            .output()
+            .expect("conductor serve");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains(said),
+            "{args:?}: {stderr}"
+        );
+    }
+    // A port in use is named.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    let port = taken.local_addr().expect("its address").port().to_string();
+    let out = common::conductor()
+        .args(["serve", "-t", "1", "-c", "256", "--port", &port, "-m"])
+        .arg(common::default_model())
+        .output()
+        .expect("conductor serve");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains(&format!("cannot listen on 127.0.0.1:{port}")),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn json_schema_output_parses_and_validates_and_a_bad_schema_is_a_400() {
     let server = Server::start(&["-c", "1024"]);
@@ -333,4 +379,55 @@ fn sigterm_cancels_a_running_stream_and_exits_promptly() {
     let _ = conn.read_to_end(&mut seen);
     let text = String::from_utf8_lossy(&seen);
     assert!(text.contains("shutting down"), "{text}");
+}
+
+/// `GET path` over a fresh connection; the body.
+fn get(server: &Server, path: &str) -> String {
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", server.port())).expect("connect");
+    write!(conn, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").expect("send");
+    let mut reply = String::new();
+    conn.read_to_string(&mut reply).expect("read");
+    reply
+        .split_once("\r\n\r\n")
+        .map_or(String::new(), |(_, body)| body.to_string())
+}
+
+fn metric(server: &Server, name: &str) -> f64 {
+    get(server, "/metrics")
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("{name} is not in /metrics"))
+}
+
+/// A client of a non-streamed request that hangs up: its generation stops (counted as
+/// cancelled, far short of max_tokens) and the engine is free again.
+#[test]
+fn a_non_streamed_request_whose_client_hangs_up_is_cancelled() {
+    let server = Server::start(&["-c", "4096"]);
+    let mut conn =
+        std::net::TcpStream::connect(("127.0.0.1", server.port())).expect("connect to the server");
+    let body = r#"{"messages":[{"role":"user","content":"Tell a long story."}],"max_tokens":4000,"ignore_eos":true}"#;
+    write!(
+        conn,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send the request");
+    let started = Instant::now();
+    while metric(&server, "conductor_requests_running") < 1.0 {
+        assert!(started.elapsed() < Duration::from_secs(60), "it never ran");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(conn);
+    while metric(&server, "conductor_requests_cancelled_total") < 1.0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the generation went on after its client left; log:\n{}",
+            server.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(metric(&server, "conductor_requests_running"), 0.0);
+    assert!(metric(&server, "conductor_completion_tokens_total") < 4000.0);
+    assert!(get(&server, "/health").contains("ok"));
 }

@@ -270,7 +270,9 @@ fn event_stream(
                 .flat_map(move |event| futures_util::stream::iter(to_events(event))),
         )
         .map(Ok::<_, Infallible>);
-    Sse::new(body).into_response()
+    Sse::new(body)
+        .keep_alive(sse::KeepAlive::default())
+        .into_response()
 }
 
 async fn chat(State(state): Shared, body: Result<Json<ChatRequest>, JsonRejection>) -> Response {

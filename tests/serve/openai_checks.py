@@ -283,5 +283,53 @@ def bad_input(n_ctx):
     serving_still("bad input")
 
 
+def load(clients, per_client):
+    """A bounded load: each client sends its requests one after another, streamed. Every one
+    must succeed; throughput and TTFT are printed for the log, not judged (shared machines)."""
+    clients, per_client = int(clients), int(per_client)
+    ttfts, errors, tokens = [], [], [0]
+    lock = threading.Lock()
+
+    def one_client(i):
+        c = client()
+        for j in range(per_client):
+            sent = time.perf_counter()
+            try:
+                first, n = None, 0
+                for ch in c.chat.completions.create(
+                        model=MODEL, max_tokens=6, temperature=0.5, seed=100 * i + j, stream=True,
+                        stream_options={"include_usage": True},
+                        messages=[{"role": "user", "content": f"Name a color ({i}.{j})."}]):
+                    if first is None and ch.choices and ch.choices[0].delta.content:
+                        first = time.perf_counter() - sent
+                    if ch.usage:
+                        n = ch.usage.completion_tokens
+                assert n >= 1, "no usage chunk"
+                with lock:
+                    ttfts.append(first if first is not None else time.perf_counter() - sent)
+                    tokens[0] += n
+            except Exception as e:  # noqa: BLE001 - reported below
+                with lock:
+                    errors.append(repr(e))
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=one_client, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - started
+    assert not errors, errors
+    assert len(ttfts) == clients * per_client, len(ttfts)
+    ttfts.sort()
+    print(json.dumps({
+        "requests": len(ttfts), "errors": len(errors), "seconds": round(elapsed, 2),
+        "tokens_per_second": round(tokens[0] / elapsed, 1),
+        "ttft_p50_ms": round(1e3 * ttfts[len(ttfts) // 2], 1),
+        "ttft_p99_ms": round(1e3 * ttfts[min(len(ttfts) - 1, int(len(ttfts) * 0.99))], 1),
+    }))
+    assert metric("conductor_requests_rejected_total") == 0
+
+
 if __name__ == "__main__":
     globals()[sys.argv[2]](*sys.argv[3:])
