@@ -98,8 +98,7 @@ fn ctrl_c_stops_the_answer_not_the_program() {
         assert!(n > 0, "chat ended: {}", String::from_utf8_lossy(&seen));
         seen.extend_from_slice(&buf[..n]);
     }
-    let pid = child.id().to_string();
-    signal(&pid, rustix::process::Signal::INT);
+    common::signal(&child, rustix::process::Signal::INT);
     stdin
         .write_all(format!("/save {}\n/quit\n", file.display()).as_bytes())
         .expect("the program still reads commands");
@@ -127,13 +126,4 @@ fn ctrl_c_stops_the_answer_not_the_program() {
     assert_eq!(messages.len(), 2, "{messages:?}");
     assert_eq!(messages[1].0, "assistant");
     assert!(!messages[1].1.is_empty());
-}
-
-fn signal(pid: &str, signal: rustix::process::Signal) {
-    let pid = pid
-        .parse()
-        .ok()
-        .and_then(rustix::process::Pid::from_raw)
-        .expect("a child's pid");
-    rustix::process::kill_process(pid, signal).expect("the signal is sent");
 }

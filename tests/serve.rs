@@ -356,8 +356,7 @@ fn sigterm_cancels_a_running_stream_and_exits_promptly() {
         );
         seen.extend_from_slice(&buf[..n]);
     }
-    let pid = server.child.id().to_string();
-    signal(&pid, rustix::process::Signal::TERM);
+    common::signal(&server.child, rustix::process::Signal::TERM);
     let started = Instant::now();
     let status = loop {
         if let Some(status) = server.child.try_wait().expect("wait") {
@@ -426,13 +425,4 @@ fn a_non_streamed_request_whose_client_hangs_up_is_cancelled() {
     assert_eq!(metric(&server, "conductor_requests_running"), 0.0);
     assert!(metric(&server, "conductor_completion_tokens_total") < 4000.0);
     assert!(get(&server, "/health").contains("ok"));
-}
-
-fn signal(pid: &str, signal: rustix::process::Signal) {
-    let pid = pid
-        .parse()
-        .ok()
-        .and_then(rustix::process::Pid::from_raw)
-        .expect("a child's pid");
-    rustix::process::kill_process(pid, signal).expect("the signal is sent");
 }

@@ -275,14 +275,8 @@ fn event_stream(
         .into_response()
 }
 
-async fn chat(State(state): Shared, body: Result<Json<ChatRequest>, JsonRejection>) -> Response {
-    chat_response(state, body)
-        .await
-        .unwrap_or_else(IntoResponse::into_response)
-}
-
-async fn chat_response(
-    state: Arc<AppState>,
+async fn chat(
+    State(state): Shared,
     body: Result<Json<ChatRequest>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let received = Instant::now();
@@ -418,15 +412,6 @@ fn legacy_logprobs(entries: Vec<TokenLogprob>, mut offset: usize) -> CompletionL
 
 async fn completions(
     State(state): Shared,
-    body: Result<Json<CompletionRequest>, JsonRejection>,
-) -> Response {
-    completion_response(state, body)
-        .await
-        .unwrap_or_else(IntoResponse::into_response)
-}
-
-async fn completion_response(
-    state: Arc<AppState>,
     body: Result<Json<CompletionRequest>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let received = Instant::now();
