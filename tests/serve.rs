@@ -22,7 +22,10 @@ struct Server {
 
 impl Server {
     fn start(extra: &[&str]) -> Server {
-        let model = common::default_model();
+        Server::start_with(&common::default_model(), extra)
+    }
+
+    fn start_with(model: &Path, extra: &[&str]) -> Server {
         let mut child = common::conductor()
             .args([
                 "serve",
@@ -34,7 +37,7 @@ impl Server {
                 "1",
                 "-m",
             ])
-            .arg(&model)
+            .arg(model)
             .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -248,6 +251,46 @@ fn greedy_chat_over_the_server_matches_conductor_run() {
     let printed = printed.strip_suffix('\n').unwrap_or(&printed);
     assert!(!served.is_empty());
     assert_eq!(served, printed);
+}
+
+/// Under a memory budget (a neuron store, `--memory 50%`) the server answers as `conductor run`
+/// does under the same budget, and /metrics counts the neuron cache's hits and misses.
+#[test]
+fn serving_under_a_memory_budget_matches_conductor_run_and_counts_the_cache() {
+    let dir = common::ScratchDir::new("serve-budget");
+    let store = dir.store(
+        &common::default_model(),
+        &conductor::runtime::convert::ConvertOptions::default(),
+    );
+    let budget = ["--memory", "50%", "-c", "1024"];
+    let server = Server::start_with(&store, &budget);
+    let prompt = "Name three colors.";
+    let Some(out) = check(&server, "greedy", &[prompt, "16"]) else {
+        return;
+    };
+    let served: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON line");
+    let run = common::conductor()
+        .args([
+            "run", "--chat", "--temp", "0", "-n", "16", "-t", "1", "-p", prompt, "-m",
+        ])
+        .arg(&store)
+        .args(budget)
+        .output()
+        .expect("conductor run");
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let printed = String::from_utf8(run.stdout).expect("UTF-8");
+    assert_eq!(
+        served["content"].as_str(),
+        Some(printed.strip_suffix('\n').unwrap_or(&printed))
+    );
+    let cache = metric(&server, "conductor_neuron_cache_hits_total")
+        + metric(&server, "conductor_neuron_cache_misses_total");
+    assert!(cache > 0.0, "no neuron-cache traffic counted");
+    assert!(metric(&server, "conductor_neuron_cache_read_bytes_total") > 0.0);
 }
 
 #[test]

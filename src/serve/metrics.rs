@@ -28,6 +28,10 @@ pub struct Metrics {
     pub queue_time: Histogram,
     pub queued: IntGauge,
     pub running: IntGauge,
+    /// The neuron cache under `--memory`: units found in the cache, units read, bytes read.
+    cache_hits: IntCounter,
+    cache_misses: IntCounter,
+    cache_bytes_read: IntCounter,
 }
 
 impl Metrics {
@@ -67,6 +71,18 @@ impl Metrics {
             )?,
             queued: IntGauge::new("requests_queued", "Requests waiting for the engine")?,
             running: IntGauge::new("requests_running", "Requests the engine is generating")?,
+            cache_hits: counter(
+                "neuron_cache_hits_total",
+                "Neuron-cache units found in memory (under --memory)",
+            )?,
+            cache_misses: counter(
+                "neuron_cache_misses_total",
+                "Neuron-cache units read from storage (under --memory)",
+            )?,
+            cache_bytes_read: counter(
+                "neuron_cache_read_bytes_total",
+                "Bytes the neuron cache read from storage (under --memory)",
+            )?,
             registry,
         };
         m.registry.register(Box::new(m.requests.clone()))?;
@@ -76,6 +92,9 @@ impl Metrics {
             &m.completion_tokens,
             &m.cancelled,
             &m.rejected,
+            &m.cache_hits,
+            &m.cache_misses,
+            &m.cache_bytes_read,
         ] {
             m.registry.register(Box::new(c.clone()))?;
         }
@@ -86,6 +105,17 @@ impl Metrics {
             m.registry.register(Box::new(g.clone()))?;
         }
         Ok(m)
+    }
+
+    /// Brings the neuron-cache counters up to the engine's (which count from its start).
+    pub fn record_cache(&self, report: &conductor_runtime::cache::CacheReport) {
+        for (counter, now) in [
+            (&self.cache_hits, report.hits()),
+            (&self.cache_misses, report.misses()),
+            (&self.cache_bytes_read, report.bytes_read),
+        ] {
+            counter.inc_by(now.saturating_sub(counter.get()));
+        }
     }
 
     /// The text exposition format.

@@ -110,6 +110,9 @@ pub fn run(mut engine: Engine, n_ctx: usize, queue: Receiver<Job>, shared: &Shar
             }
         }
         shared.metrics.running.dec();
+        if let Some(report) = engine.cache_report() {
+            shared.metrics.record_cache(&report);
+        }
     }
 }
 
