@@ -101,6 +101,8 @@ pub fn serve(
         .context
         .unwrap_or_else(|| engine.default_context())
         .max(2);
+    // Made here, so that a context the machine cannot hold fails the start, not each request.
+    let session = engine.session(Some(n_ctx))?;
     let model = engine
         .model_path()
         .file_stem()
@@ -120,7 +122,7 @@ pub fn serve(
         let shared = shared.clone();
         std::thread::Builder::new()
             .name("serve-engine".into())
-            .spawn(move || worker::run(engine, n_ctx, jobs, &shared))
+            .spawn(move || worker::run(engine, session, jobs, &shared))
             .context("starting the engine thread")?
     };
     let state = Arc::new(AppState {

@@ -183,6 +183,19 @@ fn submit(state: &AppState, job: Job) -> Result<(), ApiError> {
     }
 }
 
+/// Runs `work` (template rendering, tokenizing, compiling a schema: CPU work that grows with
+/// the request) on tokio's blocking threads, so that a large request does not stall the
+/// threads every connection shares.
+async fn blocking<T: Send + 'static>(
+    state: &Arc<AppState>,
+    work: impl FnOnce(&AppState) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let state = state.clone();
+    tokio::task::spawn_blocking(move || work(&state))
+        .await
+        .map_err(|e| ApiError::internal(format!("preparing the request failed: {e}")))?
+}
+
 /// A queued job's events, and how its client wants them.
 struct Queued {
     events: UnboundedReceiver<Event>,
@@ -281,27 +294,31 @@ async fn chat(
 ) -> Result<Response, ApiError> {
     let received = Instant::now();
     let Json(req) = body?;
-    let messages = request::chat_messages(&req)?;
-    let text = request::render(&state.template, &messages)?;
-    let prompt = state.tokenizer.encode(&text, true, true);
     let logprobs = request::logprobs_wanted(
         req.logprobs.unwrap_or(false),
         req.top_logprobs,
         "top_logprobs",
         MAX_TOP_LOGPROBS,
     )?;
-    let matcher = match &req.response_format {
-        None => None,
-        Some(format) => match &state.constraints {
-            Ok(c) => c.compile(format)?,
-            Err(why) => {
-                return Err(ApiError::invalid_param(
-                    "response_format",
-                    format!("structured output is unavailable for this model: {why}"),
-                ))
-            }
-        },
-    };
+    let (req, prompt, matcher) = blocking(&state, move |state| {
+        let messages = request::chat_messages(&req)?;
+        let text = request::render(&state.template, &messages)?;
+        let prompt = state.tokenizer.encode(&text, true, true);
+        let matcher = match &req.response_format {
+            None => None,
+            Some(format) => match &state.constraints {
+                Ok(c) => c.compile(format)?,
+                Err(why) => {
+                    return Err(ApiError::invalid_param(
+                        "response_format",
+                        format!("structured output is unavailable for this model: {why}"),
+                    ))
+                }
+            },
+        };
+        Ok((req, prompt, matcher))
+    })
+    .await?;
     let Queued {
         events,
         stream,
@@ -429,7 +446,10 @@ async fn completions(
     if req.echo == Some(true) {
         return Err(ApiError::invalid_param("echo", "echo is not supported"));
     }
-    let prompt = state.tokenizer.encode(&text, true, true);
+    let prompt = blocking(&state, move |state| {
+        Ok(state.tokenizer.encode(&text, true, true))
+    })
+    .await?;
     let logprobs = request::logprobs_wanted(
         req.logprobs.is_some(),
         req.logprobs,

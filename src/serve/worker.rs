@@ -12,6 +12,7 @@ use super::hook::RequestHook;
 use super::metrics::Metrics;
 use super::stop::StopMatcher;
 use crate::{Engine, GenerateOptions, StopReason};
+use conductor_runtime::exec::Session;
 use conductor_runtime::tokenizer::Tokenizer;
 use llguidance::Matcher;
 use std::cell::RefCell;
@@ -62,14 +63,7 @@ pub struct Shared {
 const IDLE_POLL: Duration = Duration::from_millis(100);
 
 /// Serves jobs from `queue` until shutdown, or until every sender is gone.
-pub fn run(mut engine: Engine, n_ctx: usize, queue: Receiver<Job>, shared: &Shared) {
-    let mut session = match engine.session(Some(n_ctx)) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("serve: cannot make a session: {e:#}");
-            return;
-        }
-    };
+pub fn run(mut engine: Engine, mut session: Session, queue: Receiver<Job>, shared: &Shared) {
     loop {
         if shared.shutdown.load(Ordering::Relaxed) {
             // Refuse what is still queued.
@@ -130,7 +124,7 @@ enum End {
 /// Generates for `job`; `None` when its client left.
 fn serve_one(
     engine: &mut Engine,
-    session: &mut crate::runtime::exec::Session,
+    session: &mut Session,
     job: Job,
     shared: &Shared,
 ) -> Result<Option<Event>, ApiError> {
