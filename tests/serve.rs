@@ -377,15 +377,7 @@ fn bad_input_gets_openai_errors_and_the_server_keeps_serving() {
 #[test]
 fn sigterm_cancels_a_running_stream_and_exits_promptly() {
     let mut server = Server::start(&["-c", "4096", "--shutdown-grace", "3"]);
-    let mut conn =
-        std::net::TcpStream::connect(("127.0.0.1", server.port())).expect("connect to the server");
-    let body = r#"{"messages":[{"role":"user","content":"Tell a long story."}],"max_tokens":4000,"ignore_eos":true,"stream":true}"#;
-    write!(
-        conn,
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .expect("send the request");
+    let mut conn = long_story(&server, true);
     conn.set_read_timeout(Some(Duration::from_secs(60)))
         .expect("a read timeout");
     let mut seen = Vec::new();
@@ -419,6 +411,23 @@ fn sigterm_cancels_a_running_stream_and_exits_promptly() {
     assert!(text.contains("shutting down"), "{text}");
 }
 
+/// Sends a request for a 4000-token story over a raw connection (to hang up on, or to read as
+/// it streams) and returns the connection.
+fn long_story(server: &Server, stream: bool) -> std::net::TcpStream {
+    let mut conn =
+        std::net::TcpStream::connect(("127.0.0.1", server.port())).expect("connect to the server");
+    let body = format!(
+        r#"{{"messages":[{{"role":"user","content":"Tell a long story."}}],"max_tokens":4000,"ignore_eos":true,"stream":{stream}}}"#
+    );
+    write!(
+        conn,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send the request");
+    conn
+}
+
 /// `GET path` over a fresh connection; the body.
 fn get(server: &Server, path: &str) -> String {
     let mut conn = std::net::TcpStream::connect(("127.0.0.1", server.port())).expect("connect");
@@ -442,15 +451,7 @@ fn metric(server: &Server, name: &str) -> f64 {
 #[test]
 fn a_non_streamed_request_whose_client_hangs_up_is_cancelled() {
     let server = Server::start(&["-c", "4096"]);
-    let mut conn =
-        std::net::TcpStream::connect(("127.0.0.1", server.port())).expect("connect to the server");
-    let body = r#"{"messages":[{"role":"user","content":"Tell a long story."}],"max_tokens":4000,"ignore_eos":true}"#;
-    write!(
-        conn,
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .expect("send the request");
+    let conn = long_story(&server, false);
     let started = Instant::now();
     while metric(&server, "conductor_requests_running") < 1.0 {
         assert!(started.elapsed() < Duration::from_secs(60), "it never ran");
