@@ -217,29 +217,38 @@ fn check(server: &Server, scenario: &str, args: &[&str]) -> Option<String> {
     Some(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-#[test]
-fn openai_client_chats_plainly_and_streamed_and_completes_text() {
-    let server = Server::start(&["-c", "1024"]);
-    check(&server, "plain_and_streamed", &[]);
+/// Starts a server with `flags` and runs `name` of `openai_checks.py` against it.
+fn scenario(flags: &[&str], name: &str, args: &[&str]) {
+    let server = Server::start(flags);
+    check(&server, name, args);
 }
 
-/// Greedy output over the server is what `conductor run --chat --temp 0` prints.
 #[test]
-fn greedy_chat_over_the_server_matches_conductor_run() {
-    let prompt = "What is the capital of France? Answer in one sentence.";
-    let n = "24";
-    let server = Server::start(&["-c", "1024"]);
-    let Some(out) = check(&server, "greedy", &[prompt, n]) else {
-        return;
+fn openai_client_chats_plainly_and_streamed_and_completes_text() {
+    scenario(&["-c", "1024"], "plain_and_streamed", &[]);
+}
+
+/// Asks `server` (serving `model` with `flags`) for `prompt` greedily over the openai client
+/// and checks the answer is what `conductor run --chat --temp 0` prints with the same model
+/// and flags. False when the client cannot run here (not under CI).
+fn greedy_matches_run(
+    server: &Server,
+    model: &Path,
+    flags: &[&str],
+    prompt: &str,
+    n: &str,
+) -> bool {
+    let Some(out) = check(server, "greedy", &[prompt, n]) else {
+        return false;
     };
     let served: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON line");
     let served = served["content"].as_str().expect("content");
     let run = common::conductor()
         .args([
-            "run", "--chat", "--temp", "0", "-n", n, "-c", "1024", "-t", "1", "-p", prompt,
+            "run", "--chat", "--temp", "0", "-t", "1", "-n", n, "-p", prompt, "-m",
         ])
-        .arg("-m")
-        .arg(common::default_model())
+        .arg(model)
+        .args(flags)
         .output()
         .expect("conductor run");
     assert!(
@@ -248,9 +257,19 @@ fn greedy_chat_over_the_server_matches_conductor_run() {
         String::from_utf8_lossy(&run.stderr)
     );
     let printed = String::from_utf8(run.stdout).expect("UTF-8");
-    let printed = printed.strip_suffix('\n').unwrap_or(&printed);
     assert!(!served.is_empty());
-    assert_eq!(served, printed);
+    assert_eq!(served, printed.strip_suffix('\n').unwrap_or(&printed));
+    true
+}
+
+/// Greedy output over the server is what `conductor run --chat --temp 0` prints.
+#[test]
+fn greedy_chat_over_the_server_matches_conductor_run() {
+    let model = common::default_model();
+    let flags = ["-c", "1024"];
+    let server = Server::start_with(&model, &flags);
+    let prompt = "What is the capital of France? Answer in one sentence.";
+    greedy_matches_run(&server, &model, &flags, prompt, "24");
 }
 
 /// Under a memory budget (a neuron store, `--memory 50%`) the server answers as `conductor run`
@@ -262,31 +281,11 @@ fn serving_under_a_memory_budget_matches_conductor_run_and_counts_the_cache() {
         &common::default_model(),
         &conductor::runtime::convert::ConvertOptions::default(),
     );
-    let budget = ["--memory", "50%", "-c", "1024"];
-    let server = Server::start_with(&store, &budget);
-    let prompt = "Name three colors.";
-    let Some(out) = check(&server, "greedy", &[prompt, "16"]) else {
+    let flags = ["--memory", "50%", "-c", "1024"];
+    let server = Server::start_with(&store, &flags);
+    if !greedy_matches_run(&server, &store, &flags, "Name three colors.", "16") {
         return;
-    };
-    let served: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON line");
-    let run = common::conductor()
-        .args([
-            "run", "--chat", "--temp", "0", "-n", "16", "-t", "1", "-p", prompt, "-m",
-        ])
-        .arg(&store)
-        .args(budget)
-        .output()
-        .expect("conductor run");
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
-    let printed = String::from_utf8(run.stdout).expect("UTF-8");
-    assert_eq!(
-        served["content"].as_str(),
-        Some(printed.strip_suffix('\n').unwrap_or(&printed))
-    );
+    }
     let cache = metric(&server, "conductor_neuron_cache_hits_total")
         + metric(&server, "conductor_neuron_cache_misses_total");
     assert!(cache > 0.0, "no neuron-cache traffic counted");
@@ -295,8 +294,11 @@ fn serving_under_a_memory_budget_matches_conductor_run_and_counts_the_cache() {
 
 #[test]
 fn concurrent_requests_all_complete_with_their_own_answers() {
-    let server = Server::start(&["-c", "1024", "--parallel", "2", "--queue", "8"]);
-    check(&server, "concurrent", &["6"]);
+    scenario(
+        &["-c", "1024", "--parallel", "2", "--queue", "8"],
+        "concurrent",
+        &["6"],
+    );
 }
 
 /// A bounded load: 8 clients, each sending its requests in turn. It stops by itself; every
@@ -347,29 +349,34 @@ fn serve_refuses_flags_that_cannot_work() {
 
 #[test]
 fn json_schema_output_parses_and_validates_and_a_bad_schema_is_a_400() {
-    let server = Server::start(&["-c", "1024"]);
-    check(&server, "schema", &[]);
+    scenario(&["-c", "1024"], "schema", &[]);
 }
 
 /// With `--queue 1`: one request generating, one waiting, the next refused with 429 and
 /// `Retry-After`; the generating client leaving cancels its sequence and the waiting one runs.
 #[test]
 fn a_full_queue_answers_429_and_a_disconnect_frees_the_engine() {
-    let server = Server::start(&["-c", "4096", "--queue", "1"]);
-    check(&server, "queue_and_disconnect", &["4000"]);
+    scenario(
+        &["-c", "4096", "--queue", "1"],
+        "queue_and_disconnect",
+        &["4000"],
+    );
 }
 
 #[test]
 fn bad_input_gets_openai_errors_and_the_server_keeps_serving() {
-    let server = Server::start(&[
-        "-c",
-        "512",
-        "--max-body",
-        "65536",
-        "--api-key",
-        "sk-test-key",
-    ]);
-    check(&server, "bad_input", &["512"]);
+    scenario(
+        &[
+            "-c",
+            "512",
+            "--max-body",
+            "65536",
+            "--api-key",
+            "sk-test-key",
+        ],
+        "bad_input",
+        &["512"],
+    );
 }
 
 /// SIGTERM while a stream is running: the stream ends with an error event and the server
