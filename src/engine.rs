@@ -63,6 +63,53 @@ pub enum Error {
     GateFirst(&'static str),
     #[error("cannot make a session: {0}")]
     Session(ModelError),
+    /// A [`SampleHook`] refused to go on (a constraint that cannot continue).
+    #[error("{0}")]
+    Hook(String),
+}
+
+/// Keeps what `session` already holds of `prompt` (their common prefix, short of `prompt`'s last
+/// token, whose logits the next step needs) and forgets the rest; returns how many tokens were
+/// kept. Then stream `&prompt[kept..]`: a conversation's next turn computes only what is new.
+pub fn reuse_prefix(session: &mut Session, prompt: &[u32]) -> usize {
+    let kept = session
+        .tokens()
+        .iter()
+        .zip(prompt)
+        .take_while(|(a, b)| a == b)
+        .count()
+        .min(prompt.len().saturating_sub(1));
+    session.truncate(kept);
+    kept
+}
+
+/// Sees each step's logits before a token is drawn from them, and the token drawn from them:
+/// where constrained decoding masks tokens out and where a server reads log-probabilities
+/// ([`Engine::stream_with`]). The generation loop stays [`TokenStream`]'s.
+pub trait SampleHook {
+    /// Changes `logits` before the draw (a token set to `f32::NEG_INFINITY` is never drawn).
+    fn adjust(&mut self, logits: &mut [f32]) -> Result<(), String>;
+    /// `token` was drawn from `logits` (as [`SampleHook::adjust`] left them).
+    fn drawn(&mut self, token: u32, logits: &[f32]) -> Result<(), String>;
+}
+
+/// Draws the next token from `logits`, through `hook` when there is one (which then works on
+/// a copy in `scratch`: the driver's logits are read-only).
+fn draw(
+    sampler: &mut Sampler,
+    hook: &mut Option<&mut dyn SampleHook>,
+    scratch: &mut Vec<f32>,
+    logits: &[f32],
+) -> Result<u32, Error> {
+    let Some(hook) = hook else {
+        return Ok(sampler.sample(logits));
+    };
+    scratch.clear();
+    scratch.extend_from_slice(logits);
+    hook.adjust(scratch).map_err(Error::Hook)?;
+    let token = sampler.sample(scratch);
+    hook.drawn(token, scratch).map_err(Error::Hook)?;
+    Ok(token)
 }
 
 /// Which FFN neurons decode computes ([`EngineBuilder::sparsity`]).
@@ -498,7 +545,7 @@ impl EngineBuilder {
         };
         Ok(Engine {
             model,
-            tokenizer,
+            tokenizer: Arc::new(tokenizer),
             driver,
             threads,
             path,
@@ -642,7 +689,8 @@ impl AnyDriver {
 /// down cleanly (actors stopped, threads joined).
 pub struct Engine {
     model: Arc<Model>,
-    tokenizer: Tokenizer,
+    /// Shared with whoever tokenizes for this engine on other threads (the server).
+    tokenizer: Arc<Tokenizer>,
     driver: AnyDriver,
     threads: usize,
     path: PathBuf,
@@ -701,6 +749,11 @@ impl Engine {
 
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
+    }
+
+    /// The tokenizer, to share with other threads (it is immutable and `Sync`).
+    pub fn shared_tokenizer(&self) -> Arc<Tokenizer> {
+        self.tokenizer.clone()
     }
 
     /// Threads of the decode processor group.
@@ -850,6 +903,18 @@ impl Engine {
         prompt: &[u32],
         options: &GenerateOptions,
     ) -> Result<TokenStream<'a>, Error> {
+        self.stream_with(session, prompt, options, None)
+    }
+
+    /// [`Engine::stream`], with `hook` seeing every draw: it may mask logits (constrained
+    /// decoding) and read the distribution each token came from (log-probabilities).
+    pub fn stream_with<'a>(
+        &'a mut self,
+        session: &'a mut Session,
+        prompt: &[u32],
+        options: &GenerateOptions,
+        mut hook: Option<&'a mut dyn SampleHook>,
+    ) -> Result<TokenStream<'a>, Error> {
         if prompt.is_empty() {
             return Err(Error::EmptyPrompt);
         }
@@ -863,12 +928,15 @@ impl Engine {
         for &t in session.tokens() {
             sampler.accept(t);
         }
-        let first = sampler.sample(logits);
+        let mut scratch = Vec::new();
+        let first = draw(&mut sampler, &mut hook, &mut scratch, logits)?;
         let time_to_first_token = started.elapsed();
         Ok(TokenStream {
             engine: self,
             session,
             sampler,
+            hook,
+            scratch,
             decoder: StreamDecoder::new(false),
             options: options.clone(),
             next: Some(first),
@@ -920,6 +988,9 @@ pub struct TokenStream<'a> {
     engine: &'a mut Engine,
     session: &'a mut Session,
     sampler: Sampler,
+    hook: Option<&'a mut dyn SampleHook>,
+    /// The logits a hook works on.
+    scratch: Vec<f32>,
     decoder: StreamDecoder,
     options: GenerateOptions,
     /// The sampled token to hand out next.
@@ -945,7 +1016,12 @@ impl TokenStream<'_> {
             let logits = self.engine.driver.get().eval_last(self.session, &[token])?;
             self.stats.decode_time += t0.elapsed();
             self.stats.decode_evals += 1;
-            self.next = Some(self.sampler.sample(logits));
+            self.next = Some(draw(
+                &mut self.sampler,
+                &mut self.hook,
+                &mut self.scratch,
+                logits,
+            )?);
         }
         let Some(token) = self.next.take() else {
             return Ok(None);

@@ -23,11 +23,12 @@
 mod engine;
 pub mod fetch;
 pub mod profile;
+pub mod serve;
 
 pub use conductor_actors as actors;
 pub use conductor_runtime as runtime;
 pub use engine::{
-    apply_budget, DriverKind, Engine, EngineBuilder, Error, GenerateOptions, GenerationStats,
-    Piece, SparsitySettings, StopReason, TokenStream, DEFAULT_SPARSE_DOWN_TYPE, DEFAULT_SPARSITY,
-    DEFAULT_SPARSITY_MODE,
+    apply_budget, reuse_prefix, DriverKind, Engine, EngineBuilder, Error, GenerateOptions,
+    GenerationStats, Piece, SampleHook, SparsitySettings, StopReason, TokenStream,
+    DEFAULT_SPARSE_DOWN_TYPE, DEFAULT_SPARSITY, DEFAULT_SPARSITY_MODE,
 };

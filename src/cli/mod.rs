@@ -2,6 +2,7 @@
 
 mod bench;
 mod chart;
+mod chat;
 mod check_refs;
 mod convert;
 mod explore;
@@ -11,6 +12,7 @@ mod plan;
 mod profile;
 mod profile_hw;
 mod run;
+mod serve;
 mod simulate;
 
 use anyhow::{bail, Context, Result};
@@ -39,6 +41,10 @@ pub struct Cli {
 enum Command {
     /// Generate text from a prompt, streaming it as it comes.
     Run(run::RunArgs),
+    /// Serve the OpenAI API (chat and text completions, models, health, metrics) over HTTP.
+    Serve(serve::ServeArgs),
+    /// Chat with the model in the terminal: history, streaming, /reset, /system, /save.
+    Chat(chat::ChatArgs),
     /// Download a model into the cache (done automatically for the default model and for
     /// `-m NAME`).
     Fetch(FetchArgs),
@@ -381,6 +387,8 @@ pub fn save_trace(trace: &conductor::runtime::trace::Trace, path: &Path) -> Resu
 pub fn dispatch(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Run(args) => run::run(args),
+        Command::Serve(args) => serve::run(args),
+        Command::Chat(args) => chat::run(args),
         Command::Convert(args) => convert::run(args),
         Command::Fetch(args) => {
             if args.list {

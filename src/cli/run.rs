@@ -10,19 +10,9 @@ use std::io::Write;
 use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
-#[derive(Args)]
-pub struct RunArgs {
-    #[command(flatten)]
-    model: ModelArgs,
-    /// The prompt.
-    #[arg(short = 'p', long = "prompt")]
-    prompt: String,
-    /// Tokens to generate at most.
-    #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
-    n_predict: usize,
-    /// Context size in tokens (default: the model's training context).
-    #[arg(short = 'c', long = "ctx-size")]
-    ctx_size: Option<usize>,
+/// Sampling settings, llama.cpp's flags and defaults (`run`, `chat`).
+#[derive(Args, Clone)]
+pub struct SamplingArgs {
     /// Sampling temperature; 0 is greedy.
     #[arg(long = "temp", default_value_t = 0.8)]
     temp: f32,
@@ -44,6 +34,40 @@ pub struct RunArgs {
     /// Random seed for sampling.
     #[arg(short = 's', long = "seed", default_value_t = 0x5EED)]
     seed: u64,
+}
+
+impl SamplingArgs {
+    /// The settings, checked.
+    pub fn params(&self) -> Result<SamplingParams> {
+        let sampling = SamplingParams {
+            temperature: self.temp,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: self.repeat_last_n,
+            seed: self.seed,
+        };
+        sampling.validate()?;
+        Ok(sampling)
+    }
+}
+
+#[derive(Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// The prompt.
+    #[arg(short = 'p', long = "prompt")]
+    prompt: String,
+    /// Tokens to generate at most.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
+    n_predict: usize,
+    /// Context size in tokens (default: the model's training context).
+    #[arg(short = 'c', long = "ctx-size")]
+    ctx_size: Option<usize>,
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// Wrap the prompt in the model's chat template as a user message.
     #[arg(long = "chat")]
     chat: bool,
@@ -75,16 +99,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     if args.ctx_size == Some(0) {
         bail!("-c must be at least 1");
     }
-    let sampling = SamplingParams {
-        temperature: args.temp,
-        top_k: args.top_k,
-        top_p: args.top_p,
-        min_p: args.min_p,
-        repeat_penalty: args.repeat_penalty,
-        repeat_last_n: args.repeat_last_n,
-        seed: args.seed,
-    };
-    sampling.validate()?;
+    let sampling = args.sampling.params()?;
 
     let started = Instant::now();
     let mut model_args = args.model.clone();

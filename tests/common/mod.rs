@@ -158,3 +158,12 @@ pub fn small_spec(seed: u64) -> SyntheticSpec {
         ..SyntheticSpec::default()
     }
 }
+
+/// Sends `signal` to `child` (SIGTERM to a server, SIGINT to a chat).
+pub fn signal(child: &std::process::Child, signal: rustix::process::Signal) {
+    let pid = i32::try_from(child.id())
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+        .expect("a child's pid");
+    rustix::process::kill_process(pid, signal).expect("the signal is sent");
+}

@@ -1,0 +1,86 @@
+//! `conductor serve`: the OpenAI-compatible server (src/serve/, docs/serve.md).
+
+use super::ModelArgs;
+use anyhow::{bail, Result};
+use clap::Args;
+use conductor::serve::{ServeOptions, DEFAULT_MAX_BODY};
+use std::io::Write;
+use std::time::Duration;
+
+#[derive(Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Address to listen on. The default, loopback, keeps the server to this machine.
+    #[arg(long = "host", default_value = "127.0.0.1")]
+    host: String,
+    /// Port (0: a free one, printed on start).
+    #[arg(long = "port", default_value_t = 8080)]
+    port: u16,
+    /// Requests taken in at once. The engine generates one sequence at a time (no continuous
+    /// batching yet), so values above 1 only let requests wait in line.
+    #[arg(long = "parallel", default_value_t = 1)]
+    parallel: usize,
+    /// Requests that may wait for the engine; more are answered 429 with Retry-After.
+    #[arg(long = "queue", default_value_t = 8)]
+    queue: usize,
+    /// Require `Authorization: Bearer KEY` on /v1/* and /metrics.
+    #[arg(long = "api-key")]
+    api_key: Option<String>,
+    /// Context size in tokens of the server's session (default: the model's training context,
+    /// cut to what the machine holds).
+    #[arg(short = 'c', long = "ctx-size")]
+    ctx_size: Option<usize>,
+    /// Largest request body in bytes.
+    #[arg(long = "max-body", default_value_t = DEFAULT_MAX_BODY)]
+    max_body: usize,
+    /// Seconds open connections get to finish after SIGTERM / Ctrl-C.
+    #[arg(long = "shutdown-grace", default_value_t = 5.0)]
+    shutdown_grace: f64,
+}
+
+pub fn run(args: ServeArgs) -> Result<()> {
+    if args.parallel == 0 {
+        bail!("--parallel must be at least 1");
+    }
+    if args.queue == 0 {
+        bail!("--queue must be at least 1");
+    }
+    if args.ctx_size.is_some_and(|c| c < 2) {
+        bail!("-c must be at least 2");
+    }
+    if !(args.shutdown_grace.is_finite() && args.shutdown_grace >= 0.0) {
+        bail!("--shutdown-grace must be a number of seconds ≥ 0");
+    }
+    if args.api_key.as_deref() == Some("") {
+        bail!("--api-key is empty");
+    }
+    if args.parallel > 1 {
+        eprintln!(
+            "serve: --parallel {}: requests are taken in together but generated one at a time (continuous batching is not built yet)",
+            args.parallel
+        );
+    }
+    let mut model_args = args.model.clone();
+    if model_args.engine.context.is_none() {
+        model_args.engine.context = args.ctx_size;
+    }
+    let engine = model_args.load(model_args.threads())?;
+    let options = ServeOptions {
+        host: args.host,
+        port: args.port,
+        parallel: args.parallel,
+        // Requests being generated count against the line too: `parallel` of them may be
+        // taken in beyond the queue.
+        queue: args.queue + args.parallel - 1,
+        api_key: args.api_key,
+        max_body: args.max_body,
+        context: args.ctx_size,
+        shutdown_grace: Duration::from_secs_f64(args.shutdown_grace),
+    };
+    conductor::serve::serve(engine, options, |addr| {
+        // Scripts and tests read this line for the port.
+        println!("listening on http://{addr}");
+        let _ = std::io::stdout().flush();
+    })
+}

@@ -1,0 +1,154 @@
+//! `conductor serve`: an OpenAI-compatible HTTP server (axum on tokio) over one [`Engine`].
+//!
+//! One idea a file: the wire types (`api`), errors in OpenAI's shape (`error`), the routes
+//! (`routes`), from a request to a job (`request`), the engine's thread and queue (`worker`),
+//! what a request adds to each draw (`hook`: log-probabilities, and the structured-output mask
+//! from `constrain`), stop sequences (`stop`), the API key and size caps (`limits`) and
+//! Prometheus metrics (`metrics`). See docs/serve.md.
+
+mod api;
+mod constrain;
+mod error;
+mod hook;
+mod limits;
+mod metrics;
+mod request;
+mod routes;
+mod stop;
+mod worker;
+
+pub use limits::DEFAULT_MAX_BODY;
+
+use crate::Engine;
+use conductor_runtime::tokenizer::{ChatTemplate, Tokenizer};
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How the server listens and what it allows.
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    /// Address to bind (default loopback: nothing outside this machine reaches it).
+    pub host: String,
+    /// Port (0: any free one; the address is printed).
+    pub port: u16,
+    /// Requests taken in at once. The engine generates one sequence at a time, so more than
+    /// one only lets requests wait in line (see docs/serve.md).
+    pub parallel: usize,
+    /// Requests that may wait for the engine; past this, 429 with `Retry-After`.
+    pub queue: usize,
+    /// `Authorization: Bearer KEY` required on `/v1/*` and `/metrics`.
+    pub api_key: Option<String>,
+    /// Largest request body in bytes.
+    pub max_body: usize,
+    /// Context of the server's session (default: the engine's).
+    pub context: Option<usize>,
+    /// After SIGTERM / Ctrl-C, how long open connections may take to close.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions {
+            host: "127.0.0.1".into(),
+            port: 8080,
+            parallel: 1,
+            queue: 8,
+            api_key: None,
+            max_body: DEFAULT_MAX_BODY,
+            context: None,
+            shutdown_grace: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What every handler sees.
+pub struct AppState {
+    queue: std::sync::mpsc::SyncSender<worker::Job>,
+    queue_size: usize,
+    template: ChatTemplate,
+    tokenizer: Arc<Tokenizer>,
+    /// Structured output, or why it is unavailable for this model.
+    constraints: Result<constrain::Constraints, String>,
+    n_ctx: usize,
+    model: String,
+    created: u64,
+    api_key: Option<String>,
+    shared: Arc<worker::Shared>,
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Runs the server on `engine` until SIGTERM or Ctrl-C. `on_listening` is called with the
+/// bound address once requests are accepted.
+pub fn serve(
+    engine: Engine,
+    options: ServeOptions,
+    on_listening: impl FnOnce(SocketAddr),
+) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let tokenizer = engine.shared_tokenizer();
+    let (template, fallback) = engine.chat_template()?;
+    if let Some(name) = fallback {
+        eprintln!("serve: the model file has no chat template; using the {name} format");
+    }
+    let n_ctx = options
+        .context
+        .unwrap_or_else(|| engine.default_context())
+        .max(2);
+    // Made here, so that a context the machine cannot hold fails the start, not each request.
+    let session = engine.session(Some(n_ctx))?;
+    let model = engine
+        .model_path()
+        .file_stem()
+        .map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned());
+    let constraints = constrain::Constraints::new(tokenizer.clone());
+    if let Err(e) = &constraints {
+        eprintln!("serve: structured output is unavailable for this model: {e}");
+    }
+    let shared = Arc::new(worker::Shared {
+        metrics: metrics::Metrics::new()?,
+        shutdown: Default::default(),
+        tokenizer: tokenizer.clone(),
+    });
+    let queue_size = options.queue.max(1);
+    let (queue, jobs) = std::sync::mpsc::sync_channel(queue_size);
+    let worker = {
+        let shared = shared.clone();
+        std::thread::Builder::new()
+            .name("serve-engine".into())
+            .spawn(move || worker::run(engine, session, jobs, &shared))
+            .context("starting the engine thread")?
+    };
+    let state = Arc::new(AppState {
+        queue,
+        queue_size,
+        template,
+        tokenizer,
+        constraints,
+        n_ctx,
+        model,
+        created: unix_now(),
+        api_key: options.api_key.clone(),
+        shared: shared.clone(),
+    });
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let served = runtime.block_on(routes::listen(state, &options, on_listening));
+    // Whatever the server's end, stop the engine: the flag ends the running job and the
+    // worker's loop.
+    shared.shutdown.store(true, Ordering::Relaxed);
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    if worker.join().is_err() {
+        eprintln!("serve: the engine thread panicked");
+    }
+    served
+}

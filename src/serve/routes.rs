@@ -1,0 +1,525 @@
+//! The endpoints, the router around them and the listener with its graceful shutdown.
+
+use super::api::{
+    ChatChoice, ChatChunk, ChatLogprobs, ChatRequest, ChunkChoice, CompletionChoice,
+    CompletionLogprobs, CompletionRequest, CompletionResponse, Delta, ModelEntry, ModelList,
+    PromptInput, ResponseMessage, SamplingFields, TokenLogprob, Usage,
+};
+use super::error::ApiError;
+use super::request::{self, MAX_TOP_LOGPROBS};
+use super::worker::{Event, Job};
+use super::{limits, AppState, ServeOptions};
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::http::header;
+use axum::middleware::{self, Next};
+use axum::response::sse::{self, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures_util::StreamExt;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::TrySendError;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+type Shared = State<Arc<AppState>>;
+
+/// The legacy completions API lists at most this many alternatives per token.
+const MAX_LEGACY_LOGPROBS: u32 = 5;
+
+pub fn router(state: Arc<AppState>, max_body: usize) -> Router {
+    let keyed = Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/metrics", get(metrics))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            limits::require_key,
+        ));
+    Router::new()
+        .merge(keyed)
+        .route("/health", get(health))
+        .fallback(|| async { ApiError::not_found("this endpoint") })
+        .layer(DefaultBodyLimit::max(max_body))
+        .layer(middleware::from_fn_with_state(state.clone(), count))
+        .with_state(state)
+}
+
+/// Binds, serves until a signal, then gives open connections `shutdown_grace` to finish.
+pub async fn listen(
+    state: Arc<AppState>,
+    options: &ServeOptions,
+    on_listening: impl FnOnce(SocketAddr),
+) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind((options.host.as_str(), options.port))
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}:{}: {e}", options.host, options.port))?;
+    on_listening(listener.local_addr()?);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let shared = state.shared.clone();
+    tokio::spawn(async move {
+        signal().await;
+        eprintln!("serve: shutting down: running requests are cancelled, queued ones refused");
+        shared.shutdown.store(true, Ordering::Relaxed);
+        let _ = stop_tx.send(true);
+    });
+    let mut graceful = stop_rx.clone();
+    let server =
+        axum::serve(listener, router(state, options.max_body)).with_graceful_shutdown(async move {
+            let _ = graceful.wait_for(|stop| *stop).await;
+        });
+    let mut deadline = stop_rx;
+    let grace = options.shutdown_grace;
+    tokio::select! {
+        served = std::future::IntoFuture::into_future(server) => served?,
+        _ = async move {
+            let _ = deadline.wait_for(|stop| *stop).await;
+            tokio::time::sleep(grace).await;
+        } => eprintln!("serve: connections still open after {grace:?}; closing them"),
+    }
+    Ok(())
+}
+
+/// SIGTERM or Ctrl-C.
+async fn signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}
+
+/// Counts every answer by endpoint and status.
+async fn count(State(state): Shared, request: Request, next: Next) -> Response {
+    let endpoint = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "other".to_string(), |p| p.as_str().to_string());
+    let response = next.run(request).await;
+    state
+        .shared
+        .metrics
+        .requests
+        .with_label_values(&[endpoint.as_str(), response.status().as_str()])
+        .inc();
+    response
+}
+
+async fn health(State(state): Shared) -> Response {
+    if state.shared.shutdown.load(Ordering::Relaxed) {
+        return ApiError::unavailable("the server is shutting down").into_response();
+    }
+    Json(serde_json::json!({"status": "ok"})).into_response()
+}
+
+async fn metrics(State(state): Shared) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.shared.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn models(State(state): Shared) -> Json<ModelList> {
+    Json(ModelList {
+        object: "list",
+        data: vec![ModelEntry {
+            id: state.model.clone(),
+            object: "model",
+            created: state.created,
+            owned_by: "conductor",
+        }],
+    })
+}
+
+fn next_id(prefix: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    format!("{prefix}-{}", NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+fn unix_now() -> u64 {
+    super::unix_now()
+}
+
+/// Puts `job` in line for the engine: 429 when the line is full, 503 while shutting down.
+fn submit(state: &AppState, job: Job) -> Result<(), ApiError> {
+    if state.shared.shutdown.load(Ordering::Relaxed) {
+        return Err(ApiError::unavailable("the server is shutting down"));
+    }
+    let metrics = &state.shared.metrics;
+    metrics.queued.inc();
+    match state.queue.try_send(job) {
+        Ok(()) => Ok(()),
+        Err(TrySendError::Full(_)) => {
+            metrics.queued.dec();
+            metrics.rejected.inc();
+            Err(ApiError::busy(state.queue_size))
+        }
+        Err(TrySendError::Disconnected(_)) => {
+            metrics.queued.dec();
+            Err(ApiError::unavailable("the engine has stopped"))
+        }
+    }
+}
+
+/// Runs `work` (template rendering, tokenizing, compiling a schema: CPU work that grows with
+/// the request) on tokio's blocking threads, so that a large request does not stall the
+/// threads every connection shares.
+async fn blocking<T: Send + 'static>(
+    state: &Arc<AppState>,
+    work: impl FnOnce(&AppState) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let state = state.clone();
+    tokio::task::spawn_blocking(move || work(&state))
+        .await
+        .map_err(|e| ApiError::internal(format!("preparing the request failed: {e}")))?
+}
+
+/// A queued job's events, and how its client wants them.
+struct Queued {
+    events: UnboundedReceiver<Event>,
+    stream: bool,
+    include_usage: bool,
+}
+
+/// Makes the job for `prompt` and puts it in line.
+fn enqueue(
+    state: &AppState,
+    prompt: Vec<u32>,
+    sampling: SamplingFields,
+    logprobs: Option<usize>,
+    matcher: Option<llguidance::Matcher>,
+    received: Instant,
+) -> Result<Queued, ApiError> {
+    let stream = sampling.stream.unwrap_or(false);
+    let include_usage = sampling
+        .stream_options
+        .as_ref()
+        .and_then(|o| o.include_usage)
+        .unwrap_or(false);
+    let (job, events) = request::job(state, prompt, sampling, logprobs, matcher, received)?;
+    submit(state, job)?;
+    Ok(Queued {
+        events,
+        stream,
+        include_usage,
+    })
+}
+
+/// What a finished non-streamed request produced.
+struct Collected {
+    text: String,
+    logprobs: Vec<TokenLogprob>,
+    finish_reason: &'static str,
+    usage: Usage,
+}
+
+async fn collect(mut events: UnboundedReceiver<Event>) -> Result<Collected, ApiError> {
+    let mut text = String::new();
+    let mut logprobs = Vec::new();
+    while let Some(event) = events.recv().await {
+        match event {
+            Event::Text {
+                text: t,
+                logprobs: l,
+            } => {
+                text.push_str(&t);
+                logprobs.extend(l);
+            }
+            Event::Done {
+                finish_reason,
+                usage,
+            } => {
+                return Ok(Collected {
+                    text,
+                    logprobs,
+                    finish_reason,
+                    usage,
+                })
+            }
+            Event::Failed(e) => return Err(e),
+        }
+    }
+    Err(ApiError::unavailable(
+        "the engine stopped before finishing this request",
+    ))
+}
+
+fn data(value: &impl serde::Serialize) -> sse::Event {
+    sse::Event::default().data(serde_json::to_string(value).unwrap_or_default())
+}
+
+/// An SSE response: `head` first, then each worker event through `to_events`, ending with
+/// `data: [DONE]` (or an error object) as OpenAI's streams do.
+fn event_stream(
+    head: Option<sse::Event>,
+    events: UnboundedReceiver<Event>,
+    mut to_events: impl FnMut(Event) -> Vec<sse::Event> + Send + 'static,
+) -> Response {
+    let body = futures_util::stream::iter(head)
+        .chain(
+            UnboundedReceiverStream::new(events)
+                .flat_map(move |event| futures_util::stream::iter(to_events(event))),
+        )
+        .map(Ok::<_, Infallible>);
+    Sse::new(body)
+        .keep_alive(sse::KeepAlive::default())
+        .into_response()
+}
+
+async fn chat(
+    State(state): Shared,
+    body: Result<Json<ChatRequest>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let received = Instant::now();
+    let Json(req) = body?;
+    let logprobs = request::logprobs_wanted(
+        req.logprobs.unwrap_or(false),
+        req.top_logprobs,
+        "top_logprobs",
+        MAX_TOP_LOGPROBS,
+    )?;
+    let (req, prompt, matcher) = blocking(&state, move |state| {
+        let messages = request::chat_messages(&req)?;
+        let text = request::render(&state.template, &messages)?;
+        let prompt = state.tokenizer.encode(&text, true, true);
+        let matcher = match &req.response_format {
+            None => None,
+            Some(format) => match &state.constraints {
+                Ok(c) => c.compile(format)?,
+                Err(why) => {
+                    return Err(ApiError::invalid_param(
+                        "response_format",
+                        format!("structured output is unavailable for this model: {why}"),
+                    ))
+                }
+            },
+        };
+        Ok((req, prompt, matcher))
+    })
+    .await?;
+    let Queued {
+        events,
+        stream,
+        include_usage,
+    } = enqueue(&state, prompt, req.sampling, logprobs, matcher, received)?;
+    let id = next_id("chatcmpl");
+    let created = unix_now();
+    let model = state.model.clone();
+    if !stream {
+        let done = collect(events).await?;
+        return Ok(Json(super::api::ChatResponse {
+            id,
+            object: "chat.completion",
+            created,
+            model,
+            choices: vec![ChatChoice {
+                index: 0,
+                message: ResponseMessage {
+                    role: "assistant",
+                    content: done.text,
+                },
+                logprobs: logprobs.map(|_| ChatLogprobs {
+                    content: done.logprobs,
+                }),
+                finish_reason: done.finish_reason,
+            }],
+            usage: done.usage,
+        })
+        .into_response());
+    }
+    let chunk = move |delta: Delta,
+                      logprobs: Option<ChatLogprobs>,
+                      finish_reason: Option<&'static str>,
+                      usage: Option<Usage>| ChatChunk {
+        id: id.clone(),
+        object: "chat.completion.chunk",
+        created,
+        model: model.clone(),
+        choices: if usage.is_some() {
+            Vec::new()
+        } else {
+            vec![ChunkChoice {
+                index: 0,
+                delta,
+                logprobs,
+                finish_reason,
+            }]
+        },
+        usage,
+    };
+    let head = data(&chunk(
+        Delta {
+            role: Some("assistant"),
+            content: Some(String::new()),
+        },
+        None,
+        None,
+        None,
+    ));
+    Ok(event_stream(Some(head), events, move |event| match event {
+        Event::Text { text, logprobs: l } => vec![data(&chunk(
+            Delta {
+                role: None,
+                content: Some(text),
+            },
+            logprobs.map(|_| ChatLogprobs { content: l }),
+            None,
+            None,
+        ))],
+        Event::Done {
+            finish_reason,
+            usage,
+        } => {
+            let mut out = vec![data(&chunk(
+                Delta::default(),
+                None,
+                Some(finish_reason),
+                None,
+            ))];
+            if include_usage {
+                out.push(data(&chunk(Delta::default(), None, None, Some(usage))));
+            }
+            out.push(sse::Event::default().data("[DONE]"));
+            out
+        }
+        Event::Failed(e) => vec![data(&e.body())],
+    }))
+}
+
+/// The legacy API's log-probabilities of `entries`, whose texts start at `offset`.
+fn legacy_logprobs(entries: Vec<TokenLogprob>, mut offset: usize) -> CompletionLogprobs {
+    let mut out = CompletionLogprobs::default();
+    for e in entries {
+        out.text_offset.push(offset);
+        offset += e.token.len();
+        out.token_logprobs.push(e.logprob);
+        out.top_logprobs.push(
+            e.top_logprobs
+                .unwrap_or_default()
+                .into_iter()
+                .map(|t| (t.token, serde_json::Value::from(t.logprob)))
+                .collect(),
+        );
+        out.tokens.push(e.token);
+    }
+    out
+}
+
+async fn completions(
+    State(state): Shared,
+    body: Result<Json<CompletionRequest>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let received = Instant::now();
+    let Json(req) = body?;
+    let text = match req.prompt {
+        PromptInput::Text(t) => t,
+        PromptInput::Texts(mut v) if v.len() == 1 => v.remove(0),
+        PromptInput::Texts(_) => {
+            return Err(ApiError::invalid_param(
+                "prompt",
+                "give one prompt: this server completes one per request",
+            ))
+        }
+    };
+    if req.echo == Some(true) {
+        return Err(ApiError::invalid_param("echo", "echo is not supported"));
+    }
+    let prompt = blocking(&state, move |state| {
+        Ok(state.tokenizer.encode(&text, true, true))
+    })
+    .await?;
+    let logprobs = request::logprobs_wanted(
+        req.logprobs.is_some(),
+        req.logprobs,
+        "logprobs",
+        MAX_LEGACY_LOGPROBS,
+    )?;
+    let Queued {
+        events,
+        stream,
+        include_usage,
+    } = enqueue(&state, prompt, req.sampling, logprobs, None, received)?;
+    let id = next_id("cmpl");
+    let created = unix_now();
+    let model = state.model.clone();
+    let response =
+        move |choice: Option<CompletionChoice>, usage: Option<Usage>| CompletionResponse {
+            id: id.clone(),
+            object: "text_completion",
+            created,
+            model: model.clone(),
+            choices: choice.into_iter().collect(),
+            usage,
+        };
+    if !stream {
+        let done = collect(events).await?;
+        return Ok(Json(response(
+            Some(CompletionChoice {
+                index: 0,
+                text: done.text,
+                logprobs: logprobs.map(|_| legacy_logprobs(done.logprobs, 0)),
+                finish_reason: Some(done.finish_reason),
+            }),
+            Some(done.usage),
+        ))
+        .into_response());
+    }
+    let mut offset = 0;
+    Ok(event_stream(None, events, move |event| match event {
+        Event::Text { text, logprobs: l } => {
+            let lp = logprobs.map(|_| legacy_logprobs(l, offset));
+            offset += text.len();
+            vec![data(&response(
+                Some(CompletionChoice {
+                    index: 0,
+                    text,
+                    logprobs: lp,
+                    finish_reason: None,
+                }),
+                None,
+            ))]
+        }
+        Event::Done {
+            finish_reason,
+            usage,
+        } => {
+            let mut out = vec![data(&response(
+                Some(CompletionChoice {
+                    index: 0,
+                    text: String::new(),
+                    logprobs: None,
+                    finish_reason: Some(finish_reason),
+                }),
+                None,
+            ))];
+            if include_usage {
+                out.push(data(&response(None, Some(usage))));
+            }
+            out.push(sse::Event::default().data("[DONE]"));
+            out
+        }
+        Event::Failed(e) => vec![data(&e.body())],
+    }))
+}

@@ -1,0 +1,479 @@
+//! `conductor serve` end to end, on loopback: the official `openai` Python client (from PyPI,
+//! in a venv made and cached under the Conductor home) against a server on the default model.
+//! The checks themselves are in `tests/serve/openai_checks.py`, one scenario a test.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// The client's versions, pinned so a new release cannot change what the tests mean.
+const PACKAGES: &[&str] = &["openai==3.57.0", "jsonschema==4.26.0"];
+
+/// A server on a free loopback port, stopped when dropped.
+struct Server {
+    child: Child,
+    url: String,
+    log: Arc<Mutex<String>>,
+}
+
+impl Server {
+    fn start(extra: &[&str]) -> Server {
+        Server::start_with(&common::default_model(), extra)
+    }
+
+    fn start_with(model: &Path, extra: &[&str]) -> Server {
+        let mut child = common::conductor()
+            .args([
+                "serve",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "-t",
+                "1",
+                "-m",
+            ])
+            .arg(model)
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("conductor serve starts");
+        let log = Arc::new(Mutex::new(String::new()));
+        let stderr = child.stderr.take().expect("piped stderr");
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let mut log = sink.lock().unwrap_or_else(|e| e.into_inner());
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let line = rx
+            .recv_timeout(Duration::from_secs(180))
+            .unwrap_or_else(|_| {
+                panic!(
+                    "the server printed no address; its log:\n{}",
+                    log.lock().unwrap_or_else(|e| e.into_inner())
+                )
+            });
+        let url = line
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line: {line}"))
+            .to_string();
+        assert!(url.starts_with("http://127.0.0.1:"), "{url}");
+        Server { child, url, log }
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn port(&self) -> u16 {
+        self.url
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("a port")
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn run_logged(cmd: &mut Command) -> Result<(), String> {
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    Err(format!(
+        "{cmd:?} failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    ))
+}
+
+/// Makes a venv at `dir` with the client installed, or says why not.
+fn make_venv(dir: &Path) -> Result<(), String> {
+    let venv = || run_logged(Command::new("python3").args(["-m", "venv"]).arg(dir));
+    if let Err(first) = venv() {
+        // Debian and Ubuntu ship `venv` apart (python3-venv); as root, install it the way the
+        // bench scripts install what they need.
+        let root = std::env::var("USER").as_deref() == Ok("root")
+            || Command::new("id")
+                .arg("-u")
+                .output()
+                .is_ok_and(|o| o.stdout.trim_ascii() == b"0");
+        if !root || Command::new("apt-get").arg("--version").output().is_err() {
+            return Err(format!(
+                "{first}\n(install python3-venv, e.g. `apt-get install -y python3-venv`)"
+            ));
+        }
+        let _ = std::fs::remove_dir_all(dir);
+        run_logged(Command::new("apt-get").args(["update", "-qq"]))?;
+        run_logged(
+            Command::new("apt-get")
+                .args([
+                    "install",
+                    "-y",
+                    "-qq",
+                    "--no-install-recommends",
+                    "python3-venv",
+                ])
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+        )?;
+        venv()?;
+    }
+    run_logged(
+        Command::new(dir.join("bin/python"))
+            .args(["-m", "pip", "install", "-q", "--disable-pip-version-check"])
+            .args(PACKAGES),
+    )
+}
+
+/// The venv's python with `openai` importable: made once, then cached under the Conductor
+/// home (`venv-openai`). `None` (a skip, or a failure under CI=true) when it cannot be made.
+fn openai_python() -> Option<PathBuf> {
+    static PYTHON: OnceLock<Option<PathBuf>> = OnceLock::new();
+    PYTHON
+        .get_or_init(|| {
+            let dir = conductor::fetch::conductor_home().join("venv-openai");
+            let python = dir.join("bin/python");
+            let ready = |python: &Path| {
+                Command::new(python)
+                    .args(["-c", "import openai, jsonschema"])
+                    .output()
+                    .is_ok_and(|o| o.status.success())
+            };
+            if ready(&python) {
+                return Some(python);
+            }
+            // Made beside its place and renamed into it, so a half-made venv is never used.
+            let tmp = dir.with_extension(format!("tmp-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&tmp);
+            if let Some(parent) = dir.parent() {
+                let _ = std::fs::create_dir_all(parent);
+            }
+            match make_venv(&tmp) {
+                Ok(()) => {
+                    let _ = std::fs::remove_dir_all(&dir);
+                    if std::fs::rename(&tmp, &dir).is_err() || !ready(&python) {
+                        // A venv's scripts name its path: one that cannot move is used where
+                        // it was made.
+                        let _ = std::fs::remove_dir_all(&dir);
+                        return ready(&tmp.join("bin/python")).then(|| tmp.join("bin/python"));
+                    }
+                    Some(python)
+                }
+                Err(why) => {
+                    let _ = std::fs::remove_dir_all(&tmp);
+                    common::environment_missing(&format!(
+                        "the openai client cannot be installed into a venv: {why}"
+                    ));
+                    None
+                }
+            }
+        })
+        .clone()
+}
+
+/// Runs a scenario of `openai_checks.py` against `server`; its stdout.
+fn check(server: &Server, scenario: &str, args: &[&str]) -> Option<String> {
+    let python = openai_python()?;
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/serve/openai_checks.py");
+    let out = Command::new(python)
+        .arg(script)
+        .arg(&server.url)
+        .arg(scenario)
+        .args(args)
+        .output()
+        .expect("python runs");
+    assert!(
+        out.status.success(),
+        "scenario {scenario} failed:\n{}\n{}\nserver log:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        server.log()
+    );
+    Some(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Starts a server with `flags` and runs `name` of `openai_checks.py` against it.
+fn scenario(flags: &[&str], name: &str, args: &[&str]) {
+    let server = Server::start(flags);
+    check(&server, name, args);
+}
+
+#[test]
+fn openai_client_chats_plainly_and_streamed_and_completes_text() {
+    scenario(&["-c", "1024"], "plain_and_streamed", &[]);
+}
+
+/// Asks `server` (serving `model` with `flags`) for `prompt` greedily over the openai client
+/// and checks the answer is what `conductor run --chat --temp 0` prints with the same model
+/// and flags. False when the client cannot run here (not under CI).
+fn greedy_matches_run(
+    server: &Server,
+    model: &Path,
+    flags: &[&str],
+    prompt: &str,
+    n: &str,
+) -> bool {
+    let Some(out) = check(server, "greedy", &[prompt, n]) else {
+        return false;
+    };
+    let served: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON line");
+    let served = served["content"].as_str().expect("content");
+    let run = common::conductor()
+        .args([
+            "run", "--chat", "--temp", "0", "-t", "1", "-n", n, "-p", prompt, "-m",
+        ])
+        .arg(model)
+        .args(flags)
+        .output()
+        .expect("conductor run");
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let printed = String::from_utf8(run.stdout).expect("UTF-8");
+    assert!(!served.is_empty());
+    assert_eq!(served, printed.strip_suffix('\n').unwrap_or(&printed));
+    true
+}
+
+/// Greedy output over the server is what `conductor run --chat --temp 0` prints.
+#[test]
+fn greedy_chat_over_the_server_matches_conductor_run() {
+    let model = common::default_model();
+    let flags = ["-c", "1024"];
+    let server = Server::start_with(&model, &flags);
+    let prompt = "What is the capital of France? Answer in one sentence.";
+    greedy_matches_run(&server, &model, &flags, prompt, "24");
+}
+
+/// Under a memory budget (a neuron store, `--memory 50%`) the server answers as `conductor run`
+/// does under the same budget, and /metrics counts the neuron cache's hits and misses.
+#[test]
+fn serving_under_a_memory_budget_matches_conductor_run_and_counts_the_cache() {
+    let dir = common::ScratchDir::new("serve-budget");
+    let store = dir.store(
+        &common::default_model(),
+        &conductor::runtime::convert::ConvertOptions::default(),
+    );
+    let flags = ["--memory", "50%", "-c", "1024"];
+    let server = Server::start_with(&store, &flags);
+    if !greedy_matches_run(&server, &store, &flags, "Name three colors.", "16") {
+        return;
+    }
+    let cache = metric(&server, "conductor_neuron_cache_hits_total")
+        + metric(&server, "conductor_neuron_cache_misses_total");
+    assert!(cache > 0.0, "no neuron-cache traffic counted");
+    assert!(metric(&server, "conductor_neuron_cache_read_bytes_total") > 0.0);
+}
+
+#[test]
+fn concurrent_requests_all_complete_with_their_own_answers() {
+    scenario(
+        &["-c", "1024", "--parallel", "2", "--queue", "8"],
+        "concurrent",
+        &["6"],
+    );
+}
+
+/// A bounded load: 8 clients, each sending its requests in turn. It stops by itself; every
+/// request succeeds (none refused: the queue holds every client); the log gets throughput and
+/// TTFT p50/p99 (informational: this is a functional test on a shared machine).
+#[test]
+fn a_bounded_load_of_eight_clients_has_no_errors() {
+    let server = Server::start(&["-c", "1024", "--queue", "8"]);
+    if let Some(out) = check(&server, "load", &["8", "3"]) {
+        eprintln!("load: {}", out.trim());
+    }
+}
+
+/// Flags that cannot work are refused before anything is served.
+#[test]
+fn serve_refuses_flags_that_cannot_work() {
+    for (args, said) in [
+        (&["--queue", "0"][..], "--queue must be at least 1"),
+        (&["--parallel", "0"][..], "--parallel must be at least 1"),
+        (&["-c", "1"][..], "-c must be at least 2"),
+        (&["--api-key", ""][..], "--api-key is empty"),
+    ] {
+        let out = common::conductor()
+            .arg("serve")
+            .args(args)
+            .output()
+            .expect("conductor serve");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains(said),
+            "{args:?}: {stderr}"
+        );
+    }
+    // A port in use is named.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    let port = taken.local_addr().expect("its address").port().to_string();
+    let out = common::conductor()
+        .args(["serve", "-t", "1", "-c", "256", "--port", &port, "-m"])
+        .arg(common::default_model())
+        .output()
+        .expect("conductor serve");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains(&format!("cannot listen on 127.0.0.1:{port}")),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn json_schema_output_parses_and_validates_and_a_bad_schema_is_a_400() {
+    scenario(&["-c", "1024"], "schema", &[]);
+}
+
+/// With `--queue 1`: one request generating, one waiting, the next refused with 429 and
+/// `Retry-After`; the generating client leaving cancels its sequence and the waiting one runs.
+#[test]
+fn a_full_queue_answers_429_and_a_disconnect_frees_the_engine() {
+    scenario(
+        &["-c", "4096", "--queue", "1"],
+        "queue_and_disconnect",
+        &["4000"],
+    );
+}
+
+#[test]
+fn bad_input_gets_openai_errors_and_the_server_keeps_serving() {
+    scenario(
+        &[
+            "-c",
+            "512",
+            "--max-body",
+            "65536",
+            "--api-key",
+            "sk-test-key",
+        ],
+        "bad_input",
+        &["512"],
+    );
+}
+
+/// SIGTERM while a stream is running: the stream ends with an error event and the server
+/// exits promptly and cleanly.
+#[test]
+fn sigterm_cancels_a_running_stream_and_exits_promptly() {
+    let mut server = Server::start(&["-c", "4096", "--shutdown-grace", "3"]);
+    let mut conn = long_story(&server, true);
+    conn.set_read_timeout(Some(Duration::from_secs(60)))
+        .expect("a read timeout");
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while seen.windows(8).filter(|w| w == b"content\"").count() < 3 {
+        let n = conn.read(&mut buf).expect("the stream flows");
+        assert!(
+            n > 0,
+            "the stream ended early: {}",
+            String::from_utf8_lossy(&seen)
+        );
+        seen.extend_from_slice(&buf[..n]);
+    }
+    common::signal(&server.child, rustix::process::Signal::TERM);
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = server.child.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the server is still running 20 s after SIGTERM; log:\n{}",
+            server.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status}; log:\n{}", server.log());
+    // The stream ended: to EOF, with the error event saying why.
+    let _ = conn.read_to_end(&mut seen);
+    let text = String::from_utf8_lossy(&seen);
+    assert!(text.contains("shutting down"), "{text}");
+}
+
+/// Sends a request for a 4000-token story over a raw connection (to hang up on, or to read as
+/// it streams) and returns the connection.
+fn long_story(server: &Server, stream: bool) -> std::net::TcpStream {
+    let mut conn =
+        std::net::TcpStream::connect(("127.0.0.1", server.port())).expect("connect to the server");
+    let body = format!(
+        r#"{{"messages":[{{"role":"user","content":"Tell a long story."}}],"max_tokens":4000,"ignore_eos":true,"stream":{stream}}}"#
+    );
+    write!(
+        conn,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send the request");
+    conn
+}
+
+/// `GET path` over a fresh connection; the body.
+fn get(server: &Server, path: &str) -> String {
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", server.port())).expect("connect");
+    write!(conn, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").expect("send");
+    let mut reply = String::new();
+    conn.read_to_string(&mut reply).expect("read");
+    reply
+        .split_once("\r\n\r\n")
+        .map_or(String::new(), |(_, body)| body.to_string())
+}
+
+fn metric(server: &Server, name: &str) -> f64 {
+    get(server, "/metrics")
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("{name} is not in /metrics"))
+}
+
+/// A client of a non-streamed request that hangs up: its generation stops (counted as
+/// cancelled, far short of max_tokens) and the engine is free again.
+#[test]
+fn a_non_streamed_request_whose_client_hangs_up_is_cancelled() {
+    let server = Server::start(&["-c", "4096"]);
+    let conn = long_story(&server, false);
+    let started = Instant::now();
+    while metric(&server, "conductor_requests_running") < 1.0 {
+        assert!(started.elapsed() < Duration::from_secs(60), "it never ran");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(conn);
+    while metric(&server, "conductor_requests_cancelled_total") < 1.0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the generation went on after its client left; log:\n{}",
+            server.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(metric(&server, "conductor_requests_running"), 0.0);
+    assert!(metric(&server, "conductor_completion_tokens_total") < 4000.0);
+    assert!(get(&server, "/health").contains("ok"));
+}
