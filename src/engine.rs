@@ -8,7 +8,7 @@ use conductor_runtime::cache::{
 use conductor_runtime::exec::{Driver, InlineDriver, Session, StepError};
 use conductor_runtime::model::{Model, ModelError};
 use conductor_runtime::plan::{CachePlan, CachePolicy, ReadPolicy};
-use conductor_runtime::plan::{ExecutionPlan, IoEngine, ModelIdentity, Topology};
+use conductor_runtime::plan::{ExecutionPlan, IoEngine, ModelIdentity, Topology, Verify};
 use conductor_runtime::quant::GgmlType;
 use conductor_runtime::quant::Kernels;
 use conductor_runtime::sample::{Sampler, SamplingError, SamplingParams};
@@ -214,6 +214,7 @@ pub struct EngineBuilder {
     context: Option<usize>,
     io_threads: Option<u32>,
     io_engine: Option<IoEngine>,
+    verify: Option<Verify>,
     io_batch: Option<u32>,
     cache_policy: Option<CachePolicy>,
     max_loads: Option<u32>,
@@ -261,6 +262,13 @@ impl EngineBuilder {
     /// How reads reach the kernel (default: the plan's, positional reads).
     pub fn io_engine(mut self, engine: IoEngine) -> Self {
         self.io_engine = Some(engine);
+        self
+    }
+
+    /// When reads of a neuron store are checked against its checksums (default: the plan's,
+    /// every read).
+    pub fn verify(mut self, verify: Verify) -> Self {
+        self.verify = Some(verify);
         self
     }
 
@@ -406,6 +414,9 @@ impl EngineBuilder {
         }
         if let Some(engine) = self.io_engine {
             plan.storage.engine = engine;
+        }
+        if let Some(verify) = self.verify {
+            plan.storage.verify = verify;
         }
         if model.sparse.is_some() && sparsity.all_tokens {
             plan.decode_max_tokens = plan.decode_max_tokens.max(plan.prefill_max_tokens);
@@ -662,6 +673,7 @@ impl Engine {
             context: None,
             io_threads: None,
             io_engine: None,
+            verify: None,
             io_batch: None,
             cache_policy: None,
             max_loads: None,

@@ -220,11 +220,26 @@ impl Model {
         Ok(model)
     }
 
-    /// Checks every bundle of a store held in memory against its checksum.
+    /// Checks every bundle of a store held in memory against its checksum, and with page
+    /// checksums (format 3) every page of its other tensors.
     fn check_all_bundles(&self) -> Result<(), ModelError> {
         let Some(store) = &self.store else {
             return Ok(());
         };
+        if let Some(pages) = &store.pages {
+            for t in crate::store::PageCrcs::covered(&self.file) {
+                if t.name.ends_with(".ffn_bundles") {
+                    continue;
+                }
+                let start = self.file.data_offset() + t.offset;
+                let bytes = self
+                    .file
+                    .bytes(start as usize..(start + t.n_bytes) as usize)?;
+                pages
+                    .check(&t.name, start, bytes)
+                    .map_err(|e| ModelError::Store(Box::new(e)))?;
+            }
+        }
         let layout = &store.layout;
         for (l, layer) in self.layers.iter().enumerate() {
             let Some(range) = &layer.bundles else {
@@ -471,20 +486,47 @@ impl Model {
             let t = &self.tok_embd;
             let rb = t.row_bytes();
             let mut buf = reader.scratch.lock().unwrap_or_else(|e| e.into_inner());
-            buf.resize(rb, 0);
-            let offset = (t.bytes.start + token as usize * rb) as u64;
+            let start = (t.bytes.start + token as usize * rb) as u64;
+            // With page checksums the row's whole pages are read and checked (every time: a
+            // row is read per token, a page or two).
+            let pages = self.store.as_ref().and_then(|s| s.pages.as_ref());
+            let (offset, len) = match pages {
+                Some(_) => {
+                    let page = crate::store::PAGE_BYTES;
+                    let first = start / page * page;
+                    let end = (start + rb as u64).div_ceil(page) * page;
+                    let end = end.min(t.bytes.end as u64).max(start + rb as u64);
+                    (first, (end - first) as usize)
+                }
+                None => (start, rb),
+            };
+            // The most any row takes, so that the scratch is allocated once, not per token.
+            let most = rb + 2 * crate::store::PAGE_BYTES as usize;
+            if buf.capacity() < most {
+                let have = buf.len();
+                buf.reserve_exact(most - have);
+            }
+            buf.resize(len, 0);
+            let path = || {
+                self.path
+                    .as_deref()
+                    .map_or(String::new(), |p| p.display().to_string())
+            };
             reader
                 .file
                 .read_exact_at(&mut buf, offset)
                 .map_err(|source| crate::gguf::GgufError::Io {
                     op: "read an embedding row of",
-                    path: self
-                        .path
-                        .as_deref()
-                        .map_or(String::new(), |p| p.display().to_string()),
+                    path: path(),
                     source,
                 })?;
-            dequantize_row(t.ty, &buf, out)?;
+            if let Some(pages) = pages {
+                pages
+                    .check(&format!("{}: embedding row {token}", path()), offset, &buf)
+                    .map_err(|e| ModelError::Store(Box::new(e)))?;
+            }
+            let at = (start - offset) as usize;
+            dequantize_row(t.ty, &buf[at..at + rb], out)?;
             return Ok(());
         }
         let row = self.rows(&self.tok_embd, token as usize..token as usize + 1);

@@ -374,6 +374,7 @@ fn check_bundle_names_the_neurons_of_a_corrupt_bundle() {
         source_crc32: 0,
         source_name: String::new(),
         bundle_crc: vec![0, 0, crc32fast::hash(b"bundle"), 0, 0, 0],
+        pages: None,
     };
     info.check_bundle(0, 2, b"bundle").unwrap();
     match info.check_bundle(0, 2, b"bundlf") {
