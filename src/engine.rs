@@ -215,6 +215,7 @@ pub struct EngineBuilder {
     io_threads: Option<u32>,
     io_engine: Option<IoEngine>,
     verify: Option<Verify>,
+    mmap: bool,
     io_batch: Option<u32>,
     cache_policy: Option<CachePolicy>,
     max_loads: Option<u32>,
@@ -262,6 +263,15 @@ impl EngineBuilder {
     /// How reads reach the kernel (default: the plan's, positional reads).
     pub fn io_engine(mut self, engine: IoEngine) -> Self {
         self.io_engine = Some(engine);
+        self
+    }
+
+    /// Without a memory budget: map the model file (`true`, the default: pages are read as
+    /// they are used, and a truncated or modified file fails the next step, though a file cut
+    /// during a step faults) or read it into memory (`false`, `--no-mmap`: later changes to
+    /// the file cannot reach the engine).
+    pub fn mmap(mut self, on: bool) -> Self {
+        self.mmap = on;
         self
     }
 
@@ -385,7 +395,8 @@ impl EngineBuilder {
         let model = match memory {
             // Attention loads only once the budget says it stays resident (below).
             Some(_) => Model::load_resident_with(&path, true, true).map_err(load)?,
-            None => Model::load(&path).map_err(load)?,
+            None if self.mmap => Model::load(&path).map_err(load)?,
+            None => Model::load_read(&path).map_err(load)?,
         };
         let mut model = model;
         model.sparse = resolve_sparsity(&model, &path, &sparsity, &mut *self.say)?;
@@ -674,6 +685,7 @@ impl Engine {
             io_threads: None,
             io_engine: None,
             verify: None,
+            mmap: true,
             io_batch: None,
             cache_policy: None,
             max_loads: None,
@@ -819,6 +831,7 @@ impl Engine {
         logits_from: usize,
         on_logits: &mut dyn FnMut(usize, &[f32]),
     ) -> Result<(), Error> {
+        self.check_model_file()?;
         Ok(self
             .driver
             .get()
@@ -827,7 +840,17 @@ impl Engine {
 
     /// Evaluates `tokens` and returns the logits of the last one.
     pub fn eval_last(&mut self, session: &mut Session, tokens: &[u32]) -> Result<&[f32], Error> {
+        self.check_model_file()?;
         Ok(self.driver.get().eval_last(session, tokens)?)
+    }
+
+    /// Before each step: a memory-mapped model file that was truncated or modified since it
+    /// was loaded fails the step (reading a page past a truncated end would raise `SIGBUS`).
+    fn check_model_file(&self) -> Result<(), Error> {
+        self.model.check_file().map_err(|source| Error::Load {
+            path: self.model_path().to_path_buf(),
+            source,
+        })
     }
 
     /// The chat template for this model: the file's own or, for a file without one, its
@@ -870,6 +893,7 @@ impl Engine {
         }
         let mut sampler = Sampler::new(options.sampling.clone())?;
         let started = Instant::now();
+        self.check_model_file()?;
         let logits = self.driver.get().eval_last(session, prompt)?;
         let prompt_time = started.elapsed();
         for &t in session.tokens() {
@@ -954,6 +978,7 @@ impl TokenStream<'_> {
     fn advance(&mut self) -> Result<Option<Piece>, Error> {
         if let Some(token) = self.to_eval.take() {
             let t0 = Instant::now();
+            self.engine.check_model_file()?;
             let logits = self.engine.driver.get().eval_last(self.session, &[token])?;
             self.stats.decode_time += t0.elapsed();
             self.stats.decode_evals += 1;

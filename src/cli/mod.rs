@@ -140,6 +140,11 @@ pub struct EngineArgs {
     /// on by default).
     #[arg(long = "io-engine", value_enum)]
     pub io_engine: Option<IoEngineArg>,
+    /// Read the model file into memory instead of mapping it (without --memory): a change to
+    /// the file while the engine runs cannot reach it (mapped, a truncated or modified file
+    /// fails the next step, and one cut during a step faults).
+    #[arg(long = "no-mmap")]
+    pub no_mmap: bool,
     /// When reads of a neuron store under --memory are checked against its checksums:
     /// `always` (every read, the default: a CRC-32 of every byte read) or `first` (a unit's
     /// first whole read only). Default: the plan's `storage.verify`, else always.
@@ -320,6 +325,9 @@ pub fn load_engine(model: Option<&Path>, threads: usize, engine: &EngineArgs) ->
             IoEngineArg::Pread => IoEngine::Pread,
             IoEngineArg::Uring => IoEngine::Uring,
         });
+    }
+    if engine.no_mmap {
+        builder = builder.mmap(false);
     }
     if let Some(verify) = engine.verify {
         builder = builder.verify(match verify {

@@ -165,12 +165,33 @@ impl Model {
         }
     }
 
-    /// Opens and checks a GGUF model file.
+    /// Opens and checks a GGUF model file, memory-mapped: its pages are read as they are
+    /// used. The file must not change while the model is in use: [`Model::check_file`] finds
+    /// a change between uses, but a file truncated while a step reads it faults (`SIGBUS`).
+    /// [`Model::load_read`] holds its own copy instead.
     pub fn load(path: &Path) -> Result<Model, ModelError> {
-        let mut model = Model::from_gguf(GgufFile::open(path)?)?;
+        Model::load_from(path, GgufFile::open(path)?)
+    }
+
+    /// [`Model::load`] reading the whole file into memory instead of mapping it (`--no-mmap`):
+    /// a change to the file after the load cannot reach the model.
+    pub fn load_read(path: &Path) -> Result<Model, ModelError> {
+        Model::load_from(path, GgufFile::read(path)?)
+    }
+
+    fn load_from(path: &Path, file: GgufFile) -> Result<Model, ModelError> {
+        let mut model = Model::from_gguf(file)?;
         model.check_all_bundles()?;
         model.path = Some(path.to_path_buf());
         Ok(model)
+    }
+
+    /// An error when the file a memory-mapped model was loaded from was truncated or modified
+    /// since ([`GgufFile::check_unchanged`]); `Ok` for a model that holds its own bytes (read
+    /// into memory, or a store's resident tensors, whose other reads are checked reads).
+    pub fn check_file(&self) -> Result<(), ModelError> {
+        let path = self.path.as_deref().unwrap_or(Path::new("the model file"));
+        Ok(self.file.check_unchanged(path)?)
     }
 
     /// Opens a neuron store keeping only its resident tensors in owned memory: the bundles stay

@@ -391,3 +391,51 @@ fn check_bundle_names_the_neurons_of_a_corrupt_bundle() {
     // Past the recorded checksums.
     assert!(info.check_bundle(2, 0, b"bundle").is_err());
 }
+
+/// Page checksums: each page of a tensor is checked whole (a tensor's last page covers its own
+/// bytes only, the padding after it is not covered); a read that ends inside a page, starts
+/// off a page boundary or changed a byte is refused, naming the page's file offset.
+#[test]
+fn page_checksums_check_whole_pages_of_tensors_only() {
+    let page = PAGE_BYTES as usize;
+    // Tensor A: 2.5 pages at 0; padding to 3 pages; tensor B: 1 page at 3 pages.
+    let a: Vec<u8> = (0..page * 5 / 2).map(|i| (i * 7 % 251) as u8).collect();
+    let b: Vec<u8> = (0..page).map(|i| (i * 13 % 241) as u8).collect();
+    let mut file = a.clone();
+    file.resize(3 * page, 0xee);
+    file.extend_from_slice(&b);
+    let mut table = Vec::new();
+    PageCrcs::push_pages(&a, &mut table);
+    PageCrcs::push_pages(&b, &mut table);
+    let pages = PageCrcs {
+        tensors: vec![(0, a.len() as u64, 0), (3 * PAGE_BYTES, 4 * PAGE_BYTES, 3)],
+        crc: table
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+    };
+    assert_eq!(PageCrcs::n_pages([a.len() as u64, b.len() as u64]), 4);
+    pages.check("all", 0, &file).unwrap();
+    pages.check("b", 3 * PAGE_BYTES, &file[3 * page..]).unwrap();
+    pages
+        .check("a's last page", 2 * PAGE_BYTES, &file[2 * page..3 * page])
+        .unwrap();
+    // The padding is not covered; a's last page must be there up to a's end.
+    let mut padded = file.clone();
+    padded[3 * page - 1] ^= 1;
+    pages.check("padding", 0, &padded).unwrap();
+    let err = pages
+        .check("short", 2 * PAGE_BYTES, &file[2 * page..2 * page + 100])
+        .unwrap_err();
+    assert!(matches!(err, StoreError::PageChecksum { offset, .. } if offset == 2 * PAGE_BYTES));
+    for at in [5, page + 1, 3 * page + 4095] {
+        let mut bad = file.clone();
+        bad[at] ^= 0x10;
+        let err = pages.check("flipped", 0, &bad).unwrap_err().to_string();
+        let expect = (at / page * page).to_string();
+        assert!(err.contains("flipped") && err.contains(&expect), "{err}");
+    }
+    assert!(pages.check("unaligned", 1, &file[1..]).is_err());
+    // Past every tensor: nothing to check.
+    pages.check("beyond", 4 * PAGE_BYTES, &[1, 2, 3]).unwrap();
+}
