@@ -237,6 +237,16 @@ impl Meta {
         let crcs = (0..n as u32).flat_map(|i| (i + 7).to_le_bytes()).collect();
         w.add_tensor(CRC_TENSOR, self.crc_dims.clone(), GgmlType::I32, crcs)
             .unwrap();
+        // The page table of the bundle tensor (all zeros), as format 3 has.
+        let mut pages = Vec::new();
+        if self.bundle_tensor {
+            PageCrcs::push_pages(&vec![0; self.stride as usize * 3], &mut pages);
+        }
+        if !pages.is_empty() {
+            let n = pages.len() as u64 / 4;
+            w.add_tensor(PAGE_CRC_TENSOR, vec![n], GgmlType::I32, pages)
+                .unwrap();
+        }
         GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap()
     }
 
@@ -269,6 +279,7 @@ fn consistent_metadata_reads_back() {
     assert_eq!(info.source_crc32, 0xDEAD_BEEF);
     assert_eq!(info.source_name, "tiny.gguf");
     assert_eq!(info.bundle_crc, [7, 8, 9]);
+    assert!(info.pages.is_some());
     // Without a store version it is an ordinary model.
     let plain = Meta {
         version: None,
@@ -357,6 +368,28 @@ fn inconsistent_tensors_are_refused() {
         ..Meta::valid()
     };
     layout_error(m.info(), "`blk.0.ffn_bundles` is missing");
+    // Format 3 without its page table.
+    let m = Meta {
+        bundle_tensor: false,
+        ..Meta::valid()
+    };
+    let mut file = m.file();
+    assert!(file.tensor(PAGE_CRC_TENSOR).is_none());
+    file = {
+        let mut w = GgufWriter::from_file(&file).unwrap();
+        w.add_tensor(
+            bundle_tensor_name(0),
+            vec![7 * 4096, 3],
+            GgmlType::I8,
+            vec![0; 7 * 4096 * 3],
+        )
+        .unwrap();
+        GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap()
+    };
+    layout_error(
+        StoreInfo::from_gguf(&file, 256, 80, 1),
+        "`conductor.page_crc` is missing",
+    );
     // Two layers asked of a one-layer store: the checksums do not cover them.
     layout_error(
         StoreInfo::from_gguf(&Meta::valid().file(), 256, 80, 2),
