@@ -542,9 +542,12 @@ impl Model {
                     source,
                 })?;
             if let Some(pages) = pages {
-                pages
-                    .check(&format!("{}: embedding row {token}", path()), offset, &buf)
-                    .map_err(|e| ModelError::Store(Box::new(e)))?;
+                pages.check_pages(offset, &buf).map_err(|at| {
+                    ModelError::Store(Box::new(crate::store::StoreError::PageChecksum {
+                        what: format!("{}: embedding row {token}", path()),
+                        offset: at,
+                    }))
+                })?;
             }
             let at = (start - offset) as usize;
             dequantize_row(t.ty, &buf[at..at + rb], out)?;

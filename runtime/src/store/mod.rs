@@ -461,12 +461,18 @@ impl PageCrcs {
     /// tensor's bytes in it) and match its CRC-32. Bytes outside every tensor (alignment
     /// padding) are not covered. `what` names the read in the error.
     pub fn check(&self, what: &str, offset: u64, bytes: &[u8]) -> Result<(), StoreError> {
-        let fail = |at: u64| StoreError::PageChecksum {
-            what: what.to_string(),
-            offset: at,
-        };
+        self.check_pages(offset, bytes)
+            .map_err(|at| StoreError::PageChecksum {
+                what: what.to_string(),
+                offset: at,
+            })
+    }
+
+    /// [`PageCrcs::check`] without a name: the file offset of the first page that fails (no
+    /// allocation either way, for per-token reads).
+    pub fn check_pages(&self, offset: u64, bytes: &[u8]) -> Result<(), u64> {
         if !offset.is_multiple_of(PAGE_BYTES) {
-            return Err(fail(offset));
+            return Err(offset);
         }
         let end = offset + bytes.len() as u64;
         let mut page = offset;
@@ -486,12 +492,12 @@ impl PageCrcs {
             let upto = (page + PAGE_BYTES).min(stop);
             if upto > end {
                 // The read ended inside the page: it cannot be checked, so it is not trusted.
-                return Err(fail(page));
+                return Err(page);
             }
             let index = first + ((page - start) / PAGE_BYTES) as usize;
             let have = &bytes[(page - offset) as usize..(upto - offset) as usize];
             if self.crc.get(index) != Some(&crc32fast::hash(have)) {
-                return Err(fail(page));
+                return Err(page);
             }
             page += PAGE_BYTES;
         }
