@@ -16,8 +16,11 @@ use conductor_runtime::store::StoreInfo;
 use conductor_runtime::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 use conductor_runtime::trace::Trace;
 
+/// A target: the input's bytes in, whether they got past the parser out.
+pub type Target = fn(&[u8]) -> bool;
+
 /// Every target, by name: what `scripts/fuzz` runs and `tests/corpus.rs` smokes.
-pub const TARGETS: &[(&str, fn(&[u8]) -> bool)] = &[
+pub const TARGETS: &[(&str, Target)] = &[
     ("gguf_from_bytes", gguf_from_bytes),
     ("model_from_gguf", model_from_gguf),
     ("tokenizer_from_gguf", tokenizer_from_gguf),
