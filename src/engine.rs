@@ -8,7 +8,7 @@ use conductor_runtime::cache::{
 use conductor_runtime::exec::{Driver, InlineDriver, Session, StepError};
 use conductor_runtime::model::{Model, ModelError};
 use conductor_runtime::plan::{CachePlan, CachePolicy, ReadPolicy};
-use conductor_runtime::plan::{ExecutionPlan, IoEngine, ModelIdentity, Topology};
+use conductor_runtime::plan::{ExecutionPlan, IoEngine, ModelIdentity, Topology, Verify};
 use conductor_runtime::quant::GgmlType;
 use conductor_runtime::quant::Kernels;
 use conductor_runtime::sample::{Sampler, SamplingError, SamplingParams};
@@ -261,6 +261,8 @@ pub struct EngineBuilder {
     context: Option<usize>,
     io_threads: Option<u32>,
     io_engine: Option<IoEngine>,
+    verify: Option<Verify>,
+    mmap: bool,
     io_batch: Option<u32>,
     cache_policy: Option<CachePolicy>,
     max_loads: Option<u32>,
@@ -308,6 +310,22 @@ impl EngineBuilder {
     /// How reads reach the kernel (default: the plan's, positional reads).
     pub fn io_engine(mut self, engine: IoEngine) -> Self {
         self.io_engine = Some(engine);
+        self
+    }
+
+    /// Without a memory budget: map the model file (`true`, the default: pages are read as
+    /// they are used, and a truncated or modified file fails the next step, though a file cut
+    /// during a step faults) or read it into memory (`false`, `--no-mmap`: later changes to
+    /// the file cannot reach the engine).
+    pub fn mmap(mut self, on: bool) -> Self {
+        self.mmap = on;
+        self
+    }
+
+    /// When reads of a neuron store are checked against its checksums (default: the plan's,
+    /// every read).
+    pub fn verify(mut self, verify: Verify) -> Self {
+        self.verify = Some(verify);
         self
     }
 
@@ -424,7 +442,8 @@ impl EngineBuilder {
         let model = match memory {
             // Attention loads only once the budget says it stays resident (below).
             Some(_) => Model::load_resident_with(&path, true, true).map_err(load)?,
-            None => Model::load(&path).map_err(load)?,
+            None if self.mmap => Model::load(&path).map_err(load)?,
+            None => Model::load_read(&path).map_err(load)?,
         };
         let mut model = model;
         model.sparse = resolve_sparsity(&model, &path, &sparsity, &mut *self.say)?;
@@ -453,6 +472,9 @@ impl EngineBuilder {
         }
         if let Some(engine) = self.io_engine {
             plan.storage.engine = engine;
+        }
+        if let Some(verify) = self.verify {
+            plan.storage.verify = verify;
         }
         if model.sparse.is_some() && sparsity.all_tokens {
             plan.decode_max_tokens = plan.decode_max_tokens.max(plan.prefill_max_tokens);
@@ -710,6 +732,8 @@ impl Engine {
             context: None,
             io_threads: None,
             io_engine: None,
+            verify: None,
+            mmap: true,
             io_batch: None,
             cache_policy: None,
             max_loads: None,
@@ -860,6 +884,7 @@ impl Engine {
         logits_from: usize,
         on_logits: &mut dyn FnMut(usize, &[f32]),
     ) -> Result<(), Error> {
+        self.check_model_file()?;
         Ok(self
             .driver
             .get()
@@ -868,7 +893,17 @@ impl Engine {
 
     /// Evaluates `tokens` and returns the logits of the last one.
     pub fn eval_last(&mut self, session: &mut Session, tokens: &[u32]) -> Result<&[f32], Error> {
+        self.check_model_file()?;
         Ok(self.driver.get().eval_last(session, tokens)?)
+    }
+
+    /// Before each step: a memory-mapped model file that was truncated or modified since it
+    /// was loaded fails the step (reading a page past a truncated end would raise `SIGBUS`).
+    fn check_model_file(&self) -> Result<(), Error> {
+        self.model.check_file().map_err(|source| Error::Load {
+            path: self.model_path().to_path_buf(),
+            source,
+        })
     }
 
     /// The chat template for this model: the file's own or, for a file without one, its
@@ -923,6 +958,7 @@ impl Engine {
         }
         let mut sampler = Sampler::new(options.sampling.clone())?;
         let started = Instant::now();
+        self.check_model_file()?;
         let logits = self.driver.get().eval_last(session, prompt)?;
         let prompt_time = started.elapsed();
         for &t in session.tokens() {
@@ -1013,6 +1049,7 @@ impl TokenStream<'_> {
     fn advance(&mut self) -> Result<Option<Piece>, Error> {
         if let Some(token) = self.to_eval.take() {
             let t0 = Instant::now();
+            self.engine.check_model_file()?;
             let logits = self.engine.driver.get().eval_last(self.session, &[token])?;
             self.stats.decode_time += t0.elapsed();
             self.stats.decode_evals += 1;

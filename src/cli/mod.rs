@@ -20,7 +20,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use conductor::fetch;
 use conductor::runtime::cache::MemoryBudget;
 use conductor::runtime::plan::CachePolicy;
-use conductor::runtime::plan::{ExecutionPlan, IoEngine};
+use conductor::runtime::plan::{ExecutionPlan, IoEngine, Verify};
 use conductor::runtime::quant::GgmlType;
 use conductor::runtime::sparse::SparsityMode;
 use conductor::{DriverKind, Engine, SparsitySettings};
@@ -146,6 +146,16 @@ pub struct EngineArgs {
     /// on by default).
     #[arg(long = "io-engine", value_enum)]
     pub io_engine: Option<IoEngineArg>,
+    /// Read the model file into memory instead of mapping it (without --memory): a change to
+    /// the file while the engine runs cannot reach it (mapped, a truncated or modified file
+    /// fails the next step, and one cut during a step faults).
+    #[arg(long = "no-mmap")]
+    pub no_mmap: bool,
+    /// When reads of a neuron store under --memory are checked against its checksums:
+    /// `always` (every read, the default: a CRC-32 of every byte read) or `first` (a unit's
+    /// first whole read only). Default: the plan's `storage.verify`, else always.
+    #[arg(long = "verify", value_enum)]
+    pub verify: Option<VerifyArg>,
     /// Loads kept in flight ahead of compute under --memory: the I/O pipeline's depth
     /// (default: the plan's, else 4; 1: no read-ahead).
     #[arg(long = "max-loads")]
@@ -255,6 +265,13 @@ pub enum IoEngineArg {
     Uring,
 }
 
+/// When reads of a neuron store are checked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum VerifyArg {
+    Always,
+    First,
+}
+
 impl EngineArgs {
     /// The plan given with `--plan`, if any (otherwise the engine fits its default plan to the
     /// machine).
@@ -313,6 +330,15 @@ pub fn load_engine(model: Option<&Path>, threads: usize, engine: &EngineArgs) ->
         builder = builder.io_engine(match engine_arg {
             IoEngineArg::Pread => IoEngine::Pread,
             IoEngineArg::Uring => IoEngine::Uring,
+        });
+    }
+    if engine.no_mmap {
+        builder = builder.mmap(false);
+    }
+    if let Some(verify) = engine.verify {
+        builder = builder.verify(match verify {
+            VerifyArg::Always => Verify::Always,
+            VerifyArg::First => Verify::First,
         });
     }
     if let Some(n) = engine.max_loads {

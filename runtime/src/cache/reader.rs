@@ -1,10 +1,13 @@
 //! Reading units from a neuron store into cache slots: one positional read per unit (or,
 //! with `storage.engine = "uring"`, io_uring reads), on `O_DIRECT` when the file system
-//! allows, retried once; a bundle's CRC-32 is checked the first time it is read.
+//! allows, retried once. What is read is checked against the store's checksums as the plan's
+//! `storage.verify` says ([`Verify`]): every read (whole bundles against their CRC-32, parts of
+//! bundles and attention and output units page by page), or a unit's first whole read only. A
+//! read that fails its check counts as a failed read: it is read again once, then is an error.
 
 use super::UnitMap;
 use crate::model::Model;
-use crate::plan::IoEngine;
+use crate::plan::{IoEngine, StoragePlan, Verify};
 use crate::store::StoreInfo;
 use std::fs::File;
 use std::ops::Range;
@@ -33,7 +36,8 @@ pub struct Extent {
     pub len: usize,
     pub data: Range<usize>,
     pub what: String,
-    /// (layer, bundle) of a store bundle, checked on every read.
+    /// (layer, bundle) of a store bundle, checked against its bundle CRC; other units are
+    /// checked against the store's page CRCs.
     pub bundle: Option<(u32, u32)>,
 }
 
@@ -114,9 +118,11 @@ pub struct BundleFile {
     store: StoreInfo,
     map: UnitMap,
     extents: Vec<Extent>,
-    /// Bundles whose checksum a read already confirmed: later reads of the same bytes are only
-    /// checked for length (a CRC of every read costs a tenth of the I/O time).
+    /// Units whose checksum a whole read already confirmed: under [`Verify::First`] later
+    /// reads of them are only checked for length; under either policy a bundle's pages may be
+    /// read on their own once it is set ([`BundleFile::part_ready`]).
     verified: Vec<AtomicBool>,
+    verify: Verify,
     reads: Reads,
 }
 
@@ -147,8 +153,8 @@ pub enum OpenError {
 
 impl BundleFile {
     /// Opens the store `model` was loaded from for the units `extents` describe, with
-    /// `O_DIRECT` if `direct` and the file system accepts it, read through `engine`. `None`
-    /// when the model is not a store.
+    /// `O_DIRECT` if `direct` and the file system accepts it, read through `engine`, every
+    /// read checked. `None` when the model is not a store.
     pub fn open(
         path: &Path,
         model: &Model,
@@ -157,6 +163,25 @@ impl BundleFile {
         direct: bool,
         engine: IoEngine,
     ) -> Result<Option<BundleFile>, OpenError> {
+        let storage = StoragePlan {
+            direct_io: direct,
+            engine,
+            verify: Verify::Always,
+            ..crate::plan::ExecutionPlan::default().storage
+        };
+        BundleFile::open_with(path, model, map, extents, &storage)
+    }
+
+    /// [`BundleFile::open`] as the plan's `storage` section says (`O_DIRECT`, engine, and
+    /// when reads are checked).
+    pub fn open_with(
+        path: &Path,
+        model: &Model,
+        map: &UnitMap,
+        extents: Vec<Extent>,
+        storage: &StoragePlan,
+    ) -> Result<Option<BundleFile>, OpenError> {
+        let (direct, engine) = (storage.direct_io, storage.engine);
         let Some(store) = model.store.clone() else {
             return Ok(None);
         };
@@ -169,6 +194,15 @@ impl BundleFile {
             #[cfg(not(feature = "io-uring"))]
             IoEngine::Uring => return Err(OpenError::UringNotBuilt),
         };
+        if store.pages.is_none()
+            && storage.verify == Verify::Always
+            && !NO_PAGE_CRCS_NOTED.swap(true, Ordering::Relaxed)
+        {
+            eprintln!(
+                "note: {} is a neuron store without page checksums (made before format 3): its bundles are read whole, and its attention and output reads cannot be checked; convert the model again",
+                path.display()
+            );
+        }
         let (file, _) = open_for_reads(path, direct).map_err(|source| OpenError::Io {
             path: path.to_path_buf(),
             source,
@@ -180,8 +214,57 @@ impl BundleFile {
             map: map.clone(),
             verified: extents.iter().map(|_| AtomicBool::new(false)).collect(),
             extents,
+            verify: storage.verify,
             reads,
         }))
+    }
+
+    /// When reads are checked.
+    pub fn verify(&self) -> Verify {
+        self.verify
+    }
+
+    /// Whether the store has page checksums (format 3), without which attention and output
+    /// units cannot be checked and bundles are never read in part under [`Verify::Always`].
+    pub fn has_page_checksums(&self) -> bool {
+        self.store.pages.is_some()
+    }
+
+    /// Checks `read`, the bytes a whole read of unit `u` (extent `e`) returned, unless
+    /// [`Verify::First`] and a read of it was checked before: a bundle against its CRC, any
+    /// other unit page by page (not at all in a store without page checksums).
+    fn check_whole(&self, u: usize, e: &Extent, read: &[u8]) -> Result<(), String> {
+        if self.verify == Verify::First && self.verified[u].load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        match (e.bundle, &self.store.pages) {
+            (Some((l, b)), _) => {
+                let data = read
+                    .get(e.data.clone())
+                    .ok_or("read shorter than its data")?;
+                self.store
+                    .check_bundle(l, b, data)
+                    .map_err(|err| err.to_string())?
+            }
+            (None, Some(pages)) => pages
+                .check(&e.what, e.offset, read)
+                .map_err(|err| err.to_string())?,
+            (None, None) => {}
+        }
+        self.verified[u].store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Checks `read`, pages of extent `e` read from file offset `offset`, under
+    /// [`Verify::Always`] (parts are read only once the unit's whole read was checked, so
+    /// [`Verify::First`] trusts them).
+    fn check_part(&self, e: &Extent, offset: u64, read: &[u8]) -> Result<(), String> {
+        match (self.verify, &self.store.pages) {
+            (Verify::Always, Some(pages)) => pages
+                .check(&e.what, offset, read)
+                .map_err(|err| err.to_string()),
+            _ => Ok(()),
+        }
     }
 
     /// Reads into `buf` from `offset` until it is full or the file ends; the bytes read.
@@ -230,19 +313,10 @@ impl BundleFile {
         let mut last = String::new();
         for _attempt in 0..2 {
             match self.read_into(&mut dst[..e.len], e.offset) {
-                Ok(got) if got >= e.data.end => {
-                    let Some((l, b)) = e.bundle else {
-                        return Ok(());
-                    };
-                    if self.verified[u].load(Ordering::Relaxed) {
-                        return Ok(());
-                    }
-                    self.store
-                        .check_bundle(l, b, &dst[e.data.clone()])
-                        .map_err(|err| fail(err.to_string()))?;
-                    self.verified[u].store(true, Ordering::Relaxed);
-                    return Ok(());
-                }
+                Ok(got) if got >= e.data.end => match self.check_whole(u, e, &dst[..got]) {
+                    Ok(()) => return Ok(()),
+                    Err(why) => last = why,
+                },
                 Ok(got) => {
                     last = format!(
                         "read of {} bytes at offset {} returned {got} (file truncated?)",
@@ -293,12 +367,17 @@ impl BundleFile {
     }
 
     /// Whether some pages of unit `(layer, cluster)` may be read on their own: it is a bundle
-    /// whose checksum a whole read already confirmed (until then it is read whole).
+    /// whose checksum a whole read already confirmed (until then it is read whole), and under
+    /// [`Verify::Always`] the store has page checksums to check the parts with (a format-2
+    /// store's bundles are then always read whole).
     pub fn part_ready(&self, layer: u32, cluster: u32) -> bool {
         let u = self.map.unit(layer, cluster) as usize;
-        self.extents
-            .get(u)
-            .is_some_and(|e| e.bundle.is_some() && self.verified[u].load(Ordering::Relaxed))
+        let checkable = self.verify == Verify::First || self.store.pages.is_some();
+        checkable
+            && self
+                .extents
+                .get(u)
+                .is_some_and(|e| e.bundle.is_some() && self.verified[u].load(Ordering::Relaxed))
     }
 
     /// Where pages `pages` of extent `e` lie in its slot (empty past its end).
@@ -332,7 +411,10 @@ impl BundleFile {
         let mut last = String::new();
         for _attempt in 0..2 {
             match self.read_into(&mut dst[..len], offset) {
-                Ok(got) if got >= need => return Ok(len as u64),
+                Ok(got) if got >= need => match self.check_part(e, offset, &dst[..got.min(len)]) {
+                    Ok(()) => return Ok(len as u64),
+                    Err(why) => last = why,
+                },
                 Ok(got) => {
                     last = format!(
                         "read of {len} bytes at offset {offset} returned {got} (file truncated?)"
@@ -377,11 +459,21 @@ impl BundleFile {
             let mut out: Vec<std::io::Result<usize>> = reads.iter().map(|_| Ok(0)).collect();
             ring.read_all(&self.file, &mut reads, &mut out);
             drop(reads);
+            // A read short or failing its check is read again below, on its own.
             for (&i, got) in which.iter().zip(&out) {
-                let (layer, cluster, pages, _) = &parts[i];
+                let (layer, cluster, pages, dst) = &parts[i];
                 let e = extent(*layer, *cluster).expect("checked above");
-                if got.as_ref().is_ok_and(|&n| n >= self.part_need(e, pages)) {
-                    done[i] = Some(Ok(self.part_span(e, pages).len() as u64));
+                let span = self.part_span(e, pages);
+                let Some(&n) = got.as_ref().ok() else {
+                    continue;
+                };
+                let offset = e.offset + span.start as u64;
+                if n >= self.part_need(e, pages)
+                    && self
+                        .check_part(e, offset, &dst[..n.min(span.len())])
+                        .is_ok()
+                {
+                    done[i] = Some(Ok(span.len() as u64));
                 }
             }
         }
@@ -494,16 +586,11 @@ impl BundleFile {
         if !whole {
             return false;
         }
-        for ((_, _, dst), (u, e)) in units.iter().zip(&extents) {
-            let Some((l, b)) = e.bundle else { continue };
-            if !self.verified[*u].load(Ordering::Relaxed) {
-                if self.store.check_bundle(l, b, &dst[e.data.clone()]).is_err() {
-                    return false;
-                }
-                self.verified[*u].store(true, Ordering::Relaxed);
-            }
-        }
-        true
+        // A unit failing its check sends the run to one-by-one loads, which retry and report.
+        units
+            .iter()
+            .zip(&extents)
+            .all(|((_, _, dst), (u, e))| self.check_whole(*u, e, &dst[..e.len]).is_ok())
     }
 }
 
@@ -545,6 +632,7 @@ pub fn open_for_reads_with(
 }
 
 static DIRECT_REFUSED: AtomicBool = AtomicBool::new(false);
+static NO_PAGE_CRCS_NOTED: AtomicBool = AtomicBool::new(false);
 
 /// Whether a file system of this process refused `O_DIRECT` (and reads fell back to the page
 /// cache, with the note [`open_for_reads`] prints once).

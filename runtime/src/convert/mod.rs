@@ -7,9 +7,10 @@ use crate::model::Model;
 use crate::model::ModelError;
 use crate::quant::{transpose_requantize_cols, GgmlType};
 use crate::store::{
-    bundle_tensor_name, BundleLayout, DownLayout, StoreError, CRC_TENSOR, DEFAULT_BUNDLE_NEURONS,
-    DEFAULT_DOWN_TYPE, KEY_BUNDLE_NEURONS, KEY_BUNDLE_STRIDE, KEY_DOWN_LAYOUT, KEY_FFN_TYPES,
-    KEY_SOURCE_CHECKSUM, KEY_SOURCE_NAME, KEY_VERSION, STORE_ALIGN, STORE_VERSION,
+    bundle_tensor_name, BundleLayout, DownLayout, PageCrcs, StoreError, CRC_TENSOR,
+    DEFAULT_BUNDLE_NEURONS, DEFAULT_DOWN_TYPE, KEY_BUNDLE_NEURONS, KEY_BUNDLE_STRIDE,
+    KEY_DOWN_LAYOUT, KEY_FFN_TYPES, KEY_SOURCE_CHECKSUM, KEY_SOURCE_NAME, KEY_VERSION,
+    PAGE_CRC_TENSOR, STORE_ALIGN, STORE_VERSION,
 };
 use std::path::Path;
 
@@ -207,6 +208,14 @@ pub fn convert(
     }
     let n_crc = c.n_layer as u64 * u64::from(layout.n_bundles);
     w.add_tensor_info(CRC_TENSOR, vec![n_crc], crate::quant::GgmlType::I32)?;
+    // Every page of every tensor above, in file order (`PageCrcs::covered`).
+    let n_pages = PageCrcs::n_pages(
+        resident
+            .iter()
+            .map(|t| t.n_bytes)
+            .chain((0..c.n_layer).map(|_| layout.layer_bytes())),
+    );
+    w.add_tensor_info(PAGE_CRC_TENSOR, vec![n_pages], crate::quant::GgmlType::I32)?;
 
     let bundle_bytes = layout.layer_bytes() * u64::from(c.n_layer);
     let total = resident_bytes + bundle_bytes;
@@ -218,10 +227,13 @@ pub fn convert(
     // goes (`StreamedFile`). What is held at once is a chunk, one bundle, one strip of down
     // columns and the checksums.
     w.write_file_atomic_with(dst, |stream| -> Result<(), StoreError> {
+        let mut pages = Vec::with_capacity(n_pages as usize * 4);
         for t in &resident {
             let start = file.data_offset() + t.offset;
             let data = file.tensor_data(t);
             for (i, chunk) in data.chunks(CHUNK_BYTES).enumerate() {
+                // Chunks are whole pages but for a tensor's last.
+                PageCrcs::push_pages(chunk, &mut pages);
                 stream.write_chunk(chunk)?;
                 let at = start + (i * CHUNK_BYTES) as u64;
                 file.release_pages(at..at + chunk.len() as u64);
@@ -236,6 +248,7 @@ pub fn convert(
             for b in 0..layout.n_bundles {
                 let len = fill_bundle(&model, li, &layout, b, &mut strip, &mut bundle)?;
                 crcs.extend_from_slice(&crc32fast::hash(&bundle[..len]).to_le_bytes());
+                PageCrcs::push_pages(&bundle, &mut pages);
                 stream.write_chunk(&bundle)?;
             }
             for t in [&l.gate, &l.up, &l.down] {
@@ -245,6 +258,7 @@ pub fn convert(
             progress(done, total);
         }
         stream.write_chunk(&crcs)?;
+        stream.write_chunk(&pages)?;
         Ok(())
     })?;
     Ok(ConvertSummary {

@@ -357,16 +357,9 @@ pub fn open_cache(
         .ok_or_else(|| io("the neuron cache needs the store's file path".into()))?;
     let extents = unit_extents(model, map, plan.decode.output_rows);
     let arena = SlotArena::new(c.slots, map, &extents).map_err(io)?;
-    let file = BundleFile::open(
-        path,
-        model,
-        map,
-        extents,
-        plan.storage.direct_io,
-        plan.storage.engine,
-    )
-    .map_err(|e| io(e.to_string()))?
-    .ok_or(ScheduleError::CacheWithoutStore)?;
+    let file = BundleFile::open_with(path, model, map, extents, &plan.storage)
+        .map_err(|e| io(e.to_string()))?
+        .ok_or(ScheduleError::CacheWithoutStore)?;
     Ok(Some((Arc::new(arena), file)))
 }
 

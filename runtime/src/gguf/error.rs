@@ -19,6 +19,9 @@ pub enum GgufError {
     )]
     NotInMemory { start: u64, end: u64 },
 
+    #[error("{path} changed while memory-mapped ({why}): the engine stops using it; load it again (`--no-mmap` reads a model into memory, and a neuron store under --memory is read, not mapped: neither sees later changes)")]
+    ChangedWhileMapped { path: String, why: String },
+
     #[error("write failed: {0}")]
     Write(#[source] std::io::Error),
 

@@ -40,10 +40,13 @@ pub struct GgufFile {
     data_offset: u64,
     /// The file starts with [`POWERINFER_MAGIC`] instead of [`MAGIC`].
     powerinfer: bool,
+    /// A mapped file's modification time when it was mapped ([`GgufFile::check_unchanged`]).
+    mapped_mtime: Option<std::time::SystemTime>,
 }
 
 enum Backing {
-    /// The whole file, mapped; the open file, for page-cache advice.
+    /// The whole file, mapped; the open file, for page-cache advice and for
+    /// [`GgufFile::check_unchanged`].
     Mmap(Mmap, File),
     /// The whole file, in memory.
     Owned(Vec<u8>),
@@ -121,6 +124,52 @@ impl GgufFile {
             Backing::Mmap(map, file)
         };
         Self::with_backing(backing)
+    }
+
+    /// Reads the whole file at `path` into memory (not a map) and parses it: what the file
+    /// does after this (truncated, rewritten in place) cannot reach the bytes read, where a
+    /// map ([`GgufFile::open`]) would see the change or fault (`SIGBUS`) on a page past a
+    /// truncated end.
+    pub fn read(path: &Path) -> Result<GgufFile, GgufError> {
+        let bytes = std::fs::read(path).map_err(|source| GgufError::Io {
+            op: "read",
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::from_bytes(bytes)
+    }
+
+    /// For a memory-mapped file: an error when the file is shorter than the map (truncated:
+    /// a read of a page past its new end would raise `SIGBUS`) or was modified since it was
+    /// mapped (its mtime moved: the map may now show other bytes). `Ok` for other backings,
+    /// which hold their own copy. `path` names the file in the error.
+    ///
+    /// It is a check between uses, not a guard: a file truncated while a step reads the map
+    /// still faults. Call it before each use (the engine does, before each step).
+    pub fn check_unchanged(&self, path: &Path) -> Result<(), GgufError> {
+        let Backing::Mmap(map, file) = &self.backing else {
+            return Ok(());
+        };
+        let changed = |why: String| GgufError::ChangedWhileMapped {
+            path: path.display().to_string(),
+            why,
+        };
+        let now = file.metadata().map_err(|source| GgufError::Io {
+            op: "stat",
+            path: path.display().to_string(),
+            source,
+        })?;
+        if now.len() < map.len() as u64 {
+            return Err(changed(format!(
+                "{} bytes mapped, {} now: truncated",
+                map.len(),
+                now.len()
+            )));
+        }
+        if self.mapped_mtime.is_some() && now.modified().ok() != self.mapped_mtime {
+            return Err(changed("modified since it was mapped".into()));
+        }
+        Ok(())
     }
 
     /// Parses the file at `path` and reads into memory only the tensors `keep` selects, each
@@ -207,7 +256,12 @@ impl GgufFile {
 
     fn with_backing(backing: Backing) -> Result<GgufFile, GgufError> {
         let h = parse(backing.whole().expect("a whole file"))?;
+        let mapped_mtime = match &backing {
+            Backing::Mmap(_, file) => file.metadata().and_then(|m| m.modified()).ok(),
+            _ => None,
+        };
         Ok(GgufFile {
+            mapped_mtime,
             backing,
             version: h.version,
             metadata: h.metadata,

@@ -165,12 +165,33 @@ impl Model {
         }
     }
 
-    /// Opens and checks a GGUF model file.
+    /// Opens and checks a GGUF model file, memory-mapped: its pages are read as they are
+    /// used. The file must not change while the model is in use: [`Model::check_file`] finds
+    /// a change between uses, but a file truncated while a step reads it faults (`SIGBUS`).
+    /// [`Model::load_read`] holds its own copy instead.
     pub fn load(path: &Path) -> Result<Model, ModelError> {
-        let mut model = Model::from_gguf(GgufFile::open(path)?)?;
+        Model::load_from(path, GgufFile::open(path)?)
+    }
+
+    /// [`Model::load`] reading the whole file into memory instead of mapping it (`--no-mmap`):
+    /// a change to the file after the load cannot reach the model.
+    pub fn load_read(path: &Path) -> Result<Model, ModelError> {
+        Model::load_from(path, GgufFile::read(path)?)
+    }
+
+    fn load_from(path: &Path, file: GgufFile) -> Result<Model, ModelError> {
+        let mut model = Model::from_gguf(file)?;
         model.check_all_bundles()?;
         model.path = Some(path.to_path_buf());
         Ok(model)
+    }
+
+    /// An error when the file a memory-mapped model was loaded from was truncated or modified
+    /// since ([`GgufFile::check_unchanged`]); `Ok` for a model that holds its own bytes (read
+    /// into memory, or a store's resident tensors, whose other reads are checked reads).
+    pub fn check_file(&self) -> Result<(), ModelError> {
+        let path = self.path.as_deref().unwrap_or(Path::new("the model file"));
+        Ok(self.file.check_unchanged(path)?)
     }
 
     /// Opens a neuron store keeping only its resident tensors in owned memory: the bundles stay
@@ -220,11 +241,26 @@ impl Model {
         Ok(model)
     }
 
-    /// Checks every bundle of a store held in memory against its checksum.
+    /// Checks every bundle of a store held in memory against its checksum, and with page
+    /// checksums (format 3) every page of its other tensors.
     fn check_all_bundles(&self) -> Result<(), ModelError> {
         let Some(store) = &self.store else {
             return Ok(());
         };
+        if let Some(pages) = &store.pages {
+            for t in crate::store::PageCrcs::covered(&self.file) {
+                if t.name.ends_with(".ffn_bundles") {
+                    continue;
+                }
+                let start = self.file.data_offset() + t.offset;
+                let bytes = self
+                    .file
+                    .bytes(start as usize..(start + t.n_bytes) as usize)?;
+                pages
+                    .check(&t.name, start, bytes)
+                    .map_err(|e| ModelError::Store(Box::new(e)))?;
+            }
+        }
         let layout = &store.layout;
         for (l, layer) in self.layers.iter().enumerate() {
             let Some(range) = &layer.bundles else {
@@ -471,20 +507,50 @@ impl Model {
             let t = &self.tok_embd;
             let rb = t.row_bytes();
             let mut buf = reader.scratch.lock().unwrap_or_else(|e| e.into_inner());
-            buf.resize(rb, 0);
-            let offset = (t.bytes.start + token as usize * rb) as u64;
+            let start = (t.bytes.start + token as usize * rb) as u64;
+            // With page checksums the row's whole pages are read and checked (every time: a
+            // row is read per token, a page or two).
+            let pages = self.store.as_ref().and_then(|s| s.pages.as_ref());
+            let (offset, len) = match pages {
+                Some(_) => {
+                    let page = crate::store::PAGE_BYTES;
+                    let first = start / page * page;
+                    let end = (start + rb as u64).div_ceil(page) * page;
+                    let end = end.min(t.bytes.end as u64).max(start + rb as u64);
+                    (first, (end - first) as usize)
+                }
+                None => (start, rb),
+            };
+            // The most any row takes, so that the scratch is allocated once, not per token.
+            let most = rb + 2 * crate::store::PAGE_BYTES as usize;
+            if buf.capacity() < most {
+                let have = buf.len();
+                buf.reserve_exact(most - have);
+            }
+            buf.resize(len, 0);
+            let path = || {
+                self.path
+                    .as_deref()
+                    .map_or(String::new(), |p| p.display().to_string())
+            };
             reader
                 .file
                 .read_exact_at(&mut buf, offset)
                 .map_err(|source| crate::gguf::GgufError::Io {
                     op: "read an embedding row of",
-                    path: self
-                        .path
-                        .as_deref()
-                        .map_or(String::new(), |p| p.display().to_string()),
+                    path: path(),
                     source,
                 })?;
-            dequantize_row(t.ty, &buf, out)?;
+            if let Some(pages) = pages {
+                pages.check_pages(offset, &buf).map_err(|at| {
+                    ModelError::Store(Box::new(crate::store::StoreError::PageChecksum {
+                        what: format!("{}: embedding row {token}", path()),
+                        offset: at,
+                    }))
+                })?;
+            }
+            let at = (start - offset) as usize;
+            dequantize_row(t.ty, &buf[at..at + rb], out)?;
             return Ok(());
         }
         let row = self.rows(&self.tok_embd, token as usize..token as usize + 1);

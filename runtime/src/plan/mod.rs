@@ -148,6 +148,35 @@ pub struct StoragePlan {
     /// How reads reach the kernel.
     #[serde(default)]
     pub engine: IoEngine,
+    /// When what is read from a neuron store is checked against its checksums.
+    #[serde(default)]
+    pub verify: Verify,
+}
+
+/// When reads of a neuron store are checked against its checksums (`conductor.bundle_crc`
+/// and `conductor.page_crc`, see [`crate::store`]). A read that fails its check is read again
+/// once, then fails the step (an error naming the unit, never wrong output).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verify {
+    /// Every read: whole bundles against their CRC, parts of bundles, attention matrices,
+    /// output and embedding rows page by page. Costs a CRC-32 of every byte read
+    /// (docs/reliability.md has the figures).
+    #[default]
+    Always,
+    /// A unit's first whole read only (what earlier versions did for bundles): later reads of
+    /// the same unit, and reads of parts of it, are trusted. A disk that changes bytes
+    /// after that first read goes unseen.
+    First,
+}
+
+impl Verify {
+    pub fn name(self) -> &'static str {
+        match self {
+            Verify::Always => "always",
+            Verify::First => "first",
+        }
+    }
 }
 
 /// How the storage actor's reads reach the kernel.
@@ -357,6 +386,7 @@ impl Default for ExecutionPlan {
                 queue_depth: 1,
                 engine: IoEngine::Pread,
                 direct_io: true,
+                verify: Verify::Always,
             },
             cache: None,
             model: None,

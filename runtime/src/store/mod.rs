@@ -19,8 +19,18 @@
 //! whole quant blocks, never re-quantized, so such a store computes exactly what its source does,
 //! but a bundle is then a multiple of the down type's block size. Bundles start
 //! at multiples of 4096 bytes from a 4096-aligned data section, so one `O_DIRECT` read fetches
-//! a cluster straight into a cache slot. Each bundle's CRC-32 is kept in `conductor.bundle_crc`
-//! and checked whenever a bundle comes from storage.
+//! a cluster straight into a cache slot.
+//!
+//! Two checksum tables guard what is read from storage (see [`crate::plan::Verify`] for when
+//! they are checked):
+//! - `conductor.bundle_crc`: the CRC-32 of each bundle's payload, `[layer][bundle]`, checked
+//!   when a whole bundle is read (and for every bundle when a store is loaded whole);
+//! - `conductor.page_crc` (format 3): the CRC-32 of every 4096-byte page of every other tensor
+//!   (bundles included, in file order; a tensor's last page covers its own bytes only), so
+//!   that reads of part of a bundle and reads of attention matrices, output rows and embedding
+//!   rows can be checked page by page ([`PageCrcs`]). A format-2 store has no page table: its
+//!   partial reads are not made (a bundle is read whole, and checked), and its attention and
+//!   output reads cannot be checked.
 
 #[cfg(test)]
 mod tests;
@@ -36,8 +46,8 @@ pub const DEFAULT_BUNDLE_NEURONS: u32 = 256;
 pub const DEFAULT_DOWN_TYPE: GgmlType = GgmlType::Q8_0;
 
 /// Format version of the bundle layout this build writes. Version 1 (block-columns only, no
-/// `down_layout` key) is still read.
-pub const STORE_VERSION: u32 = 2;
+/// `down_layout` key) and version 2 (no page checksums) are still read.
+pub const STORE_VERSION: u32 = 3;
 /// The oldest format version this build reads.
 pub const STORE_VERSION_MIN: u32 = 1;
 /// Alignment of the data section and of every bundle.
@@ -51,6 +61,9 @@ pub const KEY_SOURCE_NAME: &str = "conductor.store.source_name";
 pub const KEY_FFN_TYPES: &str = "conductor.store.ffn_types";
 pub const KEY_DOWN_LAYOUT: &str = "conductor.store.down_layout";
 pub const CRC_TENSOR: &str = "conductor.bundle_crc";
+pub const PAGE_CRC_TENSOR: &str = "conductor.page_crc";
+/// Bytes one entry of the page table covers.
+pub const PAGE_BYTES: u64 = STORE_ALIGN;
 
 /// Whether a store's tensor `name` stays on storage under a memory budget: the bundles always,
 /// the token embeddings and output projection when the output streams too.
@@ -99,6 +112,8 @@ pub enum StoreError {
         first: u32,
         end: u32,
     },
+    #[error("{what}: page at byte {offset} of the store fails its checksum: the store is corrupt or was modified; convert the model again")]
+    PageChecksum { what: String, offset: u64 },
     #[error("refusing to write {path}: {why}")]
     Output { path: String, why: String },
     #[error("cannot read {path}: {source}")]
@@ -368,6 +383,126 @@ pub struct StoreInfo {
     pub source_name: String,
     /// CRC-32 of every bundle, `[layer][bundle]`.
     pub bundle_crc: Vec<u32>,
+    /// CRC-32 of every page of the other tensors (format 3; `None` for older stores).
+    pub pages: Option<PageCrcs>,
+}
+
+/// The page checksums of a store (`conductor.page_crc`): where each covered tensor lies in the
+/// file and the CRC-32 of each of its 4096-byte pages.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PageCrcs {
+    /// `(file start, file end, index of the first page's CRC)` of each covered tensor, in file
+    /// order.
+    tensors: Vec<(u64, u64, usize)>,
+    crc: std::sync::Arc<[u32]>,
+}
+
+impl PageCrcs {
+    /// The tensors the page table covers, in file order: all but the two checksum tensors.
+    pub fn covered(file: &GgufFile) -> Vec<&crate::gguf::TensorInfo> {
+        let mut out: Vec<_> = file
+            .tensors()
+            .iter()
+            .filter(|t| t.name != CRC_TENSOR && t.name != PAGE_CRC_TENSOR)
+            .collect();
+        out.sort_by_key(|t| t.offset);
+        out
+    }
+
+    /// Entries of the page table for tensors of `n_bytes` each.
+    pub fn n_pages(n_bytes: impl IntoIterator<Item = u64>) -> u64 {
+        n_bytes.into_iter().map(|n| n.div_ceil(PAGE_BYTES)).sum()
+    }
+
+    /// CRC-32 of each page of `data` (one tensor's bytes), appended to `out` as the table
+    /// stores them (little-endian).
+    pub fn push_pages(data: &[u8], out: &mut Vec<u8>) {
+        for page in data.chunks(PAGE_BYTES as usize) {
+            out.extend_from_slice(&crc32fast::hash(page).to_le_bytes());
+        }
+    }
+
+    /// Reads the page table of `file`; `None` when it has none.
+    fn from_gguf(file: &GgufFile) -> Result<Option<PageCrcs>, StoreError> {
+        let Some(t) = file.tensor(PAGE_CRC_TENSOR) else {
+            return Ok(None);
+        };
+        let covered = PageCrcs::covered(file);
+        let n = PageCrcs::n_pages(covered.iter().map(|t| t.n_bytes));
+        if t.ty != GgmlType::I32 || t.dims != [n] {
+            return Err(StoreError::Layout(format!(
+                "tensor `{PAGE_CRC_TENSOR}` is {} {:?}, expected I32 [{n}]",
+                t.ty, t.dims
+            )));
+        }
+        let mut tensors = Vec::with_capacity(covered.len());
+        let mut first = 0usize;
+        for c in covered {
+            let start = file.data_offset() + c.offset;
+            if !start.is_multiple_of(PAGE_BYTES) {
+                return Err(StoreError::Layout(format!(
+                    "tensor `{}` does not start on a {PAGE_BYTES}-byte boundary",
+                    c.name
+                )));
+            }
+            tensors.push((start, start + c.n_bytes, first));
+            first += c.n_bytes.div_ceil(PAGE_BYTES) as usize;
+        }
+        let crc = file
+            .try_tensor_data(t)?
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        Ok(Some(PageCrcs { tensors, crc }))
+    }
+
+    /// Checks `bytes`, read from the store at file offset `offset` (a multiple of
+    /// [`PAGE_BYTES`]): every page it touches of a covered tensor must be there whole (the
+    /// tensor's bytes in it) and match its CRC-32. Bytes outside every tensor (alignment
+    /// padding) are not covered. `what` names the read in the error.
+    pub fn check(&self, what: &str, offset: u64, bytes: &[u8]) -> Result<(), StoreError> {
+        self.check_pages(offset, bytes)
+            .map_err(|at| StoreError::PageChecksum {
+                what: what.to_string(),
+                offset: at,
+            })
+    }
+
+    /// [`PageCrcs::check`] without a name: the file offset of the first page that fails (no
+    /// allocation either way, for per-token reads).
+    pub fn check_pages(&self, offset: u64, bytes: &[u8]) -> Result<(), u64> {
+        if !offset.is_multiple_of(PAGE_BYTES) {
+            return Err(offset);
+        }
+        let end = offset + bytes.len() as u64;
+        let mut page = offset;
+        while page < end {
+            // The tensor holding this page (tensors are sorted and do not overlap).
+            let i = self.tensors.partition_point(|&(_, e, _)| e <= page);
+            let Some(&(start, stop, first)) = self.tensors.get(i) else {
+                break;
+            };
+            if start >= end {
+                break;
+            }
+            if start > page {
+                page = start;
+                continue;
+            }
+            let upto = (page + PAGE_BYTES).min(stop);
+            if upto > end {
+                // The read ended inside the page: it cannot be checked, so it is not trusted.
+                return Err(page);
+            }
+            let index = first + ((page - start) / PAGE_BYTES) as usize;
+            let have = &bytes[(page - offset) as usize..(upto - offset) as usize];
+            if self.crc.get(index) != Some(&crc32fast::hash(have)) {
+                return Err(page);
+            }
+            page += PAGE_BYTES;
+        }
+        Ok(())
+    }
 }
 
 impl StoreInfo {
@@ -486,11 +621,18 @@ impl StoreInfo {
                 )));
             }
         }
+        let pages = PageCrcs::from_gguf(file)?;
+        if version >= 3 && pages.is_none() {
+            return Err(StoreError::Layout(format!(
+                "tensor `{PAGE_CRC_TENSOR}` is missing"
+            )));
+        }
         Ok(Some(StoreInfo {
             layout,
             source_crc32,
             source_name,
             bundle_crc,
+            pages,
         }))
     }
 

@@ -237,6 +237,16 @@ impl Meta {
         let crcs = (0..n as u32).flat_map(|i| (i + 7).to_le_bytes()).collect();
         w.add_tensor(CRC_TENSOR, self.crc_dims.clone(), GgmlType::I32, crcs)
             .unwrap();
+        // The page table of the bundle tensor (all zeros), as format 3 has.
+        let mut pages = Vec::new();
+        if self.bundle_tensor {
+            PageCrcs::push_pages(&vec![0; self.stride as usize * 3], &mut pages);
+        }
+        if !pages.is_empty() {
+            let n = pages.len() as u64 / 4;
+            w.add_tensor(PAGE_CRC_TENSOR, vec![n], GgmlType::I32, pages)
+                .unwrap();
+        }
         GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap()
     }
 
@@ -269,6 +279,7 @@ fn consistent_metadata_reads_back() {
     assert_eq!(info.source_crc32, 0xDEAD_BEEF);
     assert_eq!(info.source_name, "tiny.gguf");
     assert_eq!(info.bundle_crc, [7, 8, 9]);
+    assert!(info.pages.is_some());
     // Without a store version it is an ordinary model.
     let plain = Meta {
         version: None,
@@ -357,6 +368,28 @@ fn inconsistent_tensors_are_refused() {
         ..Meta::valid()
     };
     layout_error(m.info(), "`blk.0.ffn_bundles` is missing");
+    // Format 3 without its page table.
+    let m = Meta {
+        bundle_tensor: false,
+        ..Meta::valid()
+    };
+    let mut file = m.file();
+    assert!(file.tensor(PAGE_CRC_TENSOR).is_none());
+    file = {
+        let mut w = GgufWriter::from_file(&file).unwrap();
+        w.add_tensor(
+            bundle_tensor_name(0),
+            vec![7 * 4096, 3],
+            GgmlType::I8,
+            vec![0; 7 * 4096 * 3],
+        )
+        .unwrap();
+        GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap()
+    };
+    layout_error(
+        StoreInfo::from_gguf(&file, 256, 80, 1),
+        "`conductor.page_crc` is missing",
+    );
     // Two layers asked of a one-layer store: the checksums do not cover them.
     layout_error(
         StoreInfo::from_gguf(&Meta::valid().file(), 256, 80, 2),
@@ -374,6 +407,7 @@ fn check_bundle_names_the_neurons_of_a_corrupt_bundle() {
         source_crc32: 0,
         source_name: String::new(),
         bundle_crc: vec![0, 0, crc32fast::hash(b"bundle"), 0, 0, 0],
+        pages: None,
     };
     info.check_bundle(0, 2, b"bundle").unwrap();
     match info.check_bundle(0, 2, b"bundlf") {
@@ -389,4 +423,52 @@ fn check_bundle_names_the_neurons_of_a_corrupt_bundle() {
     assert!(info.check_bundle(1, 2, b"bundle").is_err());
     // Past the recorded checksums.
     assert!(info.check_bundle(2, 0, b"bundle").is_err());
+}
+
+/// Page checksums: each page of a tensor is checked whole (a tensor's last page covers its own
+/// bytes only, the padding after it is not covered); a read that ends inside a page, starts
+/// off a page boundary or changed a byte is refused, naming the page's file offset.
+#[test]
+fn page_checksums_check_whole_pages_of_tensors_only() {
+    let page = PAGE_BYTES as usize;
+    // Tensor A: 2.5 pages at 0; padding to 3 pages; tensor B: 1 page at 3 pages.
+    let a: Vec<u8> = (0..page * 5 / 2).map(|i| (i * 7 % 251) as u8).collect();
+    let b: Vec<u8> = (0..page).map(|i| (i * 13 % 241) as u8).collect();
+    let mut file = a.clone();
+    file.resize(3 * page, 0xee);
+    file.extend_from_slice(&b);
+    let mut table = Vec::new();
+    PageCrcs::push_pages(&a, &mut table);
+    PageCrcs::push_pages(&b, &mut table);
+    let pages = PageCrcs {
+        tensors: vec![(0, a.len() as u64, 0), (3 * PAGE_BYTES, 4 * PAGE_BYTES, 3)],
+        crc: table
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+    };
+    assert_eq!(PageCrcs::n_pages([a.len() as u64, b.len() as u64]), 4);
+    pages.check("all", 0, &file).unwrap();
+    pages.check("b", 3 * PAGE_BYTES, &file[3 * page..]).unwrap();
+    pages
+        .check("a's last page", 2 * PAGE_BYTES, &file[2 * page..3 * page])
+        .unwrap();
+    // The padding is not covered; a's last page must be there up to a's end.
+    let mut padded = file.clone();
+    padded[3 * page - 1] ^= 1;
+    pages.check("padding", 0, &padded).unwrap();
+    let err = pages
+        .check("short", 2 * PAGE_BYTES, &file[2 * page..2 * page + 100])
+        .unwrap_err();
+    assert!(matches!(err, StoreError::PageChecksum { offset, .. } if offset == 2 * PAGE_BYTES));
+    for at in [5, page + 1, 3 * page + 4095] {
+        let mut bad = file.clone();
+        bad[at] ^= 0x10;
+        let err = pages.check("flipped", 0, &bad).unwrap_err().to_string();
+        let expect = (at / page * page).to_string();
+        assert!(err.contains("flipped") && err.contains(&expect), "{err}");
+    }
+    assert!(pages.check("unaligned", 1, &file[1..]).is_err());
+    // Past every tensor: nothing to check.
+    pages.check("beyond", 4 * PAGE_BYTES, &[1, 2, 3]).unwrap();
 }

@@ -268,6 +268,7 @@ mod tests {
             queue_depth,
             direct_io: true,
             engine: Default::default(),
+            verify: Default::default(),
         }
     }
 

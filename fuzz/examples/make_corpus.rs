@@ -1,0 +1,199 @@
+//! Writes the seed corpus of every fuzz target into `fuzz/corpus/TARGET/` (small generated
+//! files, never models): `cargo run --release --manifest-path fuzz/Cargo.toml
+//! --no-default-features --example make_corpus`. The seeds are committed; run it again when a
+//! format changes.
+
+use conductor_runtime::convert::{convert, ConvertOptions};
+use conductor_runtime::gguf::{GgufFile, GgufWriter, Value};
+use conductor_runtime::plan::ExecutionPlan;
+use conductor_runtime::quant::GgmlType;
+use conductor_runtime::sparse::powerinfer::{powerinfer_test_files, PowerInferTestSpec};
+use conductor_runtime::synthetic::{synthetic_model, Preset, SyntheticSpec, TypeMix};
+use std::path::{Path, PathBuf};
+
+fn small(arch: &str) -> SyntheticSpec {
+    let mut s = SyntheticSpec::preset(arch, Preset::Tiny).expect("known architecture");
+    s.n_embd = 32;
+    s.n_ff = 64;
+    s.n_head = 2;
+    s.n_head_kv = 1;
+    s.head_dim = Some(16);
+    s.n_vocab = 300;
+    s.n_ctx = 64;
+    s.weight_type = GgmlType::Q8_0;
+    s.embd_type = GgmlType::Q8_0;
+    s.output_type = None;
+    s.mix = TypeMix::Uniform;
+    s
+}
+
+fn model_bytes(spec: &SyntheticSpec) -> Vec<u8> {
+    synthetic_model(spec).unwrap().to_bytes().unwrap()
+}
+
+/// The metadata of `bytes` (a GGUF file) without its tensors.
+fn metadata_only(bytes: &[u8], chat_template: Option<&str>) -> Vec<u8> {
+    let f = GgufFile::from_bytes(bytes.to_vec()).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in f.metadata() {
+        if k != "general.alignment" && !(chat_template.is_some() && k == "tokenizer.chat_template")
+        {
+            w.add_metadata(k.clone(), v.clone()).unwrap();
+        }
+    }
+    if let Some(t) = chat_template {
+        w.add_metadata("tokenizer.chat_template", Value::String(t.into()))
+            .unwrap();
+    }
+    w.to_bytes().unwrap()
+}
+
+const CHATML: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+const LLAMA: &str = "{{ bos_token }}{% for m in messages %}{% if m.role == 'user' %}[INST] {{ m.content | trim }} [/INST]{% elif m.role == 'system' %}<<SYS>>{{ m.content }}<</SYS>>{% else %}{{ m.content ~ eos_token }}{% endif %}{% endfor %}";
+const LOOPS: &str = "{% set ns = namespace(n=0) %}{% for i in range(3) %}{% for j in range(i) %}{% set ns.n = ns.n + j %}{{ messages[0].content | tojson(indent=2) }}{% endfor %}{% endfor %}{{ ns.n }}{{ 'ab' * 3 }}{% macro f(x) %}{{ x | upper }}{% endmacro %}{{ f('x') }}{{ strftime_now('%Y') if strftime_now is defined }}";
+
+fn main() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("corpus");
+    let put = |target: &str, name: &str, bytes: &[u8]| {
+        let dir = root.join(target);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(name), bytes).unwrap();
+    };
+    let llama = model_bytes(&small("llama"));
+    let qwen3 = model_bytes(&small("qwen3"));
+    let gemma3 = model_bytes(&small("gemma3"));
+    put("gguf_from_bytes", "llama.gguf", &llama);
+    put(
+        "gguf_from_bytes",
+        "metadata.gguf",
+        &metadata_only(&llama, None),
+    );
+    put("model_from_gguf", "llama.gguf", &llama);
+    put("model_from_gguf", "qwen3.gguf", &qwen3);
+    put("model_from_gguf", "gemma3.gguf", &gemma3);
+    put(
+        "tokenizer_from_gguf",
+        "llama.gguf",
+        &metadata_only(&llama, Some(CHATML)),
+    );
+    put(
+        "tokenizer_from_gguf",
+        "qwen3.gguf",
+        &metadata_only(&qwen3, None),
+    );
+    put(
+        "tokenizer_from_gguf",
+        "gemma3.gguf",
+        &metadata_only(&gemma3, Some(LLAMA)),
+    );
+    put("chat_template", "chatml.jinja", CHATML.as_bytes());
+    put("chat_template", "llama.jinja", LLAMA.as_bytes());
+    put("chat_template", "loops.jinja", LOOPS.as_bytes());
+
+    let dir = std::env::temp_dir().join(format!("conductor-corpus-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let at = |name: &str| -> PathBuf { dir.join(name) };
+    let read = |p: &Path| std::fs::read(p).unwrap();
+    let plan = ExecutionPlan::default();
+    for ext in ["json", "toml", "bin"] {
+        plan.to_file(&at(&format!("plan.{ext}"))).unwrap();
+        put(
+            "plan",
+            &format!("default.{ext}"),
+            &read(&at(&format!("plan.{ext}"))),
+        );
+    }
+    let profiles = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../profiles");
+    for name in ["build-machine.toml", "oneplus-12.toml"] {
+        let text = std::fs::read_to_string(profiles.join(name)).unwrap();
+        put("hardware_profile", name, text.as_bytes());
+        let p = conductor_runtime::plan::HardwareProfile::from_toml(&text).unwrap();
+        let json = serde_json::to_string(&p).unwrap();
+        put(
+            "hardware_profile",
+            &name.replace(".toml", ".json"),
+            json.as_bytes(),
+        );
+    }
+    put(
+        "activation_profile",
+        "small.body",
+        &activation_profile_body(),
+    );
+    put("trace_replay", "small.trace", &small_trace());
+
+    let pi = powerinfer_test_files(&small("llama"), &PowerInferTestSpec::default()).unwrap();
+    put("powerinfer", "model.gguf", &pi.model);
+    put("powerinfer", "predictor.gguf", &pi.predictor);
+
+    let src = at("llama.gguf");
+    std::fs::write(&src, &llama).unwrap();
+    let options = ConvertOptions {
+        bundle_neurons: 32,
+        ..ConvertOptions::default()
+    };
+    convert(&src, &at("store.gguf"), &options, &mut |_, _| {}).unwrap();
+    put("store", "llama.store.gguf", &read(&at("store.gguf")));
+    put(
+        "model_from_gguf",
+        "llama.store.gguf",
+        &read(&at("store.gguf")),
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A two-layer profile of a 4-neuron model, as the body `activation_profile` wraps.
+fn activation_profile_body() -> Vec<u8> {
+    let layer = serde_json::json!({
+        "importance": [1.0, 0.5, 0.25, 0.0],
+        "thresholds": [0.0, 0.5],
+        "kept_mass": [1.0, 0.75],
+        "zero_fraction": 0.5,
+        "frequency": [0.9, 0.5, 0.1, 0.0],
+        "mean_abs": [1.0, 0.5, 0.2, 0.0],
+    });
+    let profile = serde_json::json!({
+        "version": conductor_runtime::sparse::profile::PROFILE_VERSION,
+        "model": {"arch": "llama", "n_layer": 2, "n_embd": 32, "n_ff": 4, "relu": true, "norms_crc32": 7},
+        "calibration": "seed",
+        "tokens": 16,
+        "grid": [0.0, 0.5],
+        "reference_sparsity": 0.5,
+        "layers": [layer.clone(), layer],
+        "predictors": null,
+    });
+    let p: conductor_runtime::sparse::profile::ModelProfile =
+        serde_json::from_value(profile).unwrap();
+    p.encode().unwrap()[16..].to_vec()
+}
+
+/// A trace of one decode step's first phase on a one-layer model.
+fn small_trace() -> Vec<u8> {
+    let header = serde_json::json!({
+        "version": conductor_runtime::trace::TRACE_FORMAT_VERSION,
+        "model": {
+            "name": "tiny",
+            "shape": {"n_layer": 1, "n_embd": 64, "n_ff": 128, "n_head": 2, "n_head_kv": 1,
+                "head_dim": 32, "n_vocab": 10, "ffn_granule": 32, "ffn_bundle": 0,
+                "ffn_bundle_stride": 0, "ffn_bundle_gate_bytes": 0, "n_expert": 0,
+                "n_expert_used": 0},
+            "types": {"attn_q": "Q4_1", "attn_k": "Q4_1", "attn_v": "Q4_1", "attn_out": "Q4_1",
+                "ffn_gate": "Q4_1", "ffn_up": "Q4_1", "ffn_down": "Q4_1", "output": "Q8_0"},
+        },
+        "plan": ExecutionPlan::default(),
+        "modes": conductor_runtime::schedule::Modes::default(),
+        "driver": "actors",
+        "threads": 2,
+        "writer": "corpus",
+    });
+    let header: conductor_runtime::trace::TraceHeader = serde_json::from_value(header).unwrap();
+    let trace = conductor_runtime::trace::Trace {
+        header,
+        records: vec![],
+        activity: vec![],
+        spans: vec![],
+    };
+    let mut bytes = Vec::new();
+    trace.write_to(&mut bytes).unwrap();
+    bytes
+}
