@@ -10,6 +10,7 @@ use conductor::runtime::gguf::{GgufFile, GgufWriter};
 use conductor::runtime::model::Model;
 use conductor::runtime::plan::{CachePlan, CachePolicy, ExecutionPlan, IoEngine, ReadPolicy};
 use conductor::runtime::quant::{GgmlType, Kernels};
+use conductor::runtime::store::{PageCrcs, PAGE_BYTES, PAGE_CRC_TENSOR};
 use conductor::runtime::synthetic::SyntheticModel;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -19,7 +20,8 @@ use std::sync::Arc;
 const HOLE: u64 = (4 << 30) + (1 << 20);
 
 /// `store` rewritten with a first tensor of [`HOLE`] bytes never written (a sparse file), so
-/// that every other tensor lies past 4 GiB; its bytes are written at their new offsets.
+/// that every other tensor lies past 4 GiB; its bytes are written at their new offsets, and its
+/// page checksums are those of the new layout (the hole's pages read as zeros).
 fn shifted(store: &Path, to: &Path) {
     let orig = GgufFile::open(store).unwrap();
     let mut w = GgufWriter::new();
@@ -28,9 +30,22 @@ fn shifted(store: &Path, to: &Path) {
     }
     w.add_tensor_info("zz.hole", vec![HOLE], GgmlType::I8)
         .unwrap();
+    let covered = PageCrcs::covered(&orig);
+    let n_pages = PageCrcs::n_pages(covered.iter().map(|t| t.n_bytes)) + HOLE / PAGE_BYTES;
     for t in orig.tensors() {
-        w.add_tensor_info(t.name.clone(), t.dims.clone(), t.ty)
-            .unwrap();
+        let dims = if t.name == PAGE_CRC_TENSOR {
+            vec![n_pages]
+        } else {
+            t.dims.clone()
+        };
+        w.add_tensor_info(t.name.clone(), dims, t.ty).unwrap();
+    }
+    // The new layout's covered tensors in file order: the hole first, then the others in
+    // their old order (written in that order above).
+    let zero_page = crc32fast::hash(&[0u8; PAGE_BYTES as usize]).to_le_bytes();
+    let mut table = zero_page.repeat((HOLE / PAGE_BYTES) as usize);
+    for t in &covered {
+        PageCrcs::push_pages(orig.tensor_data(t), &mut table);
     }
     let header = w.header_bytes();
     let last = w.tensors().last().unwrap();
@@ -43,7 +58,12 @@ fn shifted(store: &Path, to: &Path) {
     for t in orig.tensors() {
         let at = new.data_offset() + new.tensor(&t.name).unwrap().offset;
         assert!(at > 1 << 32, "`{}` at {at} is not past 4 GiB", t.name);
-        f.write_all_at(orig.tensor_data(t), at).unwrap();
+        let data = if t.name == PAGE_CRC_TENSOR {
+            &table[..]
+        } else {
+            orig.tensor_data(t)
+        };
+        f.write_all_at(data, at).unwrap();
     }
     f.sync_all().unwrap();
 }
@@ -104,12 +124,12 @@ fn offsets_past_4_gib_read_the_same_through_every_path() {
     let store = dir.store(&dir.small_model(11), &ConvertOptions::neuron_columns(64));
     let far = dir.join("far.gguf");
     shifted(&store, &far);
-    // The map: every tensor's bytes as written.
+    // The map: every tensor's bytes as written (the page table is the new layout's).
     let (near, mapped) = (
         GgufFile::open(&store).unwrap(),
         GgufFile::open(&far).unwrap(),
     );
-    for t in near.tensors() {
+    for t in near.tensors().iter().filter(|t| t.name != PAGE_CRC_TENSOR) {
         let f = mapped.tensor(&t.name).unwrap();
         assert_eq!(mapped.tensor_data(f), near.tensor_data(t), "{}", t.name);
     }
