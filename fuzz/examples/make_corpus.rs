@@ -1,55 +1,13 @@
-//! Writes the seed corpus of every fuzz target into `fuzz/corpus/TARGET/` (small generated
-//! files, never models): `cargo run --release --manifest-path fuzz/Cargo.toml
-//! --no-default-features --example make_corpus`. The seeds are committed; run it again when a
-//! format changes.
+//! Writes the seed corpus of every fuzz target into `fuzz/corpus/TARGET/`: `cargo run --release
+//! --manifest-path fuzz/Cargo.toml --no-default-features --example make_corpus [-- --models]`.
+//! The seeds that are not GGUF files are committed (run it again when a format changes); the
+//! GGUF ones (`conductor_fuzz::seeds`) are ignored by git, and `--models` writes only them,
+//! which `scripts/fuzz` does before libFuzzer runs.
 
-use conductor_runtime::convert::{convert, ConvertOptions};
-use conductor_runtime::gguf::{GgufFile, GgufWriter, Value};
+use conductor_fuzz::seeds::{model_seeds, CHATML, LLAMA};
 use conductor_runtime::plan::ExecutionPlan;
-use conductor_runtime::quant::GgmlType;
-use conductor_runtime::sparse::powerinfer::{powerinfer_test_files, PowerInferTestSpec};
-use conductor_runtime::synthetic::{synthetic_model, Preset, SyntheticSpec, TypeMix};
 use std::path::{Path, PathBuf};
 
-fn small(arch: &str) -> SyntheticSpec {
-    let mut s = SyntheticSpec::preset(arch, Preset::Tiny).expect("known architecture");
-    s.n_embd = 32;
-    s.n_ff = 64;
-    s.n_head = 2;
-    s.n_head_kv = 1;
-    s.head_dim = Some(16);
-    s.n_vocab = 300;
-    s.n_ctx = 64;
-    s.weight_type = GgmlType::Q8_0;
-    s.embd_type = GgmlType::Q8_0;
-    s.output_type = None;
-    s.mix = TypeMix::Uniform;
-    s
-}
-
-fn model_bytes(spec: &SyntheticSpec) -> Vec<u8> {
-    synthetic_model(spec).unwrap().to_bytes().unwrap()
-}
-
-/// The metadata of `bytes` (a GGUF file) without its tensors.
-fn metadata_only(bytes: &[u8], chat_template: Option<&str>) -> Vec<u8> {
-    let f = GgufFile::from_bytes(bytes.to_vec()).unwrap();
-    let mut w = GgufWriter::new();
-    for (k, v) in f.metadata() {
-        if k != "general.alignment" && !(chat_template.is_some() && k == "tokenizer.chat_template")
-        {
-            w.add_metadata(k.clone(), v.clone()).unwrap();
-        }
-    }
-    if let Some(t) = chat_template {
-        w.add_metadata("tokenizer.chat_template", Value::String(t.into()))
-            .unwrap();
-    }
-    w.to_bytes().unwrap()
-}
-
-const CHATML: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
-const LLAMA: &str = "{{ bos_token }}{% for m in messages %}{% if m.role == 'user' %}[INST] {{ m.content | trim }} [/INST]{% elif m.role == 'system' %}<<SYS>>{{ m.content }}<</SYS>>{% else %}{{ m.content ~ eos_token }}{% endif %}{% endfor %}";
 const LOOPS: &str = "{% set ns = namespace(n=0) %}{% for i in range(3) %}{% for j in range(i) %}{% set ns.n = ns.n + j %}{{ messages[0].content | tojson(indent=2) }}{% endfor %}{% endfor %}{{ ns.n }}{{ 'ab' * 3 }}{% macro f(x) %}{{ x | upper }}{% endmacro %}{{ f('x') }}{{ strftime_now('%Y') if strftime_now is defined }}";
 
 fn main() {
@@ -59,33 +17,12 @@ fn main() {
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join(name), bytes).unwrap();
     };
-    let llama = model_bytes(&small("llama"));
-    let qwen3 = model_bytes(&small("qwen3"));
-    let gemma3 = model_bytes(&small("gemma3"));
-    put("gguf_from_bytes", "llama.gguf", &llama);
-    put(
-        "gguf_from_bytes",
-        "metadata.gguf",
-        &metadata_only(&llama, None),
-    );
-    put("model_from_gguf", "llama.gguf", &llama);
-    put("model_from_gguf", "qwen3.gguf", &qwen3);
-    put("model_from_gguf", "gemma3.gguf", &gemma3);
-    put(
-        "tokenizer_from_gguf",
-        "llama.gguf",
-        &metadata_only(&llama, Some(CHATML)),
-    );
-    put(
-        "tokenizer_from_gguf",
-        "qwen3.gguf",
-        &metadata_only(&qwen3, None),
-    );
-    put(
-        "tokenizer_from_gguf",
-        "gemma3.gguf",
-        &metadata_only(&gemma3, Some(LLAMA)),
-    );
+    for (target, name, bytes) in model_seeds() {
+        put(target, name, &bytes);
+    }
+    if std::env::args().any(|a| a == "--models") {
+        return;
+    }
     put("chat_template", "chatml.jinja", CHATML.as_bytes());
     put("chat_template", "llama.jinja", LLAMA.as_bytes());
     put("chat_template", "loops.jinja", LOOPS.as_bytes());
@@ -122,23 +59,6 @@ fn main() {
     );
     put("trace_replay", "small.trace", &small_trace());
 
-    let pi = powerinfer_test_files(&small("llama"), &PowerInferTestSpec::default()).unwrap();
-    put("powerinfer", "model.gguf", &pi.model);
-    put("powerinfer", "predictor.gguf", &pi.predictor);
-
-    let src = at("llama.gguf");
-    std::fs::write(&src, &llama).unwrap();
-    let options = ConvertOptions {
-        bundle_neurons: 32,
-        ..ConvertOptions::default()
-    };
-    convert(&src, &at("store.gguf"), &options, &mut |_, _| {}).unwrap();
-    put("store", "llama.store.gguf", &read(&at("store.gguf")));
-    put(
-        "model_from_gguf",
-        "llama.store.gguf",
-        &read(&at("store.gguf")),
-    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

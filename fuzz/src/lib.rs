@@ -1,11 +1,13 @@
 //! What each fuzz target does with its input, as plain functions: `fuzz_targets/*.rs` hand
 //! them libFuzzer's bytes (`cargo +nightly fuzz run NAME`), and `tests/corpus.rs` runs them on
-//! stable over the committed corpus and seeded mutations of it (`scripts/fuzz --smoke`).
+//! stable over the seeds (committed, and `seeds`: the generated GGUF ones) and seeded mutations of them (`scripts/fuzz --smoke`).
 //!
 //! Every function must return for any input, saying whether the input got past the parser (the
-//! committed seeds must: a seed the parser refuses seeds nothing); a panic (an overflow included: this crate's
+//! seeds must: a seed the parser refuses seeds nothing); a panic (an overflow included: this crate's
 //! profiles keep overflow checks on) is a bug. Where a parser accepts its input, the function
 //! also checks what the accepted value promises (in-bounds data, a round trip).
+
+pub mod seeds;
 
 use conductor_runtime::gguf::{GgufFile, GgufWriter};
 use conductor_runtime::model::{Model, ModelConfig};
