@@ -274,13 +274,25 @@ unsafe fn tile<W: WeightBlock, V: IDot, const R: usize, const T: usize>(
 /// `acc = fma(dw * da, isum, acc)`, and for a format with mins `accm = fma(mw, sa, accm)`.
 #[inline(always)]
 unsafe fn block_step<W: WeightBlock, const R: usize>(
-    (dw, mw): (__m128, __m128),
+    dm: (__m128, __m128),
     ab: &W::Act,
     p: [__m256i; R],
     acc: &mut __m128,
     accm: &mut __m128,
 ) {
-    let isum = _mm_cvtepi32_ps(reduce::<R>(p));
+    block_step_sums::<W>(dm, ab, reduce::<R>(p), acc, accm);
+}
+
+/// [`block_step`] given the rows' exact integer sums as lanes.
+#[inline(always)]
+unsafe fn block_step_sums<W: WeightBlock>(
+    (dw, mw): (__m128, __m128),
+    ab: &W::Act,
+    isum: __m128i,
+    acc: &mut __m128,
+    accm: &mut __m128,
+) {
+    let isum = _mm_cvtepi32_ps(isum);
     let ds = _mm_cvtph_ps(_mm_set1_epi32(i32::from_le_bytes(ab.ds())));
     let da = _mm_permute_ps(ds, 0b00_00_00_00);
     *acc = _mm_fmadd_ps(_mm_mul_ps(dw, da), isum, *acc);
@@ -290,18 +302,22 @@ unsafe fn block_step<W: WeightBlock, const R: usize>(
     }
 }
 
-/// Blocks per pass of [`tile_seq`]: 4 rows' integer sums for 4096 columns (16 KiB, in L1).
-const SEQ_BLOCKS: usize = 128;
+/// Blocks per pass of [`tile_seq`]: 8192 columns, so that a 1B-class FFN down projection's
+/// rows are whole passes (a shorter pass makes 4 interleaved streams again). Even: the sums
+/// are folded in pairs of blocks.
+const SEQ_BLOCKS: usize = 256;
 
-/// [`tile`] for one token (decode), reading each row's blocks in address order before the next
-/// row's, `SEQ_BLOCKS` at a time: the R rows of a dense group are then one sequential stream.
-/// Side by side, block by block, they were R interleaved streams that this machine's hardware
-/// prefetchers served at a third of the bandwidth (docs/benchmarks.md, 1B-class decode). The
-/// integer sums wait in `sums` for the pass's float steps, which run block by block as in
-/// [`tile`]: the same bits.
+/// [`tile`] for one token (decode) and 4 rows, reading each row's blocks in address order
+/// before the next row's, `SEQ_BLOCKS` at a time: the 4 rows of a dense group are then one
+/// sequential stream. Side by side, block by block, they were 4 interleaved streams that this
+/// machine's hardware prefetchers served at a third of the bandwidth (docs/benchmarks.md,
+/// 1B-class decode). What the float steps need of a block (its integer sums, folded to 4 lanes,
+/// and its f16 scales) waits in a small scratch for the pass's float steps, which run block by
+/// block as in [`tile`]: the same bits, and the weights are never touched twice (a long row's
+/// blocks, read non-temporally, may have left L1 by then).
 #[inline(always)]
-unsafe fn tile_seq<W: WeightBlock, V: IDot, const R: usize>(
-    w: [&[W]; R],
+unsafe fn tile_seq<W: WeightBlock, V: IDot>(
+    w: [&[W]; 4],
     a: &[W::Act],
     nb: usize,
     ahead: bool,
@@ -312,26 +328,41 @@ unsafe fn tile_seq<W: WeightBlock, V: IDot, const R: usize>(
     assert!(a.len() >= nb);
     let mut acc = _mm_setzero_ps();
     let mut accm = _mm_setzero_ps();
-    let mut sums = [[std::mem::MaybeUninit::<__m256i>::uninit(); R]; SEQ_BLOCKS];
+    // Per pair of blocks, the 4 rows' integer sums folded to 4 lanes ([`fold_pair`]); per
+    // block, the rows' f16 scales. Both are written by the pass before its float steps read
+    // them.
+    let mut sums = [[std::mem::MaybeUninit::<__m128i>::uninit(); 4]; SEQ_BLOCKS / 2];
+    let mut dms = [std::mem::MaybeUninit::<[[u8; 4]; 4]>::uninit(); SEQ_BLOCKS];
     let mut b0 = 0;
     while b0 < nb {
         let n = (nb - b0).min(SEQ_BLOCKS);
-        for k in 0..R {
-            for (i, s) in sums.iter_mut().enumerate().take(n) {
-                let blk = &w[k][b0 + i];
-                if ahead {
-                    prefetch_ahead(blk);
+        for k in 0..4 {
+            let mut i = 0;
+            while i < n {
+                let mut p = [_mm256_setzero_si256(); 2];
+                for (j, pj) in p.iter_mut().enumerate().take(n - i) {
+                    let blk = &w[k][b0 + i + j];
+                    if ahead {
+                        prefetch_ahead(blk);
+                    }
+                    let y = load256(a[b0 + i + j].qs());
+                    *pj = blk.idot::<V>(y, W::prep::<V>(y));
+                    (*dms[i + j].as_mut_ptr())[k] = blk.wdm();
                 }
-                let y = load256(a[b0 + i].qs());
-                s[k].write(blk.idot::<V>(y, W::prep::<V>(y)));
+                sums[i / 2][k].write(fold_pair(p[0], p[1]));
+                i += 2;
             }
         }
-        for (i, s) in sums.iter().enumerate().take(n) {
-            let b = b0 + i;
-            let dm = dm_lanes::<R>(std::array::from_fn(|k| w[k][b].wdm()));
-            // SAFETY: the loop above wrote sums[i][k] for every k and every i < n.
-            let p = s.map(|v| v.assume_init());
-            block_step::<W, R>(dm, &a[b], p, &mut acc, &mut accm);
+        for i in (0..n).step_by(2) {
+            // SAFETY: the pass above wrote sums[i / 2][k] for every k, and dms[i] and (when
+            // i + 1 < n) dms[i + 1] for every k: each of their 4 entries.
+            let (first, second) = unfold_pair(sums[i / 2].map(|v| v.assume_init()));
+            let dm = dm_lanes::<4>(dms[i].assume_init());
+            block_step_sums::<W>(dm, &a[b0 + i], first, &mut acc, &mut accm);
+            if i + 1 < n {
+                let dm = dm_lanes::<4>(dms[i + 1].assume_init());
+                block_step_sums::<W>(dm, &a[b0 + i + 1], second, &mut acc, &mut accm);
+            }
         }
         b0 += n;
     }
@@ -339,6 +370,26 @@ unsafe fn tile_seq<W: WeightBlock, V: IDot, const R: usize>(
         acc = _mm_add_ps(acc, accm);
     }
     acc
+}
+
+/// One row's integer sums of two blocks (8 i32 lanes each) folded to 4 lanes: [first, first,
+/// second, second] parts of the two exact totals.
+#[inline(always)]
+pub(crate) unsafe fn fold_pair(p: __m256i, q: __m256i) -> __m128i {
+    let h = _mm256_hadd_epi32(p, q);
+    _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1))
+}
+
+/// 4 rows' [`fold_pair`]s as (the first block's 4 totals, the second's), one row per lane.
+#[inline(always)]
+pub(crate) unsafe fn unfold_pair(f: [__m128i; 4]) -> (__m128i, __m128i) {
+    // [first0 second0 first1 second1], [first2 second2 first3 second3]
+    let lo = _mm_castsi128_ps(_mm_hadd_epi32(f[0], f[1]));
+    let hi = _mm_castsi128_ps(_mm_hadd_epi32(f[2], f[3]));
+    (
+        _mm_castps_si128(_mm_shuffle_ps::<0b10_00_10_00>(lo, hi)),
+        _mm_castps_si128(_mm_shuffle_ps::<0b11_01_11_01>(lo, hi)),
+    )
 }
 
 /// How far ahead of a dense matvec's reads [`prefetch_ahead`] asks for the stream: the rows of
@@ -444,7 +495,7 @@ pub(crate) unsafe fn matvec_impl<W: WeightBlock, V: IDot>(
         let n = (m.rows - r).min(4);
         let rows: [&[W]; 4] = std::array::from_fn(|k| m.row::<W>(r + k.min(n - 1)));
         let v = if m.long_rows::<W>() {
-            tile_seq::<W, V, 4>(rows, act, m.nb, true)
+            tile_seq::<W, V>(rows, act, m.nb, true)
         } else {
             m.prefetch::<W>(r + PREFETCH_ROWS, 4);
             tile::<W, V, 4, 1>(rows, [act], m.nb)[0]
@@ -477,7 +528,7 @@ pub(crate) unsafe fn matvec_rows_impl<W: WeightBlock, V: IDot>(
         }
         let rows: [&[W]; 4] = std::array::from_fn(|j| m.row::<W>(pick[k + j.min(n - 1)] as usize));
         let v = if m.long_rows::<W>() {
-            tile_seq::<W, V, 4>(rows, act, m.nb, false)
+            tile_seq::<W, V>(rows, act, m.nb, false)
         } else {
             tile::<W, V, 4, 1>(rows, [act], m.nb)[0]
         };

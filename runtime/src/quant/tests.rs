@@ -160,7 +160,7 @@ fn format_functions_reject_bad_input() {
     assert!(MatRef::new(GgmlType::IQ2_XS, &[0u8; 74], 1, 256).is_err());
 }
 
-/// Decode kernels take long rows in passes of a few dozen super-blocks (4096 or 8192 columns):
+/// Decode kernels take long rows in passes of 8192 columns (256 blocks of 32, 32 super-blocks):
 /// rows longer than a pass, from a column range that starts past the first block, give the
 /// scalar vec_dot's bits, dense and picked.
 #[test]

@@ -415,69 +415,97 @@ unsafe fn ktile<K: KBlock, const R: usize, const T: usize>(
     acc
 }
 
-/// Super-blocks per pass of [`ktile_seq`]: 4 rows' integer sums for 8192 columns (16 KiB, in
-/// L1).
+/// Super-blocks per pass of [`ktile_seq`] (8192 columns).
 const KSEQ_BLOCKS: usize = 32;
 
 /// One super-block's float steps for R rows (lanes) and one token with activation scale `da`,
-/// given the rows' integer sums: `acc = fma(d * da, sumi, acc)`, `accm = fma(dmin * da, summ,
-/// accm)`.
+/// given the rows' integer sums as lanes: `acc = fma(d * da, sumi, acc)`, `accm = fma(dmin *
+/// da, summ, accm)`.
+#[inline(always)]
+unsafe fn kblock_step_sums<K: KBlock>(
+    (dw, mw): (__m128, __m128),
+    da: f32,
+    (isum, msum): (__m128i, __m128i),
+    acc: &mut __m128,
+    accm: &mut __m128,
+) {
+    let da = _mm_set1_ps(da);
+    *acc = _mm_fmadd_ps(_mm_mul_ps(dw, da), _mm_cvtepi32_ps(isum), *acc);
+    if K::HAS_MIN {
+        *accm = _mm_fmadd_ps(_mm_mul_ps(mw, da), _mm_cvtepi32_ps(msum), *accm);
+    }
+}
+
+/// [`kblock_step_sums`] on the 8-lane integer sums of R rows.
 #[inline(always)]
 unsafe fn kblock_step<K: KBlock, const R: usize>(
-    (dw, mw): (__m128, __m128),
+    dm: (__m128, __m128),
     da: f32,
     p: [__m256i; R],
     q: [__m256i; R],
     acc: &mut __m128,
     accm: &mut __m128,
 ) {
-    let da = _mm_set1_ps(da);
-    let isum = _mm_cvtepi32_ps(reduce::<R>(p));
-    *acc = _mm_fmadd_ps(_mm_mul_ps(dw, da), isum, *acc);
-    if K::HAS_MIN {
-        let msum = _mm_cvtepi32_ps(reduce::<R>(q));
-        *accm = _mm_fmadd_ps(_mm_mul_ps(mw, da), msum, *accm);
-    }
+    let msum = if K::HAS_MIN {
+        reduce::<R>(q)
+    } else {
+        _mm_setzero_si128()
+    };
+    kblock_step_sums::<K>(dm, da, (reduce::<R>(p), msum), acc, accm);
 }
 
-/// [`ktile`] for one token (decode), in the order of `avx2::tile_seq`: each row's super-blocks
-/// in address order before the next row's, the float steps block by block after them (the same
-/// bits). `ahead`: the rows are a dense group, whose stream continues past them.
+/// [`ktile`] for one token (decode) and 4 rows, in the order of `avx2::tile_seq`: each row's
+/// super-blocks in address order before the next row's, the float steps block by block after
+/// them (the same bits). What the float steps need of a block (its integer sums and its f16
+/// scales) waits in a small scratch during the pass, so they never touch the weights again: the
+/// stream is read once, non-temporally, and a long row's blocks may have left L1 by then. A
+/// format with mins folds each block's (sumi, summ) to one 128-bit vector; the others keep sumi's
+/// 8 lanes (cheaper here than folding). `ahead`: the rows are a dense group, whose stream
+/// continues past them.
 #[inline(always)]
-unsafe fn ktile_seq<K: KBlock, const R: usize>(
-    w: [&[K]; R],
-    a: &[BlockQ8K],
-    nb: usize,
-    ahead: bool,
-) -> __m128 {
+unsafe fn ktile_seq<K: KBlock>(w: [&[K]; 4], a: &[BlockQ8K], nb: usize, ahead: bool) -> __m128 {
     for r in &w {
         assert!(r.len() >= nb);
     }
     assert!(a.len() >= nb);
     let mut acc = _mm_setzero_ps();
     let mut accm = _mm_setzero_ps();
-    let mut p = [[std::mem::MaybeUninit::<__m256i>::uninit(); R]; KSEQ_BLOCKS];
-    let mut q = p;
+    // Written by each pass before its float steps read them (`folded` with mins, `sumi`
+    // without).
+    let mut folded = [[std::mem::MaybeUninit::<__m128i>::uninit(); 4]; KSEQ_BLOCKS];
+    let mut sumi = [[std::mem::MaybeUninit::<__m256i>::uninit(); 4]; KSEQ_BLOCKS];
+    let mut dms = [std::mem::MaybeUninit::<[[u8; 4]; 4]>::uninit(); KSEQ_BLOCKS];
     let mut b0 = 0;
     while b0 < nb {
         let n = (nb - b0).min(KSEQ_BLOCKS);
-        for k in 0..R {
+        for k in 0..4 {
             for i in 0..n {
                 let blk = &w[k][b0 + i];
                 if ahead {
                     prefetch_ahead(blk);
                 }
-                let (pi, qi) = K::isums(&blk.unpack(), &a[b0 + i]);
-                p[i][k].write(pi);
-                q[i][k].write(qi);
+                let (p, q) = K::isums(&blk.unpack(), &a[b0 + i]);
+                if K::HAS_MIN {
+                    folded[i][k].write(fold_pair(p, q));
+                } else {
+                    sumi[i][k].write(p);
+                }
+                (*dms[i].as_mut_ptr())[k] = blk.dm();
             }
         }
         for i in 0..n {
-            let b = b0 + i;
-            let dm = dm_lanes::<R>(std::array::from_fn(|k| w[k][b].dm()));
-            // SAFETY: the loop above wrote p[i][k] and q[i][k] for every k and every i < n.
-            let (pi, qi) = (p[i].map(|v| v.assume_init()), q[i].map(|v| v.assume_init()));
-            kblock_step::<K, R>(dm, a[b].d(), pi, qi, &mut acc, &mut accm);
+            // SAFETY: the pass above wrote folded[i][k] (with mins) or sumi[i][k] (without)
+            // for every k, and each of dms[i]'s 4 entries.
+            let sums = if K::HAS_MIN {
+                unfold_pair(folded[i].map(|v| v.assume_init()))
+            } else {
+                (
+                    reduce::<4>(sumi[i].map(|v| v.assume_init())),
+                    _mm_setzero_si128(),
+                )
+            };
+            let dm = dm_lanes::<4>(dms[i].assume_init());
+            kblock_step_sums::<K>(dm, a[b0 + i].d(), sums, &mut acc, &mut accm);
         }
         b0 += n;
     }
@@ -504,7 +532,7 @@ pub(crate) unsafe fn kmatvec<K: KBlock>(m: Rows<'_>, act: &[BlockQ8K], out: &mut
         let n = (m.rows - r).min(4);
         let rows: [&[K]; 4] = std::array::from_fn(|k| m.row::<K>(r + k.min(n - 1)));
         let v = if m.long_rows::<K>() {
-            ktile_seq::<K, 4>(rows, act, m.nb, true)
+            ktile_seq::<K>(rows, act, m.nb, true)
         } else {
             m.prefetch::<K>(r + PREFETCH_ROWS, 4);
             ktile::<K, 4, 1>(rows, [act], m.nb)[0]
@@ -533,7 +561,7 @@ pub(crate) unsafe fn kmatvec_rows<K: KBlock>(
         }
         let rows: [&[K]; 4] = std::array::from_fn(|j| m.row::<K>(pick[k + j.min(n - 1)] as usize));
         let v = if m.long_rows::<K>() {
-            ktile_seq::<K, 4>(rows, act, m.nb, false)
+            ktile_seq::<K>(rows, act, m.nb, false)
         } else {
             ktile::<K, 4, 1>(rows, [act], m.nb)[0]
         };
