@@ -610,7 +610,7 @@ proptest! {
                     1 => n_tokens - 1,
                     _ => 0,
                 };
-                let req = StepRequest { step: i as StepId + 1, n_tokens, n_past, logits_from };
+                let req = StepRequest { step: i as StepId + 1, n_tokens, n_past, logits_from, sequences: 1 };
                 n_past += n_tokens;
                 req
             })

@@ -43,6 +43,7 @@ fn request(step: StepId, n_tokens: u32, logits_from: u32) -> StepRequest {
         n_tokens,
         n_past: 0,
         logits_from,
+        sequences: 1,
     }
 }
 
