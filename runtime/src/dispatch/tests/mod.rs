@@ -340,7 +340,7 @@ fn check_stream_skipping(
         .iter()
         .filter(|c| !matches!(c, Command::Load { .. }))
         .collect();
-    let shape = s.shape_for(req.n_tokens);
+    let shape = s.shape_of(req);
     let program = s.program(shape);
     let mut expected = Vec::new();
     for layer in 0..program.n_layer {
