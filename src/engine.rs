@@ -93,11 +93,21 @@ pub trait SampleHook {
     fn drawn(&mut self, token: u32, logits: &[f32]) -> Result<(), String>;
 }
 
+impl<T: SampleHook + ?Sized> SampleHook for &mut T {
+    fn adjust(&mut self, logits: &mut [f32]) -> Result<(), String> {
+        (**self).adjust(logits)
+    }
+
+    fn drawn(&mut self, token: u32, logits: &[f32]) -> Result<(), String> {
+        (**self).drawn(token, logits)
+    }
+}
+
 /// Draws the next token from `logits`, through `hook` when there is one (which then works on
 /// a copy in `scratch`: the driver's logits are read-only).
 fn draw(
     sampler: &mut Sampler,
-    hook: &mut Option<&mut dyn SampleHook>,
+    hook: &mut Option<Box<dyn SampleHook + '_>>,
     scratch: &mut Vec<f32>,
     logits: &[f32],
 ) -> Result<u32, Error> {
@@ -891,6 +901,20 @@ impl Engine {
             .eval(session, tokens, logits_from, on_logits)?)
     }
 
+    /// A multi-sequence step: `tokens[i]` is the next token of `sessions[i]`; returns their
+    /// logits, `[sequence][n_vocab]`, each sequence's the bits its own one-token step gives.
+    /// See [`Driver::step_sequences`].
+    pub fn step_sequences(
+        &mut self,
+        sessions: &mut [&mut Session],
+        tokens: &[u32],
+    ) -> Result<&[f32], Error> {
+        self.check_model_file()?;
+        let driver = self.driver.get();
+        driver.step_sequences(sessions, tokens)?;
+        Ok(driver.logits())
+    }
+
     /// Evaluates `tokens` and returns the logits of the last one.
     pub fn eval_last(&mut self, session: &mut Session, tokens: &[u32]) -> Result<&[f32], Error> {
         self.check_model_file()?;
@@ -948,8 +972,27 @@ impl Engine {
         session: &'a mut Session,
         prompt: &[u32],
         options: &GenerateOptions,
-        mut hook: Option<&'a mut dyn SampleHook>,
+        hook: Option<&'a mut dyn SampleHook>,
     ) -> Result<TokenStream<'a>, Error> {
+        let hook = hook.map(|h| Box::new(h) as Box<dyn SampleHook + 'a>);
+        let generation = self.start_generation(session, prompt, options, hook)?;
+        Ok(TokenStream {
+            engine: self,
+            session,
+            generation,
+        })
+    }
+
+    /// Evaluates `prompt` after what `session` holds and draws the first token: a
+    /// [`Generation`] that continues apart from the engine, so that a server can step many at
+    /// once ([`Engine::step_sequences`]). [`Engine::stream_with`] is this and one-token steps.
+    pub fn start_generation<'h>(
+        &mut self,
+        session: &mut Session,
+        prompt: &[u32],
+        options: &GenerateOptions,
+        mut hook: Option<Box<dyn SampleHook + 'h>>,
+    ) -> Result<Generation<'h>, Error> {
         if prompt.is_empty() {
             return Err(Error::EmptyPrompt);
         }
@@ -967,9 +1010,7 @@ impl Engine {
         let mut scratch = Vec::new();
         let first = draw(&mut sampler, &mut hook, &mut scratch, logits)?;
         let time_to_first_token = started.elapsed();
-        Ok(TokenStream {
-            engine: self,
-            session,
+        Ok(Generation {
             sampler,
             hook,
             scratch,
@@ -1002,7 +1043,7 @@ impl Engine {
         while let Some(piece) = stream.next() {
             let piece = piece?;
             if !piece.text.is_empty() && on_text(&piece.text).is_break() {
-                stream.stats.stop = StopReason::Cancelled;
+                stream.generation.stats.stop = StopReason::Cancelled;
                 break;
             }
         }
@@ -1023,8 +1064,16 @@ pub struct Piece {
 pub struct TokenStream<'a> {
     engine: &'a mut Engine,
     session: &'a mut Session,
+    generation: Generation<'a>,
+}
+
+/// One generation's state (sampler, hook, text decoder, counts) apart from the engine and the
+/// session: [`TokenStream`] steps one with one-token steps; a server steps many in one
+/// multi-sequence step ([`Engine::step_sequences`]). Either way the same code samples, stops
+/// and decodes text.
+pub struct Generation<'h> {
     sampler: Sampler,
-    hook: Option<&'a mut dyn SampleHook>,
+    hook: Option<Box<dyn SampleHook + 'h>>,
     /// The logits a hook works on.
     scratch: Vec<f32>,
     decoder: StreamDecoder,
@@ -1039,6 +1088,27 @@ pub struct TokenStream<'a> {
 impl TokenStream<'_> {
     /// What the generation cost so far.
     pub fn stats(&self) -> &GenerationStats {
+        &self.generation.stats
+    }
+
+    pub fn into_stats(self) -> GenerationStats {
+        self.generation.stats
+    }
+
+    fn advance(&mut self) -> Result<Option<Piece>, Error> {
+        if let Some(token) = self.generation.pending() {
+            let t0 = Instant::now();
+            self.engine.check_model_file()?;
+            let logits = self.engine.driver.get().eval_last(self.session, &[token])?;
+            self.generation.evaluated(logits, t0.elapsed())?;
+        }
+        Ok(self.generation.piece(&self.engine.tokenizer))
+    }
+}
+
+impl Generation<'_> {
+    /// What the generation cost so far.
+    pub fn stats(&self) -> &GenerationStats {
         &self.stats
     }
 
@@ -1046,31 +1116,41 @@ impl TokenStream<'_> {
         self.stats
     }
 
-    fn advance(&mut self) -> Result<Option<Piece>, Error> {
-        if let Some(token) = self.to_eval.take() {
-            let t0 = Instant::now();
-            self.engine.check_model_file()?;
-            let logits = self.engine.driver.get().eval_last(self.session, &[token])?;
-            self.stats.decode_time += t0.elapsed();
-            self.stats.decode_evals += 1;
-            self.next = Some(draw(
-                &mut self.sampler,
-                &mut self.hook,
-                &mut self.scratch,
-                logits,
-            )?);
+    /// The token handed out last, which must be evaluated (its logits given to
+    /// [`Generation::evaluated`]) before the next [`Generation::piece`]; `None` once the
+    /// generation has ended.
+    pub fn pending(&self) -> Option<u32> {
+        self.to_eval
+    }
+
+    /// The pending token's logits (computed in `took`): draws the next token.
+    pub fn evaluated(&mut self, logits: &[f32], took: Duration) -> Result<(), Error> {
+        self.to_eval = None;
+        self.stats.decode_time += took;
+        self.stats.decode_evals += 1;
+        self.next = Some(draw(
+            &mut self.sampler,
+            &mut self.hook,
+            &mut self.scratch,
+            logits,
+        )?);
+        Ok(())
+    }
+
+    /// The next generated token and its text; `None` at the end. After a token,
+    /// [`Generation::pending`] names it until its logits are in.
+    pub fn piece(&mut self, tokenizer: &Tokenizer) -> Option<Piece> {
+        if self.to_eval.is_some() {
+            return None;
         }
-        let Some(token) = self.next.take() else {
-            return Ok(None);
-        };
-        let tokenizer = &self.engine.tokenizer;
+        let token = self.next.take()?;
         if !self.options.ignore_eos && tokenizer.is_eog(token) {
             self.stats.stop = StopReason::EndOfGeneration;
             let rest = self.decoder.finish();
-            return Ok((!rest.is_empty()).then_some(Piece {
+            return (!rest.is_empty()).then_some(Piece {
                 token: None,
                 text: rest,
-            }));
+            });
         }
         self.stats.generated.push(token);
         self.sampler.accept(token);
@@ -1081,10 +1161,16 @@ impl TokenStream<'_> {
         } else {
             self.to_eval = Some(token);
         }
-        Ok(Some(Piece {
+        Some(Piece {
             token: Some(token),
             text,
-        }))
+        })
+    }
+
+    /// Ends the generation (after an error): no more pieces.
+    pub fn end(&mut self) {
+        self.next = None;
+        self.to_eval = None;
     }
 }
 
@@ -1096,8 +1182,7 @@ impl Iterator for TokenStream<'_> {
             Ok(piece) => piece.map(Ok),
             Err(e) => {
                 // The stream ends with its error.
-                self.next = None;
-                self.to_eval = None;
+                self.generation.end();
                 Some(Err(e))
             }
         }

@@ -29,6 +29,6 @@ pub use conductor_actors as actors;
 pub use conductor_runtime as runtime;
 pub use engine::{
     apply_budget, reuse_prefix, DriverKind, Engine, EngineBuilder, Error, GenerateOptions,
-    GenerationStats, Piece, SampleHook, SparsitySettings, StopReason, TokenStream,
+    Generation, GenerationStats, Piece, SampleHook, SparsitySettings, StopReason, TokenStream,
     DEFAULT_SPARSE_DOWN_TYPE, DEFAULT_SPARSITY, DEFAULT_SPARSITY_MODE,
 };

@@ -243,6 +243,13 @@ fn greedy_matches_run(
     };
     let served: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON line");
     let served = served["content"].as_str().expect("content");
+    assert!(!served.is_empty());
+    assert_eq!(served, run_greedy(model, flags, prompt, n));
+    true
+}
+
+/// What `conductor run --chat --temp 0` prints for `prompt` (without the final newline).
+fn run_greedy(model: &Path, flags: &[&str], prompt: &str, n: &str) -> String {
     let run = common::conductor()
         .args([
             "run", "--chat", "--temp", "0", "-t", "1", "-n", n, "-p", prompt, "-m",
@@ -257,9 +264,7 @@ fn greedy_matches_run(
         String::from_utf8_lossy(&run.stderr)
     );
     let printed = String::from_utf8(run.stdout).expect("UTF-8");
-    assert!(!served.is_empty());
-    assert_eq!(served, printed.strip_suffix('\n').unwrap_or(&printed));
-    true
+    printed.strip_suffix('\n').unwrap_or(&printed).to_string()
 }
 
 /// Greedy output over the server is what `conductor run --chat --temp 0` prints.
@@ -290,6 +295,52 @@ fn serving_under_a_memory_budget_matches_conductor_run_and_counts_the_cache() {
         + metric(&server, "conductor_neuron_cache_misses_total");
     assert!(cache > 0.0, "no neuron-cache traffic counted");
     assert!(metric(&server, "conductor_neuron_cache_read_bytes_total") > 0.0);
+}
+
+/// Continuous batching: four greedy requests at once share decode steps (the metrics count
+/// steps of several sequences), and each answer is what `conductor run --chat --temp 0`
+/// prints for its prompt alone.
+#[test]
+fn concurrent_greedy_requests_are_batched_and_each_matches_conductor_run() {
+    let model = common::default_model();
+    let flags = ["-c", "1024"];
+    let server = Server::start_with(&model, &["-c", "1024", "--parallel", "4"]);
+    let prompts = [
+        "Write a short poem about the sea.",
+        "What is the capital of France? Answer in one sentence.",
+        "List three fruits.",
+        "Explain what a computer is to a child.",
+    ];
+    let mut args = vec!["20"];
+    args.extend(prompts);
+    let Some(out) = check(&server, "batched_greedy", &args) else {
+        return;
+    };
+    let served: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON line");
+    eprintln!(
+        "batched: {} sequences in {} decode steps",
+        served["sequences"], served["steps"]
+    );
+    for (i, prompt) in prompts.iter().enumerate() {
+        let content = served["contents"][i].as_str().expect("content");
+        assert!(!content.is_empty(), "{prompt}");
+        assert_eq!(
+            content,
+            run_greedy(&model, &flags, prompt, "20"),
+            "{prompt}"
+        );
+    }
+}
+
+/// With `--parallel 2 --queue 1`: two streams generate together while a third request waits;
+/// the first stream's client leaving frees its slot for the third, and the second goes on.
+#[test]
+fn a_disconnect_frees_its_slot_while_the_batch_goes_on() {
+    scenario(
+        &["-c", "4096", "--parallel", "2", "--queue", "1"],
+        "slots_and_disconnect",
+        &["4000"],
+    );
 }
 
 #[test]

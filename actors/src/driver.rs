@@ -292,7 +292,7 @@ impl ActorDriver {
             decode: Arc::clone(scheduler.program(StepShape::Decode)),
             prefill: Arc::clone(scheduler.program(StepShape::Prefill)),
             state: RwLock::new(StepState::new(kernels)),
-            kv: RwLock::new(KvCache::default()),
+            kv: RwLock::new(vec![KvCache::default()]),
             outputs: (0..placed.len())
                 .map(|_| Mutex::new(GroupOutput::default()))
                 .collect(),
@@ -529,15 +529,73 @@ impl ActorDriver {
             n_tokens: tokens.len() as u32,
             n_past: session.n_past() as u32,
             logits_from,
+            sequences: 1,
         };
         self.next_step += 1;
         // Lend the session's KV cache to the actors for this step.
-        session.swap_kv(&mut write(&self.shared.kv));
-        let result = self.step_with_lent_cache(&request, tokens, session.n_ctx());
-        session.swap_kv(&mut write(&self.shared.kv));
+        session.swap_kv(&mut write(&self.shared.kv)[0]);
+        // (The state's lock is let go before the actors need it.)
+        let begun =
+            write(&self.shared.state).begin_step(&self.model, &request, tokens, session.n_ctx());
+        let result = begun
+            .map_err(StepError::from)
+            .and_then(|()| self.step_with_lent_cache(&request));
+        session.swap_kv(&mut write(&self.shared.kv)[0]);
+        self.step_ended(result)?;
+        session.push(tokens);
+        Ok(())
+    }
+
+    /// A multi-sequence step ([`Driver::step_sequences`]): every session's cache is lent.
+    fn run_multi_step(
+        &mut self,
+        sessions: &mut [&mut Session],
+        tokens: &[u32],
+    ) -> Result<(), StepError> {
+        if !self.healthy {
+            self.restart().map_err(|e| StepError::Actor {
+                actor: "driver".into(),
+                why: format!("cannot restart the actors: {e}"),
+            })?;
+        }
+        let (request, positions, n_ctx) =
+            conductor_runtime::exec::multi_step_request(self.next_step, sessions, tokens)?;
+        self.next_step += 1;
+        {
+            let mut kvs = write(&self.shared.kv);
+            kvs.resize_with(sessions.len().max(1), KvCache::default);
+            for (session, kv) in sessions.iter_mut().zip(kvs.iter_mut()) {
+                session.swap_kv(kv);
+            }
+        }
+        let begun = write(&self.shared.state).begin_multi_step(
+            &self.model,
+            &request,
+            tokens,
+            &positions,
+            n_ctx,
+        );
+        let result = begun
+            .map_err(StepError::from)
+            .and_then(|()| self.step_with_lent_cache(&request));
+        {
+            let mut kvs = write(&self.shared.kv);
+            for (session, kv) in sessions.iter_mut().zip(kvs.iter_mut()) {
+                session.swap_kv(kv);
+            }
+            kvs.truncate(1);
+        }
+        self.step_ended(result)?;
+        for (session, &token) in sessions.iter_mut().zip(tokens) {
+            session.push(&[token]);
+        }
+        Ok(())
+    }
+
+    /// After a step: its logits on success; an actor's failure marks the actors for restart.
+    fn step_ended(&mut self, result: Result<(), StepError>) -> Result<(), StepError> {
         match result {
             Ok(()) => {
-                session.push(tokens);
                 write(&self.shared.state).swap_logits(&mut self.logits);
                 Ok(())
             }
@@ -550,13 +608,8 @@ impl ActorDriver {
         }
     }
 
-    fn step_with_lent_cache(
-        &self,
-        request: &StepRequest,
-        tokens: &[u32],
-        n_ctx: usize,
-    ) -> Result<(), StepError> {
-        write(&self.shared.state).begin_step(&self.model, request, tokens, n_ctx)?;
+    /// Runs a begun step on the actors, with the caches lent.
+    fn step_with_lent_cache(&self, request: &StepRequest) -> Result<(), StepError> {
         let (tx, rx) = sync_channel(1);
         let stopped = |why: &str| StepError::Actor {
             actor: "scheduler".into(),
@@ -702,6 +755,18 @@ impl Driver for ActorDriver {
         logits_from: u32,
     ) -> Result<(), StepError> {
         self.run_step(session, tokens, logits_from)
+    }
+
+    fn step_sequences(
+        &mut self,
+        sessions: &mut [&mut Session],
+        tokens: &[u32],
+    ) -> Result<(), StepError> {
+        match sessions {
+            [] => Err(StepError::NoTokens),
+            [one] => self.run_step(one, tokens, 0),
+            _ => self.run_multi_step(sessions, tokens),
+        }
     }
 
     fn logits(&self) -> &[f32] {

@@ -20,8 +20,9 @@ pub(crate) struct StepShared {
     pub decode: Arc<Program>,
     pub prefill: Arc<Program>,
     pub state: RwLock<StepState>,
-    /// The session's KV cache, lent by the driver for the duration of a step.
-    pub kv: RwLock<KvCache>,
+    /// The session's KV cache, lent by the driver for the duration of a step (a
+    /// multi-sequence step: one per sequence, in token order).
+    pub kv: RwLock<Vec<KvCache>>,
     /// One per processor group, indexed by `XpuId`.
     pub outputs: Vec<Mutex<GroupOutput>>,
     /// Time zero of traces.

@@ -188,6 +188,39 @@ def _build(root: Path, flags: list[str], log) -> dict:
     }
 
 
+# llama-server, for bench/vs-llama-server: built on demand into the same cached build, its
+# web UI left out (no npm build, no download of prebuilt assets: the bench needs the API only).
+SERVER_CMAKE_FLAGS = ("-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_BUILD_UI=OFF")
+
+
+def ensure_llama_server(log=lambda msg: print(msg, file=sys.stderr)) -> Path:
+    """Path of llama-server in the cached build (ensure_llama_cpp's), building that one target
+    first if it is missing. The build's stamp (build-info.json) keeps describing the tools:
+    turning the server on adds targets without changing how the others are compiled."""
+    build = ensure_llama_cpp(log)
+    server = build.tool("llama-server")
+    if os.access(server, os.X_OK):
+        return server
+    root = cache_dir()
+    with _exclusive_lock(root / ".lock"):
+        if os.access(server, os.X_OK):
+            return server
+        src = _ensure_source(root, log)
+        build_dir = root / "build"
+        log_path = root / "build-server.log"
+        log_path.write_text("")
+        jobs = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        log(f"building llama-server into {build_dir} with {jobs} jobs; log: {log_path}")
+        started = time.monotonic()
+        run_logged(["cmake", "-S", src, "-B", build_dir, *build.cmake_flags, *SERVER_CMAKE_FLAGS], log_path)
+        run_logged(["cmake", "--build", build_dir, "--config", "Release", "-j", str(jobs),
+                    "--target", "llama-server"], log_path)
+        if not os.access(server, os.X_OK):
+            raise BenchError(f"the llama-server build finished but {server} is missing; see {log_path}")
+        log(f"llama-server built in {(time.monotonic() - started) / 60:.1f} min")
+    return server
+
+
 def _binary_build_info(llama_bench: Path) -> tuple[str, str]:
     """`llama-bench --version` prints e.g. 'version: 0.5.0-dev (build 1, commit 0c1e570)'."""
     out = run_quick([llama_bench, "--version"])

@@ -71,7 +71,7 @@ impl RunSize {
         let mut size = RunSize::default();
         for step in steps {
             let r = &step.request;
-            let program = scheduler.program(scheduler.shape_for(r.n_tokens));
+            let program = scheduler.program(scheduler.shape_of(r));
             let n_layer = program.n_layer as usize;
             let parts: usize = program.layer_phases.iter().map(|p| p.parts.len()).sum();
             let (mut computes, mut finishes) =
@@ -413,6 +413,7 @@ mod tests {
                         n_tokens: 1,
                         n_past: 0,
                         logits_from: 0,
+                        sequences: 1,
                     },
                 )),
             }));

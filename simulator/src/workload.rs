@@ -141,6 +141,7 @@ impl Workload {
                     n_tokens: len,
                     n_past: start,
                     logits_from: logits_from.saturating_sub(start).min(len),
+                    sequences: 1,
                 },
                 decode_index: None,
             });
@@ -157,6 +158,7 @@ impl Workload {
                     n_tokens: 1,
                     n_past: first_pos + i,
                     logits_from: 0,
+                    sequences: 1,
                 },
                 decode_index: Some(i),
             });

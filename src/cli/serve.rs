@@ -17,8 +17,9 @@ pub struct ServeArgs {
     /// Port (0: a free one, printed on start).
     #[arg(long = "port", default_value_t = 8080)]
     port: u16,
-    /// Requests taken in at once. The engine generates one sequence at a time (no continuous
-    /// batching yet), so values above 1 only let requests wait in line.
+    /// Requests generated at once: each decode step computes the next token of every running
+    /// request in one multi-sequence step (continuous batching), each with its own KV cache.
+    /// Under --memory or sparse decode, one at a time.
     #[arg(long = "parallel", default_value_t = 1)]
     parallel: usize,
     /// Requests that may wait for the engine; more are answered 429 with Retry-After.
@@ -54,12 +55,6 @@ pub fn run(args: ServeArgs) -> Result<()> {
     }
     if args.api_key.as_deref() == Some("") {
         bail!("--api-key is empty");
-    }
-    if args.parallel > 1 {
-        eprintln!(
-            "serve: --parallel {}: requests are taken in together but generated one at a time (continuous batching is not built yet)",
-            args.parallel
-        );
     }
     let mut model_args = args.model.clone();
     if model_args.engine.context.is_none() {

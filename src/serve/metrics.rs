@@ -28,6 +28,9 @@ pub struct Metrics {
     pub queue_time: Histogram,
     pub queued: IntGauge,
     pub running: IntGauge,
+    /// Decode steps, and the sequences they computed (their ratio is the mean batch).
+    pub decode_steps: IntCounter,
+    pub decode_sequences: IntCounter,
     /// The neuron cache under `--memory`: units found in the cache, units read, bytes read.
     cache_hits: IntCounter,
     cache_misses: IntCounter,
@@ -71,6 +74,14 @@ impl Metrics {
             )?,
             queued: IntGauge::new("requests_queued", "Requests waiting for the engine")?,
             running: IntGauge::new("requests_running", "Requests the engine is generating")?,
+            decode_steps: counter(
+                "decode_steps_total",
+                "Decode steps (one multi-sequence step counts once)",
+            )?,
+            decode_sequences: counter(
+                "decode_sequences_total",
+                "Sequences computed by decode steps (over decode_steps_total: the mean batch)",
+            )?,
             cache_hits: counter(
                 "neuron_cache_hits_total",
                 "Neuron-cache units found in memory (under --memory)",
@@ -92,6 +103,8 @@ impl Metrics {
             &m.completion_tokens,
             &m.cancelled,
             &m.rejected,
+            &m.decode_steps,
+            &m.decode_sequences,
             &m.cache_hits,
             &m.cache_misses,
             &m.cache_bytes_read,

@@ -33,8 +33,8 @@ pub struct ServeOptions {
     pub host: String,
     /// Port (0: any free one; the address is printed).
     pub port: u16,
-    /// Requests taken in at once. The engine generates one sequence at a time, so more than
-    /// one only lets requests wait in line (see docs/serve.md).
+    /// Requests generated at once (continuous batching: each decode step computes every
+    /// running request's next token in one multi-sequence step; see docs/serve.md).
     pub parallel: usize,
     /// Requests that may wait for the engine; past this, 429 with `Retry-After`.
     pub queue: usize,
@@ -84,6 +84,21 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// How many sequences the server generates at once for `--parallel` `asked`: that many,
+/// except under a memory budget or sparse decode, where it is one (docs/serve.md, "Limits of
+/// batching": the budget holds one session's KV cache, and a multi-sequence step's sparse FFN
+/// is not held to each sequence's own decode).
+pub fn slots_for(engine: &Engine, asked: usize) -> usize {
+    let asked = asked.max(1);
+    if asked > 1 && (engine.budget().is_some() || engine.model().sparse.is_some()) {
+        eprintln!(
+            "serve: --parallel {asked}: under --memory or sparse decode requests are generated one at a time (no continuous batching; see docs/serve.md)"
+        );
+        return 1;
+    }
+    asked
+}
+
 /// Runs the server on `engine` until SIGTERM or Ctrl-C. `on_listening` is called with the
 /// bound address once requests are accepted.
 pub fn serve(
@@ -101,8 +116,11 @@ pub fn serve(
         .context
         .unwrap_or_else(|| engine.default_context())
         .max(2);
+    let slots = slots_for(&engine, options.parallel);
     // Made here, so that a context the machine cannot hold fails the start, not each request.
-    let session = engine.session(Some(n_ctx))?;
+    let sessions = (0..slots)
+        .map(|_| engine.session(Some(n_ctx)))
+        .collect::<Result<Vec<_>, _>>()?;
     let model = engine
         .model_path()
         .file_stem()
@@ -122,7 +140,7 @@ pub fn serve(
         let shared = shared.clone();
         std::thread::Builder::new()
             .name("serve-engine".into())
-            .spawn(move || worker::run(engine, session, jobs, &shared))
+            .spawn(move || worker::run(engine, sessions, jobs, &shared))
             .context("starting the engine thread")?
     };
     let state = Arc::new(AppState {

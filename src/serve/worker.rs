@@ -1,17 +1,21 @@
-//! The engine's thread and its queue. Requests wait in a bounded queue; the worker takes them
-//! one at a time and runs each through [`Engine::stream_with`] (the loop `conductor run` uses),
-//! sending text back as it comes. One engine computes one sequence at a time: this is not
-//! continuous batching (docs/serve.md).
+//! The engine's thread and its queue: continuous batching. Requests wait in a bounded queue;
+//! the worker keeps `--parallel` slots, each a session (its own KV cache) and at most one
+//! running request. Between decode steps it takes requests into free slots (each prompt is
+//! evaluated alone, then its first token drawn); then one multi-sequence step
+//! ([`Engine::step_sequences`]) computes the next token of every running request at once,
+//! sharing each weight read. A request that ends (its end, `max_tokens`, a stop sequence, its
+//! client gone) leaves its slot at once. Generation itself — sampling, the hook, text — is
+//! [`crate::Generation`], the state `conductor run`'s stream steps too.
 //!
-//! The worker keeps one session: a request whose prompt begins with tokens the session already
-//! holds (a conversation's next turn) evaluates only the rest.
+//! A slot keeps its session after a request: a request whose prompt begins with tokens a free
+//! slot holds (a conversation's next turn) goes to that slot and evaluates only the rest.
 
 use super::api::{TokenLogprob, Usage};
 use super::error::ApiError;
 use super::hook::RequestHook;
 use super::metrics::Metrics;
 use super::stop::StopMatcher;
-use crate::{Engine, GenerateOptions, StopReason};
+use crate::{Engine, GenerateOptions, Generation, StopReason};
 use conductor_runtime::exec::Session;
 use conductor_runtime::tokenizer::Tokenizer;
 use llguidance::Matcher;
@@ -19,7 +23,7 @@ use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedSender;
@@ -62,153 +66,323 @@ pub struct Shared {
 /// How often an idle worker looks at the shutdown flag.
 const IDLE_POLL: Duration = Duration::from_millis(100);
 
-/// Serves jobs from `queue` until shutdown, or until every sender is gone.
-pub fn run(mut engine: Engine, mut session: Session, queue: Receiver<Job>, shared: &Shared) {
-    loop {
-        if shared.shutdown.load(Ordering::Relaxed) {
-            // Refuse what is still queued.
-            while let Ok(job) = queue.try_recv() {
-                shared.metrics.queued.dec();
-                let _ = job.events.send(Event::Failed(ApiError::unavailable(
-                    "the server is shutting down",
-                )));
-            }
-            return;
-        }
-        let job = match queue.recv_timeout(IDLE_POLL) {
-            Ok(job) => job,
-            Err(RecvTimeoutError::Timeout) => continue,
-            Err(RecvTimeoutError::Disconnected) => return,
-        };
-        shared.metrics.queued.dec();
-        if job.events.is_closed() {
-            // Its client left while it waited.
-            shared.metrics.cancelled.inc();
-            continue;
-        }
-        shared
-            .metrics
-            .queue_time
-            .observe(job.received.elapsed().as_secs_f64());
-        shared.metrics.running.inc();
-        let events = job.events.clone();
-        match serve_one(&mut engine, &mut session, job, shared) {
-            Ok(Some(done)) => {
-                let _ = events.send(done);
-            }
-            Ok(None) => shared.metrics.cancelled.inc(),
-            Err(e) => {
-                // The session may hold half a step: start the next request afresh.
-                session.clear();
-                let _ = events.send(Event::Failed(e));
-            }
-        }
-        shared.metrics.running.dec();
-        if let Some(report) = engine.cache_report() {
-            shared.metrics.record_cache(&report);
-        }
-    }
+/// A session and the request it is generating, if any.
+struct Slot {
+    session: Session,
+    running: Option<Running>,
 }
 
-/// Why a generation loop ended.
+/// A request being generated in a slot.
+struct Running {
+    generation: Generation<'static>,
+    /// Log-probabilities the hook recorded, one per drawn token.
+    drawn: Rc<RefCell<VecDeque<TokenLogprob>>>,
+    stops: StopMatcher,
+    events: UnboundedSender<Event>,
+    received: Instant,
+    prompt_len: usize,
+    first: bool,
+}
+
+/// Why a request left its slot.
 #[derive(Clone, Copy)]
 enum End {
-    /// The engine stopped: end of generation or `max_tokens`.
+    /// The generation ended: end of generation or `max_tokens`.
     Finished,
     /// A stop sequence appeared.
     StopText,
     ClientLeft,
-    ShuttingDown,
 }
 
-/// Generates for `job`; `None` when its client left.
-fn serve_one(
-    engine: &mut Engine,
-    session: &mut Session,
-    job: Job,
-    shared: &Shared,
-) -> Result<Option<Event>, ApiError> {
-    let reuse = crate::reuse_prefix(session, &job.prompt);
+/// Serves jobs from `queue` in `sessions.len()` slots until shutdown, or until every sender is
+/// gone and nothing runs.
+pub fn run(mut engine: Engine, sessions: Vec<Session>, queue: Receiver<Job>, shared: &Shared) {
+    let mut slots: Vec<Slot> = sessions
+        .into_iter()
+        .map(|session| Slot {
+            session,
+            running: None,
+        })
+        .collect();
+    let mut order = Vec::with_capacity(slots.len());
+    let mut tokens = Vec::with_capacity(slots.len());
+    loop {
+        if shared.shutdown.load(Ordering::Relaxed) {
+            shut_down(&mut slots, &queue, shared);
+            return;
+        }
+        // Take requests into free slots: wait for one only when nothing runs.
+        let mut gone = false;
+        while slots.iter().any(|s| s.running.is_none()) {
+            let idle = slots.iter().all(|s| s.running.is_none());
+            let job = if idle {
+                match queue.recv_timeout(IDLE_POLL) {
+                    Ok(job) => job,
+                    Err(RecvTimeoutError::Timeout) => break,
+                    Err(RecvTimeoutError::Disconnected) => {
+                        gone = true;
+                        break;
+                    }
+                }
+            } else {
+                match queue.try_recv() {
+                    Ok(job) => job,
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        gone = true;
+                        break;
+                    }
+                }
+            };
+            admit(&mut engine, &mut slots, job, shared);
+        }
+        if slots.iter().all(|s| s.running.is_none()) {
+            if gone {
+                return;
+            }
+            continue;
+        }
+        step(&mut engine, &mut slots, &mut order, &mut tokens, shared);
+    }
+}
+
+/// On SIGTERM / Ctrl-C: running generations end with a 503 error, queued requests get one.
+fn shut_down(slots: &mut [Slot], queue: &Receiver<Job>, shared: &Shared) {
+    for slot in slots {
+        if let Some(r) = slot.running.take() {
+            shared.metrics.cancelled.inc();
+            shared.metrics.running.dec();
+            let _ = r.events.send(Event::Failed(ApiError::unavailable(
+                "the server is shutting down: this generation was cut short",
+            )));
+        }
+    }
+    while let Ok(job) = queue.try_recv() {
+        shared.metrics.queued.dec();
+        let _ = job.events.send(Event::Failed(ApiError::unavailable(
+            "the server is shutting down",
+        )));
+    }
+}
+
+/// Tokens at the start of `prompt` that `session` holds.
+fn common_prefix(session: &Session, prompt: &[u32]) -> usize {
+    session
+        .tokens()
+        .iter()
+        .zip(prompt)
+        .take_while(|(a, b)| a == b)
+        .count()
+}
+
+/// Takes `job` into a free slot (the one holding most of its prompt), evaluates its prompt
+/// and hands out its first token.
+fn admit(engine: &mut Engine, slots: &mut [Slot], job: Job, shared: &Shared) {
+    shared.metrics.queued.dec();
+    if job.events.is_closed() {
+        // Its client left while it waited.
+        shared.metrics.cancelled.inc();
+        return;
+    }
+    shared
+        .metrics
+        .queue_time
+        .observe(job.received.elapsed().as_secs_f64());
+    let Some(slot) = slots
+        .iter_mut()
+        .filter(|s| s.running.is_none())
+        .max_by_key(|s| common_prefix(&s.session, &job.prompt))
+    else {
+        unreachable!("a job is taken only into a free slot");
+    };
+    shared.metrics.running.inc();
+    let reuse = crate::reuse_prefix(&mut slot.session, &job.prompt);
     shared.metrics.prompt_tokens_cached.inc_by(reuse as u64);
     shared.metrics.prompt_tokens.inc_by(job.prompt.len() as u64);
     let drawn = Rc::new(RefCell::new(VecDeque::new()));
-    let mut hook = RequestHook {
+    let hook = RequestHook {
         matcher: job.matcher,
         tokenizer: shared.tokenizer.clone(),
         logprobs: job.logprobs,
         drawn: drawn.clone(),
     };
-    let mut stops = StopMatcher::new(job.stops);
-    let mut first = true;
-    let mut end = End::Finished;
-    let mut stream = engine
-        .stream_with(session, &job.prompt[reuse..], &job.options, Some(&mut hook))
-        .map_err(|e| ApiError::internal(format!("{e:#}")))?;
-    for piece in stream.by_ref() {
-        let piece = piece.map_err(|e| ApiError::internal(format!("{e:#}")))?;
-        if first {
-            first = false;
+    let started = engine.start_generation(
+        &mut slot.session,
+        &job.prompt[reuse..],
+        &job.options,
+        Some(Box::new(hook)),
+    );
+    let generation = match started {
+        Ok(g) => g,
+        Err(e) => {
+            // The session may hold half a step: the next request starts afresh.
+            slot.session.clear();
+            shared.metrics.running.dec();
+            let _ = job
+                .events
+                .send(Event::Failed(ApiError::internal(format!("{e:#}"))));
+            return;
+        }
+    };
+    slot.running = Some(Running {
+        generation,
+        drawn,
+        stops: StopMatcher::new(job.stops),
+        events: job.events,
+        received: job.received,
+        prompt_len: job.prompt.len(),
+        first: true,
+    });
+    hand_out(engine, slot, shared);
+}
+
+/// One decode step over every running request: each one's next token in one multi-sequence
+/// step, then its text handed out.
+fn step(
+    engine: &mut Engine,
+    slots: &mut [Slot],
+    order: &mut Vec<usize>,
+    tokens: &mut Vec<u32>,
+    shared: &Shared,
+) {
+    order.clear();
+    tokens.clear();
+    for (i, slot) in slots.iter().enumerate() {
+        if let Some(token) = slot.running.as_ref().and_then(|r| r.generation.pending()) {
+            order.push(i);
+            tokens.push(token);
+        }
+    }
+    if order.is_empty() {
+        return;
+    }
+    let t0 = Instant::now();
+    let mut sessions: Vec<&mut Session> = slots
+        .iter_mut()
+        .filter(|s| {
+            s.running
+                .as_ref()
+                .is_some_and(|r| r.generation.pending().is_some())
+        })
+        .map(|s| &mut s.session)
+        .collect();
+    let result = engine.step_sequences(&mut sessions, tokens);
+    drop(sessions);
+    shared.metrics.decode_steps.inc();
+    shared.metrics.decode_sequences.inc_by(order.len() as u64);
+    let logits = match result {
+        Ok(logits) => logits,
+        Err(e) => {
+            // The step failed for every sequence in it: each request fails and its slot
+            // starts afresh.
+            let why = format!("{e:#}");
+            for &i in order.iter() {
+                fail(&mut slots[i], ApiError::internal(why.clone()), shared);
+            }
+            return;
+        }
+    };
+    let took = t0.elapsed() / order.len() as u32;
+    let n_vocab = logits.len() / order.len();
+    let mut failed = Vec::new();
+    for (k, &i) in order.iter().enumerate() {
+        let r = slots[i].running.as_mut().expect("a running slot");
+        let row = &logits[k * n_vocab..(k + 1) * n_vocab];
+        if let Err(e) = r.generation.evaluated(row, took) {
+            failed.push((i, format!("{e:#}")));
+        }
+    }
+    for (i, why) in failed {
+        fail(&mut slots[i], ApiError::internal(why), shared);
+    }
+    for &i in order.iter() {
+        if slots[i].running.is_some() {
+            hand_out(engine, &mut slots[i], shared);
+        }
+    }
+}
+
+/// Ends the slot's request with `error`; the slot starts afresh.
+fn fail(slot: &mut Slot, error: ApiError, shared: &Shared) {
+    slot.session.clear();
+    if let Some(r) = slot.running.take() {
+        shared.metrics.running.dec();
+        let _ = r.events.send(Event::Failed(error));
+    }
+}
+
+/// Sends the slot's pieces of text until its generation waits for a step, or ends it.
+fn hand_out(engine: &Engine, slot: &mut Slot, shared: &Shared) {
+    let r = slot.running.as_mut().expect("a running slot");
+    let end = loop {
+        if r.generation.pending().is_some() {
+            return;
+        }
+        let Some(piece) = r.generation.piece(&shared.tokenizer) else {
+            break End::Finished;
+        };
+        if std::mem::take(&mut r.first) {
             shared
                 .metrics
                 .time_to_first_token
-                .observe(job.received.elapsed().as_secs_f64());
+                .observe(r.received.elapsed().as_secs_f64());
         }
         let logprobs = match piece.token {
-            Some(_) => drawn.borrow_mut().pop_front().into_iter().collect(),
+            Some(_) => r.drawn.borrow_mut().pop_front().into_iter().collect(),
             None => Vec::new(),
         };
-        let released = stops.push(&piece.text);
+        let released = r.stops.push(&piece.text);
         let sent = (released.text.is_empty() && logprobs.is_empty())
-            || job
-                .events
+            || r.events
                 .send(Event::Text {
                     text: released.text,
                     logprobs,
                 })
                 .is_ok();
         if released.stopped {
-            end = End::StopText;
-            break;
+            break End::StopText;
         }
-        if !sent || job.events.is_closed() {
-            end = End::ClientLeft;
-            break;
+        if !sent || r.events.is_closed() {
+            break End::ClientLeft;
         }
-        if shared.shutdown.load(Ordering::Relaxed) {
-            end = End::ShuttingDown;
-            break;
-        }
-    }
-    let stats = stream.into_stats();
+    };
+    let r = slot.running.take().expect("a running slot");
+    finish(engine, r, end, shared);
+}
+
+/// A request leaves its slot: its last text and `Done` (or nothing, its client gone).
+fn finish(engine: &Engine, mut r: Running, end: End, shared: &Shared) {
+    shared.metrics.running.dec();
+    let stats = r.generation.into_stats();
     shared
         .metrics
         .completion_tokens
         .inc_by(stats.generated.len() as u64);
-    let finish_reason = match (end, stats.stop) {
-        (End::ClientLeft, _) | (_, StopReason::Cancelled) => return Ok(None),
-        (End::ShuttingDown, _) => {
+    if let Some(report) = engine.cache_report() {
+        shared.metrics.record_cache(&report);
+    }
+    let finish_reason = match end {
+        End::ClientLeft => {
             shared.metrics.cancelled.inc();
-            return Err(ApiError::unavailable(
-                "the server is shutting down: this generation was cut short",
-            ));
+            return;
         }
-        (End::StopText, _) => "stop",
-        (End::Finished, stop) => {
-            let rest = stops.finish();
+        End::StopText => "stop",
+        End::Finished => {
+            let rest = r.stops.finish();
             if !rest.is_empty() {
-                let _ = job.events.send(Event::Text {
+                let _ = r.events.send(Event::Text {
                     text: rest,
                     logprobs: Vec::new(),
                 });
             }
-            match stop {
+            match stats.stop {
                 StopReason::Length => "length",
                 _ => "stop",
             }
         }
     };
-    Ok(Some(Event::Done {
+    let _ = r.events.send(Event::Done {
         finish_reason,
-        usage: Usage::new(job.prompt.len(), stats.generated.len()),
-    }))
+        usage: Usage::new(r.prompt_len, stats.generated.len()),
+    });
 }

@@ -162,6 +162,85 @@ def concurrent(n):
         assert alone == results[i], (i, alone, results[i])
 
 
+def batched_greedy(n, *prompts):
+    """Run with `--parallel N`: the prompts sent at once, greedily, half of them streamed.
+    Prints their answers (the Rust side compares each with `conductor run --temp 0`) and checks
+    that decode steps computed several sequences at once."""
+    results, errors = [None] * len(prompts), []
+    barrier = threading.Barrier(len(prompts))
+
+    def one(i):
+        try:
+            stream = i % 2 == 1
+            barrier.wait()
+            r = client().chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": prompts[i]}],
+                max_tokens=int(n), temperature=0, stream=stream)
+            results[i] = ("".join(ch.choices[0].delta.content or "" for ch in r if ch.choices)
+                          if stream else r.choices[0].message.content)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    steps = metric("conductor_decode_steps_total")
+    sequences = metric("conductor_decode_sequences_total")
+    assert sequences > steps, f"no step computed two sequences: {sequences} in {steps} steps"
+    print(json.dumps({"contents": results, "steps": steps, "sequences": sequences}))
+
+
+def long_stream(c, max_tokens):
+    """A streamed request that runs until closed: the stream and its chunks, after the first."""
+    stream = c.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Tell a very long story."}],
+        max_tokens=int(max_tokens), stream=True, extra_body={"ignore_eos": True})
+    chunks = iter(stream)
+    first = next(chunks)
+    assert first.choices[0].delta.role == "assistant", first
+    return stream, chunks
+
+
+def slots_and_disconnect(max_tokens):
+    """Run with `--parallel 2 --queue 1`: A and B generate together, C waits; closing A frees
+    its slot for C while B goes on."""
+    c = client()
+    a, _ = long_stream(c, max_tokens)
+    b, b_chunks = long_stream(c, max_tokens)
+    deadline = time.time() + 60
+    while metric("conductor_requests_running") < 2:
+        assert time.time() < deadline, "A and B are not generating together"
+        time.sleep(0.05)
+    c_result = []
+    waiter = threading.Thread(target=lambda: c_result.append(c.chat.completions.create(
+        model=MODEL, messages=hello(), max_tokens=4, temperature=0)))
+    waiter.start()
+    while metric("conductor_requests_queued") < 1:
+        assert time.time() < deadline, "C never reached the queue"
+        time.sleep(0.05)
+    for _ in range(3):
+        next(b_chunks)  # both slots are busy: C waits while A and B flow
+    assert waiter.is_alive(), "C ran while both slots were busy"
+    a.close()  # A's client goes away: its slot must be freed for C
+    waiter.join(timeout=120)
+    assert not waiter.is_alive() and c_result, "C never ran after A's client left"
+    assert c_result[0].choices[0].message.content, c_result
+    for _ in range(3):
+        chunk = next(b_chunks)  # B goes on after A left and C came and went
+        assert chunk.choices, chunk
+    b.close()
+    deadline = time.time() + 10
+    while metric("conductor_requests_cancelled_total") < 2:
+        assert time.time() < deadline, "A's and B's cancellations are not counted"
+        time.sleep(0.05)
+    assert metric("conductor_requests_running") == 0
+    assert metric("conductor_completion_tokens_total") < 2 * int(max_tokens)
+    serving_still("two disconnects")
+
+
 PERSON = {
     "type": "object",
     "properties": {

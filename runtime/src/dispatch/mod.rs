@@ -205,7 +205,7 @@ impl Dispatcher {
     fn feed_one<B: Backend>(&mut self, backend: &mut B, event: Event) -> Result<(), B::Error> {
         let t_ns = backend.now_ns();
         if let Event::StepRequested(r) = &event {
-            self.shape = self.scheduler.shape_for(r.n_tokens);
+            self.shape = self.scheduler.shape_of(r);
             backend.step_requested(r)?;
         }
         let mut batch = self.buffers.pop().unwrap_or_default();

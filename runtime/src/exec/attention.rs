@@ -103,7 +103,9 @@ impl StepState {
     }
 
     /// `AttnHeads`: cluster `c` owning query heads `a..b` writes `[head][token][head_dim]`.
-    pub(super) fn compute_attn_heads(&self, w: Work<'_>, kv: &KvCache, buf: &mut Vec<f32>) {
+    /// In a multi-sequence step token `t` attends to its own sequence's cache `kv[t]`, up to
+    /// its own position, exactly as that sequence's own decode step would.
+    pub(super) fn compute_attn_heads(&self, w: Work<'_>, kv: &[KvCache], buf: &mut Vec<f32>) {
         let Work {
             model,
             work,
@@ -116,7 +118,8 @@ impl StepState {
         } = w;
         let c = &model.config;
         let hd = c.head_dim as usize;
-        let n_past = self.request.n_past as usize;
+        let multi = self.request.is_multi_sequence();
+        let positions = &self.positions;
         let (kernels, qkv) = (cx.kernels, &self.qkv);
         let group = (c.n_head / c.n_head_kv) as usize;
         let scale = c.kq_scale;
@@ -132,15 +135,18 @@ impl StepState {
         runner.run(&mut outs, &|worker, i, out| {
             let mut s = scratch[worker].lock().unwrap_or_else(|e| e.into_inner());
             for (k, head) in units(&clusters[i]).enumerate() {
-                let keys = kv.keys(layer_index, head / group);
-                let values = kv.values(layer_index, head / group);
                 for t in 0..n {
+                    let cache = &kv[if multi { t } else { 0 }];
+                    let keys = cache.keys(layer_index, head / group);
+                    let values = cache.values(layer_index, head / group);
                     let q = &qkv[(head * n + t) * hd..(head * n + t + 1) * hd];
                     let o = &mut out[(k * n + t) * hd..(k * n + t + 1) * hd];
-                    let n_kv = n_past + t + 1;
+                    let n_kv = positions[t] as usize + 1;
                     // A sliding window sees the last `window` positions only.
                     let from = window.map_or(0, |w| n_kv.saturating_sub(w as usize));
-                    let attend = if n >= TILED_MIN_QUERIES {
+                    // A multi-sequence step holds one query per sequence: the vector path,
+                    // as each sequence's own one-token step.
+                    let attend = if n >= TILED_MIN_QUERIES && !multi {
                         attend_tiled
                     } else {
                         attend_vec
@@ -153,7 +159,7 @@ impl StepState {
     }
 
     /// After `QkvHeads` of layer `l`: k and v into the KV cache (and q, k, v to the probe).
-    pub(super) fn finish_qkv_heads(&mut self, model: &Model, kv: &mut KvCache, l: usize) {
+    pub(super) fn finish_qkv_heads(&mut self, model: &Model, kv: &mut [KvCache], l: usize) {
         let c = &model.config;
         let n = self.request.n_tokens as usize;
         let hd = c.head_dim as usize;
@@ -178,6 +184,21 @@ impl StepState {
                 self.emit(|| format!("{name}-{l}"), Tensor::Gathered, w);
             }
         }
+        if self.request.is_multi_sequence() {
+            // Token `t` into its own sequence's cache, at its own position.
+            for (t, cache) in kv.iter_mut().enumerate().take(n) {
+                let pos = self.positions[t] as usize;
+                for j in 0..n_kv {
+                    for (head, is_value) in [(n_head + j, false), (n_head + n_kv + j, true)] {
+                        let at = (head * n + t) * hd;
+                        let src = &self.qkv[at..at + hd];
+                        cache.store(&self.kernels, l, j, is_value, pos, src);
+                    }
+                }
+            }
+            return;
+        }
+        let kv = &mut kv[0];
         for j in 0..n_kv {
             let k = n_head + j;
             let v = n_head + n_kv + j;

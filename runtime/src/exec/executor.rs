@@ -58,6 +58,9 @@ pub struct GroupOutput {
 pub struct StepState {
     pub(super) kernels: Kernels,
     pub(super) request: StepRequest,
+    /// Position of each token of the step: `n_past + t` for one sequence, each sequence's own
+    /// in a multi-sequence step.
+    pub(super) positions: Vec<u32>,
     /// Residual stream `[token][n_embd]`.
     pub(super) x: Vec<f32>,
     pub(super) normed: Vec<f32>,
@@ -106,7 +109,9 @@ impl StepState {
                 n_tokens: 0,
                 n_past: 0,
                 logits_from: 0,
+                sequences: 1,
             },
+            positions: Vec::new(),
             x: Vec::new(),
             normed: Vec::new(),
             acts: Activations::default(),
@@ -187,6 +192,38 @@ impl StepState {
         tokens: &[u32],
         n_ctx: usize,
     ) -> Result<(), ModelError> {
+        self.positions.clear();
+        self.positions
+            .extend((0..tokens.len() as u32).map(|t| request.n_past + t));
+        self.begin(model, request, tokens, n_ctx)
+    }
+
+    /// [`StepState::begin_step`] for a multi-sequence step
+    /// ([`StepRequest::sequences`]): token `t` is the next token of sequence `t`, at
+    /// `positions[t]`; the step's KV caches are then one per sequence, in the same order.
+    /// Every sequence's context is `n_ctx`.
+    pub fn begin_multi_step(
+        &mut self,
+        model: &Model,
+        request: &StepRequest,
+        tokens: &[u32],
+        positions: &[u32],
+        n_ctx: usize,
+    ) -> Result<(), ModelError> {
+        debug_assert_eq!(tokens.len(), positions.len());
+        debug_assert!(request.is_multi_sequence() || tokens.len() == 1);
+        self.positions.clear();
+        self.positions.extend_from_slice(positions);
+        self.begin(model, request, tokens, n_ctx)
+    }
+
+    fn begin(
+        &mut self,
+        model: &Model,
+        request: &StepRequest,
+        tokens: &[u32],
+        n_ctx: usize,
+    ) -> Result<(), ModelError> {
         let c = &model.config;
         let embd = c.n_embd as usize;
         debug_assert_eq!(tokens.len(), request.n_tokens as usize);
@@ -200,11 +237,11 @@ impl StepState {
             }
         }
         let factors = model.rope_factors(n_ctx);
+        let positions = self.positions.iter().copied();
         self.rope
-            .fill(&c.rope, factors, request.n_past, tokens.len());
+            .fill_positions(&c.rope, factors, positions.clone());
         if let Some(swa) = &c.sliding_window {
-            self.rope_swa
-                .fill(&swa.rope, factors, request.n_past, tokens.len());
+            self.rope_swa.fill_positions(&swa.rope, factors, positions);
         }
         self.logits.clear();
         self.emit(|| "embd".into(), Tensor::X, embd);
@@ -213,12 +250,13 @@ impl StepState {
     }
 
     /// Computes the clusters of one `Compute` command into `out`: `runner` spreads them over
-    /// the group's workers, `dense` multiplies many tokens at once (prefill).
+    /// the group's workers, `dense` multiplies many tokens at once (prefill). `kv` holds the
+    /// step's KV cache, or one per sequence of a multi-sequence step.
     #[allow(clippy::too_many_arguments)]
     pub fn compute(
         &self,
         model: &Model,
-        kv: &KvCache,
+        kv: &[KvCache],
         program: &Program,
         work: &ClusterWork,
         runner: &dyn ClusterRunner,
@@ -302,10 +340,11 @@ impl StepState {
 
     /// Collects the outputs of a finished phase from the groups that computed them (`outputs`
     /// indexed by `XpuId`), combines them in cluster order and prepares the next phase's input.
+    /// `kv` as in [`StepState::compute`].
     pub fn finish_phase(
         &mut self,
         model: &Model,
-        kv: &mut KvCache,
+        kv: &mut [KvCache],
         program: &Program,
         layer: u32,
         phase: Phase,

@@ -34,6 +34,8 @@ pub struct InlineDriver<R: ClusterRunner> {
     /// Scratch of reads: a run's units and their results.
     reads: Vec<SlotRead>,
     results: Vec<Result<u64, LoadError>>,
+    /// The sequences' KV caches while a multi-sequence step borrows them.
+    kvs: Vec<KvCache>,
 }
 
 /// Units and bytes read so far.
@@ -79,6 +81,7 @@ impl<R: ClusterRunner> InlineDriver<R> {
             next_step: 0,
             reads: Vec::new(),
             results: Vec::new(),
+            kvs: Vec::new(),
         })
     }
 
@@ -111,6 +114,46 @@ impl<R: ClusterRunner> InlineDriver<R> {
         &self.runner
     }
 
+    fn run_multi_step(
+        &mut self,
+        sessions: &mut [&mut Session],
+        tokens: &[u32],
+    ) -> Result<(), StepError> {
+        let (request, positions, n_ctx) =
+            super::multi_step_request(self.next_step, sessions, tokens)?;
+        self.next_step += 1;
+        self.state
+            .begin_multi_step(&self.model, &request, tokens, &positions, n_ctx)?;
+        // Lend every sequence's cache to the step, in token order.
+        let mut kvs = std::mem::take(&mut self.kvs);
+        kvs.resize_with(sessions.len(), KvCache::default);
+        for (session, kv) in sessions.iter_mut().zip(kvs.iter_mut()) {
+            session.swap_kv(kv);
+        }
+        let result = self.feed_step(&mut kvs, request);
+        for (session, kv) in sessions.iter_mut().zip(kvs.iter_mut()) {
+            session.swap_kv(kv);
+        }
+        self.kvs = kvs;
+        result?;
+        for (session, &token) in sessions.iter_mut().zip(tokens) {
+            session.push(&[token]);
+        }
+        Ok(())
+    }
+
+    /// Feeds a begun step's request and checks that it completed.
+    fn feed_step(&mut self, kv: &mut [KvCache], request: StepRequest) -> Result<(), StepError> {
+        let (dispatcher, mut backend) = self.split(kv);
+        dispatcher.feed(&mut backend, Event::StepRequested(request))?;
+        if !backend.done {
+            // Everything is carried out at once here: a step not done is a scheduler bug.
+            dispatcher.abort();
+            return Err(StepError::Stalled);
+        }
+        Ok(())
+    }
+
     fn run_step(
         &mut self,
         session: &mut Session,
@@ -122,24 +165,22 @@ impl<R: ClusterRunner> InlineDriver<R> {
             n_tokens: tokens.len() as u32,
             n_past: session.n_past() as u32,
             logits_from,
+            sequences: 1,
         };
         self.next_step += 1;
         self.state
             .begin_step(&self.model, &request, tokens, session.n_ctx())?;
-        let (dispatcher, mut backend) = self.split(&mut session.kv);
-        dispatcher.feed(&mut backend, Event::StepRequested(request))?;
-        if !backend.done {
-            // Everything is carried out at once here: a step not done is a scheduler bug.
-            dispatcher.abort();
-            return Err(StepError::Stalled);
-        }
+        self.feed_step(std::slice::from_mut(&mut session.kv), request)?;
         session.push(tokens);
         Ok(())
     }
 
     /// The dispatch core, and the backend over this driver's other parts for one step with
     /// `kv`.
-    fn split<'a>(&'a mut self, kv: &'a mut KvCache) -> (&'a mut Dispatcher, InlineBackend<'a, R>) {
+    fn split<'a>(
+        &'a mut self,
+        kv: &'a mut [KvCache],
+    ) -> (&'a mut Dispatcher, InlineBackend<'a, R>) {
         let backend = InlineBackend {
             model: &self.model,
             kv,
@@ -215,7 +256,7 @@ impl<R: ClusterRunner> InlineDriver<R> {
                 self.state
                     .begin_step(&self.model, request, current, session.n_ctx())?;
             }
-            let (dispatcher, mut backend) = self.split(&mut session.kv);
+            let (dispatcher, mut backend) = self.split(std::slice::from_mut(&mut session.kv));
             dispatcher.feed(&mut backend, record.event.clone())?;
             if backend.done {
                 session.push(current);
@@ -228,7 +269,8 @@ impl<R: ClusterRunner> InlineDriver<R> {
 /// The inline driver's backend for one step.
 struct InlineBackend<'a, R: ClusterRunner> {
     model: &'a Model,
-    kv: &'a mut KvCache,
+    /// The step's KV cache, or one per sequence of a multi-sequence step.
+    kv: &'a mut [KvCache],
     state: &'a mut StepState,
     outputs: &'a [Mutex<GroupOutput>],
     runner: &'a R,
@@ -379,6 +421,18 @@ impl<R: ClusterRunner + Send> Driver for InlineDriver<R> {
         logits_from: u32,
     ) -> Result<(), StepError> {
         self.run_step(session, tokens, logits_from)
+    }
+
+    fn step_sequences(
+        &mut self,
+        sessions: &mut [&mut Session],
+        tokens: &[u32],
+    ) -> Result<(), StepError> {
+        match sessions {
+            [] => Err(StepError::NoTokens),
+            [one] => self.run_step(one, tokens, 0),
+            _ => self.run_multi_step(sessions, tokens),
+        }
     }
 
     fn logits(&self) -> &[f32] {

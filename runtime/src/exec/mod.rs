@@ -65,6 +65,18 @@ pub trait Driver: Send {
         logits_from: u32,
     ) -> Result<(), StepError>;
 
+    /// A multi-sequence decode step (continuous batching): `tokens[i]` is the next token of
+    /// `sessions[i]`, each at its own position against its own KV cache, all in one step
+    /// whose every weight read serves them all. Every token gets logits
+    /// ([`Driver::logits`]: `[sequence][n_vocab]`), and each sequence's are the bits its own
+    /// one-token step would give. The sessions must have the same context size. On success
+    /// each session holds its token; on error every session is as it was.
+    fn step_sequences(
+        &mut self,
+        sessions: &mut [&mut Session],
+        tokens: &[u32],
+    ) -> Result<(), StepError>;
+
     /// Logits of the last step that computed any, `[token][n_vocab]`.
     fn logits(&self) -> &[f32];
 
@@ -110,6 +122,35 @@ pub trait Driver: Send {
         Ok(self.logits())
     }
 }
+/// The request of multi-sequence step `step` over `sessions` (one token each), the
+/// sequences' positions and their (common) context size; checks that every sequence has room.
+pub fn multi_step_request(
+    step: crate::schedule::StepId,
+    sessions: &[&mut Session],
+    tokens: &[u32],
+) -> Result<(crate::schedule::StepRequest, Vec<u32>, usize), StepError> {
+    if tokens.is_empty() || tokens.len() != sessions.len() {
+        return Err(StepError::NoTokens);
+    }
+    let n_ctx = sessions[0].n_ctx();
+    for s in sessions.iter() {
+        s.check_room(1)?;
+        if s.n_ctx() != n_ctx {
+            return Err(StepError::MixedContexts);
+        }
+    }
+    let n = tokens.len() as u32;
+    let request = crate::schedule::StepRequest {
+        step,
+        n_tokens: n,
+        n_past: 0,
+        logits_from: 0,
+        sequences: n,
+    };
+    let positions = sessions.iter().map(|s| s.n_past() as u32).collect();
+    Ok((request, positions, n_ctx))
+}
+
 /// Runs the clusters of one phase, possibly on several threads.
 ///
 /// Each cluster writes only its own output block, handed to it as `&mut`, so clusters can run

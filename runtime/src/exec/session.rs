@@ -20,6 +20,8 @@ pub enum StepError {
     },
     #[error("nothing to evaluate: no tokens given")]
     NoTokens,
+    #[error("a multi-sequence step needs sessions of one context size")]
+    MixedContexts,
     #[error(transparent)]
     Model(#[from] ModelError),
     #[error(transparent)]

@@ -213,6 +213,7 @@ fn run(model: &Model, steps: &[&[u32]], split: Split) -> Run {
             n_tokens: tokens.len() as u32,
             n_past,
             logits_from: 0,
+            sequences: 1,
         };
         state
             .begin_step(model, &request, tokens, model.config.n_ctx_train as usize)
@@ -237,13 +238,29 @@ fn run(model: &Model, steps: &[&[u32]], split: Split) -> Run {
                 match split {
                     Split::Whole => {
                         let w = work(0..k);
-                        state.compute(model, &kv, &program, &w, &Serial, &WholeMatmul, &mut out);
+                        state.compute(
+                            model,
+                            std::slice::from_ref(&kv),
+                            &program,
+                            &w,
+                            &Serial,
+                            &WholeMatmul,
+                            &mut out,
+                        );
                     }
                     Split::OneByOne => {
                         for i in (0..k).rev() {
                             let w = work(i..i + 1);
                             let runner = &Backwards;
-                            state.compute(model, &kv, &program, &w, runner, &WholeMatmul, &mut out);
+                            state.compute(
+                                model,
+                                std::slice::from_ref(&kv),
+                                &program,
+                                &w,
+                                runner,
+                                &WholeMatmul,
+                                &mut out,
+                            );
                         }
                     }
                 }
@@ -252,7 +269,14 @@ fn run(model: &Model, steps: &[&[u32]], split: Split) -> Run {
                 let bits = out.buf[span].iter().map(|v| v.to_bits()).collect();
                 result.phases.push((layer, p.phase, bits));
                 drop(out);
-                state.finish_phase(model, &mut kv, &program, layer, p.phase, &outputs);
+                state.finish_phase(
+                    model,
+                    std::slice::from_mut(&mut kv),
+                    &program,
+                    layer,
+                    p.phase,
+                    &outputs,
+                );
             }
         }
         result

@@ -46,11 +46,22 @@ impl RopeTable {
         first_pos: u32,
         n: usize,
     ) {
+        self.fill_positions(rope, freq_factors, (0..n as u32).map(|t| first_pos + t));
+    }
+
+    /// Row `t` for the `t`-th of `positions` (any positions: a multi-sequence step's tokens
+    /// each sit where their own sequence is). A row depends on its position only.
+    pub fn fill_positions(
+        &mut self,
+        rope: &RopeConfig,
+        freq_factors: Option<&[f32]>,
+        positions: impl Iterator<Item = u32>,
+    ) {
         self.half = rope.n_dims as usize / 2;
         self.cos_sin.clear();
         let theta_scale = rope.freq_base.powf(-2.0 / rope.n_dims as f32);
-        for t in 0..n {
-            let mut theta = (first_pos as usize + t) as f32;
+        for pos in positions {
+            let mut theta = pos as usize as f32;
             for i in 0..self.half {
                 let ff = freq_factors.map_or(1.0, |f| f[i]);
                 let angle = rope.freq_scale * (theta / ff);

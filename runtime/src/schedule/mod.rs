@@ -49,12 +49,24 @@ pub struct StepRequest {
     pub n_past: u32,
     /// Tokens with index ≥ `logits_from` within the step get logits; `n_tokens` means none.
     pub logits_from: u32,
+    /// Sequences the step's tokens belong to: 1 (consecutive tokens of one sequence, the
+    /// first at position `n_past`), or `n_tokens` for a **multi-sequence step** (continuous
+    /// batching): token `t` is the next token of sequence `t`, at that sequence's own position
+    /// and against its own KV cache (the driver knows which; the scheduler sees sizes only).
+    /// A multi-sequence step always runs in the decode shape, whatever its size, so that each
+    /// sequence computes exactly what its own decode step would; `n_past` is then unused (0).
+    pub sequences: u32,
 }
 
 impl StepRequest {
     /// Whether any token of the step needs logits.
     pub fn wants_logits(&self) -> bool {
         self.logits_from < self.n_tokens
+    }
+
+    /// Whether each token belongs to its own sequence (see [`StepRequest::sequences`]).
+    pub fn is_multi_sequence(&self) -> bool {
+        self.sequences > 1
     }
 }
 
@@ -222,6 +234,8 @@ pub enum ScheduleError {
     Busy { running: StepId, new: StepId },
     #[error("a step needs at least one token")]
     EmptyStep,
+    #[error("a step of {n_tokens} tokens in {sequences} sequences: a multi-sequence step has one token per sequence")]
+    BadSequences { n_tokens: u32, sequences: u32 },
     #[error("step of {n_tokens} tokens is larger than the plan's largest prefill step ({max})")]
     StepTooLarge { n_tokens: u32, max: u32 },
     #[error("completion of work that is not in flight: {0:?}")]

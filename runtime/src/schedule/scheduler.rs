@@ -271,6 +271,16 @@ impl Scheduler {
         }
     }
 
+    /// The shape `request` runs in: a multi-sequence step always in the decode shape (each
+    /// sequence computes as its own decode step would), others by their size.
+    pub fn shape_of(&self, request: &StepRequest) -> StepShape {
+        if request.is_multi_sequence() {
+            StepShape::Decode
+        } else {
+            self.shape_for(request.n_tokens)
+        }
+    }
+
     /// The largest step the plan allows.
     pub fn max_step_tokens(&self) -> u32 {
         self.prefill_max_tokens.max(self.decode_max_tokens)
@@ -373,7 +383,15 @@ impl Scheduler {
                 max: self.max_step_tokens(),
             });
         }
-        let shape = self.shape_for(request.n_tokens);
+        if request.sequences == 0
+            || (request.is_multi_sequence() && request.sequences != request.n_tokens)
+        {
+            return Err(ScheduleError::BadSequences {
+                n_tokens: request.n_tokens,
+                sequences: request.sequences,
+            });
+        }
+        let shape = self.shape_of(&request);
         let selected = self.modes.selection == FfnSelection::Selected && shape == StepShape::Decode;
         if let Some(cache) = self.cache.as_mut() {
             cache.start_step(shape, selected, request.wants_logits())?;

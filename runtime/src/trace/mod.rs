@@ -17,8 +17,8 @@ use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
 use std::path::Path;
 
-/// Version of the trace format.
-pub const TRACE_FORMAT_VERSION: u32 = 3;
+/// Version of the trace format (4: steps carry `StepRequest::sequences`).
+pub const TRACE_FORMAT_VERSION: u32 = 4;
 const MAGIC: &[u8; 8] = b"CNDTRACE";
 /// A trace larger than this is refused rather than allocated (hostile or corrupt file).
 const MAX_TRACE_BYTES: usize = 1 << 30;

@@ -58,6 +58,7 @@ fn sample() -> Trace {
                     n_tokens: 1,
                     n_past: 0,
                     logits_from: 0,
+                    sequences: 1,
                 }),
                 commands: vec![Command::Compute {
                     xpu: XpuId(0),

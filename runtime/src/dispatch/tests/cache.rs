@@ -128,7 +128,7 @@ impl CacheChecks {
         let map = &self.map;
         let n_layer = map.n_layer;
         let n_units = map.n_units() as usize;
-        let shape = s.shape_for(req.n_tokens);
+        let shape = s.shape_of(req);
         let program = Arc::clone(s.program(shape));
         let on = match shape {
             StepShape::Decode => &self.plan.decode_on,
@@ -610,7 +610,7 @@ proptest! {
                     1 => n_tokens - 1,
                     _ => 0,
                 };
-                let req = StepRequest { step: i as StepId + 1, n_tokens, n_past, logits_from };
+                let req = StepRequest { step: i as StepId + 1, n_tokens, n_past, logits_from, sequences: 1 };
                 n_past += n_tokens;
                 req
             })

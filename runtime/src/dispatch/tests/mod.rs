@@ -43,6 +43,7 @@ fn request(step: StepId, n_tokens: u32, logits_from: u32) -> StepRequest {
         n_tokens,
         n_past: 0,
         logits_from,
+        sequences: 1,
     }
 }
 
@@ -339,7 +340,7 @@ fn check_stream_skipping(
         .iter()
         .filter(|c| !matches!(c, Command::Load { .. }))
         .collect();
-    let shape = s.shape_for(req.n_tokens);
+    let shape = s.shape_of(req);
     let program = s.program(shape);
     let mut expected = Vec::new();
     for layer in 0..program.n_layer {

@@ -14,6 +14,47 @@ fn decode_step_runs_every_phase_of_every_layer_then_the_output() {
     assert!(!s.is_busy());
 }
 
+/// A multi-sequence step (one token per sequence) runs in the decode shape however many
+/// tokens it has, with logits for every token; one that is not one token per sequence is
+/// refused and leaves the scheduler free.
+#[test]
+fn a_multi_sequence_step_runs_in_the_decode_shape_whatever_its_size() {
+    let s = Scheduler::new(&shape(), &ExecutionPlan::default()).unwrap();
+    assert_eq!(s.shape_for(12), StepShape::Prefill);
+    let req = StepRequest {
+        sequences: 12,
+        ..request(3, 12, 0)
+    };
+    assert_eq!(s.shape_of(&req), StepShape::Decode);
+    let (cmds, mut s) = run_step(s, &shape(), req.clone());
+    check_stream(&s, &req, &cmds);
+    assert!(cmds
+        .iter()
+        .any(|c| matches!(c, Command::Compute { work, .. }
+        if work.phase == Phase::FfnNeurons && work.shape == StepShape::Decode)));
+    assert!(!cmds
+        .iter()
+        .any(|c| matches!(c, Command::Compute { work, .. } if work.phase == Phase::FfnDownRows)));
+    assert!(cmds
+        .iter()
+        .any(|c| matches!(c, Command::Compute { work, .. } if work.phase == Phase::OutputRows)));
+    let mut out = Vec::new();
+    for sequences in [0, 5] {
+        let bad = StepRequest {
+            sequences,
+            ..request(4, 12, 0)
+        };
+        assert_eq!(
+            s.on_event(Event::StepRequested(bad), &mut out),
+            Err(ScheduleError::BadSequences {
+                n_tokens: 12,
+                sequences
+            })
+        );
+        assert!(out.is_empty() && !s.is_busy());
+    }
+}
+
 #[test]
 fn prefill_without_logits_skips_the_output_projection() {
     let s = Scheduler::new(&shape(), &ExecutionPlan::default()).unwrap();
