@@ -34,8 +34,9 @@
 //!   (and `avx512/blocks32.rs` for the 512-bit sparse rows). The Q8_K-dotted formats (K-quants,
 //!   IQ4_XS) have their own 4-row matvec / 4x4 matmul tiles in `avx2/kquants.rs` (`vpmaddubsw`
 //!   on every SIMD ISA). Decode reads rows of a kilobyte or more one after another, not 4 side
-//!   by side (`Rows::long_rows`, `tile_seq`, `ktile_seq`): the same bits, 2-3x the bandwidth on
-//!   1B-class matrices.
+//!   by side (`Rows::long_rows`, `tile_seq`, `ktile_seq`), and keep what the float steps need
+//!   (folded integer sums, f16 scales) in a small scratch so the weights are read once: the same
+//!   bits, 2-3x the bandwidth on 1B-class matrices.
 //! * `gemm.rs`: prefill GEMM on row-interleaved repacked weights (8 rows per ymm), used from
 //!   8 tokens on (on plain AVX2 only for the 4-bit Q4_0/Q4_1, whose products fit its i16
 //!   sums). `avx512.rs`: the same with 16 rows per zmm.
