@@ -564,6 +564,11 @@ impl Fixture {
         .map_err(|e| e.to_string())
     }
 
+    /// The plan's step deadline.
+    pub fn deadline(&self) -> Duration {
+        Duration::from_millis(self.plan.step_deadline_ms)
+    }
+
     /// The name of the plan's first decode group (the actor faults' target).
     fn group(&self) -> String {
         self.plan.decode_on[0].group.clone()
@@ -578,7 +583,7 @@ impl Fixture {
             ..SeedReport::default()
         };
         let threads_before = count_threads();
-        let injector = Arc::new(Injector::new(DEADLINE));
+        let injector = Arc::new(Injector::new(self.deadline()));
         let run = self.run_steps(which, schedule, watchdog, &injector, &mut report);
         if let Err(why) = run {
             report.violations.push(why);
@@ -587,7 +592,7 @@ impl Fixture {
         report.fired = injector.fired();
         // Every thread the driver started ends with it (a stuck read's thread once its read
         // returns: within the deadline).
-        let grace = Instant::now() + DEADLINE + STUCK_MAX + Duration::from_secs(2);
+        let grace = Instant::now() + self.deadline() + STUCK_MAX + Duration::from_secs(2);
         let mut threads = count_threads();
         while threads > threads_before && Instant::now() < grace {
             std::thread::sleep(Duration::from_millis(5));
@@ -629,7 +634,7 @@ impl Fixture {
         // The bound of a step: the deadline, the actors' restart (up to a second per host
         // that does not answer) or on the inline driver, which has no deadline of its own, the
         // longest stuck read; and slack for a loaded machine.
-        let bound = DEADLINE + STUCK_MAX + Duration::from_secs(2);
+        let bound = self.deadline() + STUCK_MAX + Duration::from_secs(2);
         for step in 1..=DECODE_STEPS {
             let token = self.tokens[step as usize - 1];
             let mut attempt = 0;
@@ -967,7 +972,7 @@ impl Fixture {
             self.prompt.len() as u32,
             DECODE_STEPS,
         );
-        let deadline_ns = DEADLINE.as_nanos() as u64;
+        let deadline_ns = self.deadline().as_nanos() as u64;
         let run = |fired: &mut KindCounts| {
             let mut injector = SimInjector {
                 schedule,
