@@ -569,6 +569,7 @@ impl EngineBuilder {
                     topology: Some(topology),
                     no_pinning: !self.pin_threads,
                     model_path: Some(path.clone()),
+                    read_faults: None,
                 };
                 let driver = ActorDriver::new(Arc::clone(&model), &plan, self.kernels, options)?;
                 let threads = driver.decode_threads() as usize;

@@ -21,6 +21,7 @@
 //! in [`actors`].
 
 mod engine;
+pub mod faults;
 pub mod fetch;
 pub mod profile;
 pub mod serve;

@@ -28,6 +28,7 @@ fn actors(model: &Arc<Model>, threads: u32, plan: &ExecutionPlan) -> Box<dyn Dri
         topology: Some(Topology::uniform(threads.max(2))),
         no_pinning: true,
         model_path: None,
+        read_faults: None,
     };
     Box::new(ActorDriver::new(Arc::clone(model), plan, Kernels::best(), options).unwrap())
 }

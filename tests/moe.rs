@@ -98,6 +98,7 @@ fn actors(
         topology: Some(Topology::uniform(threads.max(2))),
         no_pinning: true,
         model_path: path.map(Path::to_path_buf),
+        read_faults: None,
     };
     Box::new(ActorDriver::new(Arc::clone(model), plan, Kernels::best(), options).unwrap())
 }

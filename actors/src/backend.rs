@@ -57,6 +57,13 @@ impl Backend for ActorBackend {
         let started = self.spans.is_some().then(|| shared.now_ns());
         {
             let mut state = write(&shared.state);
+            if self.flight.as_ref().map(|f| f.0) != Some(state.request().step) {
+                // The driver gave the step up: its inputs are gone.
+                return Err(StepError::Actor {
+                    actor: "scheduler".into(),
+                    why: "the step was given up".into(),
+                });
+            }
             let mut kv = write(&shared.kv);
             let program = shared.program(f.shape);
             state.finish_phase(

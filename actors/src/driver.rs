@@ -25,7 +25,7 @@ use crate::host::{Host, HostConfig, DEFAULT_SPIN};
 use crate::pool::{PoolConfig, WorkerPool};
 use crate::protocol::{
     Compute, GroupReplies, InjectPanic, ReadAt, Recording, RunStep, StartRecording, TakeCacheStats,
-    TakeRecording,
+    TakeHeldSlots, TakeRecording,
 };
 use crate::scheduler::{SchedulerActor, SchedulerArgs};
 use crate::step::{write, Counters, StepShared};
@@ -61,6 +61,9 @@ pub struct ActorOptions {
     pub no_pinning: bool,
     /// The model file, for the storage actor.
     pub model_path: Option<PathBuf>,
+    /// Fault injection into every read of the store's units (the fault harness and tests;
+    /// `None`, the default, in normal runs).
+    pub read_faults: Option<Arc<dyn conductor_runtime::cache::ReadFaults>>,
 }
 
 /// Why the actors could not be set up.
@@ -298,8 +301,10 @@ impl ActorDriver {
                 .collect(),
             epoch: Instant::now(),
             recording: AtomicBool::new(false),
-            cache: open_cache(&model, plan, scheduler.unit_map())?
-                .map(|(arena, file)| (arena, Arc::new(file))),
+            cache: open_cache(&model, plan, scheduler.unit_map())?.map(|(arena, mut file)| {
+                file.set_faults(options.read_faults.clone());
+                (arena, Arc::new(file))
+            }),
             counters: Counters::new(model.config.n_layer),
         });
         if let Some((arena, _)) = &shared.cache {
@@ -372,7 +377,14 @@ impl ActorDriver {
                 std::mem::replace(&mut self.storage_hosts[i], fresh).abandon();
             }
         }
-        let scheduler = conductor_runtime::exec::scheduler_for(&self.model, &self.plan)?;
+        let mut scheduler = conductor_runtime::exec::scheduler_for(&self.model, &self.plan)?;
+        // A slot that a read of the replaced actors still holds (a read that does not return)
+        // would stall every step given it: the new scheduler leaves it out.
+        if let Some((arena, _)) = &self.shared.cache {
+            for slot in (0..arena.n_slots()).filter(|&s| arena.is_busy(s)) {
+                scheduler.retire_cache_slot(slot);
+            }
+        }
         let storage = open_storage(&self.storage_path, &self.plan)?;
         self.actors = start_actors(
             scheduler,
@@ -409,6 +421,25 @@ impl ActorDriver {
             io_ns: get(&c.io_ns),
             decode_compute_ns: get(&c.decode_compute_ns),
         })
+    }
+
+    /// Cache slots the scheduler holds now (plans with a cache): 0 between steps, done or
+    /// failed; more is a leak. `None` also when the scheduler does not answer within the
+    /// step deadline.
+    pub fn held_cache_slots(&self) -> Option<u32> {
+        self.shared.cache.as_ref()?;
+        let (tx, rx) = sync_channel(1);
+        self.actors
+            .scheduler
+            .tell(TakeHeldSlots(tx))
+            .try_send()
+            .ok()?;
+        rx.recv_timeout(self.deadline).ok()?
+    }
+
+    /// Whether the actors will be replaced before the next step (an actor failed).
+    pub fn needs_restart(&self) -> bool {
+        !self.healthy
     }
 
     /// Starts recording a trace of every event, command, activation set and timed span.
@@ -603,6 +634,9 @@ impl ActorDriver {
                 if matches!(e, StepError::Actor { .. }) {
                     self.healthy = false;
                 }
+                // What the actors still do of the step (a step given up at its deadline goes
+                // on) is skipped: its KV cache is back with the session.
+                write(&self.shared.state).abandon_step();
                 Err(e)
             }
         }

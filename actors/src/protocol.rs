@@ -76,6 +76,9 @@ pub struct ReadAt {
 /// Hand over the neuron cache's counters per layer (empty without a cache).
 pub struct TakeCacheStats(pub SyncSender<Vec<LayerCacheStats>>);
 
+/// Asks the scheduler how many cache slots are held now (`None`: no cache); 0 between steps.
+pub struct TakeHeldSlots(pub SyncSender<Option<u32>>);
+
 /// Start recording a trace (clears what was recorded).
 pub struct StartRecording;
 

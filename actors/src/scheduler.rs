@@ -9,7 +9,7 @@
 use crate::backend::ActorBackend;
 use crate::protocol::{
     ClusterDone, ClusterLoaded, Compute, GroupFailed, Recording, RunStep, StartRecording,
-    StorageFailed, TakeCacheStats, TakeRecording,
+    StorageFailed, TakeCacheStats, TakeHeldSlots, TakeRecording,
 };
 use crate::step::StepShared;
 use crate::storage::{QueuedLoads, Storage};
@@ -164,6 +164,14 @@ impl Message<TakeCacheStats> for SchedulerActor {
     async fn handle(&mut self, msg: TakeCacheStats, _: &mut Context<Self, ()>) {
         let stats = self.dispatcher.scheduler().cache_stats().map(<[_]>::to_vec);
         let _ = msg.0.send(stats.unwrap_or_default());
+    }
+}
+
+impl Message<TakeHeldSlots> for SchedulerActor {
+    type Reply = ();
+
+    async fn handle(&mut self, msg: TakeHeldSlots, _: &mut Context<Self, ()>) {
+        let _ = msg.0.send(self.dispatcher.scheduler().cache_held_slots());
     }
 }
 

@@ -16,6 +16,7 @@
 
 use crate::backend::{Load, Machine, SimBackend, Spans};
 use crate::devices::storage::Access;
+use crate::faults::{Attempt, FaultRun, FaultState, SimReadFault, MAX_ATTEMPTS};
 use crate::report::StepTiming;
 use crate::workload::{PlannedStep, Workload};
 use crate::{SimError, SimOptions};
@@ -32,11 +33,18 @@ enum PendingKind {
     Arrive(Event),
     /// A processor group finished the clusters of a `Compute`.
     GroupDone { xpu: XpuId, work: ClusterWork },
+    /// Runs with faults: the deadline of attempt `serial` of a step.
+    Deadline { serial: u64 },
+    /// Runs with faults: the step in flight fails.
+    Fail(String),
 }
 
 struct Pending {
     time: u64,
     seq: u64,
+    /// Runs with faults: what a failed attempt left pending is of an older epoch, and
+    /// ignored (always 0 without faults).
+    epoch: u64,
     kind: PendingKind,
 }
 
@@ -113,6 +121,9 @@ pub(crate) struct Engine<'a> {
     seq: u64,
     group_busy_ns: Vec<u64>,
     scheduler_busy_ns: u64,
+    /// Runs with faults only.
+    faults: Option<FaultState<'a>>,
+    epoch: u64,
 }
 
 impl<'a> Engine<'a> {
@@ -165,24 +176,136 @@ impl<'a> Engine<'a> {
             seq: 0,
             group_busy_ns: vec![0; n_groups],
             scheduler_busy_ns: 0,
+            faults: None,
+            epoch: 0,
         }
+    }
+
+    /// Runs with `faults` (see `crate::faults`).
+    pub fn with_faults(mut self, faults: FaultState<'a>) -> Engine<'a> {
+        self.faults = Some(faults);
+        self
     }
 
     fn push(&mut self, time: u64, kind: PendingKind) {
         self.heap.push(Reverse(Pending {
             time,
             seq: self.seq,
+            epoch: self.epoch,
             kind,
         }));
         self.seq += 1;
     }
 
     fn request_next_step(&mut self, at: u64) {
-        if let Some(step) = self.backend.steps.get(self.next_step) {
-            let request = step.request.clone();
+        if self.next_step < self.backend.steps.len() {
             self.next_step += 1;
-            self.push(at, PendingKind::Arrive(Event::StepRequested(request)));
+            if let Some(f) = self.faults.as_mut() {
+                f.attempt = 0;
+            }
+            self.request_attempt(at);
         }
+    }
+
+    /// Requests the current step (again, after a failed attempt), with its faults.
+    fn request_attempt(&mut self, at: u64) {
+        let planned = &self.backend.steps[self.next_step - 1];
+        let request = planned.request.clone();
+        let (index, decode) = (self.next_step - 1, planned.decode_index);
+        if let Some(f) = self.faults.as_mut() {
+            f.reads = 0;
+            f.started_ns = at;
+            f.serial += 1;
+            f.actors = f.hook.before_step(index, decode, f.attempt);
+            let (serial, deadline) = (f.serial, at + f.deadline_ns);
+            self.push(deadline, PendingKind::Deadline { serial });
+        }
+        self.push(at, PendingKind::Arrive(Event::StepRequested(request)));
+    }
+
+    /// Runs with faults: the current attempt failed at `t` (its step is abandoned and
+    /// requested again).
+    fn fail_attempt(&mut self, t: u64, why: String) -> Result<(), SimError> {
+        self.dispatcher.abort();
+        self.epoch += 1;
+        let index = self.next_step - 1;
+        let decode = self.backend.steps[index].decode_index;
+        let f = self.faults.as_mut().expect("runs with faults");
+        f.attempts.push(Attempt {
+            index,
+            decode,
+            attempt: f.attempt,
+            start_ns: f.started_ns,
+            end_ns: t,
+            failed: Some(why),
+        });
+        f.attempt += 1;
+        if f.attempt >= MAX_ATTEMPTS {
+            return Err(SimError::Stalled {
+                step: index as u64,
+                t_ns: t,
+            });
+        }
+        let sched = self.backend.machine.sched_host;
+        let at = t.max(self.host_free[sched]);
+        self.request_attempt(at);
+        Ok(())
+    }
+
+    /// [`Engine::run`] with faults: every attempt of every step, and the slots held at the
+    /// end.
+    pub fn run_with_faults(mut self) -> Result<FaultRun, SimError> {
+        self.request_next_step(0);
+        while let Some(Reverse(pending)) = self.heap.pop() {
+            if pending.epoch != self.epoch {
+                continue; // a failed attempt's leftovers
+            }
+            match pending.kind {
+                PendingKind::Deadline { serial } => {
+                    let f = self.faults.as_ref().expect("runs with faults");
+                    if serial == f.serial {
+                        let why = format!("past the step deadline ({} ns)", f.deadline_ns);
+                        self.fail_attempt(pending.time, why)?;
+                    }
+                }
+                PendingKind::Fail(why) => self.fail_attempt(pending.time, why)?,
+                kind => self.pop(pending.time, kind)?,
+            }
+        }
+        let held_slots = self.dispatcher.scheduler().cache_held_slots().unwrap_or(0);
+        let end_ns = self.host_free.iter().copied().max().unwrap_or(0);
+        let b = &self.backend;
+        if b.timings.len() != b.steps.len() {
+            return Err(SimError::Stalled {
+                step: b.step_id,
+                t_ns: end_ns,
+            });
+        }
+        let f = self.faults.expect("runs with faults");
+        Ok(FaultRun {
+            attempts: f.attempts,
+            held_slots,
+            end_ns,
+        })
+    }
+
+    /// Carries out what arrived at `time` (a completion or an event).
+    fn pop(&mut self, time: u64, kind: PendingKind) -> Result<(), SimError> {
+        match kind {
+            PendingKind::Arrive(event) => self.handle(time, event)?,
+            PendingKind::GroupDone { xpu, work } => {
+                let m = &self.backend.machine;
+                let sched = m.sched_host;
+                let same = m.group_host[usize::from(xpu.0)] == sched;
+                let latency = m.messages.latency_ns(same, time, self.host_free[sched]);
+                self.push(
+                    time + latency,
+                    PendingKind::Arrive(Event::ClusterDone(work)),
+                );
+            }
+            PendingKind::Deadline { .. } | PendingKind::Fail(_) => {}
+        }
+        Ok(())
     }
 
     pub fn run(mut self) -> Result<Outcome, SimError> {
@@ -190,21 +313,7 @@ impl<'a> Engine<'a> {
         let mut now = 0;
         while let Some(Reverse(pending)) = self.heap.pop() {
             now = pending.time;
-            match pending.kind {
-                PendingKind::Arrive(event) => self.handle(pending.time, event)?,
-                PendingKind::GroupDone { xpu, work } => {
-                    let m = &self.backend.machine;
-                    let sched = m.sched_host;
-                    let same = m.group_host[usize::from(xpu.0)] == sched;
-                    let latency = m
-                        .messages
-                        .latency_ns(same, pending.time, self.host_free[sched]);
-                    self.push(
-                        pending.time + latency,
-                        PendingKind::Arrive(Event::ClusterDone(work)),
-                    );
-                }
-            }
+            self.pop(pending.time, pending.kind)?;
         }
         let b = self.backend;
         if b.timings.len() != b.steps.len() {
@@ -259,6 +368,18 @@ impl<'a> Engine<'a> {
         }
         self.backend.sends = sends;
         if let Some(done) = self.backend.step_done {
+            if let Some(f) = self.faults.as_mut() {
+                f.attempts.push(Attempt {
+                    index: self.next_step - 1,
+                    decode: self.backend.steps[self.next_step - 1].decode_index,
+                    attempt: f.attempt,
+                    start_ns: f.started_ns,
+                    end_ns: done,
+                    failed: None,
+                });
+                // The attempt's deadline no longer applies.
+                f.serial += 1;
+            }
             self.request_next_step(done);
         }
         Ok(())
@@ -305,9 +426,53 @@ impl<'a> Engine<'a> {
             let next = m.storage.submit(first.at, bytes / parts, Access::Random);
             read.end_ns = read.end_ns.max(next.end_ns);
         }
-        let latency = m
-            .messages
-            .latency_ns(false, read.end_ns, self.host_free[sched]);
+        if let Some(f) = self.faults.as_mut() {
+            // A bad read is read again once (the reader's retry), a second bad one fails
+            // the step; a stuck one never answers (the deadline fails the step).
+            if std::mem::take(&mut f.actors.storage) {
+                // The storage actor fails on the read (it reports at once).
+                self.push(first.at, PendingKind::Fail("storage failed".into()));
+                return;
+            }
+            let mut bad = 0;
+            let outcome = loop {
+                let k = f.reads;
+                f.reads += 1;
+                let fault = f.hook.read(k);
+                match fault {
+                    SimReadFault::None => break None,
+                    SimReadFault::Delay(ns) => {
+                        read.end_ns += ns;
+                        break None;
+                    }
+                    SimReadFault::Stuck => break Some(None),
+                    SimReadFault::Bad if bad == 1 => {
+                        break Some(Some(format!(
+                            "read of layer {} cluster {} failed twice",
+                            first.layer, first.cluster
+                        )))
+                    }
+                    SimReadFault::Bad => {
+                        bad += 1;
+                        let storage = &mut self.backend.machine.storage;
+                        read.end_ns = storage.submit(read.end_ns, bytes, Access::Random).end_ns;
+                    }
+                }
+            };
+            match outcome {
+                None => {}
+                Some(None) => return,
+                Some(Some(why)) => {
+                    self.push(read.end_ns, PendingKind::Fail(why));
+                    return;
+                }
+            }
+        }
+        let latency =
+            self.backend
+                .machine
+                .messages
+                .latency_ns(false, read.end_ns, self.host_free[sched]);
         let (layer, cluster, more) = (first.layer, first.cluster, run.len() - 1);
         self.backend.spans.span(
             "storage",
@@ -361,6 +526,13 @@ impl<'a> Engine<'a> {
         let track = &b.machine.group_names[g];
         b.spans
             .span(track, |r| r.compute_names[i].clone(), start, end);
+        if let Some(f) = self.faults.as_mut() {
+            if std::mem::take(&mut f.actors.group) {
+                let why = format!("group {} failed", b.machine.group_names[g]);
+                self.push(end, PendingKind::Fail(why));
+                return;
+            }
+        }
         self.push(end, PendingKind::GroupDone { xpu, work });
     }
 }
@@ -407,6 +579,7 @@ mod tests {
             heap.push(Reverse(Pending {
                 time,
                 seq,
+                epoch: 0,
                 kind: PendingKind::Arrive(Event::StepRequested(
                     conductor_runtime::schedule::StepRequest {
                         step: seq,

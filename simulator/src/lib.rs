@@ -12,6 +12,7 @@ mod backend;
 mod devices;
 mod engine;
 mod error;
+mod faults;
 mod replay;
 mod report;
 mod shapes;
@@ -20,6 +21,9 @@ mod workload;
 pub use devices::host::SPIN_WINDOW_NS;
 pub use devices::storage::{Access, ReadTiming, StorageModel};
 pub use error::SimError;
+pub use faults::{
+    simulate_with_faults, Attempt, FaultRun, SimActorFaults, SimFaults, SimReadFault, MAX_ATTEMPTS,
+};
 pub use replay::{check_trace_model, replay, Mismatch, ReplayError, ReplayReport};
 pub use report::{SimReport, StepTiming, TokenTimes, TrackUse};
 pub use shapes::{
@@ -86,13 +90,12 @@ fn gate_first_layout(
         })
 }
 
-/// Simulates `workload` on the machine `profile` describes, following `plan`.
-pub fn simulate(
+/// The scheduler and the machine of a simulation of `workload` on `profile` under `plan`.
+fn build(
     profile: &HardwareProfile,
     plan: &ExecutionPlan,
     workload: &Workload,
-    options: &SimOptions,
-) -> Result<SimReport, SimError> {
+) -> Result<(Scheduler, Machine), SimError> {
     profile.validate()?;
     let shape = &workload.model.shape;
     let modes = Modes::of(plan, shape, workload.predicted);
@@ -115,7 +118,6 @@ pub fn simulate(
         .class_of(sched_core)
         .and_then(|c| profile.core_class(c))
         .expect("placed cores come from the profile");
-    let threads = placed[sched_group].threads;
     let machine = Machine {
         groups,
         group_names: placed.iter().map(|g| g.name.clone()).collect(),
@@ -142,6 +144,25 @@ pub fn simulate(
             .attention_matrix_bytes()
             .map(|b| b.div_ceil(4096) * 4096),
     };
+    Ok((scheduler, machine))
+}
+
+/// Simulates `workload` on the machine `profile` describes, following `plan`.
+pub fn simulate(
+    profile: &HardwareProfile,
+    plan: &ExecutionPlan,
+    workload: &Workload,
+    options: &SimOptions,
+) -> Result<SimReport, SimError> {
+    let (scheduler, machine) = build(profile, plan, workload)?;
+    let modes = scheduler.modes();
+    let sched_group = plan
+        .group_index(&plan.decode_on[0].group)
+        .expect("a validated plan names known groups");
+    let threads = Topology::of_profile(profile)
+        .place(plan, workload.threads)?
+        .get(sched_group)
+        .map_or(1, |g| g.threads);
     let group_names = machine.group_names.clone();
     let outcome = Engine::new(scheduler, machine, workload, options).run()?;
 

@@ -180,6 +180,20 @@ impl SlotArena {
         (s != NONE).then_some(s)
     }
 
+    /// Slots in the arena.
+    pub fn n_slots(&self) -> u32 {
+        self.slots.len() as u32
+    }
+
+    /// Whether something holds `slot` now (a read into it, a computation from it): its lock
+    /// cannot be taken at once.
+    pub fn is_busy(&self, slot: u32) -> bool {
+        matches!(
+            self.slots[slot as usize].try_write(),
+            Err(std::sync::TryLockError::WouldBlock)
+        )
+    }
+
     pub fn read(&self, slot: u32) -> RwLockReadGuard<'_, SlotBuf> {
         self.slots[slot as usize]
             .read()

@@ -76,6 +76,8 @@ struct Slot {
     stamp: u64,
     /// It holds only some pages of its unit (gate-first loading): those set in its page bits.
     partial: bool,
+    /// Left out of the cache ([`CacheDirectory::retire`]): never given to a unit.
+    retired: bool,
 }
 
 /// Which unit (see [`UnitMap`]) is where.
@@ -140,6 +142,7 @@ impl CacheDirectory {
                 hot: s < hot,
                 stamp: 0,
                 partial: false,
+                retired: false,
             })
             .collect();
         let evictable = (hot..plan.slots).map(|s| (0, s)).collect();
@@ -398,6 +401,63 @@ impl CacheDirectory {
         }
     }
 
+    /// Slots held by a step now: pinned ones, ones a load is on its way into, and cold slots
+    /// that are neither pinned nor evictable (lost to every later step). Between steps, after
+    /// a step done or failed, every count is 0; more is a leak.
+    pub fn held_slots(&self) -> u32 {
+        let pinned = self.slots.iter().filter(|s| s.pins > 0).count();
+        let loading = self
+            .units
+            .iter()
+            .filter(|u| matches!(u, Residency::Loading(_)))
+            .count();
+        let stranded = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(i, s)| {
+                !s.hot
+                    && !s.retired
+                    && s.pins == 0
+                    && !self.evictable.contains(&(s.stamp, *i as u32))
+            })
+            .count();
+        (pinned + loading + stranded) as u32
+    }
+
+    /// Leaves `slot` out of the cache from now on: its unit (if any) is no longer in it, it is
+    /// never given to a unit again, and a hot unit it was reserved for competes for cold slots.
+    /// For a slot something outside the directory still holds (a read stuck in it, from actors
+    /// that were replaced). Only for an idle directory (between steps).
+    pub fn retire(&mut self, slot: u32) {
+        let Some(s) = self.slots.get(slot as usize).copied() else {
+            return;
+        };
+        if s.retired {
+            return;
+        }
+        if let Some(u) = s.owner {
+            self.units[u as usize] = Residency::Absent;
+        }
+        for h in self.hot_slot.iter_mut().filter(|h| **h == Some(slot)) {
+            *h = None;
+        }
+        self.evictable.remove(&(s.stamp, slot));
+        self.slots[slot as usize] = Slot {
+            owner: None,
+            pins: 0,
+            hot: false,
+            stamp: 0,
+            partial: false,
+            retired: true,
+        };
+    }
+
+    /// Slots left out of the cache ([`CacheDirectory::retire`]).
+    pub fn retired_slots(&self) -> u32 {
+        self.slots.iter().filter(|s| s.retired).count() as u32
+    }
+
     /// Forgets every pin and every load in flight (the step failed): loading slots become
     /// empty and the first to be reused.
     pub fn abort(&mut self) {
@@ -411,7 +471,7 @@ impl CacheDirectory {
         self.evictable.clear();
         for (i, s) in self.slots.iter_mut().enumerate() {
             s.pins = 0;
-            if !s.hot {
+            if !s.hot && !s.retired {
                 if s.owner.is_none() {
                     s.stamp = 0;
                 }

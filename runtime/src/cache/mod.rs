@@ -12,6 +12,7 @@
 mod arena;
 mod budget;
 mod directory;
+mod faults;
 mod reader;
 mod slot_reads;
 #[cfg(feature = "io-uring")]
@@ -23,6 +24,7 @@ pub use budget::{
     MemoryBudget, StoreSizes, RUNTIME_BASE, RUNTIME_PER_TOKEN, RUNTIME_PER_UNIT,
 };
 pub use directory::{Acquired, CacheDirectory, LayerCacheStats, PagesAcquired, Want};
+pub use faults::{ReadFault, ReadFaults};
 pub use reader::{
     direct_io_refused, open_for_reads, open_for_reads_with, read_full, unit_extents, BundleFile,
     Extent, LoadError, OpenError,

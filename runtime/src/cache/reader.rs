@@ -5,6 +5,7 @@
 //! bundles and attention and output units page by page), or a unit's first whole read only. A
 //! read that fails its check counts as a failed read: it is read again once, then is an error.
 
+use super::faults::{ReadFault, ReadFaults};
 use super::UnitMap;
 use crate::model::Model;
 use crate::plan::{IoEngine, StoragePlan, Verify};
@@ -14,6 +15,7 @@ use std::ops::Range;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// Alignment of reads (what `O_DIRECT` asks of offsets and lengths).
 const READ_ALIGN: u64 = 4096;
@@ -124,6 +126,9 @@ pub struct BundleFile {
     verified: Vec<AtomicBool>,
     verify: Verify,
     reads: Reads,
+    /// Fault injection (the fault harness and tests): sees every read first. `None` in
+    /// normal runs.
+    faults: Option<Arc<dyn ReadFaults>>,
 }
 
 /// How reads reach the kernel.
@@ -216,7 +221,33 @@ impl BundleFile {
             extents,
             verify: storage.verify,
             reads,
+            faults: None,
         }))
+    }
+
+    /// Injects faults into every later read of the store (`None`: none; the default).
+    pub fn set_faults(&mut self, faults: Option<Arc<dyn ReadFaults>>) {
+        self.faults = faults;
+    }
+
+    /// The fault the injector (if any) decides for a read of `len` bytes at `offset`.
+    fn fault(&self, offset: u64, len: usize) -> ReadFault {
+        ReadFault::of(self.faults.as_deref(), offset, len)
+    }
+
+    /// Applies `faults` (one per read) to what io_uring reads `reads` returned in `out`.
+    #[cfg(feature = "io-uring")]
+    fn apply_faults(
+        reads: &mut [(&mut [u8], u64)],
+        out: &mut [std::io::Result<usize>],
+        faults: &[ReadFault],
+    ) {
+        for (((buf, _), got), fault) in reads.iter_mut().zip(out.iter_mut()).zip(faults) {
+            if *fault != ReadFault::None {
+                let result = std::mem::replace(got, Ok(0));
+                *got = fault.apply(&mut [&mut buf[..]], result);
+            }
+        }
     }
 
     /// When reads are checked.
@@ -269,15 +300,23 @@ impl BundleFile {
 
     /// Reads into `buf` from `offset` until it is full or the file ends; the bytes read.
     fn read_into(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
-        match &self.reads {
+        let fault = self.fault(offset, buf.len());
+        if let ReadFault::Fail(_) = fault {
+            return fault.apply(&mut [], Ok(0));
+        }
+        let result = match &self.reads {
             Reads::Positional => read_full(&self.file, buf, offset),
             #[cfg(feature = "io-uring")]
             Reads::Uring(ring) => {
                 let mut out = [Ok(0)];
-                ring.read_all(&self.file, &mut [(buf, offset)], &mut out);
+                ring.read_all(&self.file, &mut [(&mut *buf, offset)], &mut out);
                 let [result] = out;
                 result
             }
+        };
+        match fault {
+            ReadFault::None => result,
+            _ => fault.apply(&mut [buf], result),
         }
     }
 
@@ -457,7 +496,12 @@ impl BundleFile {
                 }
             }
             let mut out: Vec<std::io::Result<usize>> = reads.iter().map(|_| Ok(0)).collect();
+            let faults: Vec<ReadFault> = reads
+                .iter()
+                .map(|(buf, offset)| self.fault(*offset, buf.len()))
+                .collect();
             ring.read_all(&self.file, &mut reads, &mut out);
+            Self::apply_faults(&mut reads, &mut out, &faults);
             drop(reads);
             // A read short or failing its check is read again below, on its own.
             for (&i, got) in which.iter().zip(&out) {
@@ -562,12 +606,23 @@ impl BundleFile {
                 false
             }
             Reads::Positional => {
-                let mut bufs: Vec<std::io::IoSliceMut<'_>> = units
+                let offset = extents[0].1.offset;
+                let fault = self.fault(offset, total);
+                let mut bufs: Vec<&mut [u8]> = units
                     .iter_mut()
                     .zip(&extents)
-                    .map(|((_, _, dst), (_, e))| std::io::IoSliceMut::new(&mut dst[..e.len]))
+                    .map(|((_, _, dst), (_, e))| &mut dst[..e.len])
                     .collect();
-                rustix::io::preadv(&self.file, &mut bufs, extents[0].1.offset).unwrap_or(0) >= total
+                let result = if let ReadFault::Fail(_) = fault {
+                    Ok(0)
+                } else {
+                    let mut slices: Vec<std::io::IoSliceMut<'_>> = bufs
+                        .iter_mut()
+                        .map(|b| std::io::IoSliceMut::new(b))
+                        .collect();
+                    rustix::io::preadv(&self.file, &mut slices, offset).map_err(Into::into)
+                };
+                fault.apply(&mut bufs, result).unwrap_or(0) >= total
             }
             #[cfg(feature = "io-uring")]
             Reads::Uring(ring) => {
@@ -577,7 +632,12 @@ impl BundleFile {
                     .map(|((_, _, dst), (_, e))| (&mut dst[..e.len], e.offset))
                     .collect();
                 let mut out: Vec<std::io::Result<usize>> = reads.iter().map(|_| Ok(0)).collect();
+                let faults: Vec<ReadFault> = reads
+                    .iter()
+                    .map(|(buf, offset)| self.fault(*offset, buf.len()))
+                    .collect();
                 ring.read_all(&self.file, &mut reads, &mut out);
+                Self::apply_faults(&mut reads, &mut out, &faults);
                 out.iter()
                     .zip(&extents)
                     .all(|(got, (_, e))| got.as_ref().is_ok_and(|&n| n >= e.data.end))

@@ -96,6 +96,37 @@ fn a_hit_refreshes_recency_and_abort_frees_loading_slots() {
     ));
 }
 
+/// A retired slot (one a stuck read of replaced actors still holds) is never given out again,
+/// not even after an abort; its hot unit competes for cold slots; it is not counted as held.
+#[test]
+fn a_retired_slot_is_never_given_out_and_is_not_a_leak() {
+    // 1 layer x 4 clusters; slot 0 hot (L0C0), slots 1 and 2 cold.
+    let mut d = CacheDirectory::new(&plan(3, 1, CachePolicy::Segmented), &map(1, 4));
+    assert_eq!(d.held_slots(), 0);
+    d.retire(0);
+    d.retire(1);
+    assert_eq!((d.retired_slots(), d.held_slots()), (2, 0));
+    for round in 0..2 {
+        for c in 0..4 {
+            assert_eq!(
+                d.acquire(0, c),
+                Acquired::Load {
+                    slot: 2,
+                    evicted: (c > 0 || round > 0).then_some((c + 3) % 4),
+                },
+                "round {round} cluster {c}"
+            );
+            // Every slot left is in use: the next unit waits.
+            assert_eq!(d.acquire(0, (c + 1) % 4), Acquired::Full);
+            assert!(d.loaded(0, c));
+            assert_eq!(d.held_slots(), 1);
+            d.release(0, c);
+        }
+        d.abort();
+        assert_eq!(d.held_slots(), 0);
+    }
+}
+
 #[test]
 fn a_cache_with_every_slot_hot_keeps_one_cold_slot_when_clusters_remain() {
     let mut d = CacheDirectory::new(&plan(2, 2, CachePolicy::Segmented), &map(1, 4));

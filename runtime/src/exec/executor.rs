@@ -33,7 +33,7 @@ use crate::model::ops::{rms_norm, RopeTable};
 use crate::model::{KvCache, Model, ModelError};
 use crate::neuron::Phase;
 use crate::quant::Kernels;
-use crate::schedule::{Activity, ClusterWork, Program, StepRequest, StepShape, XpuId};
+use crate::schedule::{Activity, ClusterWork, Program, StepId, StepRequest, StepShape, XpuId};
 use crate::sparse::predictor::PredictorScratch;
 use std::ops::Range;
 use std::sync::Mutex;
@@ -168,6 +168,12 @@ impl StepState {
     }
 
     /// The step being computed.
+    /// Forgets the step (its driver gave it up): work of it still on its way finds another
+    /// step here and is skipped, until the next [`StepState::begin_step`].
+    pub fn abandon_step(&mut self) {
+        self.request.step = StepId::MAX;
+    }
+
     pub fn request(&self) -> &StepRequest {
         &self.request
     }

@@ -110,6 +110,20 @@ impl<R: ClusterRunner> InlineDriver<R> {
         })
     }
 
+    /// Injects faults into every later read of the store (plans with a cache; `None`: none,
+    /// the default). For the fault harness and tests.
+    pub fn set_read_faults(&mut self, faults: Option<Arc<dyn crate::cache::ReadFaults>>) {
+        if let Some((_, file)) = self.cache.as_mut() {
+            file.set_faults(faults);
+        }
+    }
+
+    /// Cache slots held now (plans with a cache): 0 between steps, done or failed; more is a
+    /// leak ([`crate::cache::CacheDirectory::held_slots`]).
+    pub fn held_cache_slots(&self) -> Option<u32> {
+        self.dispatcher.scheduler().cache_held_slots()
+    }
+
     pub fn runner(&self) -> &R {
         &self.runner
     }

@@ -306,6 +306,20 @@ impl Scheduler {
         self.cache.as_ref().map(|c| &c.map)
     }
 
+    /// Leaves cache slot `slot` out of the cache ([`crate::cache::CacheDirectory::retire`]),
+    /// between steps: for a slot a read from replaced actors still holds.
+    pub fn retire_cache_slot(&mut self, slot: u32) {
+        if let (Some(cache), None) = (self.cache.as_mut(), &self.in_flight) {
+            cache.directory.retire(slot);
+        }
+    }
+
+    /// Cache slots a step holds now ([`crate::cache::CacheDirectory::held_slots`]): 0
+    /// between steps, if the plan has a cache.
+    pub fn cache_held_slots(&self) -> Option<u32> {
+        self.cache.as_ref().map(|c| c.directory.held_slots())
+    }
+
     /// The neuron cache's counters per layer, if the plan has a cache.
     pub fn cache_stats(&self) -> Option<&[LayerCacheStats]> {
         self.cache.as_ref().map(|c| c.directory.stats())
