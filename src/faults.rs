@@ -25,6 +25,7 @@ use crate::runtime::exec::{Driver, InlineDriver, Serial, Session, StepError};
 use crate::runtime::model::Model;
 use crate::runtime::plan::{CachePlan, CachePolicy, ExecutionPlan, Topology};
 use crate::runtime::quant::Kernels;
+use crate::runtime::sample::argmax;
 use crate::runtime::synthetic::{synthetic_model, SyntheticSpec};
 use conductor_actors::{ActorDriver, ActorOptions};
 use std::fmt;
@@ -829,14 +830,6 @@ pub fn count_threads() -> usize {
 
 fn bits(logits: &[f32]) -> Vec<u32> {
     logits.iter().map(|x| x.to_bits()).collect()
-}
-
-fn argmax(logits: &[f32]) -> u32 {
-    logits
-        .iter()
-        .enumerate()
-        .max_by(|a, b| a.1.total_cmp(b.1))
-        .map_or(0, |(i, _)| i as u32)
 }
 
 /// Totals over many seeds.
