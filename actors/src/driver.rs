@@ -46,7 +46,7 @@ use conductor_runtime::trace::{Trace, TraceHeader, TRACE_FORMAT_VERSION};
 use kameo::actor::{Actor, ActorRef, PreparedActor};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
-use std::sync::mpsc::{sync_channel, RecvTimeoutError};
+use std::sync::mpsc::{sync_channel, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -403,13 +403,7 @@ impl ActorDriver {
     /// The neuron cache's counters, bytes read and time spent (plans with a cache).
     pub fn cache_report(&self) -> Option<CacheReport> {
         self.shared.cache.as_ref()?;
-        let (tx, rx) = sync_channel(1);
-        self.actors
-            .scheduler
-            .tell(TakeCacheStats(tx))
-            .try_send()
-            .ok()?;
-        let layers = rx.recv_timeout(self.deadline).ok()?;
+        let layers = self.ask_scheduler(TakeCacheStats)?;
         let c = &self.shared.counters;
         let get = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
         Some(CacheReport {
@@ -428,13 +422,19 @@ impl ActorDriver {
     /// step deadline.
     pub fn held_cache_slots(&self) -> Option<u32> {
         self.shared.cache.as_ref()?;
+        self.ask_scheduler(TakeHeldSlots)?
+    }
+
+    /// Sends the scheduler a query that carries its reply channel, and waits for the answer
+    /// up to the step deadline (`None`: not sent, or no answer in time).
+    fn ask_scheduler<T, M>(&self, query: impl FnOnce(SyncSender<T>) -> M) -> Option<T>
+    where
+        SchedulerActor: kameo::message::Message<M>,
+        M: Send + 'static,
+    {
         let (tx, rx) = sync_channel(1);
-        self.actors
-            .scheduler
-            .tell(TakeHeldSlots(tx))
-            .try_send()
-            .ok()?;
-        rx.recv_timeout(self.deadline).ok()?
+        self.actors.scheduler.tell(query(tx)).try_send().ok()?;
+        rx.recv_timeout(self.deadline).ok()
     }
 
     /// Whether the actors will be replaced before the next step (an actor failed).
