@@ -549,12 +549,7 @@ impl ActorDriver {
         tokens: &[u32],
         logits_from: u32,
     ) -> Result<(), StepError> {
-        if !self.healthy {
-            self.restart().map_err(|e| StepError::Actor {
-                actor: "driver".into(),
-                why: format!("cannot restart the actors: {e}"),
-            })?;
-        }
+        self.ensure_healthy()?;
         let request = StepRequest {
             step: self.next_step,
             n_tokens: tokens.len() as u32,
@@ -583,12 +578,7 @@ impl ActorDriver {
         sessions: &mut [&mut Session],
         tokens: &[u32],
     ) -> Result<(), StepError> {
-        if !self.healthy {
-            self.restart().map_err(|e| StepError::Actor {
-                actor: "driver".into(),
-                why: format!("cannot restart the actors: {e}"),
-            })?;
-        }
+        self.ensure_healthy()?;
         let (request, positions, n_ctx) =
             conductor_runtime::exec::multi_step_request(self.next_step, sessions, tokens)?;
         self.next_step += 1;
@@ -619,6 +609,17 @@ impl ActorDriver {
         self.step_ended(result)?;
         for (session, &token) in sessions.iter_mut().zip(tokens) {
             session.push(&[token]);
+        }
+        Ok(())
+    }
+
+    /// Replaces the actors before a step if one failed in an earlier one.
+    fn ensure_healthy(&mut self) -> Result<(), StepError> {
+        if !self.healthy {
+            self.restart().map_err(|e| StepError::Actor {
+                actor: "driver".into(),
+                why: format!("cannot restart the actors: {e}"),
+            })?;
         }
         Ok(())
     }
@@ -791,16 +792,12 @@ impl Driver for ActorDriver {
         self.run_step(session, tokens, logits_from)
     }
 
-    fn step_sequences(
+    fn step_many_sequences(
         &mut self,
         sessions: &mut [&mut Session],
         tokens: &[u32],
     ) -> Result<(), StepError> {
-        match sessions {
-            [] => Err(StepError::NoTokens),
-            [one] => self.run_step(one, tokens, 0),
-            _ => self.run_multi_step(sessions, tokens),
-        }
+        self.run_multi_step(sessions, tokens)
     }
 
     fn logits(&self) -> &[f32] {

@@ -437,16 +437,12 @@ impl<R: ClusterRunner + Send> Driver for InlineDriver<R> {
         self.run_step(session, tokens, logits_from)
     }
 
-    fn step_sequences(
+    fn step_many_sequences(
         &mut self,
         sessions: &mut [&mut Session],
         tokens: &[u32],
     ) -> Result<(), StepError> {
-        match sessions {
-            [] => Err(StepError::NoTokens),
-            [one] => self.run_step(one, tokens, 0),
-            _ => self.run_multi_step(sessions, tokens),
-        }
+        self.run_multi_step(sessions, tokens)
     }
 
     fn logits(&self) -> &[f32] {

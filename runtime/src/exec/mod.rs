@@ -75,6 +75,20 @@ pub trait Driver: Send {
         &mut self,
         sessions: &mut [&mut Session],
         tokens: &[u32],
+    ) -> Result<(), StepError> {
+        match sessions {
+            [] => Err(StepError::NoTokens),
+            [one] => self.step(one, tokens, 0),
+            _ => self.step_many_sequences(sessions, tokens),
+        }
+    }
+
+    /// [`Driver::step_sequences`] of two sequences or more: the drivers' own multi-sequence
+    /// step.
+    fn step_many_sequences(
+        &mut self,
+        sessions: &mut [&mut Session],
+        tokens: &[u32],
     ) -> Result<(), StepError>;
 
     /// Logits of the last step that computed any, `[token][n_vocab]`.
