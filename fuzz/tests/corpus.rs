@@ -6,6 +6,9 @@
 //! are printed first, so the input can be rebuilt.
 //!
 //! `CONDUCTOR_FUZZ_SMOKE_MUTATIONS` sets the mutations per seed (default 300).
+//! `CONDUCTOR_FUZZ_SMOKE_SECONDS=N` then goes on mutating, round-robin over the seeds, until
+//! each target has run N seconds (CI's fixed budget a target; the sequence of inputs is the
+//! same on every run, only how far it gets depends on the machine).
 
 use std::path::{Path, PathBuf};
 
@@ -75,6 +78,13 @@ fn every_target_survives_its_corpus_its_regressions_and_mutations_of_them() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(300);
+    let budget =
+        std::env::var("CONDUCTOR_FUZZ_SMOKE_SECONDS")
+            .ok()
+            .map(|v| match v.parse::<f64>() {
+                Ok(s) if s.is_finite() && s >= 0.0 => std::time::Duration::from_secs_f64(s),
+                _ => panic!("CONDUCTOR_FUZZ_SMOKE_SECONDS={v}: not a number of seconds"),
+            });
     let models = conductor_fuzz::seeds::model_seeds();
     for &(name, target) in conductor_fuzz::TARGETS {
         // (label, bytes): the committed seeds, but for GGUF files, which are generated.
@@ -106,23 +116,37 @@ fn every_target_survives_its_corpus_its_regressions_and_mutations_of_them() {
             target(&std::fs::read(path).unwrap());
             runs += 1;
         }
-        for (i, (_, seed)) in seeds.iter().enumerate() {
+        // Mutation `m` of seed `i`: the same input on every run, so a crash is rebuilt from it.
+        let mutation = |i: usize, m: usize| {
             let other = &seeds[(i + 1) % seeds.len()].1;
+            let s = (i as u64) << 32 | m as u64;
+            let mut rng = Rng(s.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+            let input = mutate(&seeds[i].1, other, &mut rng);
+            let result = std::panic::catch_unwind(|| target(&input));
+            if result.is_err() {
+                let out = std::env::temp_dir().join(format!("crash-{name}-{s}"));
+                std::fs::write(&out, &input).unwrap();
+                panic!(
+                    "{name} panicked on mutation {m} of {} (seed {s}); input written to {}",
+                    seeds[i].0,
+                    out.display()
+                );
+            }
+        };
+        for i in 0..seeds.len() {
             for m in 0..per_seed {
-                let s = (i as u64) << 32 | m as u64;
-                let mut rng = Rng(s.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
-                let input = mutate(seed, other, &mut rng);
-                let result = std::panic::catch_unwind(|| target(&input));
-                if result.is_err() {
-                    let out = std::env::temp_dir().join(format!("crash-{name}-{s}"));
-                    std::fs::write(&out, &input).unwrap();
-                    panic!(
-                        "{name} panicked on mutation {m} of {} (seed {s}); input written to {}",
-                        seeds[i].0,
-                        out.display()
-                    );
-                }
+                mutation(i, m);
                 runs += 1;
+            }
+        }
+        if let Some(budget) = budget {
+            let mut m = per_seed;
+            while started.elapsed() < budget {
+                for i in 0..seeds.len() {
+                    mutation(i, m);
+                    runs += 1;
+                }
+                m += 1;
             }
         }
         eprintln!(
