@@ -64,8 +64,9 @@ fn main() {
     });
     println!("model: {}", fixture.describe);
     println!(
-        "fault-free run: {} decode steps, {} reads of the store in all; deadline {} ms",
-        fixture.reads.len(),
+        "fault-free run: a {}-token prompt and {} decode steps, {} reads of the store in all; deadline {} ms",
+        fixture.prompt.len(),
+        fixture.reads.len() - 1,
         fixture.reads.iter().map(|&r| u64::from(r)).sum::<u64>(),
         fixture.plan.step_deadline_ms
     );

@@ -6,9 +6,9 @@
 //! [`Fixture::simulate`]), with invariants checked beside every step:
 //!
 //! - every step gives exactly the fault-free bits (its logits) or fails with an error;
-//! - the step after a failure, retried as the API does it (the same token again; the actor
-//!   driver replaces its actors first), gives the fault-free bits once no fault is scheduled
-//!   on it;
+//! - the step after a failure, retried as the API does it (the same token again, or the
+//!   prompt from its first token the session does not hold; the actor driver replaces its
+//!   actors first), gives the fault-free bits once no fault is scheduled on it;
 //! - every step returns within its bound (the plan's step deadline, plus the actors' restart);
 //! - no cache slot is held between steps, and no thread outlives a seed's driver;
 //! - a seed's schedule is a function of the seed alone (printed with any failure), and on the
@@ -145,63 +145,29 @@ pub struct Schedule {
 }
 
 impl Schedule {
-    /// The schedule of `seed` for a run whose decode step `i` (1-based) makes `reads[i - 1]`
-    /// reads of the store when nothing fails (read faults aim within them).
+    /// The schedule of `seed` for a run whose prompt makes `reads[0]` reads of the store and
+    /// whose decode step `i` (1-based) makes `reads[i]`, when nothing fails (read faults aim
+    /// within them).
     ///
-    /// Per seed: 0 to 7 fault events on random steps; a read event strikes one read or, one
-    /// time in three, two reads in a row (a read and its retry: the step then fails); one
-    /// event in four repeats on the next attempt.
+    /// Per seed: 0 to 7 fault events on random decode steps; a read event strikes one read
+    /// or, one time in three, two reads in a row (a read and its retry: the step then fails);
+    /// one event in four repeats on the next attempt. One seed in four also has one or two
+    /// events on the prompt (step 0), drawn from a stream of their own, so that the decode
+    /// steps' faults are those the seed had before prompts took faults.
     pub fn from_seed(seed: u64, reads: &[u32]) -> Schedule {
+        let decode = reads.get(1..).unwrap_or_default();
         let mut rng = SplitMix::new(seed);
         let mut faults = Vec::new();
-        let events = rng.below(8);
-        for _ in 0..events {
-            let step = 1 + rng.below(reads.len().max(1) as u64) as u32;
-            let n_reads = reads.get(step as usize - 1).copied().unwrap_or(0).max(1);
-            let mut attempt = 0;
-            loop {
-                let read = rng.below(u64::from(n_reads)) as u32;
-                let kind = match rng.below(100) {
-                    0..=19 => FaultKind::ReadError,
-                    20..=34 => FaultKind::ShortRead(rng.below(1000) as u16),
-                    35..=54 => FaultKind::BitFlip(rng.next_u64()),
-                    55..=74 => FaultKind::LatencySpike(100 + rng.below(20_000) as u32),
-                    75..=79 => FaultKind::StuckRead(
-                        100 + rng.below(STUCK_MAX.as_millis() as u64 - 100) as u32,
-                    ),
-                    80..=84 => FaultKind::GroupPanic,
-                    85..=89 => FaultKind::StoragePanic,
-                    90..=94 => FaultKind::GroupDeath,
-                    _ => FaultKind::StorageDeath,
-                };
-                let read = if kind.is_read() { read } else { 0 };
-                faults.push(Fault {
-                    step,
-                    attempt,
-                    read,
-                    kind,
-                });
-                let double = matches!(
-                    kind,
-                    FaultKind::ReadError | FaultKind::ShortRead(_) | FaultKind::BitFlip(_)
-                ) && rng.chance(333);
-                if double {
-                    let kind = match rng.below(3) {
-                        0 => FaultKind::ReadError,
-                        1 => FaultKind::ShortRead(rng.below(1000) as u16),
-                        _ => FaultKind::BitFlip(rng.next_u64()),
-                    };
-                    faults.push(Fault {
-                        step,
-                        attempt,
-                        read: read + 1,
-                        kind,
-                    });
-                }
-                attempt += 1;
-                if attempt >= FAULTY_ATTEMPTS || !rng.chance(250) {
-                    break;
-                }
+        for _ in 0..rng.below(8) {
+            let step = 1 + rng.below(decode.len().max(1) as u64) as u32;
+            let n_reads = decode.get(step as usize - 1).copied().unwrap_or(0);
+            push_event(&mut rng, step, n_reads, &mut faults);
+        }
+        let mut prompt = SplitMix::new(seed ^ PROMPT_STREAM);
+        if prompt.chance(250) {
+            for _ in 0..1 + prompt.below(2) {
+                let n_reads = reads.first().copied().unwrap_or(0);
+                push_event(&mut prompt, 0, n_reads, &mut faults);
             }
         }
         faults.sort();
@@ -209,11 +175,65 @@ impl Schedule {
         Schedule { seed, faults }
     }
 
-    /// The faults of attempt `attempt` of decode step `step`.
+    /// The faults of attempt `attempt` of step `step` (0: the prompt; then the decode steps).
     pub fn at(&self, step: u32, attempt: u32) -> impl Iterator<Item = &Fault> {
         self.faults
             .iter()
             .filter(move |f| f.step == step && f.attempt == attempt)
+    }
+}
+
+/// The stream the prompt's faults are drawn from: the seed xor this.
+const PROMPT_STREAM: u64 = 0x7072_6f6d_7074_0001;
+
+/// One fault event on `step` (which makes `n_reads` reads when nothing fails): its faults on
+/// the first attempt and, one time in four each, on the next ones.
+fn push_event(rng: &mut SplitMix, step: u32, n_reads: u32, faults: &mut Vec<Fault>) {
+    let n_reads = n_reads.max(1);
+    let mut attempt = 0;
+    loop {
+        let read = rng.below(u64::from(n_reads)) as u32;
+        let kind = match rng.below(100) {
+            0..=19 => FaultKind::ReadError,
+            20..=34 => FaultKind::ShortRead(rng.below(1000) as u16),
+            35..=54 => FaultKind::BitFlip(rng.next_u64()),
+            55..=74 => FaultKind::LatencySpike(100 + rng.below(20_000) as u32),
+            75..=79 => {
+                FaultKind::StuckRead(100 + rng.below(STUCK_MAX.as_millis() as u64 - 100) as u32)
+            }
+            80..=84 => FaultKind::GroupPanic,
+            85..=89 => FaultKind::StoragePanic,
+            90..=94 => FaultKind::GroupDeath,
+            _ => FaultKind::StorageDeath,
+        };
+        let read = if kind.is_read() { read } else { 0 };
+        faults.push(Fault {
+            step,
+            attempt,
+            read,
+            kind,
+        });
+        let double = matches!(
+            kind,
+            FaultKind::ReadError | FaultKind::ShortRead(_) | FaultKind::BitFlip(_)
+        ) && rng.chance(333);
+        if double {
+            let kind = match rng.below(3) {
+                0 => FaultKind::ReadError,
+                1 => FaultKind::ShortRead(rng.below(1000) as u16),
+                _ => FaultKind::BitFlip(rng.next_u64()),
+            };
+            faults.push(Fault {
+                step,
+                attempt,
+                read: read + 1,
+                kind,
+            });
+        }
+        attempt += 1;
+        if attempt >= FAULTY_ATTEMPTS || !rng.chance(250) {
+            break;
+        }
     }
 }
 
@@ -382,7 +402,8 @@ pub struct Fixture {
     pub tokens: Vec<u32>,
     /// Fault-free logits (as bits) after the prompt (index 0) and after each decode step.
     pub logits: Vec<Vec<u32>>,
-    /// Reads of the store each decode step makes without faults (on the inline driver).
+    /// Reads of the store the prompt (index 0) and each decode step make without faults (on
+    /// the inline driver).
     pub reads: Vec<u32>,
     /// How the plan's budget was made, for reports.
     pub describe: String,
@@ -522,10 +543,12 @@ impl Fixture {
         let injector = Arc::new(Injector::new(DEADLINE));
         let mut driver = fixture.inline(&injector).map_err(|e| e.to_string())?;
         let mut session = Session::new(&fixture.model, fixture.n_ctx).map_err(|e| e.to_string())?;
+        injector.arm([]);
         let mut logits = driver
             .eval_last(&mut session, &fixture.prompt)
             .map_err(|e| e.to_string())?
             .to_vec();
+        fixture.reads.push(injector.reads());
         fixture.logits.push(bits(&logits));
         for _ in 0..DECODE_STEPS {
             let token = argmax(&logits);
@@ -575,8 +598,8 @@ impl Fixture {
         self.plan.decode_on[0].group.clone()
     }
 
-    /// Runs `schedule` on driver `which`: the prompt without faults, then every decode step,
-    /// failed attempts retried, each checked.
+    /// Runs `schedule` on driver `which`: the prompt, then every decode step, each under its
+    /// faults, failed attempts retried, each checked.
     pub fn run(&self, which: Which, schedule: &Schedule, watchdog: &Watchdog) -> SeedReport {
         let mut report = SeedReport {
             seed: schedule.seed,
@@ -623,23 +646,28 @@ impl Fixture {
             Which::Simulator => return Err("the simulator runs through Fixture::simulate".into()),
         };
         let mut session = Session::new(&self.model, self.n_ctx).map_err(|e| e.to_string())?;
-        injector.arm([]);
-        watchdog.start(schedule, which, 0, 0);
-        let first = driver.eval_last(&mut session, &self.prompt).map(bits);
-        watchdog.stop();
-        if first.as_ref().ok() != Some(&self.logits[0]) {
-            return Err(format!(
-                "the prompt without faults gave {first:?}, not the fault-free bits"
-            ));
-        }
         // The bound of a step: the deadline, the actors' restart (up to a second per host
         // that does not answer) or on the inline driver, which has no deadline of its own, the
-        // longest stuck read; and slack for a loaded machine.
+        // longest stuck read; and slack for a loaded machine. The prompt is several steps.
         let bound = self.deadline() + STUCK_MAX + Duration::from_secs(2);
-        for step in 1..=DECODE_STEPS {
-            let token = self.tokens[step as usize - 1];
+        let prompt_steps = self
+            .prompt
+            .len()
+            .div_ceil(self.plan.prefill_max_tokens.max(1) as usize);
+        // Step 0 is the prompt, then the decode steps.
+        for step in 0..=DECODE_STEPS {
             let mut attempt = 0;
             loop {
+                // A failed prompt is taken up again from the first token the session does not
+                // hold: its steps that completed stay (`Driver::eval`).
+                let tokens = match step {
+                    0 => &self.prompt[session.n_past()..],
+                    _ => std::slice::from_ref(&self.tokens[step as usize - 1]),
+                };
+                let bound = match step {
+                    0 => bound * prompt_steps as u32,
+                    _ => bound,
+                };
                 let faults: Vec<&Fault> = schedule.at(step, attempt).collect();
                 injector.arm(
                     faults
@@ -656,7 +684,7 @@ impl Fixture {
                 }
                 watchdog.start(schedule, which, step, attempt);
                 let started = Instant::now();
-                let result = driver.eval_last(&mut session, &[token]).map(bits);
+                let result = driver.eval_last(&mut session, tokens).map(bits);
                 let took = started.elapsed();
                 watchdog.stop();
                 // What is left of this attempt's faults does not carry over.
@@ -686,6 +714,9 @@ impl Fixture {
                     }
                     Err(e) => {
                         report.failed += 1;
+                        if step == 0 {
+                            report.failed_prompt += 1;
+                        }
                         if attempt >= FAULTY_ATTEMPTS {
                             report.unrecovered += 1;
                             return Err(format!(
@@ -751,6 +782,8 @@ pub struct SeedReport {
     /// Step attempts run, and those that failed with an error.
     pub steps: u64,
     pub failed: u64,
+    /// Of those, attempts of the prompt.
+    pub failed_prompt: u64,
     /// Violations of the invariants.
     pub wrong: u64,
     pub hangs: u64,
@@ -838,6 +871,8 @@ pub struct Totals {
     pub seeds: u64,
     pub steps: u64,
     pub failed: u64,
+    /// Of those, attempts of the prompt.
+    pub failed_prompt: u64,
     pub wrong: u64,
     pub hangs: u64,
     pub leaked_slots: u64,
@@ -853,6 +888,7 @@ impl Totals {
         self.seeds += 1;
         self.steps += r.steps;
         self.failed += r.failed;
+        self.failed_prompt += r.failed_prompt;
         self.wrong += r.wrong;
         self.hangs += r.hangs;
         self.leaked_slots += r.leaked_slots;
@@ -874,10 +910,11 @@ impl Totals {
             .map(|(n, c)| format!("{n} {c}"))
             .collect();
         format!(
-            "{} seeds, {} step attempts ({} failed with an error); faults injected: {}; wrong outputs {}, hangs {}, leaked slots {}, leaked threads {}, unrecovered {}",
+            "{} seeds, {} step attempts ({} failed with an error, {} of them the prompt's); faults injected: {}; wrong outputs {}, hangs {}, leaked slots {}, leaked threads {}, unrecovered {}",
             self.seeds,
             self.steps,
             self.failed,
+            self.failed_prompt,
             fired.join(", "),
             self.wrong,
             self.hangs,
@@ -899,15 +936,18 @@ struct SimInjector<'s> {
 impl conductor_simulator::SimFaults for SimInjector<'_> {
     fn before_step(
         &mut self,
-        _index: usize,
+        index: usize,
         decode: Option<u32>,
         attempt: u32,
     ) -> conductor_simulator::SimActorFaults {
         let mut actors = conductor_simulator::SimActorFaults::default();
         self.faults.clear();
-        // Decode steps are numbered from 1 here, as in the real drivers' schedule.
-        let Some(step) = decode.map(|i| i + 1) else {
-            return actors;
+        // Decode steps are numbered from 1 here, as in the real drivers' schedule; the
+        // prompt's faults (step 0) strike its first prefill step.
+        let step = match decode {
+            Some(i) => i + 1,
+            None if index == 0 => 0,
+            None => return actors,
         };
         for f in self.schedule.at(step, attempt) {
             match f.kind {
@@ -1013,6 +1053,9 @@ impl Fixture {
             }
             if let Some(why) = &a.failed {
                 report.failed += 1;
+                if a.decode.is_none() {
+                    report.failed_prompt += 1;
+                }
                 if a.attempt >= FAULTY_ATTEMPTS {
                     report.unrecovered += 1;
                     report.violations.push(format!(

@@ -1,8 +1,9 @@
 //! The seeded fault harness (`conductor::faults`, docs/reliability.md) on a few seeds: read
 //! errors, short reads, bit flips, latency spikes, stuck reads, actor panics and deaths,
-//! injected into the inline driver, the actor driver and the simulator. Every step gives the
-//! fault-free bits or an error, the retry after an error gives the fault-free bits, no step
-//! outlives its bound, no cache slot or thread leaks, and a seed's run reproduces.
+//! injected into the inline driver, the actor driver and the simulator, on the prompt and on
+//! the decode steps. Every step gives the fault-free bits or an error, the retry after an
+//! error gives the fault-free bits, no step outlives its bound, no cache slot or thread leaks,
+//! and a seed's run reproduces.
 //!
 //! One test in this file: it counts the process's threads, which another test running beside
 //! it would change.
@@ -20,21 +21,41 @@ use conductor::runtime::plan::Verify;
 ///   slot that is still held out of the cache (`CacheDirectory::retire`).
 const REGRESSIONS: &[u64] = &[659];
 
-/// The first seeds whose schedules together strike with every kind of fault, then `extra`
-/// more (0, 1, 2, ... in order: deterministic).
+/// The first seeds whose schedules together strike with every kind of fault and fail the
+/// prompt on every driver (an actor fault, and two bad reads in a row), then `extra` more (0,
+/// 1, 2, ... in order: deterministic).
 fn covering_seeds(reads: &[u32], extra: usize) -> Vec<u64> {
     let mut seen = [false; 9];
+    let (mut prompt_actor, mut prompt_reads) = (false, false);
     let mut seeds = Vec::new();
     for seed in 0.. {
         let schedule = Schedule::from_seed(seed, reads);
-        let new = schedule.faults.iter().any(|f| !seen[f.kind.index()]);
+        let prompt: Vec<_> = schedule.faults.iter().filter(|f| f.step == 0).collect();
+        let bad = |k: &FaultKind| {
+            matches!(
+                k,
+                FaultKind::ReadError | FaultKind::ShortRead(_) | FaultKind::BitFlip(_)
+            )
+        };
+        let actor = prompt.iter().any(|f| !f.kind.is_read());
+        let twice = prompt.windows(2).any(|w| {
+            w[0].attempt == w[1].attempt
+                && w[1].read == w[0].read + 1
+                && bad(&w[0].kind)
+                && bad(&w[1].kind)
+        });
+        let new = schedule.faults.iter().any(|f| !seen[f.kind.index()])
+            || (actor && !prompt_actor)
+            || (twice && !prompt_reads);
         if new || seeds.len() < extra {
             seeds.push(seed);
             for f in &schedule.faults {
                 seen[f.kind.index()] = true;
             }
+            prompt_actor |= actor;
+            prompt_reads |= twice;
         }
-        if seen.iter().all(|&s| s) && seeds.len() >= extra {
+        if seen.iter().all(|&s| s) && prompt_actor && prompt_reads && seeds.len() >= extra {
             return seeds;
         }
     }
@@ -108,6 +129,10 @@ fn seeded_faults_give_the_fault_free_bits_or_an_error_and_never_hang_or_leak() {
     struck(&sim.fired, 0..9);
     for t in &totals {
         assert!(t.failed > 0, "no step failed: the error path went untested");
+        assert!(
+            t.failed_prompt > 0,
+            "no prompt failed: taking a prompt up again went untested"
+        );
     }
 
     // The harness sees what it is there to see: with reads checked only on a unit's first
