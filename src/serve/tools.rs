@@ -248,6 +248,11 @@ impl Offer {
     /// a named function. Its arguments follow the function's `parameters` schema (`%json`),
     /// written compactly with Python's separators, as the templates show calls.
     pub fn grammar(&self, tokenizer: &Tokenizer) -> Option<String> {
+        self.grammar_with(|text| marker(tokenizer, text))
+    }
+
+    /// [`Offer::grammar`], with `marker` writing the grammar element of a marker text.
+    fn grammar_with(&self, marker: impl Fn(&str) -> String) -> Option<String> {
         if self.mode == Mode::Auto {
             return None;
         }
@@ -282,10 +287,7 @@ impl Offer {
             (Syntax::Llama3, _) => "start: call\n".to_string(),
             (Syntax::Mistral, parallel) => {
                 let more = if parallel { " (\", \" call)*" } else { "" };
-                format!(
-                    "start: {} \"[\" call{more} \"]\"\n",
-                    marker(tokenizer, "[TOOL_CALLS]")
-                )
+                format!("start: {} \"[\" call{more} \"]\"\n", marker("[TOOL_CALLS]"))
             }
         };
         Some(start + &rules)
@@ -771,6 +773,84 @@ mod tests {
         assert_eq!(
             split.finish(&offer),
             (Some("{\"name\": ".to_string()), vec![])
+        );
+    }
+
+    /// The grammar of `required` (and of a named function) takes the family's call with
+    /// arguments that follow the schema, several when parallel, and nothing else; what it
+    /// takes parses back into the call.
+    #[test]
+    fn required_grammars_take_valid_calls_only() {
+        use llguidance::api::TopLevelGrammar;
+        use llguidance::toktrie::ApproximateTokEnv;
+        use llguidance::{Matcher, ParserFactory};
+        let env = ApproximateTokEnv::single_byte_env();
+        let mut factory = ParserFactory::new_simple(&env).unwrap();
+        factory.quiet();
+        let schema = json!({"type": "object", "properties": {
+            "city": {"type": "string", "enum": ["Paris", "Rome"]}},
+            "required": ["city"], "additionalProperties": false});
+        let offer = |syntax, mode, parallel| Offer {
+            syntax,
+            functions: ["w", "v"]
+                .iter()
+                .map(|n| Function {
+                    name: n.to_string(),
+                    parameters: schema.clone(),
+                })
+                .collect(),
+            mode,
+            parallel,
+            rendered: Vec::new(),
+        };
+        let takes = |offer: &Offer, text: &str| {
+            let grammar = offer.grammar_with(lit).unwrap();
+            let mut m = Matcher::new(factory.create_parser(TopLevelGrammar::from_lark(grammar)));
+            assert_eq!(m.get_error(), None);
+            let tokens: Vec<u32> = text.bytes().map(u32::from).collect();
+            m.validate_tokens(&tokens).unwrap() == tokens.len()
+                && m.consume_tokens(&tokens).is_ok()
+                && m.is_accepting().unwrap()
+        };
+        let hermes = |name: &str, city: &str| {
+            format!("<tool_call>\n{{\"name\": \"{name}\", \"arguments\": {{\"city\": \"{city}\"}}}}\n</tool_call>")
+        };
+        let cases = [
+            (Syntax::Hermes, hermes("w", "Paris"), hermes("w", "Oslo")),
+            (
+                Syntax::Llama3,
+                r#"{"name": "v", "parameters": {"city": "Rome"}}"#.to_string(),
+                r#"{"name": "v", "arguments": {"city": "Rome"}}"#.to_string(),
+            ),
+            (
+                Syntax::Mistral,
+                r#"[TOOL_CALLS][{"name": "w", "arguments": {"city": "Rome"}}]"#.to_string(),
+                r#"[TOOL_CALLS][{"name": "x", "arguments": {"city": "Rome"}}]"#.to_string(),
+            ),
+        ];
+        for (syntax, good, bad) in cases {
+            let o = offer(syntax, Mode::Required, false);
+            assert!(takes(&o, &good), "{syntax:?}: {good}");
+            assert!(!takes(&o, &bad), "{syntax:?}: {bad}");
+            assert!(!takes(&o, &format!("Sure. {good}")), "{syntax:?}");
+            assert!(!takes(&o, &format!("{good} ")), "{syntax:?}");
+            assert_eq!(o.parse(&good).unwrap().calls.len(), 1, "{syntax:?}");
+        }
+        // Parallel: several calls; a named function: that one only.
+        let two = format!("{}\n{}", hermes("w", "Paris"), hermes("v", "Rome"));
+        assert!(takes(&offer(Syntax::Hermes, Mode::Required, true), &two));
+        assert!(!takes(&offer(Syntax::Hermes, Mode::Required, false), &two));
+        let mistral_two = r#"[TOOL_CALLS][{"name": "w", "arguments": {"city": "Rome"}}, {"name": "v", "arguments": {"city": "Paris"}}]"#;
+        assert!(takes(
+            &offer(Syntax::Mistral, Mode::Required, true),
+            mistral_two
+        ));
+        let named = offer(Syntax::Hermes, Mode::Named(1), true);
+        assert!(takes(&named, &hermes("v", "Rome")));
+        assert!(!takes(&named, &hermes("w", "Rome")));
+        assert_eq!(
+            offer(Syntax::Hermes, Mode::Auto, true).grammar_with(lit),
+            None
         );
     }
 
