@@ -371,6 +371,10 @@ fn serve_refuses_flags_that_cannot_work() {
         (&["--parallel", "0"][..], "--parallel must be at least 1"),
         (&["-c", "1"][..], "-c must be at least 2"),
         (&["--api-key", ""][..], "--api-key is empty"),
+        (
+            &["--chat-template-file", "/nonexistent/template.jinja"][..],
+            "reading the chat template /nonexistent/template.jinja",
+        ),
     ] {
         let out = common::conductor()
             .arg("serve")
