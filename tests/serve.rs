@@ -371,6 +371,10 @@ fn serve_refuses_flags_that_cannot_work() {
         (&["--parallel", "0"][..], "--parallel must be at least 1"),
         (&["-c", "1"][..], "-c must be at least 2"),
         (&["--api-key", ""][..], "--api-key is empty"),
+        (
+            &["--chat-template-file", "/nonexistent/template.jinja"][..],
+            "reading the chat template /nonexistent/template.jinja",
+        ),
     ] {
         let out = common::conductor()
             .arg("serve")
@@ -401,6 +405,29 @@ fn serve_refuses_flags_that_cannot_work() {
 #[test]
 fn json_schema_output_parses_and_validates_and_a_bad_schema_is_a_400() {
     scenario(&["-c", "1024"], "schema", &[]);
+}
+
+/// Tool calls over the openai client, with Qwen 2.5's template (Hermes `<tool_call>` syntax)
+/// in place of the default model's (which has no tools): `tool_choice` required, named and
+/// streamed give calls whose arguments validate against the function's schema; a call and
+/// its result go back to the model; bad tool requests are 400s and the server goes on.
+#[test]
+fn tool_calls_parse_and_validate_plainly_and_streamed_and_bad_tools_are_400s() {
+    let template = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("runtime/tests/data/chat-templates/qwen2.5.jinja");
+    let template = template.to_str().expect("a UTF-8 path");
+    scenario(
+        &["-c", "1024", "--chat-template-file", template],
+        "tools",
+        &[],
+    );
+}
+
+/// The default model's own template does not render tools: a request offering some is a 400
+/// (`tools_unsupported`); with `tool_choice: "none"` it is served.
+#[test]
+fn tools_on_a_template_without_them_are_refused() {
+    scenario(&["-c", "512"], "tools_unsupported", &[]);
 }
 
 /// With `--queue 1`: one request generating, one waiting, the next refused with 429 and

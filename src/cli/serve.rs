@@ -1,7 +1,7 @@
 //! `conductor serve`: the OpenAI-compatible server (src/serve/, docs/serve.md).
 
 use super::ModelArgs;
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use conductor::serve::{ServeOptions, DEFAULT_MAX_BODY};
 use std::io::Write;
@@ -38,6 +38,10 @@ pub struct ServeArgs {
     /// Seconds open connections get to finish after SIGTERM / Ctrl-C.
     #[arg(long = "shutdown-grace", default_value_t = 5.0)]
     shutdown_grace: f64,
+    /// Jinja chat template instead of the model's own (as llama-server's
+    /// --chat-template-file), e.g. one that supports tool calls.
+    #[arg(long = "chat-template-file", value_name = "FILE")]
+    chat_template_file: Option<std::path::PathBuf>,
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
@@ -56,6 +60,13 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if args.api_key.as_deref() == Some("") {
         bail!("--api-key is empty");
     }
+    let chat_template = match &args.chat_template_file {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .with_context(|| format!("reading the chat template {}", path.display()))?,
+        ),
+        None => None,
+    };
     let mut model_args = args.model.clone();
     if model_args.engine.context.is_none() {
         model_args.engine.context = args.ctx_size;
@@ -72,6 +83,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         max_body: args.max_body,
         context: args.ctx_size,
         shutdown_grace: Duration::from_secs_f64(args.shutdown_grace),
+        chat_template,
     };
     conductor::serve::serve(engine, options, |addr| {
         // Scripts and tests read this line for the port.

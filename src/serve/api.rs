@@ -7,12 +7,77 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// One message of a chat request. `content` may be a string or a list of text parts.
+/// One message of a chat request. `content` may be a string or a list of text parts (or
+/// null, in an assistant message that made tool calls).
 #[derive(Deserialize, Debug)]
 pub struct RequestMessage {
     pub role: String,
     #[serde(default)]
     pub content: Option<MessageContent>,
+    /// An assistant message's calls.
+    #[serde(default)]
+    pub tool_calls: Option<Vec<RequestToolCall>>,
+    /// A `tool` message: the call it answers.
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+/// A call in an assistant message: `{"id", "type": "function", "function": {"name",
+/// "arguments"}}`, `arguments` a JSON text (an object is taken too).
+#[derive(Deserialize, Debug)]
+pub struct RequestToolCall {
+    #[serde(default)]
+    pub id: Option<String>,
+    #[serde(rename = "type", default)]
+    pub kind: Option<String>,
+    pub function: RequestFunctionCall,
+}
+
+#[derive(Deserialize, Debug)]
+pub struct RequestFunctionCall {
+    pub name: String,
+    #[serde(default)]
+    pub arguments: Option<Value>,
+}
+
+/// One of `tools`: `{"type": "function", "function": {"name", "description", "parameters"}}`.
+#[derive(Deserialize, Debug)]
+pub struct Tool {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: FunctionDefinition,
+}
+
+#[derive(Deserialize, Debug)]
+pub struct FunctionDefinition {
+    pub name: String,
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(default)]
+    pub parameters: Option<Value>,
+}
+
+/// `tool_choice`: `"none"`, `"auto"`, `"required"` or `{"type": "function", "function":
+/// {"name"}}`.
+#[derive(Deserialize, Debug)]
+#[serde(untagged)]
+pub enum ToolChoice {
+    Mode(String),
+    Named(NamedToolChoice),
+}
+
+#[derive(Deserialize, Debug)]
+pub struct NamedToolChoice {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: FunctionName,
+}
+
+#[derive(Deserialize, Debug)]
+pub struct FunctionName {
+    pub name: String,
 }
 
 #[derive(Deserialize, Debug)]
@@ -110,6 +175,12 @@ pub struct ChatRequest {
     pub top_logprobs: Option<u32>,
     #[serde(default)]
     pub response_format: Option<ResponseFormat>,
+    #[serde(default)]
+    pub tools: Option<Vec<Tool>>,
+    #[serde(default)]
+    pub tool_choice: Option<ToolChoice>,
+    #[serde(default)]
+    pub parallel_tool_calls: Option<bool>,
 }
 
 /// `POST /v1/completions`: one prompt (a string, or a list holding one string).
@@ -174,7 +245,45 @@ pub struct ChatLogprobs {
 #[derive(Serialize, Debug)]
 pub struct ResponseMessage {
     pub role: &'static str,
-    pub content: String,
+    /// Null when the answer is tool calls only.
+    pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ResponseToolCall>>,
+}
+
+/// A call the model made: `{"id", "type": "function", "function": {"name", "arguments"}}`.
+#[derive(Serialize, Debug)]
+pub struct ResponseToolCall {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub function: ResponseFunctionCall,
+}
+
+#[derive(Serialize, Debug)]
+pub struct ResponseFunctionCall {
+    pub name: String,
+    /// A JSON text.
+    pub arguments: String,
+}
+
+/// A streamed call: the first chunk of a call has its `id`, `type` and name, later ones
+/// pieces of its arguments.
+#[derive(Serialize, Debug)]
+pub struct DeltaToolCall {
+    pub index: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    pub function: DeltaFunctionCall,
+}
+
+#[derive(Serialize, Debug)]
+pub struct DeltaFunctionCall {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    pub arguments: String,
 }
 
 #[derive(Serialize, Debug)]
@@ -201,6 +310,8 @@ pub struct Delta {
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<DeltaToolCall>>,
 }
 
 #[derive(Serialize, Debug)]

@@ -1,5 +1,6 @@
-//! Structured output: `response_format` compiled by llguidance (as llama.cpp and mistral.rs
-//! do) into a matcher that names, before each draw, the tokens that keep the output valid.
+//! Structured output: `response_format` (and the grammar of a required tool call) compiled
+//! by llguidance (as llama.cpp and mistral.rs do) into a matcher that names, before each
+//! draw, the tokens that keep the output valid.
 
 use super::api::ResponseFormat;
 use super::error::ApiError;
@@ -80,25 +81,37 @@ impl Constraints {
                 }
             },
         };
+        self.matcher(TopLevelGrammar::from_json_schema(schema), "response_format")
+            .map(Some)
+    }
+
+    /// The matcher for a tool call's Lark grammar (`tools::Offer::grammar`). A `parameters`
+    /// schema llguidance cannot compile is a 400 naming `tools`.
+    pub fn compile_lark(&self, grammar: String) -> Result<Matcher, ApiError> {
+        self.matcher(TopLevelGrammar::from_lark(grammar), "tools")
+    }
+
+    fn matcher(&self, grammar: TopLevelGrammar, param: &'static str) -> Result<Matcher, ApiError> {
+        let what = match param {
+            "tools" => "a function's parameters schema",
+            _ => "the JSON schema",
+        };
+        let invalid = |e: &dyn std::fmt::Display| {
+            ApiError::invalid_param(
+                param,
+                format!("{what} cannot be used for constrained output: {e}"),
+            )
+            .with_code("invalid_schema")
+        };
         let parser = self
             .factory
-            .create_parser(TopLevelGrammar::from_json_schema(schema))
-            .map_err(|e| {
-                ApiError::invalid_param(
-                    "response_format",
-                    format!("the JSON schema cannot be used for constrained output: {e}"),
-                )
-                .with_code("invalid_schema")
-            })?;
+            .create_parser(grammar)
+            .map_err(|e| invalid(&e))?;
         let matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
-            return Err(ApiError::invalid_param(
-                "response_format",
-                format!("the JSON schema cannot be used for constrained output: {e}"),
-            )
-            .with_code("invalid_schema"));
+            return Err(invalid(&e));
         }
-        Ok(Some(matcher))
+        Ok(matcher)
     }
 }
 

@@ -4,7 +4,7 @@
 //! (`routes`), from a request to a job (`request`), the engine's thread and queue (`worker`),
 //! what a request adds to each draw (`hook`: log-probabilities, and the structured-output mask
 //! from `constrain`), stop sequences (`stop`), the API key and size caps (`limits`) and
-//! Prometheus metrics (`metrics`). See docs/serve.md.
+//! Prometheus metrics (`metrics`), tool calls (`tools`). See docs/serve.md.
 
 mod api;
 mod constrain;
@@ -15,6 +15,7 @@ mod metrics;
 mod request;
 mod routes;
 mod stop;
+mod tools;
 mod worker;
 
 pub use limits::DEFAULT_MAX_BODY;
@@ -46,6 +47,8 @@ pub struct ServeOptions {
     pub context: Option<usize>,
     /// After SIGTERM / Ctrl-C, how long open connections may take to close.
     pub shutdown_grace: Duration,
+    /// A Jinja chat template (its source) instead of the model's own.
+    pub chat_template: Option<String>,
 }
 
 impl Default for ServeOptions {
@@ -59,6 +62,7 @@ impl Default for ServeOptions {
             max_body: DEFAULT_MAX_BODY,
             context: None,
             shutdown_grace: Duration::from_secs(5),
+            chat_template: None,
         }
     }
 }
@@ -71,6 +75,8 @@ pub struct AppState {
     tokenizer: Arc<Tokenizer>,
     /// Structured output, or why it is unavailable for this model.
     constraints: Result<constrain::Constraints, String>,
+    /// How the template's model writes tool calls, or why it takes no tools.
+    tool_syntax: Result<tools::Syntax, String>,
     n_ctx: usize,
     model: String,
     created: u64,
@@ -99,6 +105,16 @@ pub fn slots_for(engine: &Engine, asked: usize) -> usize {
     asked
 }
 
+/// The template's tool-call syntax, or why requests with `tools` are refused.
+fn tool_syntax(template: &ChatTemplate) -> Result<tools::Syntax, String> {
+    if !template.supports_tools() {
+        return Err("the model's chat template does not support tools (it does not render the `tools` it is given); serve it with --chat-template-file FILE, a template that does".into());
+    }
+    tools::Syntax::detect(template.source()).ok_or_else(|| {
+        "the model's chat template renders tools, but in a tool-call syntax this server does not parse (it knows Hermes <tool_call>, Llama 3 JSON and Mistral [TOOL_CALLS])".to_string()
+    })
+}
+
 /// Runs the server on `engine` until SIGTERM or Ctrl-C. `on_listening` is called with the
 /// bound address once requests are accepted.
 pub fn serve(
@@ -108,9 +124,22 @@ pub fn serve(
 ) -> anyhow::Result<()> {
     use anyhow::Context;
     let tokenizer = engine.shared_tokenizer();
-    let (template, fallback) = engine.chat_template()?;
-    if let Some(name) = fallback {
-        eprintln!("serve: the model file has no chat template; using the {name} format");
+    let template = match &options.chat_template {
+        Some(source) => {
+            let now = unix_now() as i64;
+            tokenizer.chat_template_from(source)?.with_time(now)
+        }
+        None => {
+            let (template, fallback) = engine.chat_template()?;
+            if let Some(name) = fallback {
+                eprintln!("serve: the model file has no chat template; using the {name} format");
+            }
+            template
+        }
+    };
+    let tool_syntax = tool_syntax(&template);
+    if let Ok(syntax) = &tool_syntax {
+        eprintln!("serve: tool calls in the {} syntax", syntax.name());
     }
     let n_ctx = options
         .context
@@ -149,6 +178,7 @@ pub fn serve(
         template,
         tokenizer,
         constraints,
+        tool_syntax,
         n_ctx,
         model,
         created: unix_now(),

@@ -1,18 +1,77 @@
 //! From an OpenAI request to a [`Job`]: the prompt's tokens, sampling settings, limits checked
 //! against the context.
 
-use super::api::{ChatRequest, MessageContent, SamplingFields};
+use super::api::{ChatRequest, MessageContent, RequestMessage, SamplingFields};
 use super::error::ApiError;
 use super::worker::Job;
 use super::AppState;
 use crate::GenerateOptions;
 use conductor_runtime::sample::SamplingParams;
-use conductor_runtime::tokenizer::{ChatMessage, ChatTemplate};
+use conductor_runtime::tokenizer::{ChatMessage, ChatTemplate, FunctionCall, ToolCall};
+use serde_json::Value;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 /// The most alternatives a token's log-probabilities list (OpenAI's limit).
 pub const MAX_TOP_LOGPROBS: u32 = 20;
+
+/// The calls of an assistant message as the template takes them: each call's `arguments` (a
+/// JSON text) parsed, as llama.cpp gives them to templates; text that is not JSON stays a
+/// string.
+fn tool_calls(i: usize, m: &RequestMessage) -> Result<Option<Vec<ToolCall>>, ApiError> {
+    let Some(calls) = &m.tool_calls else {
+        return Ok(None);
+    };
+    if m.role != "assistant" {
+        return Err(ApiError::invalid_param(
+            "messages",
+            format!(
+                "messages[{i}] has tool_calls but its role is `{}`: only assistant messages make calls",
+                m.role
+            ),
+        ));
+    }
+    calls
+        .iter()
+        .enumerate()
+        .map(|(j, call)| {
+            if let Some(kind) = call.kind.as_deref().filter(|k| *k != "function") {
+                return Err(ApiError::invalid_param(
+                    "messages",
+                    format!("messages[{i}].tool_calls[{j}].type is `{kind}`: only `function` calls are supported"),
+                ));
+            }
+            if call.function.name.is_empty() {
+                return Err(ApiError::invalid_param(
+                    "messages",
+                    format!("messages[{i}].tool_calls[{j}].function.name is empty"),
+                ));
+            }
+            let arguments = match &call.function.arguments {
+                None => Value::Object(Default::default()),
+                Some(Value::String(text)) => {
+                    serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.clone()))
+                }
+                Some(v @ Value::Object(_)) => v.clone(),
+                Some(other) => {
+                    return Err(ApiError::invalid_param(
+                        "messages",
+                        format!("messages[{i}].tool_calls[{j}].function.arguments must be a JSON string, not {other}"),
+                    ))
+                }
+            };
+            Ok(ToolCall {
+                id: call.id.clone(),
+                kind: "function".into(),
+                function: FunctionCall {
+                    name: call.function.name.clone(),
+                    arguments,
+                },
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
+}
 
 /// The chat's messages as the template takes them; only text content is understood.
 pub fn chat_messages(request: &ChatRequest) -> Result<Vec<ChatMessage>, ApiError> {
@@ -25,7 +84,8 @@ pub fn chat_messages(request: &ChatRequest) -> Result<Vec<ChatMessage>, ApiError
     request
         .messages
         .iter()
-        .map(|m| {
+        .enumerate()
+        .map(|(i, m)| {
             let content = match &m.content {
                 None => String::new(),
                 Some(MessageContent::Text(t)) => t.clone(),
@@ -45,21 +105,39 @@ pub fn chat_messages(request: &ChatRequest) -> Result<Vec<ChatMessage>, ApiError
                     text
                 }
             };
-            Ok(ChatMessage::new(m.role.as_str(), content))
+            if m.role == "tool" && m.tool_call_id.is_none() {
+                return Err(ApiError::invalid_param(
+                    "messages",
+                    format!("messages[{i}] (role `tool`) has no tool_call_id: name the call it answers"),
+                ));
+            }
+            Ok(ChatMessage {
+                tool_calls: tool_calls(i, m)?,
+                tool_call_id: m.tool_call_id.clone(),
+                name: m.name.clone(),
+                ..ChatMessage::new(m.role.as_str(), content)
+            })
         })
         .collect()
 }
 
-/// The prompt text of a chat: the template's rendering, opening the assistant's turn. A
-/// template that refuses the messages (`raise_exception`, fuel or output exhausted) is a 400.
-pub fn render(template: &ChatTemplate, messages: &[ChatMessage]) -> Result<String, ApiError> {
-    template.apply(messages, true).map_err(|e| {
-        ApiError::invalid_param(
-            "messages",
-            format!("the chat template cannot render these messages: {e}"),
-        )
-        .with_code("template_error")
-    })
+/// The prompt text of a chat: the template's rendering, opening the assistant's turn, with
+/// `tools` when the model is offered some. A template that refuses the messages
+/// (`raise_exception`, fuel or output exhausted) is a 400.
+pub fn render(
+    template: &ChatTemplate,
+    messages: &[ChatMessage],
+    tools: Option<&[Value]>,
+) -> Result<String, ApiError> {
+    template
+        .apply_with_tools(messages, tools, true)
+        .map_err(|e| {
+            ApiError::invalid_param(
+                "messages",
+                format!("the chat template cannot render these messages: {e}"),
+            )
+            .with_code("template_error")
+        })
 }
 
 /// A seed for requests that give none: different for every request.
@@ -217,8 +295,8 @@ mod tests {
         )
         .unwrap();
         let ok = [ChatMessage::new("user", "hi")];
-        assert_eq!(render(&template, &ok).unwrap(), "hi");
-        let e = render(&template, &[ChatMessage::new("tool", "x")]).unwrap_err();
+        assert_eq!(render(&template, &ok, None).unwrap(), "hi");
+        let e = render(&template, &[ChatMessage::new("tool", "x")], None).unwrap_err();
         assert_eq!(e.status, StatusCode::BAD_REQUEST);
         assert_eq!(
             (e.param, e.code),

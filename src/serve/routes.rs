@@ -2,13 +2,14 @@
 
 use super::api::{
     ChatChoice, ChatChunk, ChatLogprobs, ChatRequest, ChunkChoice, CompletionChoice,
-    CompletionLogprobs, CompletionRequest, CompletionResponse, Delta, ModelEntry, ModelList,
-    PromptInput, ResponseMessage, SamplingFields, TokenLogprob, Usage,
+    CompletionLogprobs, CompletionRequest, CompletionResponse, Delta, DeltaFunctionCall,
+    DeltaToolCall, ModelEntry, ModelList, PromptInput, ResponseFormat, ResponseFunctionCall,
+    ResponseMessage, ResponseToolCall, SamplingFields, TokenLogprob, Usage,
 };
 use super::error::ApiError;
 use super::request::{self, MAX_TOP_LOGPROBS};
 use super::worker::{Event, Job};
-use super::{limits, AppState, ServeOptions};
+use super::{limits, tools, AppState, ServeOptions};
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::http::header;
@@ -300,23 +301,48 @@ async fn chat(
         "top_logprobs",
         MAX_TOP_LOGPROBS,
     )?;
-    let (req, prompt, matcher) = blocking(&state, move |state| {
+    let (req, prompt, matcher, offer) = blocking(&state, move |state| {
         let messages = request::chat_messages(&req)?;
-        let text = request::render(&state.template, &messages)?;
+        let offer = tools::offer(
+            req.tools.as_deref(),
+            req.tool_choice.as_ref(),
+            req.parallel_tool_calls,
+            &state.tool_syntax,
+        )?;
+        let format = req
+            .response_format
+            .as_ref()
+            .filter(|f| !matches!(f, ResponseFormat::Text));
+        if offer.is_some() && format.is_some() {
+            return Err(ApiError::invalid_param(
+                "response_format",
+                "response_format cannot be combined with tools (give tool_choice: \"none\" to answer in JSON)",
+            ));
+        }
+        let text = request::render(
+            &state.template,
+            &messages,
+            offer.as_ref().map(|o| o.rendered.as_slice()),
+        )?;
         let prompt = state.tokenizer.encode(&text, true, true);
-        let matcher = match &req.response_format {
-            None => None,
-            Some(format) => match &state.constraints {
-                Ok(c) => c.compile(format)?,
+        let grammar = offer.as_ref().and_then(|o| o.grammar(&state.tokenizer));
+        let matcher = match (grammar, format) {
+            (None, None) => None,
+            (grammar, format) => match &state.constraints {
+                Ok(c) => match grammar {
+                    Some(grammar) => Some(c.compile_lark(grammar)?),
+                    None => format.map(|f| c.compile(f)).transpose()?.flatten(),
+                },
                 Err(why) => {
+                    let param = if format.is_some() { "response_format" } else { "tool_choice" };
                     return Err(ApiError::invalid_param(
-                        "response_format",
-                        format!("structured output is unavailable for this model: {why}"),
-                    ))
+                        param,
+                        format!("constrained output is unavailable for this model: {why}"),
+                    ));
                 }
             },
         };
-        Ok((req, prompt, matcher))
+        Ok((req, prompt, matcher, offer))
     })
     .await?;
     let Queued {
@@ -329,6 +355,40 @@ async fn chat(
     let model = state.model.clone();
     if !stream {
         let done = collect(events).await?;
+        let parsed = offer
+            .as_ref()
+            .and_then(|o| Some((o.syntax, o.parse(&done.text)?)));
+        let (message, finish_reason) = match parsed {
+            Some((syntax, parsed)) => (
+                ResponseMessage {
+                    role: "assistant",
+                    content: parsed.content,
+                    tool_calls: Some(
+                        parsed
+                            .calls
+                            .into_iter()
+                            .map(|c| ResponseToolCall {
+                                id: tools::call_id(syntax),
+                                kind: "function",
+                                function: ResponseFunctionCall {
+                                    name: c.name,
+                                    arguments: c.arguments,
+                                },
+                            })
+                            .collect(),
+                    ),
+                },
+                tool_calls_finish(done.finish_reason),
+            ),
+            None => (
+                ResponseMessage {
+                    role: "assistant",
+                    content: Some(done.text),
+                    tool_calls: None,
+                },
+                done.finish_reason,
+            ),
+        };
         return Ok(Json(super::api::ChatResponse {
             id,
             object: "chat.completion",
@@ -336,14 +396,11 @@ async fn chat(
             model,
             choices: vec![ChatChoice {
                 index: 0,
-                message: ResponseMessage {
-                    role: "assistant",
-                    content: done.text,
-                },
+                message,
                 logprobs: logprobs.map(|_| ChatLogprobs {
                     content: done.logprobs,
                 }),
-                finish_reason: done.finish_reason,
+                finish_reason,
             }],
             usage: done.usage,
         })
@@ -373,31 +430,93 @@ async fn chat(
         Delta {
             role: Some("assistant"),
             content: Some(String::new()),
+            tool_calls: None,
         },
         None,
         None,
         None,
     ));
+    let content = |text: String| Delta {
+        content: Some(text),
+        ..Delta::default()
+    };
+    // With tools offered, content goes out as it comes and what may be a call is held until
+    // the end (with its log-probabilities), then sent as `tool_calls` deltas.
+    let mut split = offer.as_ref().map(|o| tools::StreamSplit::new(o.syntax));
+    let mut held: Vec<TokenLogprob> = Vec::new();
     Ok(event_stream(Some(head), events, move |event| match event {
-        Event::Text { text, logprobs: l } => vec![data(&chunk(
-            Delta {
-                role: None,
-                content: Some(text),
-            },
-            logprobs.map(|_| ChatLogprobs { content: l }),
-            None,
-            None,
-        ))],
+        Event::Text { text, logprobs: l } => match &mut split {
+            None => vec![data(&chunk(
+                content(text),
+                logprobs.map(|_| ChatLogprobs { content: l }),
+                None,
+                None,
+            ))],
+            Some(split) => {
+                held.extend(l);
+                let text = split.push(&text);
+                if text.is_empty() {
+                    return Vec::new();
+                }
+                let l = std::mem::take(&mut held);
+                vec![data(&chunk(
+                    content(text),
+                    logprobs.map(|_| ChatLogprobs { content: l }),
+                    None,
+                    None,
+                ))]
+            }
+        },
         Event::Done {
-            finish_reason,
+            mut finish_reason,
             usage,
         } => {
-            let mut out = vec![data(&chunk(
+            let mut out = Vec::new();
+            if let (Some(split), Some(offer)) = (split.take(), &offer) {
+                let (rest, calls) = split.finish(offer);
+                let mut deltas: Vec<Delta> = rest.map(content).into_iter().collect();
+                for (index, call) in calls.into_iter().enumerate() {
+                    finish_reason = tool_calls_finish(finish_reason);
+                    let index = index as u32;
+                    deltas.push(Delta {
+                        tool_calls: Some(vec![DeltaToolCall {
+                            index,
+                            id: Some(tools::call_id(offer.syntax)),
+                            kind: Some("function"),
+                            function: DeltaFunctionCall {
+                                name: Some(call.name),
+                                arguments: String::new(),
+                            },
+                        }]),
+                        ..Delta::default()
+                    });
+                    deltas.push(Delta {
+                        tool_calls: Some(vec![DeltaToolCall {
+                            index,
+                            id: None,
+                            kind: None,
+                            function: DeltaFunctionCall {
+                                name: None,
+                                arguments: call.arguments,
+                            },
+                        }]),
+                        ..Delta::default()
+                    });
+                }
+                for delta in deltas {
+                    let l = std::mem::take(&mut held);
+                    let lp = logprobs
+                        .filter(|_| !l.is_empty())
+                        .map(|_| ChatLogprobs { content: l });
+                    out.push(data(&chunk(delta, lp, None, None)));
+                }
+            }
+            out.push(data(&chunk(
                 Delta::default(),
                 None,
                 Some(finish_reason),
                 None,
-            ))];
+            )));
             if include_usage {
                 out.push(data(&chunk(Delta::default(), None, None, Some(usage))));
             }
@@ -406,6 +525,15 @@ async fn chat(
         }
         Event::Failed(e) => vec![data(&e.body())],
     }))
+}
+
+/// The finish reason of an answer with tool calls: `tool_calls`, unless `max_tokens` cut it
+/// (`length`: its last call may be lost).
+fn tool_calls_finish(generated: &'static str) -> &'static str {
+    match generated {
+        "length" => "length",
+        _ => "tool_calls",
+    }
 }
 
 /// The legacy API's log-probabilities of `entries`, whose texts start at `offset`.

@@ -282,6 +282,171 @@ def schema():
     serving_still("a bad schema")
 
 
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 20},
+        "unit": {"type": "string", "enum": ["C", "F"]},
+    },
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+TIME = {
+    "type": "object",
+    "properties": {"zone": {"type": "string", "enum": ["UTC", "CET", "PST"]}},
+    "required": ["zone"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "The weather in a city", "parameters": WEATHER}},
+    {"type": "function", "function": {
+        "name": "get_time", "description": "The time in a time zone", "parameters": TIME}},
+]
+SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
+
+
+def weather_question():
+    return [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def assert_calls(calls, names=None):
+    """Each call is well formed, names an offered function and its arguments validate."""
+    assert calls, "no tool calls"
+    for call in calls:
+        assert call.type == "function" and call.id.startswith("call_"), call
+        assert call.function.name in SCHEMAS, call
+        if names is not None:
+            assert call.function.name in names, (call, names)
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+    assert len({c.id for c in calls}) == len(calls), calls
+
+
+def tools():
+    """Run with --chat-template-file qwen2.5.jinja (Hermes <tool_call> syntax)."""
+    c = client()
+    # required: the answer is a call, whatever the model would have said.
+    for temperature in (0, 1.0):
+        r = c.chat.completions.create(
+            model=MODEL, messages=weather_question(), tools=TOOLS, tool_choice="required",
+            max_tokens=200, temperature=temperature, seed=5, parallel_tool_calls=False)
+        choice = r.choices[0]
+        assert choice.finish_reason == "tool_calls", r
+        assert choice.message.content is None, r
+        assert_calls(choice.message.tool_calls)
+        assert len(choice.message.tool_calls) == 1, r
+    # Parallel calls (the default): this small model goes on calling until max_tokens cuts
+    # it; the whole calls are returned, each valid, with finish_reason "length".
+    r = c.chat.completions.create(
+        model=MODEL, messages=weather_question(), tools=TOOLS, tool_choice="required",
+        max_tokens=60, temperature=0)
+    choice = r.choices[0]
+    assert_calls(choice.message.tool_calls)
+    assert choice.finish_reason in ("tool_calls", "length"), r
+    if choice.finish_reason == "tool_calls":
+        assert choice.message.content is None, r
+    # A named function is the one called.
+    r = c.chat.completions.create(
+        model=MODEL, messages=weather_question(), tools=TOOLS, max_tokens=200, temperature=0,
+        tool_choice={"type": "function", "function": {"name": "get_time"}})
+    assert r.choices[0].finish_reason == "tool_calls", r
+    assert_calls(r.choices[0].message.tool_calls, names={"get_time"})
+    # Streamed: tool_calls deltas (index, id, type, name, then arguments), then finish_reason.
+    calls, finish, content = {}, [], ""
+    for ch in c.chat.completions.create(
+            model=MODEL, messages=weather_question(), tools=TOOLS, max_tokens=200,
+            temperature=0, stream=True, parallel_tool_calls=False,
+            tool_choice={"type": "function", "function": {"name": "get_weather"}}):
+        if not ch.choices:
+            continue
+        delta = ch.choices[0].delta
+        content += delta.content or ""
+        for d in delta.tool_calls or []:
+            entry = calls.setdefault(d.index, {"id": None, "name": None, "arguments": ""})
+            if d.id:
+                assert entry["id"] is None, ch
+                entry["id"] = d.id
+                assert d.type == "function" and d.function.name, ch
+                entry["name"] = d.function.name
+            entry["arguments"] += d.function.arguments or ""
+        if ch.choices[0].finish_reason:
+            finish.append(ch.choices[0].finish_reason)
+    assert finish == ["tool_calls"], (finish, calls)
+    assert content == "", content
+    assert list(calls) == [0] and calls[0]["name"] == "get_weather", calls
+    assert calls[0]["id"].startswith("call_"), calls
+    jsonschema.validate(json.loads(calls[0]["arguments"]), WEATHER)
+    # The same stream unconstrained (auto): whatever the model says is well formed.
+    r = c.chat.completions.create(
+        model=MODEL, messages=weather_question(), tools=TOOLS, tool_choice="auto",
+        max_tokens=40, temperature=0)
+    m = r.choices[0].message
+    if m.tool_calls:
+        assert r.choices[0].finish_reason == "tool_calls", r
+        assert_calls(m.tool_calls)
+    else:
+        assert m.content is not None and r.choices[0].finish_reason in ("stop", "length"), r
+    # A second turn: the call and its result go back to the model.
+    call = m.tool_calls[0] if m.tool_calls else None
+    history = weather_question() + [
+        {"role": "assistant", "content": None, "tool_calls": [{
+            "id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\", \"unit\": \"C\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp\": 21}"},
+    ]
+    r = c.chat.completions.create(model=MODEL, messages=history, tools=TOOLS, max_tokens=16,
+                                  temperature=0, tool_choice="none")
+    assert r.choices[0].message.content is not None and not r.choices[0].message.tool_calls, r
+    assert r.usage.prompt_tokens > 40, r.usage
+    del call
+    # Bad tool requests are OpenAI errors and the server goes on.
+    bad = [
+        ("tool_choice naming an unknown function",
+         {"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+        ("tool_choice of an unknown mode", {"tool_choice": "always"}, "tool_choice"),
+        ("a non-object parameters schema", {"tools": [{"type": "function", "function": {
+            "name": "f", "parameters": [1, 2]}}]}, "tools"),
+        ("a schema llguidance cannot compile", {"tool_choice": "required", "tools": [
+            {"type": "function", "function": {"name": "f", "parameters": {
+                "type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}}}]}, "tools"),
+        ("a tool that is no function", {"tools": [{"type": "retrieval", "function": {"name": "f"}}]},
+         "tools"),
+        ("a bad function name", {"tools": [{"type": "function", "function": {"name": "a b"}}]},
+         "tools"),
+        ("required without tools", {"tools": [], "tool_choice": "required"}, "tool_choice"),
+        ("a tool message without tool_call_id", {"messages": weather_question() + [
+            {"role": "tool", "content": "21"}]}, "messages"),
+        ("tool_calls on a user message", {"messages": [
+            {"role": "user", "content": "x", "tool_calls": [
+                {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]},
+         "messages"),
+        ("tools with a wrong shape", {"tools": "get_weather"}, None),
+        ("tools and a JSON response_format", {"tool_choice": "required",
+                                              "response_format": {"type": "json_object"}},
+         "response_format"),
+    ]
+    for what, fields, param in bad:
+        body = {"messages": weather_question(), "tools": TOOLS, "max_tokens": 8, **fields}
+        status, _, reply = raw("/v1/chat/completions", body)
+        assert_openai_error(status, reply, 400, what)
+        if param is not None:
+            assert reply["error"]["param"] == param, (what, reply)
+        serving_still(what)
+
+
+def tools_unsupported():
+    """The default model's template does not render tools: offering some is a 400, but
+    tool_choice "none" (nothing offered) is served."""
+    status, _, reply = raw("/v1/chat/completions", {
+        "messages": weather_question(), "tools": TOOLS, "max_tokens": 4})
+    assert_openai_error(status, reply, 400, "tools on a template without them")
+    assert reply["error"]["code"] == "tools_unsupported", reply
+    assert "does not support tools" in reply["error"]["message"], reply
+    r = client().chat.completions.create(
+        model=MODEL, messages=weather_question(), tools=TOOLS, tool_choice="none", max_tokens=4)
+    assert r.choices[0].message.content is not None and not r.choices[0].message.tool_calls, r
+
+
 def queue_and_disconnect(max_tokens):
     """Run with `--queue 1`: A generates, B waits, C is refused; closing A lets B run."""
     c = client()

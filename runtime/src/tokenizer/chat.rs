@@ -6,11 +6,39 @@ use serde::Serialize;
 
 use super::TokenizerError;
 
-/// One chat turn.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// One chat turn. Besides `role` and `content`, an assistant turn may carry the tool calls
+/// it made and a `tool` turn the id of the call it answers (and the function's name): templates
+/// read them as OpenAI's API writes them, except that a call's `arguments` is what the client
+/// sent parsed as JSON (an object), as llama.cpp gives it to templates. Fields left `None` are
+/// undefined in the template.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Default)]
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCall>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+/// A call an assistant turn made: `{"id", "type": "function", "function": {"name",
+/// "arguments"}}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ToolCall {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: FunctionCall,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FunctionCall {
+    pub name: String,
+    /// Usually an object; a string where the client's text was not JSON.
+    pub arguments: serde_json::Value,
 }
 
 impl ChatMessage {
@@ -18,6 +46,7 @@ impl ChatMessage {
         ChatMessage {
             role: role.into(),
             content: content.into(),
+            ..ChatMessage::default()
         }
     }
 }
@@ -40,6 +69,7 @@ pub struct ChatTemplate {
     strip_eos: bool,
     /// Seconds since the Unix epoch (UTC) that dates are rendered for, when given.
     now: Option<i64>,
+    source: String,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -115,6 +145,7 @@ impl ChatTemplate {
             strip_bos: false,
             strip_eos: false,
             now: None,
+            source: source.to_string(),
         })
     }
 
@@ -157,15 +188,27 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, TokenizerError> {
+        self.apply_with_tools(messages, None, add_generation_prompt)
+    }
+
+    /// [`ChatTemplate::apply`] with `tools` (OpenAI's `tools` list, `[{"type": "function",
+    /// "function": {"name", "description", "parameters"}}]`) given to the template as `tools`;
+    /// `None` leaves `tools` undefined.
+    pub fn apply_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&[serde_json::Value]>,
+        add_generation_prompt: bool,
+    ) -> Result<String, TokenizerError> {
         let merged;
         let messages = match messages {
             [system, user, rest @ ..]
                 if system.role == "system" && !self.supports_system_role() =>
             {
-                merged = std::iter::once(ChatMessage::new(
-                    user.role.as_str(),
-                    format!("{}\n{}", system.content, user.content),
-                ))
+                merged = std::iter::once(ChatMessage {
+                    content: format!("{}\n{}", system.content, user.content),
+                    ..user.clone()
+                })
                 .chain(rest.iter().cloned())
                 .collect::<Vec<_>>();
                 &merged[..]
@@ -173,7 +216,7 @@ impl ChatTemplate {
             [system] if system.role == "system" && !self.supports_system_role() => &[],
             _ => messages,
         };
-        let mut text = self.render(messages, add_generation_prompt)?;
+        let mut text = self.render(messages, tools, add_generation_prompt)?;
         if self.strip_bos && !self.bos_token.is_empty() && text.starts_with(&self.bos_token) {
             text.drain(..self.bos_token.len());
         }
@@ -186,6 +229,7 @@ impl ChatTemplate {
     fn render(
         &self,
         messages: &[ChatMessage],
+        tools: Option<&[serde_json::Value]>,
         add_generation_prompt: bool,
     ) -> Result<String, TokenizerError> {
         let tmpl = self.env.get_template(NAME).map_err(template_error)?;
@@ -197,6 +241,10 @@ impl ChatTemplate {
             },
             None => minijinja::context! {},
         };
+        let tools = match tools {
+            Some(tools) => minijinja::context! { tools => Value::from_serialize(tools) },
+            None => minijinja::context! {},
+        };
         let mut out = CappedWriter(Vec::new());
         tmpl.render_captured_to(
             minijinja::context! {
@@ -205,7 +253,7 @@ impl ChatTemplate {
                 bos_token => &self.bos_token,
                 eos_token => &self.eos_token,
                 enable_thinking => true,
-                ..dates
+                ..minijinja::value::merge_maps([dates, tools])
             },
             &mut out,
         )
@@ -228,8 +276,30 @@ impl ChatTemplate {
             ChatMessage::new("system", PROBE),
             ChatMessage::new("user", "User message"),
         ];
-        self.render(&probe, false)
+        self.render(&probe, None, false)
             .is_ok_and(|text| text.contains(PROBE))
+    }
+
+    /// Whether the template offers tools to the model: a tool given in `tools` appears in what
+    /// it renders (probed as llama.cpp probes its capabilities).
+    pub fn supports_tools(&self) -> bool {
+        const PROBE: &str = "tool_support_probe_fn";
+        let tools = [serde_json::json!({
+            "type": "function",
+            "function": {
+                "name": PROBE,
+                "description": "",
+                "parameters": {"type": "object", "properties": {}},
+            },
+        })];
+        let probe = [ChatMessage::new("user", "User message")];
+        self.render(&probe, Some(&tools), true)
+            .is_ok_and(|text| text.contains(PROBE))
+    }
+
+    /// The template's Jinja source.
+    pub fn source(&self) -> &str {
+        &self.source
     }
 }
 
@@ -628,6 +698,68 @@ mod tests {
                 .to_string();
             assert!(err.contains(says), "{source}: {err}");
             assert!(cpu() - started < 2.0, "{source}: too slow");
+        }
+    }
+
+    /// A conversation with tools, a call and its result renders as Hugging Face's
+    /// `apply_chat_template` renders it (`tool-renderings.json`, made with Jinja2 by
+    /// `tool_renderings.py`): tools in the family's place, the call's arguments (an object)
+    /// written as JSON, the result where the template puts it.
+    #[test]
+    fn tool_calls_and_results_render_as_jinja2_renders_them() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/chat-templates/");
+        let cases: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(format!("{dir}tool-renderings.json")).unwrap(),
+        )
+        .unwrap();
+        let text = |v: &serde_json::Value| v.as_str().map(str::to_string);
+        let messages: Vec<ChatMessage> = cases["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| ChatMessage {
+                tool_calls: m["tool_calls"].as_array().map(|calls| {
+                    calls
+                        .iter()
+                        .map(|c| ToolCall {
+                            id: text(&c["id"]),
+                            kind: "function".into(),
+                            function: FunctionCall {
+                                name: text(&c["function"]["name"]).unwrap(),
+                                arguments: c["function"]["arguments"].clone(),
+                            },
+                        })
+                        .collect()
+                }),
+                tool_call_id: text(&m["tool_call_id"]),
+                name: text(&m["name"]),
+                ..ChatMessage::new(
+                    text(&m["role"]).unwrap(),
+                    text(&m["content"]).unwrap_or_default(),
+                )
+            })
+            .collect();
+        let tools = cases["tools"].as_array().unwrap();
+        let rendered = cases["rendered"].as_object().unwrap();
+        assert!(rendered.len() >= 4);
+        for (name, want) in rendered {
+            let source = std::fs::read_to_string(format!("{dir}{name}.jinja")).unwrap();
+            let template = ChatTemplate::new(&source)
+                .unwrap()
+                .with_special_tokens("", "</s>");
+            assert!(template.supports_tools(), "{name}");
+            let got = template
+                .apply_with_tools(&messages, Some(tools), true)
+                .unwrap();
+            assert_eq!(got, want.as_str().unwrap(), "{name}");
+        }
+        // Templates that do not render tools say so.
+        for name in ["smollm2-135m", "gemma2", "smollm3"] {
+            let source = std::fs::read_to_string(format!("{dir}{name}.jinja")).unwrap();
+            assert!(
+                !ChatTemplate::new(&source).unwrap().supports_tools(),
+                "{name}"
+            );
         }
     }
 

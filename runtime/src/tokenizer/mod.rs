@@ -26,7 +26,7 @@ mod unicode;
 mod unicode_data;
 mod vocab;
 
-pub use chat::{ChatMessage, ChatTemplate};
+pub use chat::{ChatMessage, ChatTemplate, FunctionCall, ToolCall};
 pub use chat_fallback::fallback_chat_template;
 pub use stream::StreamDecoder;
 
