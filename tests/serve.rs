@@ -314,6 +314,11 @@ fn batched_requests_under_a_memory_budget_each_match_conductor_run() {
         log.contains("(4 sessions × ") && !log.contains("one at a time"),
         "the budget does not hold four sessions:\n{log}"
     );
+    // llguidance's tables are not in the budget's split: structured output is off, and said.
+    assert!(
+        log.contains("structured output is unavailable: off under --memory"),
+        "{log}"
+    );
     let prompts = [
         "Name three colors.",
         "What is the capital of France? Answer in one sentence.",

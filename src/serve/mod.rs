@@ -69,7 +69,7 @@ pub struct AppState {
     queue_size: usize,
     template: ChatTemplate,
     tokenizer: Arc<Tokenizer>,
-    /// Structured output, or why it is unavailable for this model.
+    /// Structured output, or why it is unavailable (this model, or a memory budget).
     constraints: Result<constrain::Constraints, String>,
     n_ctx: usize,
     model: String,
@@ -137,9 +137,15 @@ pub fn serve(
         .model_path()
         .file_stem()
         .map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned());
-    let constraints = constrain::Constraints::new(tokenizer.clone());
+    // llguidance's tables for a vocabulary are large (21 MiB for SmolLM2's 49k tokens) and
+    // not in a memory budget's split: under --memory the server does without them.
+    let constraints = if engine.budget().is_some() {
+        Err("off under --memory (llguidance's tables for the vocabulary would not fit in the budget's split)".to_string())
+    } else {
+        constrain::Constraints::new(tokenizer.clone())
+    };
     if let Err(e) = &constraints {
-        eprintln!("serve: structured output is unavailable for this model: {e}");
+        eprintln!("serve: structured output is unavailable: {e}");
     }
     let shared = Arc::new(worker::Shared {
         metrics: metrics::Metrics::new()?,

@@ -3,7 +3,7 @@
 use super::api::{
     ChatChoice, ChatChunk, ChatLogprobs, ChatRequest, ChunkChoice, CompletionChoice,
     CompletionLogprobs, CompletionRequest, CompletionResponse, Delta, ModelEntry, ModelList,
-    PromptInput, ResponseMessage, SamplingFields, TokenLogprob, Usage,
+    PromptInput, ResponseFormat, ResponseMessage, SamplingFields, TokenLogprob, Usage,
 };
 use super::error::ApiError;
 use super::request::{self, MAX_TOP_LOGPROBS};
@@ -305,13 +305,13 @@ async fn chat(
         let text = request::render(&state.template, &messages)?;
         let prompt = state.tokenizer.encode(&text, true, true);
         let matcher = match &req.response_format {
-            None => None,
+            None | Some(ResponseFormat::Text) => None,
             Some(format) => match &state.constraints {
                 Ok(c) => c.compile(format)?,
                 Err(why) => {
                     return Err(ApiError::invalid_param(
                         "response_format",
-                        format!("structured output is unavailable for this model: {why}"),
+                        format!("structured output is unavailable: {why}"),
                     ))
                 }
             },
