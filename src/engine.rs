@@ -3,7 +3,7 @@
 use crate::fetch;
 use conductor_actors::{ActorDriver, ActorOptions, PoolConfig, SetupError, WorkerPool};
 use conductor_runtime::cache::{
-    fit_plan_to_budget, BudgetSplit, CacheReport, MemoryBudget, StoreSizes,
+    fit_plan_to_budget_for, BudgetError, BudgetSplit, CacheReport, MemoryBudget, StoreSizes,
 };
 use conductor_runtime::exec::{Driver, InlineDriver, Session, StepError};
 use conductor_runtime::model::{Model, ModelError};
@@ -269,6 +269,7 @@ pub struct EngineBuilder {
     model: Option<PathBuf>,
     memory: Option<MemoryBudget>,
     context: Option<usize>,
+    sequences: usize,
     io_threads: Option<u32>,
     io_engine: Option<IoEngine>,
     verify: Option<Verify>,
@@ -308,6 +309,16 @@ impl EngineBuilder {
     /// size of sessions under a budget.
     pub fn context(mut self, n_ctx: usize) -> Self {
         self.context = Some(n_ctx.max(1));
+        self
+    }
+
+    /// Sessions generated at once (a server's `--parallel` slots; default 1). Under a memory
+    /// budget their KV caches all come out of the budget, before the neuron cache (which the
+    /// sessions' multi-sequence steps share) gets the rest; where the context was not given
+    /// ([`EngineBuilder::context`]) and `n` sessions of the default 1024 tokens do not fit,
+    /// each session's context is halved until they do (down to 128 tokens), and said.
+    pub fn sequences(mut self, n: usize) -> Self {
+        self.sequences = n.max(1);
         self
     }
 
@@ -529,7 +540,28 @@ impl EngineBuilder {
                     "needs --sparsity threshold or predictor: the gate or the predictors decide which neurons' pages are read",
                 ));
             }
-            let split = apply_budget(&model, &mut plan, memory, n_ctx)?;
+            let sessions = self.sequences.max(1);
+            let mut n_ctx = n_ctx;
+            let mut split = apply_budget_for(&model, &mut plan, memory, n_ctx, sessions);
+            if self.context.is_none() && sessions > 1 {
+                // N sessions of the default context may not fit: shorter sessions before a
+                // refusal (a context given explicitly is kept, and refused if it does not fit).
+                let default = n_ctx;
+                while matches!(split, Err(BudgetError::TooSmall { .. }))
+                    && n_ctx / 2 >= MIN_SHARED_CONTEXT
+                {
+                    n_ctx /= 2;
+                    split = apply_budget_for(&model, &mut plan, memory, n_ctx, sessions);
+                }
+                if n_ctx != default && split.is_ok() {
+                    (self.say)(&format!(
+                        "memory: {sessions} sessions of {default} tokens do not fit the budget \
+                         beside the weights; each session gets {n_ctx} tokens of context \
+                         (-c asks for more, refused if it does not fit)"
+                    ));
+                }
+            }
+            let split = split?;
             if !split.plan.stream_attention {
                 // The budget keeps attention resident: load the store again with it, keeping
                 // what was resolved from the first load (which held only the header and norms,
@@ -663,11 +695,29 @@ pub fn apply_budget(
     plan: &mut ExecutionPlan,
     memory: MemoryBudget,
     n_ctx: usize,
-) -> Result<BudgetSplit, conductor_runtime::cache::BudgetError> {
+) -> Result<BudgetSplit, BudgetError> {
+    apply_budget_for(model, plan, memory, n_ctx, 1)
+}
+
+/// [`apply_budget`] for `sessions` sessions of `n_ctx` tokens each generated together (a
+/// server's slots): the budget holds all their KV caches, and the neuron cache their
+/// multi-sequence steps share gets what is left. On error `plan` is as it was.
+pub fn apply_budget_for(
+    model: &Model,
+    plan: &mut ExecutionPlan,
+    memory: MemoryBudget,
+    n_ctx: usize,
+    sessions: usize,
+) -> Result<BudgetSplit, BudgetError> {
     let sizes = StoreSizes::of_store(model)?;
     let file_len = model.file().file_len();
-    fit_plan_to_budget(&sizes, plan, memory.bytes(file_len), n_ctx as u32)
+    let sessions = u32::try_from(sessions).unwrap_or(u32::MAX);
+    let n_ctx = u32::try_from(n_ctx).unwrap_or(u32::MAX);
+    fit_plan_to_budget_for(&sizes, plan, memory.bytes(file_len), n_ctx, sessions)
 }
+
+/// The shortest context [`EngineBuilder::sequences`] cuts sessions to under a budget.
+const MIN_SHARED_CONTEXT: usize = 128;
 
 /// Generation settings.
 #[derive(Clone, Debug)]
@@ -741,6 +791,7 @@ impl Engine {
             model: None,
             memory: None,
             context: None,
+            sequences: 1,
             io_threads: None,
             io_engine: None,
             verify: None,
@@ -880,6 +931,15 @@ impl Engine {
     pub fn session(&self, n_ctx: Option<usize>) -> Result<Session, Error> {
         let n_ctx = n_ctx.unwrap_or(self.default_ctx);
         Session::new(&self.model, n_ctx.max(1)).map_err(Error::Session)
+    }
+
+    /// The most tokens one step may hold: also the most sequences one multi-sequence step
+    /// ([`Engine::step_sequences`]) may hold.
+    pub fn max_step_tokens(&self) -> usize {
+        match &self.driver {
+            AnyDriver::Inline(d) => d.max_step_tokens(),
+            AnyDriver::Actors(d) => d.max_step_tokens(),
+        }
     }
 
     /// Tokens a session holds when none is asked for ([`Engine::session`]).

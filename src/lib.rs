@@ -29,7 +29,7 @@ pub mod serve;
 pub use conductor_actors as actors;
 pub use conductor_runtime as runtime;
 pub use engine::{
-    apply_budget, reuse_prefix, DriverKind, Engine, EngineBuilder, Error, GenerateOptions,
-    Generation, GenerationStats, Piece, SampleHook, SparsitySettings, StopReason, TokenStream,
-    DEFAULT_SPARSE_DOWN_TYPE, DEFAULT_SPARSITY, DEFAULT_SPARSITY_MODE,
+    apply_budget, apply_budget_for, reuse_prefix, DriverKind, Engine, EngineBuilder, Error,
+    GenerateOptions, Generation, GenerationStats, Piece, SampleHook, SparsitySettings, StopReason,
+    TokenStream, DEFAULT_SPARSE_DOWN_TYPE, DEFAULT_SPARSITY, DEFAULT_SPARSITY_MODE,
 };

@@ -1,7 +1,8 @@
 //! `--memory` on the default model: a run inside a Linux memory cgroup set to the budget plus
 //! a small margin completes at half and at a quarter of the store (attention streamed), its
 //! peak RSS stays under the budget, and a budget below the fixed segment is refused with how
-//! much is needed.
+//! much is needed; a server batching four clients under `--memory 50%` holds its budget in a
+//! cgroup too.
 
 mod common;
 
@@ -25,7 +26,10 @@ fn store(dir: &ScratchDir) -> PathBuf {
 /// file holding the peak usage). `None` where this machine gives us none (not root, no
 /// memory controller).
 fn memory_cgroup(limit: u64) -> Option<(PathBuf, PathBuf, PathBuf)> {
-    let name = format!("conductor-test-{}", std::process::id());
+    // One name per cgroup: the tests of this file run at once in one process.
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = format!("conductor-test-{}-{n}", std::process::id());
     let v1 = Path::new("/sys/fs/cgroup/memory");
     if v1.join("memory.limit_in_bytes").exists() {
         let dir = v1.join(&name);
@@ -145,4 +149,95 @@ fn a_budget_below_the_fixed_segment_says_how_much_is_needed() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(stderr.contains("conductor convert"), "{stderr}");
+}
+
+/// `conductor serve --memory 50% --parallel 4` inside a memory cgroup of the budget plus
+/// [`MARGIN`], four clients at once (continuous batching, the four slots' KV caches and the one
+/// neuron cache in the budget): every request completes, the server is not killed, and the
+/// cgroup's peak stays within its limit.
+#[test]
+fn a_server_batching_four_clients_holds_its_budget_inside_a_cgroup() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let dir = ScratchDir::new("budget-serve-cgroup");
+    let store = store(&dir);
+    let budget = std::fs::metadata(&store).unwrap().len() / 2;
+    let limit = budget + MARGIN;
+    let Some((cgroup, procs, peak_file)) = memory_cgroup(limit) else {
+        common::environment_missing(
+            "no writable memory cgroup on this machine (needs root and cgroup v1 or v2 with the memory controller)",
+        );
+        return;
+    };
+    let shell = format!(
+        "echo $$ > {} && exec {} serve -m {} --memory 50% --parallel 4 -t 2 --host 127.0.0.1 --port 0",
+        procs.display(),
+        env!("CARGO_BIN_EXE_conductor"),
+        store.display()
+    );
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(&shell)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next().and_then(Result::ok).unwrap_or_default();
+    let Some(addr) = first
+        .strip_prefix("listening on http://")
+        .map(str::to_string)
+    else {
+        let _ = child.kill();
+        let mut err = String::new();
+        let _ = child.stderr.take().unwrap().read_to_string(&mut err);
+        let _ = child.wait();
+        let _ = std::fs::remove_dir(&cgroup);
+        panic!("the server did not start under {limit} bytes: {first}\n{err}");
+    };
+    let clients: Vec<_> = (0..4)
+        .map(|i| {
+            let addr = addr.clone();
+            std::thread::spawn(move || {
+                let body = format!(
+                    r#"{{"messages":[{{"role":"user","content":"Write a story about topic {i}."}}],"max_tokens":48,"temperature":0,"ignore_eos":true}}"#
+                );
+                let mut conn = std::net::TcpStream::connect(&addr).ok()?;
+                write!(
+                    conn,
+                    "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                )
+                .ok()?;
+                let mut answer = String::new();
+                conn.read_to_string(&mut answer).ok()?;
+                Some(answer)
+            })
+        })
+        .collect();
+    let answers: Vec<Option<String>> = clients.into_iter().map(|c| c.join().unwrap()).collect();
+    let alive = matches!(child.try_wait(), Ok(None));
+    let _ = child.kill();
+    let _ = child.wait();
+    let mut err = String::new();
+    let _ = child.stderr.take().unwrap().read_to_string(&mut err);
+    let peak: Option<u64> = std::fs::read_to_string(&peak_file)
+        .ok()
+        .and_then(|s| s.trim().parse().ok());
+    let _ = std::fs::remove_dir(&cgroup);
+    assert!(alive, "the server died under {limit} bytes:\n{err}");
+    assert!(err.contains("(4 sessions × "), "{err}");
+    for answer in &answers {
+        let answer = answer.as_deref().unwrap_or("(no answer)");
+        assert!(
+            answer.starts_with("HTTP/1.1 200") && answer.contains(r#""completion_tokens":48"#),
+            "{answer}\nserver log:\n{err}"
+        );
+    }
+    match peak {
+        Some(peak) => assert!(peak <= limit, "cgroup peak {peak} over its limit {limit}"),
+        None => common::environment_missing(&format!(
+            "the cgroup's peak usage ({}) could not be read (cgroup v2 has it from Linux 5.19)",
+            peak_file.display()
+        )),
+    }
 }

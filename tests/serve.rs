@@ -297,6 +297,80 @@ fn serving_under_a_memory_budget_matches_conductor_run_and_counts_the_cache() {
     assert!(metric(&server, "conductor_neuron_cache_read_bytes_total") > 0.0);
 }
 
+/// Continuous batching under a memory budget (a neuron store, `--memory 50% --parallel 4`):
+/// the four slots' KV caches come out of the budget (the log says how it was split), four
+/// greedy requests at once share decode steps and the one neuron cache, and each answer is
+/// what `conductor run --chat --temp 0` prints for its prompt alone under the same budget.
+#[test]
+fn batched_requests_under_a_memory_budget_each_match_conductor_run() {
+    let dir = common::ScratchDir::new("serve-budget-batch");
+    let store = dir.store(
+        &common::default_model(),
+        &conductor::runtime::convert::ConvertOptions::default(),
+    );
+    let server = Server::start_with(&store, &["--memory", "50%", "--parallel", "4"]);
+    let log = server.log();
+    assert!(
+        log.contains("(4 sessions × ") && !log.contains("one at a time"),
+        "the budget does not hold four sessions:\n{log}"
+    );
+    // llguidance's tables are not in the budget's split: structured output is off, and said.
+    assert!(
+        log.contains("structured output is unavailable: off under --memory"),
+        "{log}"
+    );
+    let prompts = [
+        "Name three colors.",
+        "What is the capital of France? Answer in one sentence.",
+        "List three fruits.",
+        "Say hello.",
+    ];
+    let mut args = vec!["16"];
+    args.extend(prompts);
+    let Some(out) = check(&server, "batched_greedy", &args) else {
+        return;
+    };
+    let served: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON line");
+    eprintln!(
+        "batched under --memory 50%: {} sequences in {} decode steps",
+        served["sequences"], served["steps"]
+    );
+    for (i, prompt) in prompts.iter().enumerate() {
+        let content = served["contents"][i].as_str().expect("content");
+        assert!(!content.is_empty(), "{prompt}");
+        assert_eq!(
+            content,
+            run_greedy(&store, &["--memory", "50%", "-c", "256"], prompt, "16"),
+            "{prompt}"
+        );
+    }
+    assert!(metric(&server, "conductor_neuron_cache_misses_total") > 0.0);
+}
+
+/// A context given with `-c` that the budget cannot hold for every slot is refused at start,
+/// naming the sessions and what would fit.
+#[test]
+fn a_budget_too_small_for_every_slot_is_refused_at_start() {
+    let dir = common::ScratchDir::new("serve-budget-refused");
+    let store = dir.store(
+        &common::default_model(),
+        &conductor::runtime::convert::ConvertOptions::default(),
+    );
+    let out = common::conductor()
+        .args(["serve", "--port", "0", "-t", "1", "-m"])
+        .arg(&store)
+        .args(["--memory", "50%", "--parallel", "8", "-c", "2048"])
+        .output()
+        .expect("conductor serve");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("8 sessions of 2048 tokens") && stderr.contains("give at least"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
 /// Continuous batching: four greedy requests at once share decode steps (the metrics count
 /// steps of several sequences), and each answer is what `conductor run --chat --temp 0`
 /// prints for its prompt alone.

@@ -823,3 +823,181 @@ fn gate_first_loading_reads_fewer_bytes_with_the_same_bits() {
         .expect("no budget, no gate-first");
     assert!(err.to_string().contains("--memory"), "{err}");
 }
+
+/// Continuous batching under a memory budget and with sparse decode: a multi-sequence step of
+/// three sequences, each at its own position with its own KV cache, sharing one neuron cache
+/// of a few slots (so the sequences' bundles evict one another), gives every sequence the bits
+/// of its own one-token decode step: dense, threshold and predictor sparsity, bundles or pages
+/// read (`--gate-first`), inline and on actors, whatever order the sequences come in. Sparse
+/// decode computes each sequence's own active neurons; the union of theirs decides only what
+/// is read (a bundle or page one sequence needs serves every sequence that needs it, read
+/// once), never what a sequence computes. The budget counts the three sessions' KV caches
+/// ([`conductor::EngineBuilder::sequences`]).
+#[test]
+fn multi_sequence_steps_under_a_budget_give_each_sequence_its_solo_bits() {
+    let dir = ScratchDir::new("sparse-batch");
+    let model = write_model(&dir, "m.gguf", &spec(7, FfnActivation::Silu));
+    profile(&model);
+    let store = dir.join("m.store.gguf");
+    convert(
+        &model,
+        &store,
+        &ConvertOptions::neuron_columns(16),
+        &mut |_, _| {},
+    )
+    .unwrap();
+    const N_SEQ: usize = 3;
+    const CTX: usize = 64;
+    let prompts = [
+        "the quick brown fox jumps over",
+        "a lazy dog sleeps",
+        "once upon a time there was a small model that",
+    ];
+    let resident = Model::load_resident(&store, true).unwrap();
+    let slot = resident.store.as_ref().unwrap().layout.stride + 4096;
+    for mode in [
+        SparsityMode::Dense,
+        SparsityMode::Threshold,
+        SparsityMode::Predictor,
+    ] {
+        // The fixed segment of three sessions' KV caches (and the predictors), then a few
+        // slots: a small cache the sequences contend for.
+        let in_memory = build(&store, DriverKind::Inline, 1, settings(mode, 0.5)).unwrap();
+        let predictors = in_memory.model().sparse.as_ref().map_or(0, |s| s.bytes()) as u64;
+        let sizes = conductor::runtime::cache::StoreSizes::of_store(&resident).unwrap();
+        let split = conductor::runtime::cache::split_sizes_for(
+            &sizes,
+            u64::MAX / 4,
+            CTX as u32,
+            N_SEQ as u32,
+            64,
+            &conductor::runtime::plan::CachePlan::default(),
+        )
+        .unwrap();
+        assert_eq!(split.sessions, N_SEQ as u32);
+        let fixed = split.resident_weights
+            + split.kv_cache
+            + split.scratch
+            + split.runtime_overhead
+            + predictors;
+        // The predictors and thresholds an engine under a budget holds differ from the ones in
+        // memory (no transposed down projection): take the cache the first budget leaves, and
+        // give back what is beyond 10 slots.
+        let probe = |budget| {
+            Engine::builder()
+                .model(&store)
+                .threads(1)
+                .driver(DriverKind::Inline)
+                .sparsity(settings(mode, 0.5))
+                .memory(MemoryBudget::Bytes(budget))
+                .context(CTX)
+                .sequences(N_SEQ)
+                .on_progress(|_| {})
+                .build()
+                .unwrap()
+                .budget()
+                .unwrap()
+                .cache
+        };
+        let first = fixed + 10 * slot;
+        let budget = first - probe(first).saturating_sub(10 * slot);
+        let mut configs: Vec<(String, Engine)> = vec![(
+            format!("{mode:?} in memory"),
+            build(&store, DriverKind::Actors, 2, settings(mode, 0.5)).unwrap(),
+        )];
+        let page_modes: &[bool] = if mode == SparsityMode::Dense {
+            &[false]
+        } else {
+            &[false, true]
+        };
+        for &pages in page_modes {
+            for (driver, threads) in [(DriverKind::Inline, 1), (DriverKind::Actors, 2)] {
+                let engine = Engine::builder()
+                    .model(&store)
+                    .threads(threads)
+                    .driver(driver)
+                    .sparsity(settings(mode, 0.5))
+                    .memory(MemoryBudget::Bytes(budget))
+                    .gate_first(pages)
+                    .context(CTX)
+                    .sequences(N_SEQ)
+                    .on_progress(|_| {})
+                    .build()
+                    .unwrap();
+                let b = engine.budget().expect("a budget");
+                assert_eq!((b.sessions, b.n_ctx), (N_SEQ as u32, CTX as u32));
+                // Fewer slots than the FFN's 96 bundles (gate-first loading needs a layer's 32
+                // and more, and takes shorter prefill steps to have them).
+                let most = if pages { 80 } else { 12 };
+                assert!(b.plan.slots <= most, "{mode:?}: {} slots", b.plan.slots);
+                configs.push((
+                    format!("{mode:?} under a budget, pages {pages}, {driver:?} x{threads}"),
+                    engine,
+                ));
+            }
+        }
+        for (name, mut engine) in configs {
+            check_batched_equals_solo(&mut engine, &name, &prompts, CTX);
+        }
+    }
+}
+
+/// On `engine`: each prompt alone and then 4 greedy one-token steps (the solo bits), then the
+/// prompts in fresh sessions and the same tokens in multi-sequence steps over all of them,
+/// the sequences in reverse order on every other step; each sequence's logits must be its
+/// solo bits.
+fn check_batched_equals_solo(engine: &mut Engine, name: &str, prompts: &[&str], ctx: usize) {
+    const STEPS: usize = 4;
+    let n_vocab = engine.model().config.n_vocab as usize;
+    let mut solo: Vec<Vec<Vec<u32>>> = Vec::new();
+    let mut chosen: Vec<Vec<u32>> = Vec::new();
+    for prompt in prompts {
+        let tokens = engine.tokenize(prompt);
+        let mut s = engine.session(Some(ctx)).unwrap();
+        let mut logits = engine.eval_last(&mut s, &tokens).unwrap().to_vec();
+        let (mut rows, mut picks) = (Vec::new(), Vec::new());
+        for _ in 0..STEPS {
+            let next = argmax(&logits);
+            picks.push(next);
+            logits = engine.eval_last(&mut s, &[next]).unwrap().to_vec();
+            rows.push(logits.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+        }
+        solo.push(rows);
+        chosen.push(picks);
+    }
+    let mut sessions: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            let tokens = engine.tokenize(p);
+            let mut s = engine.session(Some(ctx)).unwrap();
+            engine.eval_last(&mut s, &tokens).unwrap();
+            s
+        })
+        .collect();
+    for k in 0..STEPS {
+        let mut order: Vec<usize> = (0..prompts.len()).collect();
+        if k % 2 == 1 {
+            order.reverse();
+        }
+        let tokens: Vec<u32> = order.iter().map(|&i| chosen[i][k]).collect();
+        let mut refs: Vec<&mut _> = sessions.iter_mut().collect();
+        let mut ordered: Vec<&mut _> = Vec::new();
+        // `refs` in `order`, each session once.
+        let mut taken: Vec<Option<&mut _>> = refs.drain(..).map(Some).collect();
+        for &i in &order {
+            ordered.push(taken[i].take().unwrap());
+        }
+        let logits = engine.step_sequences(&mut ordered, &tokens).unwrap();
+        assert_eq!(logits.len(), prompts.len() * n_vocab, "{name}");
+        for (row, &i) in logits.chunks_exact(n_vocab).zip(&order) {
+            let bits: Vec<u32> = row.iter().map(|x| x.to_bits()).collect();
+            assert!(
+                bits == solo[i][k],
+                "{name}: sequence {i} at step {k} differs from its solo decode"
+            );
+        }
+    }
+    if let Some(held) = engine.cache_report().map(|r| r.loads) {
+        assert!(held > 0, "{name}: nothing read through the cache");
+    }
+}

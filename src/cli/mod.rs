@@ -198,6 +198,10 @@ pub struct EngineArgs {
     /// Context the budget reserves KV cache for (set by each command from its own sizes).
     #[arg(skip)]
     pub context: Option<usize>,
+    /// Sessions generated at once whose KV caches the budget holds (set by `serve` from
+    /// `--parallel`).
+    #[arg(skip)]
+    pub sequences: Option<usize>,
 }
 
 /// Which FFN neurons decode computes.
@@ -362,6 +366,9 @@ pub fn load_engine(model: Option<&Path>, threads: usize, engine: &EngineArgs) ->
     if let Some(n_ctx) = engine.context {
         builder = builder.context(n_ctx);
     }
+    if let Some(n) = engine.sequences {
+        builder = builder.sequences(n);
+    }
     builder = builder.sparsity(SparsitySettings {
         mode: engine.sparsity.mode(),
         target: engine.target_sparsity,
@@ -372,8 +379,13 @@ pub fn load_engine(model: Option<&Path>, threads: usize, engine: &EngineArgs) ->
     let engine = builder.build()?;
     if let Some(b) = engine.budget() {
         let mib = |x: u64| x as f64 / (1 << 20) as f64;
+        let sessions = if b.sessions > 1 {
+            format!(" ({} sessions × {} tokens)", b.sessions, b.n_ctx)
+        } else {
+            String::new()
+        };
         eprintln!(
-            "memory: budget {:.1} MiB = resident weights {:.1} + KV {:.1} + scratch {:.1} + runtime {:.1} + neuron cache {:.1} ({} slots, {} hot; the FFN is {:.1} MiB)",
+            "memory: budget {:.1} MiB = resident weights {:.1} + KV {:.1}{sessions} + scratch {:.1} + runtime {:.1} + neuron cache {:.1} ({} slots, {} hot; the FFN is {:.1} MiB)",
             mib(b.budget),
             mib(b.resident_weights),
             mib(b.kv_cache),

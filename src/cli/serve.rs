@@ -19,7 +19,8 @@ pub struct ServeArgs {
     port: u16,
     /// Requests generated at once: each decode step computes the next token of every running
     /// request in one multi-sequence step (continuous batching), each with its own KV cache.
-    /// Under --memory or sparse decode, one at a time.
+    /// Under --memory every slot's KV cache comes out of the budget and the slots share the
+    /// neuron cache.
     #[arg(long = "parallel", default_value_t = 1)]
     parallel: usize,
     /// Requests that may wait for the engine; more are answered 429 with Retry-After.
@@ -71,6 +72,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if model_args.engine.context.is_none() {
         model_args.engine.context = args.ctx_size;
     }
+    // Under --memory the budget holds every slot's KV cache.
+    model_args.engine.sequences = Some(args.parallel);
     let engine = model_args.load(model_args.threads())?;
     let options = ServeOptions {
         host: args.host,

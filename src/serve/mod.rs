@@ -73,7 +73,7 @@ pub struct AppState {
     queue_size: usize,
     template: ChatTemplate,
     tokenizer: Arc<Tokenizer>,
-    /// Structured output, or why it is unavailable for this model.
+    /// Structured output, or why it is unavailable (this model, or a memory budget).
     constraints: Result<constrain::Constraints, String>,
     /// How the template's model writes tool calls, or why it takes no tools.
     tool_syntax: Result<tools::Syntax, String>,
@@ -90,17 +90,29 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// How many sequences the server generates at once for `--parallel` `asked`: that many,
-/// except under a memory budget or sparse decode, where it is one (docs/serve.md, "Limits of
-/// batching": the budget holds one session's KV cache, and a multi-sequence step's sparse FFN
-/// is not held to each sequence's own decode).
+/// How many sequences the server generates at once for `--parallel` `asked`: that many, up to
+/// the most one step holds ([`Engine::max_step_tokens`]). Under a memory budget the engine was
+/// built for them ([`crate::EngineBuilder::sequences`]: their KV caches come out of the budget,
+/// and their multi-sequence steps share the one neuron cache); with sparse decode each
+/// sequence computes its own active neurons and the step reads their union (docs/serve.md,
+/// "Limits of batching").
 pub fn slots_for(engine: &Engine, asked: usize) -> usize {
     let asked = asked.max(1);
-    if asked > 1 && (engine.budget().is_some() || engine.model().sparse.is_some()) {
+    let most = engine.max_step_tokens().max(1);
+    if asked > most {
         eprintln!(
-            "serve: --parallel {asked}: under --memory or sparse decode requests are generated one at a time (no continuous batching; see docs/serve.md)"
+            "serve: --parallel {asked}: one decode step holds at most {most} sequences under this plan; serving {most} at once"
         );
-        return 1;
+        return most;
+    }
+    if let Some(b) = engine.budget().filter(|b| (b.sessions as usize) < asked) {
+        // An engine built for fewer sessions than asked (an embedder's): its budget holds
+        // only theirs.
+        let held = (b.sessions as usize).max(1);
+        eprintln!(
+            "serve: --parallel {asked}: the memory budget holds the KV caches of {held} sessions; serving {held} at once"
+        );
+        return held;
     }
     asked
 }
@@ -154,9 +166,15 @@ pub fn serve(
         .model_path()
         .file_stem()
         .map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned());
-    let constraints = constrain::Constraints::new(tokenizer.clone());
+    // llguidance's tables for a vocabulary are large (21 MiB for SmolLM2's 49k tokens) and
+    // not in a memory budget's split: under --memory the server does without them.
+    let constraints = if engine.budget().is_some() {
+        Err("off under --memory (llguidance's tables for the vocabulary would not fit in the budget's split)".to_string())
+    } else {
+        constrain::Constraints::new(tokenizer.clone())
+    };
     if let Err(e) = &constraints {
-        eprintln!("serve: structured output is unavailable for this model: {e}");
+        eprintln!("serve: structured output is unavailable: {e}");
     }
     let shared = Arc::new(worker::Shared {
         metrics: metrics::Metrics::new()?,

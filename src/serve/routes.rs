@@ -337,7 +337,7 @@ async fn chat(
                     let param = if format.is_some() { "response_format" } else { "tool_choice" };
                     return Err(ApiError::invalid_param(
                         param,
-                        format!("constrained output is unavailable for this model: {why}"),
+                        format!("constrained output is unavailable: {why}"),
                     ));
                 }
             },

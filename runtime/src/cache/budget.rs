@@ -90,7 +90,12 @@ pub struct BudgetSplit {
     pub budget: u64,
     /// Header, embeddings, attention, norms: read into memory at load.
     pub resident_weights: u64,
+    /// The KV caches of `sessions` sessions of `n_ctx` tokens each.
     pub kv_cache: u64,
+    /// Sessions whose KV cache the budget holds (a server's `--parallel` slots; 1 otherwise).
+    pub sessions: u32,
+    /// Tokens of context each session holds.
+    pub n_ctx: u32,
     /// Activations, logits and per-worker buffers of a step.
     pub scratch: u64,
     pub runtime_overhead: u64,
@@ -110,7 +115,7 @@ pub enum BudgetError {
         "--memory needs a neuron store (make one with `conductor convert -m MODEL -o STORE.gguf`)"
     )]
     NotAStore,
-    #[error("a memory budget of {budget} MiB is below what this model needs besides what streams from storage: {fixed} MiB (resident weights {weights} MiB, KV cache {kv} MiB for {n_ctx} tokens, scratch {scratch} MiB, runtime {runtime} MiB) plus two cache slots ({slots} MiB); give at least {need} MiB", budget = mib(*budget), fixed = mib(*fixed), weights = mib(*weights), kv = mib(*kv), scratch = mib(*scratch), runtime = mib(*runtime), slots = mib(*slots), need = (*fixed + *slots).div_ceil(1 << 20))]
+    #[error("a memory budget of {budget} MiB is below what this model needs besides what streams from storage: {fixed} MiB (resident weights {weights} MiB, KV cache {kv} MiB for {sessions_text}{n_ctx} tokens, scratch {scratch} MiB, runtime {runtime} MiB) plus two cache slots ({slots} MiB); give at least {need} MiB", budget = mib(*budget), fixed = mib(*fixed), weights = mib(*weights), kv = mib(*kv), scratch = mib(*scratch), runtime = mib(*runtime), slots = mib(*slots), need = (*fixed + *slots).div_ceil(1 << 20), sessions_text = if *sessions > 1 { format!("{sessions} sessions of ") } else { String::new() })]
     TooSmall {
         budget: u64,
         fixed: u64,
@@ -119,7 +124,10 @@ pub enum BudgetError {
         scratch: u64,
         runtime: u64,
         slots: u64,
+        /// Tokens of context of each session.
         n_ctx: u32,
+        /// Sessions whose KV cache the budget holds.
+        sessions: u32,
     },
 }
 
@@ -223,7 +231,22 @@ pub fn split_sizes(
     prefill_tokens: u32,
     shape: &CachePlan,
 ) -> Result<BudgetSplit, BudgetError> {
+    split_sizes_for(sizes, budget, n_ctx, 1, prefill_tokens, shape)
+}
+
+/// [`split_sizes`] for `sessions` sessions of `n_ctx` tokens each (continuous batching: a
+/// server's slots): their KV caches, and the logits of a decode step of one token per
+/// session, come out of the budget before the neuron cache gets the rest.
+pub fn split_sizes_for(
+    sizes: &StoreSizes,
+    budget: u64,
+    n_ctx: u32,
+    sessions: u32,
+    prefill_tokens: u32,
+    shape: &CachePlan,
+) -> Result<BudgetSplit, BudgetError> {
     let s = sizes;
+    let sessions = sessions.max(1);
     let stream_attention = shape.stream_attention && s.attention_bytes > 0;
     let resident_weights = if stream_attention {
         s.resident_weights.saturating_sub(s.attention_bytes)
@@ -231,12 +254,16 @@ pub fn split_sizes(
         s.resident_weights
     };
     let ffn_bytes = s.bundle_stride * u64::from(s.bundles_per_layer) * u64::from(s.n_layer);
-    let kv_cache = u64::from(s.n_layer) * 2 * u64::from(s.kv_dim) * u64::from(n_ctx) * 2;
+    let kv_cache =
+        u64::from(s.n_layer) * 2 * u64::from(s.kv_dim) * u64::from(n_ctx) * 2 * u64::from(sessions);
     let (embd, ff) = (u64::from(s.n_embd), u64::from(s.n_ff));
     let per_token = 8 * embd + 2 * u64::from(s.q_dim) + 2 * u64::from(s.kv_dim) + 2 * ff;
     // f32 buffers, their copies per processor group and the GEMM's packed activations: about
-    // 6 bytes per element per prefill token (measured: +3.3 MiB for 64-token steps on SmolLM2).
-    let scratch = u64::from(prefill_tokens) * per_token * 6 + u64::from(s.n_vocab) * 4 * 2;
+    // 6 bytes per element per prefill token (measured: +3.3 MiB for 64-token steps on SmolLM2);
+    // logits twice for one session, and a row more for each further session (a multi-sequence
+    // step's logits).
+    let scratch = u64::from(prefill_tokens) * per_token * 6
+        + u64::from(s.n_vocab) * 4 * (u64::from(sessions) + 1);
     // Output clusters as large as a bundle's slot allows, alignment slack included.
     let output_rows = ((s.bundle_stride.saturating_sub(2 * SLOT_ALIGN as u64))
         / s.output_row_bytes.max(1))
@@ -273,6 +300,7 @@ pub fn split_sizes(
             runtime,
             slots: min_slots * slot,
             n_ctx,
+            sessions,
         });
     }
     let cache = budget - fixed;
@@ -295,6 +323,8 @@ pub fn split_sizes(
         budget,
         resident_weights,
         kv_cache,
+        sessions,
+        n_ctx,
         scratch,
         runtime_overhead: runtime,
         cache,
@@ -324,6 +354,18 @@ pub fn fit_plan_to_budget(
     budget: u64,
     n_ctx: u32,
 ) -> Result<BudgetSplit, BudgetError> {
+    fit_plan_to_budget_for(sizes, plan, budget, n_ctx, 1)
+}
+
+/// [`fit_plan_to_budget`] for `sessions` sessions of `n_ctx` tokens each, whose KV caches the
+/// budget holds ([`split_sizes_for`]).
+pub fn fit_plan_to_budget_for(
+    sizes: &StoreSizes,
+    plan: &mut crate::plan::ExecutionPlan,
+    budget: u64,
+    n_ctx: u32,
+    sessions: u32,
+) -> Result<BudgetSplit, BudgetError> {
     let shape = plan.cache.clone().unwrap_or_default();
     // The first that fits: attention resident (unless the plan streams it) before streamed,
     // since streaming it reads every layer's attention each token; within each, prefill steps
@@ -347,7 +389,7 @@ pub fn fit_plan_to_budget(
     let mut last = None;
     'fit: for shape in &shapes {
         for &tokens in steps {
-            let split = split_sizes(sizes, budget, n_ctx, tokens, shape);
+            let split = split_sizes_for(sizes, budget, n_ctx, sessions, tokens, shape);
             let fits = split.is_ok();
             last = Some((tokens, split));
             if fits {

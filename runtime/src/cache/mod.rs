@@ -20,8 +20,9 @@ mod uring;
 
 pub use arena::{SlotArena, SlotBuf, SLOT_ALIGN};
 pub use budget::{
-    fit_plan_to_budget, runtime_overhead, split_budget, split_sizes, BudgetError, BudgetSplit,
-    MemoryBudget, StoreSizes, RUNTIME_BASE, RUNTIME_PER_TOKEN, RUNTIME_PER_UNIT,
+    fit_plan_to_budget, fit_plan_to_budget_for, runtime_overhead, split_budget, split_sizes,
+    split_sizes_for, BudgetError, BudgetSplit, MemoryBudget, StoreSizes, RUNTIME_BASE,
+    RUNTIME_PER_TOKEN, RUNTIME_PER_UNIT,
 };
 pub use directory::{Acquired, CacheDirectory, LayerCacheStats, PagesAcquired, Want};
 pub use faults::{ReadFault, ReadFaults};

@@ -422,3 +422,53 @@ fn a_budget_too_small_says_how_much_is_enough() {
         assert!(split_sizes(&sizes, (need - 1) << 20, 128, 64, &CachePlan::default()).is_err());
     }
 }
+
+/// Several sessions generated together (a server's slots): the budget holds each one's KV
+/// cache and a logits row more per session, the neuron cache shrinks by as much, and a budget
+/// that holds one session but not four says so, naming the sessions.
+#[test]
+fn the_budget_holds_every_sessions_kv_cache() {
+    let sizes = small_store(10 << 20, 0, 0);
+    // Room for the fixed segment of four sessions and 20 slots: one session's cache holds the
+    // whole store (its slots capped at the units), four sessions' does not.
+    let fixed = |sessions| {
+        let s = split_sizes_for(
+            &sizes,
+            u64::MAX / 4,
+            1024,
+            sessions,
+            64,
+            &CachePlan::default(),
+        )
+        .unwrap();
+        s.resident_weights + s.kv_cache + s.scratch + s.runtime_overhead
+    };
+    let budget = fixed(4) + 20 * ((64 << 10) + SLOT_ALIGN as u64);
+    let one = split_sizes(&sizes, budget, 1024, 64, &CachePlan::default()).unwrap();
+    let same = split_sizes_for(&sizes, budget, 1024, 1, 64, &CachePlan::default()).unwrap();
+    assert_eq!(one, same);
+    assert_eq!((one.sessions, one.n_ctx), (1, 1024));
+    let four = split_sizes_for(&sizes, budget, 1024, 4, 64, &CachePlan::default()).unwrap();
+    assert_eq!((four.sessions, four.n_ctx), (4, 1024));
+    assert_eq!(four.kv_cache, 4 * one.kv_cache);
+    assert_eq!(four.scratch, one.scratch + 3 * 4 * u64::from(sizes.n_vocab));
+    let extra = four.kv_cache + four.scratch - one.kv_cache - one.scratch;
+    assert_eq!(four.cache, one.cache - extra);
+    assert_eq!(four.plan.slots, 20);
+    assert!(four.plan.slots < one.plan.slots, "{}", one.plan.slots);
+    // 1 MiB of KV per session of 1024 tokens here: 64 sessions do not fit.
+    let err = split_sizes_for(&sizes, budget, 1024, 64, 64, &CachePlan::default()).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("64 sessions of 1024 tokens") && text.contains("give at least"),
+        "{text}"
+    );
+    // Through the plan fit too.
+    let mut plan = crate::plan::ExecutionPlan::default();
+    let fitted = fit_plan_to_budget_for(&sizes, &mut plan, budget, 1024, 4).unwrap();
+    assert_eq!(fitted.sessions, 4);
+    assert_eq!(
+        plan.cache.as_ref().map(|c| c.slots),
+        Some(fitted.plan.slots)
+    );
+}
