@@ -114,23 +114,18 @@ unsafe fn isums<const T: usize>(w: &BlockQ4Kx8, a: [&BlockQ8K; T]) -> [(__m256i,
 }
 
 /// One group's 8 results for each of T tokens (the scalar twin's float steps per lane) over its
-/// `nb` super-blocks; `a[t]` holds token t's activation blocks. `ahead`: the stream continues
-/// past this group (prefetch it).
+/// `nb` super-blocks; `a[t]` holds token t's activation blocks. No software prefetch: the
+/// groups are one sequential stream, which the hardware prefetchers serve best alone (a
+/// non-temporal prefetch 2 KiB ahead, as the 4-row kernels use, made streamed 1B-class shapes
+/// 10-35% slower here).
 #[inline(always)]
-unsafe fn group_dot<const T: usize>(
-    w: &[BlockQ4Kx8],
-    a: [&[BlockQ8K]; T],
-    ahead: bool,
-) -> [__m256; T] {
+unsafe fn group_dot<const T: usize>(w: &[BlockQ4Kx8], a: [&[BlockQ8K]; T]) -> [__m256; T] {
     for t in &a {
         assert!(t.len() >= w.len());
     }
     let mut acc = [_mm256_setzero_ps(); T];
     let mut accm = [_mm256_setzero_ps(); T];
     for (b, x) in w.iter().enumerate() {
-        if ahead {
-            prefetch_ahead(x);
-        }
         let sums = isums::<T>(x, std::array::from_fn(|t| &a[t][b]));
         let flat: &[[u8; 2]; 8] = &x.d;
         // SAFETY (loads): exactly the 16 bytes of the 8 f16 d, then of the 8 dmin.
@@ -165,7 +160,7 @@ pub(crate) unsafe fn matvec_x8(m: X8<'_>, act: &[BlockQ8K], out: &mut [f32]) {
     assert!(out.len() >= m.rows && act.len() >= m.nb);
     let groups = m.groups();
     for g in 0..groups {
-        let [v] = group_dot::<1>(m.group(g), [&act[..m.nb]], g + 1 < groups);
+        let [v] = group_dot::<1>(m.group(g), [&act[..m.nb]]);
         store_group(&m, g, v, out);
     }
 }
@@ -186,7 +181,7 @@ pub(crate) unsafe fn matmul_x8(
         let w = m.group(g);
         let mut t = 0;
         while t + 4 <= n_tokens {
-            let v = group_dot::<4>(w, [tok(t), tok(t + 1), tok(t + 2), tok(t + 3)], false);
+            let v = group_dot::<4>(w, [tok(t), tok(t + 1), tok(t + 2), tok(t + 3)]);
             for (j, v) in v.into_iter().enumerate() {
                 let o = (t + j) * out_stride;
                 store_group(&m, g, v, &mut out[o..o + m.rows]);
@@ -194,7 +189,7 @@ pub(crate) unsafe fn matmul_x8(
             t += 4;
         }
         while t < n_tokens {
-            let [v] = group_dot::<1>(w, [tok(t)], false);
+            let [v] = group_dot::<1>(w, [tok(t)]);
             store_group(&m, g, v, &mut out[t * out_stride..t * out_stride + m.rows]);
             t += 1;
         }
