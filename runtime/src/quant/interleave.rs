@@ -141,6 +141,10 @@ impl<'a> X8<'a> {
     }
 
     /// Groups holding the matrix's rows.
+    #[cfg_attr(
+        not(all(target_arch = "x86_64", not(conductor_portable))),
+        allow(dead_code)
+    )]
     pub(crate) fn groups(&self) -> usize {
         (self.skip + self.rows).div_ceil(GROUP_ROWS)
     }
