@@ -1222,7 +1222,7 @@ impl Kernels {
             };
         }
         for t in 0..n_tokens {
-            let o = &mut out[t * out_stride..t * out_stride + w.rows];
+            let o = &mut out[t * out_stride..t * out_stride + m.rows];
             self.matvec_x8(w, 0..w.cols, &acts[t * arow..(t + 1) * arow], o);
         }
     }
