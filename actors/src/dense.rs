@@ -48,7 +48,7 @@ impl DenseBackend for ChunkedGemm {
 mod tests {
     use super::*;
     use conductor_runtime::exec::WholeMatmul;
-    use conductor_runtime::quant::{quantize_row, GgmlType};
+    use conductor_runtime::quant::{quantize_row, GgmlType, Layout};
 
     fn matrix(ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
         let row_bytes = ty.bytes_for(cols as u64).unwrap() as usize;
@@ -73,6 +73,7 @@ mod tests {
                 data: &data,
                 rows,
                 cols,
+                layout: Layout::Rows,
             };
             let at = activation_type(ty);
             let row_bytes = at.bytes_for(cols as u64).unwrap() as usize;

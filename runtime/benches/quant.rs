@@ -11,7 +11,8 @@
 //! `matvec` of the down projection it replaces; its GB/s counts the weight bytes of the active
 //! rows only.
 
-use conductor_runtime::quant::{activation_type, GgmlType, Kernels, MatRef};
+use conductor_runtime::quant::interleave::interleave;
+use conductor_runtime::quant::{activation_type, GgmlType, Kernels, Layout, MatRef};
 use std::hint::black_box;
 use std::time::Duration;
 
@@ -103,14 +104,26 @@ fn main() {
                 .flat_map(|ty| k_shapes.map(|s| (ty, s))),
         );
     for (ty, (rows, cols)) in cases {
-        {
-            let w = quantized(ty, rows, cols, 1);
+        // Q4_K also interleaved 8 rows by 8 (`Layout::X8`, what a model loads for decode).
+        let layouts: &[Layout] = match ty {
+            GgmlType::Q4_K => &[Layout::Rows, Layout::X8 { skip: 0 }],
+            _ => &[Layout::Rows],
+        };
+        for &layout in layouts {
+            let mut w = quantized(ty, rows, cols, 1);
+            if layout != Layout::Rows {
+                w = interleave(MatRef::new(ty, &w, rows, cols).unwrap()).unwrap();
+            }
+            let label = match layout {
+                Layout::Rows => ty.to_string(),
+                Layout::X8 { .. } => format!("{ty}-x8"),
+            };
             let x = data(2, cols);
             // Enough copies to make ~96 MB per rotation.
             let copies = (96 << 20) / w.len() + 1;
             let stream: Vec<Vec<u8>> = (0..copies).map(|_| w.clone()).collect();
             for mode in ["hot", "stream"] {
-                let name = format!("matvec {ty} {rows}x{cols} {mode}");
+                let name = format!("matvec {label} {rows}x{cols} {mode}");
                 if !want(&name) {
                     continue;
                 }
@@ -128,7 +141,13 @@ fn main() {
                                 i = (i + 1) % stream.len();
                                 &stream[i]
                             };
-                            let m = MatRef::new(ty, data, rows, cols).unwrap();
+                            let m = MatRef {
+                                ty,
+                                data,
+                                rows,
+                                cols,
+                                layout,
+                            };
                             k.matvec(m, 0..cols, black_box(&a), &mut out);
                             black_box(&out);
                         },
@@ -163,15 +182,25 @@ fn main() {
         (GgmlType::Q4_K, 512),
         (GgmlType::Q5_K, 512),
         (GgmlType::Q6_K, 512),
-    ];
-    for (ty, cols) in matmul_types {
+    ]
+    .into_iter()
+    .map(|(ty, cols)| (ty, cols, Layout::Rows))
+    .chain([(GgmlType::Q4_K, 512, Layout::X8 { skip: 0 })]);
+    for (ty, cols, layout) in matmul_types {
         let (rows, n) = (1536, 512);
-        let name = format!("matmul {ty} {rows}x{cols}x{n}");
+        let label = match layout {
+            Layout::Rows => ty.to_string(),
+            Layout::X8 { .. } => format!("{ty}-x8"),
+        };
+        let name = format!("matmul {label} {rows}x{cols}x{n}");
         // (Types a build does not support are skipped, so this file also measures older builds.)
         if !want(&name) || !ty.is_supported() {
             continue;
         }
-        let w = quantized(ty, rows, cols, 3);
+        let mut w = quantized(ty, rows, cols, 3);
+        if layout != Layout::Rows {
+            w = interleave(MatRef::new(ty, &w, rows, cols).unwrap()).unwrap();
+        }
         let x = data(4, cols * n);
         for k in &kernels {
             let at = activation_type(ty);
@@ -183,7 +212,13 @@ fn main() {
             let mut out = vec![0f32; rows * n];
             let (secs, min) = median_secs(
                 || {
-                    let m = MatRef::new(ty, &w, rows, cols).unwrap();
+                    let m = MatRef {
+                        ty,
+                        data: &w,
+                        rows,
+                        cols,
+                        layout,
+                    };
                     k.matmul(m, black_box(&acts), n, &mut out, rows);
                     black_box(&out);
                 },

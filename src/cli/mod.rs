@@ -151,6 +151,10 @@ pub struct EngineArgs {
     /// fails the next step, and one cut during a step faults).
     #[arg(long = "no-mmap")]
     pub no_mmap: bool,
+    /// Keep Q4_K matrices in the file's layout (without --memory): by default they are
+    /// interleaved 8 rows by 8 at load, the layout of the faster decode kernel (same results).
+    #[arg(long = "no-interleave")]
+    pub no_interleave: bool,
     /// When reads of a neuron store under --memory are checked against its checksums:
     /// `always` (every read, the default: a CRC-32 of every byte read) or `first` (a unit's
     /// first whole read only). Default: the plan's `storage.verify`, else always.
@@ -338,6 +342,9 @@ pub fn load_engine(model: Option<&Path>, threads: usize, engine: &EngineArgs) ->
     }
     if engine.no_mmap {
         builder = builder.mmap(false);
+    }
+    if engine.no_interleave {
+        builder = builder.interleave(false);
     }
     if let Some(verify) = engine.verify {
         builder = builder.verify(match verify {

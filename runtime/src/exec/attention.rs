@@ -11,7 +11,7 @@ use crate::model::attention::{attend_tiled, attend_vec, TILED_MIN_QUERIES};
 use crate::model::ops::rms_norm_in_place;
 use crate::model::{KvCache, Model};
 use crate::neuron::Phase;
-use crate::quant::MatRef;
+use crate::quant::{Layout, MatRef};
 
 impl StepState {
     /// `QkvHeads`: cluster `c` owning heads `a..b` writes `[head][token][head_dim]`.
@@ -76,6 +76,7 @@ impl StepState {
                             data: &slot.bytes()[at..at + hd * rb],
                             rows: hd,
                             cols: w.cols,
+                            layout: Layout::Rows,
                         }
                     }
                     None => model.rows(w, row0..row0 + hd),

@@ -10,7 +10,7 @@ use super::weights::read_slot;
 use crate::model::ops::gated_activation;
 use crate::model::TensorRef;
 use crate::neuron::Phase;
-use crate::quant::MatRef;
+use crate::quant::{Layout, MatRef};
 
 impl StepState {
     /// `AttnOutRows`, `OutputRows` and (without experts) `FfnDownRows`: the rows of one
@@ -55,6 +55,7 @@ impl StepState {
                 data: slot.bytes(),
                 rows: m,
                 cols: w.cols,
+                layout: Layout::Rows,
             };
             cx.project(mat, act, n, out, m);
         });

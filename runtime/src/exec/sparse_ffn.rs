@@ -7,7 +7,7 @@ use super::blocks::row_blocks;
 use super::compute::{Activations, Compute, Land, Work, WorkerScratch};
 use super::executor::StepState;
 use super::weights::{BundleBytes, DownPart, FfnCluster};
-use crate::quant::{activation_type, Kernels, MatRef};
+use crate::quant::{activation_type, Kernels, Layout, MatRef};
 use crate::schedule::reads_whole_up_rows;
 use crate::sparse::SparseFfn;
 use std::ops::Range;
@@ -69,6 +69,7 @@ pub(super) fn sparse_ffn_cluster(
                     data: &data[neurons.start * row..neurons.end * row],
                     rows: m,
                     cols: mat.rows,
+                    layout: Layout::Rows,
                 }
             }),
         },

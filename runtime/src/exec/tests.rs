@@ -10,7 +10,7 @@ use crate::gguf::GgufFile;
 use crate::model::{FfnActivation, KvCache, Model};
 use crate::neuron::Phase;
 use crate::plan::ClusterSizes;
-use crate::quant::{activation_type, GgmlType, Kernels};
+use crate::quant::{activation_type, GgmlType, Kernels, Layout};
 use crate::schedule::{ClusterWork, Program, StepRequest, StepShape, XpuId};
 use crate::sparse::{SparseFfn, SparseLayer, SparsityMode};
 use crate::synthetic::{synthetic_model, SyntheticSpec};
@@ -185,9 +185,14 @@ struct Run {
 
 /// Runs `steps` (several tokens: prefill; one: decode) on one executor and KV cache.
 fn run(model: &Model, steps: &[&[u32]], split: Split) -> Run {
+    run_with(model, steps, split, Kernels::best())
+}
+
+/// [`run`] with the given kernels.
+fn run_with(model: &Model, steps: &[&[u32]], split: Split, kernels: Kernels) -> Run {
     let c = &model.config;
     let shape = model.shape();
-    let mut state = StepState::new(Kernels::best());
+    let mut state = StepState::new(kernels);
     let mut kv = KvCache::new(
         c.n_layer as usize,
         c.n_head_kv as usize,
@@ -327,6 +332,59 @@ fn decode_clusters_with_their_own_down_block_columns_split_alike() {
     });
     model.cluster_down_projections(sizes().ffn_neurons as usize);
     assert_split_invariant(&model, &[PREFILL, &[42]]);
+}
+
+/// A Q4_K_M model (Q4_K matrices, Q6_K on some) wide enough for Q4_K rows.
+fn q4k_model(seed: u64, tied_output: bool) -> Model {
+    model(&SyntheticSpec {
+        arch: "llama3",
+        n_embd: 256,
+        n_ff: 512,
+        n_head: 4,
+        n_head_kv: 2,
+        mix: crate::synthetic::TypeMix::Q4KM,
+        weight_type: GgmlType::Q4_K,
+        embd_type: GgmlType::Q4_K,
+        tied_output,
+        seed,
+        ..SyntheticSpec::default()
+    })
+}
+
+#[test]
+fn interleaved_q4k_weights_give_the_file_layouts_bits() {
+    for tied in [false, true] {
+        let plain = q4k_model(13, tied);
+        let want = run(&plain, &[PREFILL, &[42], &[7]], Split::Whole);
+        let mut model = q4k_model(13, tied);
+        let bytes = model.interleave_q4k().unwrap();
+        assert!(bytes > 0);
+        assert!(matches!(model.layers[0].wq.layout, Layout::X8 { .. }));
+        // The embeddings (Q4_K here, also the output when tied) are read a row at a time.
+        assert_eq!(model.tok_embd.layout, Layout::Rows);
+        assert_eq!(model.output.layout, Layout::Rows, "tied {tied}");
+        let got = assert_split_invariant(&model, &[PREFILL, &[42], &[7]]);
+        assert_eq!(got.phases, want.phases, "tied {tied}");
+        assert_eq!(got.logits, want.logits, "tied {tied}");
+        // Interleaving twice changes nothing more.
+        assert_eq!(model.interleave_q4k().unwrap(), 0);
+    }
+    // With decode's down block-columns, interleaved too.
+    let mut model = q4k_model(17, false);
+    let want = run(&model, &[PREFILL, &[42]], Split::Whole);
+    model.cluster_down_projections(sizes().ffn_neurons as usize);
+    model.interleave_q4k().unwrap();
+    let blocks = model.down_blocks.as_ref().unwrap();
+    assert!(blocks.layouts.iter().any(|l| *l != Layout::Rows));
+    assert_eq!(
+        run(&model, &[PREFILL, &[42]], Split::Whole).logits,
+        want.logits
+    );
+    // Computed with the scalar kernels (rows taken back out of the groups): the same bits.
+    assert_eq!(
+        run_with(&model, &[PREFILL, &[42]], Split::Whole, Kernels::scalar()).logits,
+        want.logits
+    );
 }
 
 #[test]

@@ -42,6 +42,9 @@ pub struct GgufFile {
     powerinfer: bool,
     /// A mapped file's modification time when it was mapped ([`GgufFile::check_unchanged`]).
     mapped_mtime: Option<std::time::SystemTime>,
+    /// Ranges of a mapped file this process holds its own copy of ([`GgufFile::bytes_mut`]),
+    /// sorted by start, not overlapping: reads of them see the copy.
+    owned: Vec<(usize, Vec<u8>)>,
 }
 
 enum Backing {
@@ -262,6 +265,7 @@ impl GgufFile {
         };
         Ok(GgufFile {
             mapped_mtime,
+            owned: Vec::new(),
             backing,
             version: h.version,
             metadata: h.metadata,
@@ -438,6 +442,31 @@ impl GgufFile {
                 end: range.end as u64,
             });
         }
+        let i = self
+            .owned
+            .partition_point(|(start, _)| *start <= range.start);
+        if let Some((start, bytes)) = i.checked_sub(1).map(|i| &self.owned[i]) {
+            if range.end <= start + bytes.len() {
+                return Ok(&bytes[range.start - start..range.end - start]);
+            }
+            // Part in a rewritten range, part not: no one slice holds it.
+            if range.start < start + bytes.len() {
+                return Err(GgufError::NotInMemory {
+                    start: range.start as u64,
+                    end: range.end as u64,
+                });
+            }
+        }
+        if self
+            .owned
+            .get(i)
+            .is_some_and(|(start, _)| *start < range.end)
+        {
+            return Err(GgufError::NotInMemory {
+                start: range.start as u64,
+                end: range.end as u64,
+            });
+        }
         self.backing
             .get(range.clone())
             .ok_or(GgufError::NotInMemory {
@@ -446,8 +475,66 @@ impl GgufFile {
             })
     }
 
+    /// Bytes `range` of the file as memory this process may rewrite (a model rearranging a
+    /// matrix it holds, [`crate::model::Model::interleave_q4k`]): in place in a file held in
+    /// memory; for a mapped file a copy that every later read of the range sees instead of the
+    /// file, the mapped pages released ([`GgufFile::release_pages`]) so the range is held once.
+    /// `range` must not overlap a range taken before, except by being one of them; a read
+    /// ([`GgufFile::bytes`]) of a mapped file must then lie within one such range or outside
+    /// them all.
+    pub fn bytes_mut(&mut self, range: std::ops::Range<usize>) -> Result<&mut [u8], GgufError> {
+        let missing = GgufError::NotInMemory {
+            start: range.start as u64,
+            end: range.end as u64,
+        };
+        if range.start > range.end {
+            return Err(missing);
+        }
+        if let Backing::Mmap(..) = self.backing {
+            let i = self
+                .owned
+                .partition_point(|(start, _)| *start < range.start);
+            let taken = self
+                .owned
+                .get(i)
+                .is_some_and(|(s, b)| *s == range.start && b.len() == range.len());
+            if !taken {
+                let overlaps = |j: usize| {
+                    self.owned
+                        .get(j)
+                        .is_some_and(|(s, b)| *s < range.end && range.start < s + b.len())
+                };
+                if overlaps(i) || i.checked_sub(1).is_some_and(overlaps) {
+                    return Err(missing);
+                }
+                let copy = self.backing.get(range.clone()).ok_or(missing)?.to_vec();
+                self.release_pages(range.start as u64..range.end as u64);
+                self.owned.insert(i, (range.start, copy));
+            }
+            return Ok(&mut self.owned[i].1);
+        }
+        match &mut self.backing {
+            Backing::Owned(v) => v.get_mut(range).ok_or(missing),
+            Backing::Parts { parts, .. } => {
+                let i = parts.partition_point(|(start, _)| *start <= range.start);
+                let Some((start, bytes)) = i.checked_sub(1).and_then(|i| parts.get_mut(i)) else {
+                    return Err(missing);
+                };
+                match range.end.checked_sub(*start) {
+                    Some(end) => bytes.get_mut(range.start - *start..end).ok_or(missing),
+                    None => Err(missing),
+                }
+            }
+            Backing::Mmap(..) => unreachable!("handled above"),
+        }
+    }
+
     /// The whole file, when it is in memory or mapped (`None` for [`open_parts`](Self::open_parts)).
     pub fn file_bytes(&self) -> Option<&[u8]> {
+        // With ranges rewritten ([`GgufFile::bytes_mut`]) the map is no longer the file's bytes.
+        if !self.owned.is_empty() {
+            return None;
+        }
         self.backing.whole()
     }
 

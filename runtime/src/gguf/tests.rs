@@ -468,3 +468,36 @@ fn tensor_data_panics_for_a_foreign_tensor_info() {
 }
 
 mod hostile;
+
+#[test]
+fn bytes_mut_rewrites_a_range_in_every_backing_and_reads_see_it() {
+    let dir = std::env::temp_dir().join(format!("conductor-gguf-mut-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("model.gguf");
+    let bytes = sample_writer().to_bytes().unwrap();
+    std::fs::write(&path, &bytes).unwrap();
+    let len = bytes.len();
+    let (a, b) = (len / 4, len / 2);
+    for mut f in [
+        GgufFile::open(&path).unwrap(),
+        GgufFile::read(&path).unwrap(),
+    ] {
+        f.bytes_mut(a..b).unwrap().fill(0xA5);
+        // The same range again is the same (rewritten) bytes; reads inside it see them.
+        assert!(f.bytes_mut(a..b).unwrap().iter().all(|&v| v == 0xA5));
+        assert!(f.bytes(a + 1..b - 1).unwrap().iter().all(|&v| v == 0xA5));
+        // Around it, the file's bytes.
+        assert_eq!(f.bytes(0..a).unwrap(), &bytes[..a]);
+        assert_eq!(f.bytes(b..len).unwrap(), &bytes[b..]);
+        // A range straddling one taken from a mapped file has no single home: refused there.
+        if f.file_bytes().is_none() {
+            assert!(f.bytes_mut(a - 1..a + 1).is_err());
+            assert!(f.bytes(a - 1..a + 1).is_err());
+            assert!(f.bytes(b - 1..b + 1).is_err());
+        }
+        assert!(f.bytes_mut(len..len + 1).is_err());
+    }
+    // The file itself is untouched.
+    assert_eq!(std::fs::read(&path).unwrap(), bytes);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -4,7 +4,8 @@ use super::config::{Architecture, ModelConfig};
 use super::ModelError;
 use crate::gguf::GgufFile;
 use crate::plan::{ModelDescription, ModelShape, WeightTypes};
-use crate::quant::{dequantize_row, GgmlType, MatRef};
+use crate::quant::interleave::{interleave_in_place, GROUP_ROWS};
+use crate::quant::{dequantize_row, GgmlType, Layout, MatRef};
 use crate::store::{bundle_tensor_name, is_attention_matrix, stays_on_storage, StoreInfo};
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
@@ -20,6 +21,9 @@ pub struct TensorRef {
     pub cols: usize,
     /// Byte range in the file.
     pub bytes: Range<usize>,
+    /// How the rows lie in those bytes: the file's layout, or interleaved at load
+    /// ([`Model::interleave_q4k`]).
+    pub layout: Layout,
 }
 
 impl TensorRef {
@@ -42,6 +46,7 @@ impl TensorRef {
                 rows: n,
                 cols: self.cols,
                 bytes: start..start + n * rb,
+                layout: self.layout,
             };
             first += n;
             part
@@ -122,6 +127,8 @@ pub struct Model {
 pub struct DownBlocks {
     pub neurons: usize,
     pub layers: Vec<Vec<u8>>,
+    /// Each layer's block-columns' layout (interleaved by [`Model::interleave_q4k`]).
+    pub layouts: Vec<Layout>,
 }
 
 impl DownBlocks {
@@ -145,6 +152,7 @@ impl DownBlocks {
             data: self.layers[l].get(at..at + bytes_of(neurons.len()))?,
             rows: embd,
             cols: neurons.len(),
+            layout: self.layouts[l],
         })
     }
 }
@@ -342,6 +350,7 @@ impl Model {
                     rows: rows * n_expert.max(1),
                     cols,
                     bytes: usize::MAX..usize::MAX,
+                    layout: Layout::Rows,
                 }),
                 None if n_expert > 0 => loader.experts(&name(t), rows, cols, n_expert),
                 None => loader.matrix(&name(t), rows, cols),
@@ -464,18 +473,89 @@ impl Model {
             "`{}` lives in the store's bundles",
             t.name
         );
-        let rb = t.row_bytes();
-        let start = t.bytes.start + rows.start * rb;
-        let end = t.bytes.start + rows.end * rb;
         MatRef {
             ty: t.ty,
             data: self
                 .file
-                .bytes(start..end)
+                .bytes(t.bytes.clone())
                 .unwrap_or_else(|e| panic!("`{}`: {e}", t.name)),
-            rows: rows.len(),
+            rows: t.rows,
             cols: t.cols,
+            layout: t.layout,
         }
+        .sub_rows(rows)
+    }
+
+    /// Interleaves the Q4_K matrices decode reads 8 rows at a time ([`Layout::X8`], the layout
+    /// of the fastest Q4_K matvec), in place: a mapped file's matrices become this process's
+    /// own copies and their mapped pages are released, so each is held once. The projections
+    /// of attention and of the FFN, and the output projection unless it is the token
+    /// embeddings (read a row at a time); matrices whose rows are not a multiple of 8 stay as
+    /// they are. Not for neuron stores nor models held resident-only (their weights come from
+    /// storage a neuron at a time), nor with sparse FFN decode (which picks single rows).
+    /// Results do not change: every kernel gives the file layout's bits. Returns the bytes
+    /// interleaved.
+    pub fn interleave_q4k(&mut self) -> Result<usize, ModelError> {
+        if self.store.is_some() || self.resident_only || self.sparse.is_some() {
+            return Ok(0);
+        }
+        let tied = self.output.bytes == self.tok_embd.bytes;
+        let mut done = 0;
+        let mut mats: Vec<&mut TensorRef> = Vec::new();
+        for l in &mut self.layers {
+            mats.extend([
+                &mut l.wq,
+                &mut l.wk,
+                &mut l.wv,
+                &mut l.wo,
+                &mut l.gate,
+                &mut l.up,
+                &mut l.down,
+            ]);
+        }
+        if !tied {
+            mats.push(&mut self.output);
+        }
+        for t in mats {
+            let eligible = t.ty == GgmlType::Q4_K
+                && t.layout == Layout::Rows
+                && t.rows.is_multiple_of(GROUP_ROWS);
+            if !eligible {
+                continue;
+            }
+            let bytes = self.file.bytes_mut(t.bytes.clone())?;
+            interleave_in_place(t.ty, bytes, t.rows, t.cols)?;
+            t.layout = Layout::X8 { skip: 0 };
+            done += t.bytes.len();
+        }
+        // Decode's down block-columns ([`DownBlocks`]), each a matrix of `n_embd` rows.
+        let embd = self.config.n_embd as usize;
+        let (experts, f) = (
+            self.config.n_expert.max(1) as usize,
+            self.config.ffn_per_expert() as usize,
+        );
+        if let Some(blocks) = &mut self.down_blocks {
+            let m = blocks.neurons;
+            for (l, layer) in self.layers.iter().enumerate() {
+                let down = &layer.down;
+                if down.ty != GgmlType::Q4_K || !embd.is_multiple_of(GROUP_ROWS) {
+                    continue;
+                }
+                let data = &mut blocks.layers[l];
+                let mut at = 0;
+                for _ in 0..experts {
+                    for start in (0..f).step_by(m) {
+                        let cols = m.min(f - start);
+                        let len = embd * crate::quant::row_bytes(down.ty, cols)?;
+                        interleave_in_place(down.ty, &mut data[at..at + len], embd, cols)?;
+                        at += len;
+                    }
+                }
+                blocks.layouts[l] = Layout::X8 { skip: 0 };
+                done += at;
+            }
+        }
+        Ok(done)
     }
 
     /// The bytes of bundle `b` of layer `l` of a store loaded whole ([`Model::load`]).
@@ -650,7 +730,11 @@ impl Model {
             }
             layers.push(out);
         }
-        self.down_blocks = Some(DownBlocks { neurons: m, layers });
+        self.down_blocks = Some(DownBlocks {
+            neurons: m,
+            layouts: vec![Layout::Rows; layers.len()],
+            layers,
+        });
     }
 
     /// The block size of the FFN down projection's type: FFN neuron clusters own whole blocks
@@ -719,6 +803,7 @@ impl Loader<'_> {
             rows,
             cols,
             bytes: start..start + t.n_bytes as usize,
+            layout: Layout::Rows,
         })
     }
 

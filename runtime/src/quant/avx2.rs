@@ -23,6 +23,7 @@ use std::arch::x86_64::*;
 mod axpy;
 mod blocks32;
 pub(crate) mod kquants;
+pub(crate) mod q4k_x8;
 mod quantize;
 
 use axpy::axpy_rows_float;

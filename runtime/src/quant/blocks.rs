@@ -53,6 +53,16 @@ pub(crate) fn view<B: Block>(bytes: &[u8]) -> Option<&[B]> {
     Some(unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<B>(), bytes.len() / size) })
 }
 
+/// The bytes of `blocks` (the inverse of [`view`]).
+#[inline]
+pub(crate) fn as_bytes<B: Block>(blocks: &[B]) -> &[u8] {
+    // SAFETY: `B: Block` is alignment 1 with no padding, so the blocks are exactly
+    // `size_of_val(blocks)` initialized bytes, borrowed for the same lifetime.
+    unsafe {
+        std::slice::from_raw_parts(blocks.as_ptr().cast::<u8>(), std::mem::size_of_val(blocks))
+    }
+}
+
 /// Mutable twin of [`view`].
 #[inline]
 pub(crate) fn view_mut<B: Block>(bytes: &mut [u8]) -> Option<&mut [B]> {
@@ -154,6 +164,20 @@ pub struct BlockQ4K {
     pub qs: [u8; QK_K / 2],
 }
 block_impl!(BlockQ4K, 144);
+
+/// Super-block `b` of 8 Q4_K rows, interleaved ([`super::interleave`]): the 8 rows' d, then their
+/// dmin; their 12 scale bytes as three 4-byte words per row, word-major (`scales[8 * i + r]` is
+/// bytes `4i..4i + 4` of row r's `scales`); their quants in 4-byte chunks, chunk-major (`qs[32
+/// * q + 4 * r + i]` is row r's `qs[4 * q + i]`). The same 1152 bytes as the 8 blocks.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockQ4Kx8 {
+    pub d: [[u8; 2]; 8],
+    pub dmin: [[u8; 2]; 8],
+    pub scales: [[u8; 4]; 24],
+    pub qs: [[u8; 4]; 256],
+}
+block_impl!(BlockQ4Kx8, 8 * 144);
 
 /// Q6_K: 16 sub-blocks of 16; x = d * scales[e / 16] * (q - 32), q 6 bits split in ql (low 4)
 /// and qh (high 2); see `scalar::q6k_quant` for the element order.

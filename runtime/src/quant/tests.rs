@@ -11,6 +11,7 @@ use super::*;
 use proptest::prelude::*;
 
 mod dequant_fixture;
+mod interleave;
 mod rows;
 
 const WEIGHT_TYPES: [GgmlType; 15] = [

@@ -36,7 +36,7 @@
 mod tests;
 
 use crate::gguf::{GgufError, GgufFile};
-use crate::quant::{row_bytes, GgmlType, MatRef};
+use crate::quant::{row_bytes, GgmlType, Layout, MatRef};
 
 /// Bundles of this many neurons by default: reads of a few hundred KiB, which this machine's
 /// disk serves near its sequential rate (docs/benchmarks-journal.md).
@@ -344,18 +344,21 @@ impl BundleLayout {
                 data: &bytes[..g],
                 rows: m,
                 cols: self.n_embd as usize,
+                layout: Layout::Rows,
             },
             up: MatRef {
                 ty: self.up_ty,
                 data: &bytes[g..g + u],
                 rows: m,
                 cols: self.n_embd as usize,
+                layout: Layout::Rows,
             },
             down: MatRef {
                 ty: self.down_ty,
                 data: &bytes[g + u..g + u + d],
                 rows: down_rows,
                 cols: down_cols,
+                layout: Layout::Rows,
             },
             down_layout: self.down_layout,
         }
