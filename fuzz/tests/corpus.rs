@@ -9,6 +9,9 @@
 //! `CONDUCTOR_FUZZ_SMOKE_SECONDS=N` then goes on mutating, round-robin over the seeds, until
 //! each target has run N seconds (CI's fixed budget a target; the sequence of inputs is the
 //! same on every run, only how far it gets depends on the machine).
+//! `CONDUCTOR_FUZZ_SMOKE_TARGETS=a,b` runs only those targets.
+//! `CONDUCTOR_FUZZ_SMOKE_TRACE=FILE` writes each mutated input to FILE before it runs: a stack
+//! overflow aborts the process before the panic hook can save the input, so this keeps it.
 
 use std::path::{Path, PathBuf};
 
@@ -85,8 +88,16 @@ fn every_target_survives_its_corpus_its_regressions_and_mutations_of_them() {
                 Ok(s) if s.is_finite() && s >= 0.0 => std::time::Duration::from_secs_f64(s),
                 _ => panic!("CONDUCTOR_FUZZ_SMOKE_SECONDS={v}: not a number of seconds"),
             });
+    let trace = std::env::var_os("CONDUCTOR_FUZZ_SMOKE_TRACE").map(PathBuf::from);
     let models = conductor_fuzz::seeds::model_seeds();
+    let only = std::env::var("CONDUCTOR_FUZZ_SMOKE_TARGETS").ok();
     for &(name, target) in conductor_fuzz::TARGETS {
+        if only
+            .as_ref()
+            .is_some_and(|o| !o.split(',').any(|t| t == name))
+        {
+            continue;
+        }
         // (label, bytes): the committed seeds, but for GGUF files, which are generated.
         let mut seeds: Vec<(String, Vec<u8>)> = files(&root.join("corpus").join(name))
             .into_iter()
@@ -122,6 +133,9 @@ fn every_target_survives_its_corpus_its_regressions_and_mutations_of_them() {
             let s = (i as u64) << 32 | m as u64;
             let mut rng = Rng(s.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
             let input = mutate(&seeds[i].1, other, &mut rng);
+            if let Some(trace) = &trace {
+                std::fs::write(trace, &input).unwrap();
+            }
             let result = std::panic::catch_unwind(|| target(&input));
             if result.is_err() {
                 let out = std::env::temp_dir().join(format!("crash-{name}-{s}"));

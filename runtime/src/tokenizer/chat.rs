@@ -91,6 +91,11 @@ const FUEL: u64 = 50_000_000;
 const MAX_OUTPUT: usize = 8 << 20;
 /// The largest `tojson(indent=…)`.
 const MAX_INDENT: usize = 64;
+/// How deep a value written out (`{{ … }}`, `tojson`, `string`) may nest, and how many of its
+/// parts may be visited: a namespace set into itself (`{% set ns.n = ns %}`) is a cycle, which
+/// minijinja would write out by recursing until the stack overflows.
+const MAX_NESTING: usize = 128;
+const MAX_PARTS: usize = 1 << 20;
 
 fn template_error(e: Error) -> TokenizerError {
     // The display of a minijinja error carries its kind, detail and line.
@@ -123,6 +128,17 @@ impl ChatTemplate {
             ))
         });
         env.add_filter("tojson", tojson);
+        env.set_formatter(|out, state, value| {
+            check_nesting(value)?;
+            minijinja::escape_formatter(out, state, value)
+        });
+        env.add_filter("string", |v: Value| -> Result<Value, Error> {
+            if v.kind() == ValueKind::String {
+                return Ok(v);
+            }
+            check_nesting(&v)?;
+            Ok(Value::from(v.to_string()))
+        });
         // Jinja2's undefined has length 0 (`tools|length` where no tools are given).
         env.add_filter("length", |v: Value| -> Result<Value, Error> {
             if v.is_undefined() {
@@ -320,6 +336,42 @@ impl std::io::Write for CappedWriter {
     }
 }
 
+/// Refuses a value nested deeper than [`MAX_NESTING`] or made of more than [`MAX_PARTS`] parts
+/// (a cycle is both), before anything recurses through it to write it out.
+fn check_nesting(value: &Value) -> Result<(), Error> {
+    let mut parts = 0usize;
+    let mut stack = vec![(value.clone(), 0usize)];
+    while let Some((v, depth)) = stack.pop() {
+        parts += 1;
+        if depth > MAX_NESTING || parts > MAX_PARTS {
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                format!(
+                    "a value nested deeper than {MAX_NESTING} levels or of more than {MAX_PARTS} parts (a namespace set into itself?) is not written out"
+                ),
+            ));
+        }
+        match v.kind() {
+            ValueKind::Seq | ValueKind::Iterable => {
+                if let Ok(items) = v.try_iter() {
+                    stack.extend(items.map(|item| (item, depth + 1)));
+                }
+            }
+            ValueKind::Map | ValueKind::Plain => {
+                if let Ok(keys) = v.try_iter() {
+                    for key in keys {
+                        if let Ok(item) = v.get_item(&key) {
+                            stack.push((item, depth + 1));
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// Python's `json.dumps(value, ensure_ascii=False, indent=indent)`.
 fn tojson(value: Value, args: Kwargs) -> Result<Value, Error> {
     let indent: Option<usize> = args.get("indent")?;
@@ -331,6 +383,7 @@ fn tojson(value: Value, args: Kwargs) -> Result<Value, Error> {
     }
     let sort_keys: Option<bool> = args.get("sort_keys")?;
     args.assert_all_used()?;
+    check_nesting(&value)?;
     let json = serde_json::to_value(&value)
         .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
     let mut out = String::new();
@@ -683,6 +736,26 @@ mod tests {
                 "MiB",
             ),
             ("{{ messages | tojson(indent=1000000000) }}", "indent"),
+            // A namespace set into itself is a cycle: written out, it would recurse until the
+            // stack overflowed (the fuzz smoke found it aborting the process).
+            (
+                "{% set ns = namespace(n=0) %}{% set ns.n = ns %}{{ ns.n }}",
+                "nested deeper",
+            ),
+            (
+                "{% set ns = namespace(n=0) %}{% set ns.n = [1, ns] %}{{ ns | tojson }}",
+                "nested deeper",
+            ),
+            (
+                "{% set ns = namespace(n=0) %}{% set ns.n = ns %}{{ ns | string }}",
+                "nested deeper",
+            ),
+            // A value that only doubles each level is no cycle, but written out it would be
+            // 2^60 parts.
+            (
+                "{% set ns = namespace(v=1) %}{% for i in range(60) %}{% set ns.v = [ns.v, ns.v] %}{% endfor %}{{ ns.v }}",
+                "parts",
+            ),
         ] {
             // The 2 s promise is on this thread's CPU time: wall time on a loaded 2-core test
             // run also counts the other tests' turns (2.6 s seen at load average 6).
