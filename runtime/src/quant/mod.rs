@@ -1018,10 +1018,6 @@ impl Kernels {
         out: &mut [f32],
         out_stride: usize,
     ) {
-        if let Layout::X8 { .. } = w.layout {
-            return self.matmul_x8(w, acts, n_tokens, out, out_stride);
-        }
-        let g = Self::geometry(&w, 0..w.cols);
         let at = activation_type(w.ty);
         let arow = row_bytes(at, w.cols).unwrap_or_else(|e| panic!("{e}"));
         let total = arow
@@ -1045,6 +1041,10 @@ impl Kernels {
             "matmul output holds {} < {need}",
             out.len()
         );
+        if let Layout::X8 { .. } = w.layout {
+            return self.matmul_x8(w, acts, n_tokens, out, out_stride);
+        }
+        let g = Self::geometry(&w, 0..w.cols);
         #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
         {
             use avx2::kquants::entry as kq;
@@ -1181,7 +1181,8 @@ impl Kernels {
         }
     }
 
-    /// [`Kernels::matmul`] of an interleaved matrix: token by token, each the matvec.
+    /// [`Kernels::matmul`] of an interleaved matrix (its sizes checked there): token by
+    /// token, each the matvec.
     fn matmul_x8(
         &self,
         w: MatRef<'_>,
@@ -1192,31 +1193,10 @@ impl Kernels {
     ) {
         let m = Self::x8_geometry(&w, &(0..w.cols));
         let arow = row_bytes(GgmlType::Q8_K, w.cols).unwrap_or_else(|e| panic!("{e}"));
-        let total = arow
-            .checked_mul(n_tokens)
-            .expect("activation size overflows");
-        assert_eq!(acts.len(), total, "matmul activation bytes");
-        assert!(
-            out_stride >= w.rows,
-            "out_stride {out_stride} < rows {}",
-            w.rows
-        );
-        if n_tokens == 0 {
-            return;
-        }
-        let need = (n_tokens - 1)
-            .checked_mul(out_stride)
-            .and_then(|v| v.checked_add(w.rows))
-            .expect("output size overflows");
-        assert!(
-            out.len() >= need,
-            "matmul output holds {} < {need}",
-            out.len()
-        );
         #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
         if self.isa != Isa::Scalar {
             // SAFETY: ISA detected at construction; `m` validated, `acts` has n_tokens * nb
-            // blocks and `out` covers every (t, r) written (checked above).
+            // blocks and `out` covers every (t, r) written (checked in `matmul`).
             return unsafe {
                 avx2::q4k_x8::entry::matmul(m, blocks_of(acts), n_tokens, out, out_stride)
             };
