@@ -325,24 +325,15 @@ fn batched_requests_under_a_memory_budget_each_match_conductor_run() {
         "List three fruits.",
         "Say hello.",
     ];
-    let mut args = vec!["16"];
-    args.extend(prompts);
-    let Some(out) = check(&server, "batched_greedy", &args) else {
+    if !each_batched_answer_is_conductor_runs(
+        &server,
+        &store,
+        &["--memory", "50%", "-c", "256"],
+        "16",
+        &prompts,
+        "batched under --memory 50%",
+    ) {
         return;
-    };
-    let served: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON line");
-    eprintln!(
-        "batched under --memory 50%: {} sequences in {} decode steps",
-        served["sequences"], served["steps"]
-    );
-    for (i, prompt) in prompts.iter().enumerate() {
-        let content = served["contents"][i].as_str().expect("content");
-        assert!(!content.is_empty(), "{prompt}");
-        assert_eq!(
-            content,
-            run_greedy(&store, &["--memory", "50%", "-c", "256"], prompt, "16"),
-            "{prompt}"
-        );
     }
     assert!(metric(&server, "conductor_neuron_cache_misses_total") > 0.0);
 }
@@ -385,25 +376,36 @@ fn concurrent_greedy_requests_are_batched_and_each_matches_conductor_run() {
         "List three fruits.",
         "Explain what a computer is to a child.",
     ];
-    let mut args = vec!["20"];
+    each_batched_answer_is_conductor_runs(&server, &model, &flags, "20", &prompts, "batched");
+}
+
+/// Sends `prompts` to `server` at once (greedy, `n` tokens each) and holds each answer to what
+/// `conductor run` with `run_flags` prints for its prompt alone. False where the Python client
+/// is missing outside CI (`check`).
+fn each_batched_answer_is_conductor_runs(
+    server: &Server,
+    model: &Path,
+    run_flags: &[&str],
+    n: &str,
+    prompts: &[&str],
+    label: &str,
+) -> bool {
+    let mut args = vec![n];
     args.extend(prompts);
-    let Some(out) = check(&server, "batched_greedy", &args) else {
-        return;
+    let Some(out) = check(server, "batched_greedy", &args) else {
+        return false;
     };
     let served: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON line");
     eprintln!(
-        "batched: {} sequences in {} decode steps",
+        "{label}: {} sequences in {} decode steps",
         served["sequences"], served["steps"]
     );
     for (i, prompt) in prompts.iter().enumerate() {
         let content = served["contents"][i].as_str().expect("content");
         assert!(!content.is_empty(), "{prompt}");
-        assert_eq!(
-            content,
-            run_greedy(&model, &flags, prompt, "20"),
-            "{prompt}"
-        );
+        assert_eq!(content, run_greedy(model, run_flags, prompt, n), "{prompt}");
     }
+    true
 }
 
 /// With `--parallel 2 --queue 1`: two streams generate together while a third request waits;

@@ -394,14 +394,10 @@ fn bad_profiles_and_texts_are_clear_errors() {
     assert!(e.to_string().contains("outside"), "{e}");
 }
 
-/// Sparse decode of a neuron store with per-neuron down columns: the source's profile serves
-/// it, it decodes like the source's sparse decode (the down columns are re-quantized), and
-/// under memory budgets, through the cache, inline or on actors, it gives the same bits as in
-/// memory.
-#[test]
-fn sparse_decode_of_a_neuron_store_through_the_cache() {
-    let dir = ScratchDir::new("sparse-store");
-    let model = write_model(&dir, "m.gguf", &spec(5, FfnActivation::Silu));
+/// A SiLU model of `spec(seed)` written and profiled in `dir`, and its neuron store with
+/// per-neuron down columns (bundles of 16): (model, store).
+fn profiled_store(dir: &ScratchDir, seed: u64) -> (PathBuf, PathBuf) {
+    let model = write_model(dir, "m.gguf", &spec(seed, FfnActivation::Silu));
     profile(&model);
     let store = dir.join("m.store.gguf");
     convert(
@@ -411,6 +407,17 @@ fn sparse_decode_of_a_neuron_store_through_the_cache() {
         &mut |_, _| {},
     )
     .unwrap();
+    (model, store)
+}
+
+/// Sparse decode of a neuron store with per-neuron down columns: the source's profile serves
+/// it, it decodes like the source's sparse decode (the down columns are re-quantized), and
+/// under memory budgets, through the cache, inline or on actors, it gives the same bits as in
+/// memory.
+#[test]
+fn sparse_decode_of_a_neuron_store_through_the_cache() {
+    let dir = ScratchDir::new("sparse-store");
+    let (model, store) = profiled_store(&dir, 5);
     let mut bytes_read = Vec::new();
     let mut threshold_reference = Vec::new();
     let (mut sparse_fixed, mut sparse_slot) = (0, 0);
@@ -836,16 +843,7 @@ fn gate_first_loading_reads_fewer_bytes_with_the_same_bits() {
 #[test]
 fn multi_sequence_steps_under_a_budget_give_each_sequence_its_solo_bits() {
     let dir = ScratchDir::new("sparse-batch");
-    let model = write_model(&dir, "m.gguf", &spec(7, FfnActivation::Silu));
-    profile(&model);
-    let store = dir.join("m.store.gguf");
-    convert(
-        &model,
-        &store,
-        &ConvertOptions::neuron_columns(16),
-        &mut |_, _| {},
-    )
-    .unwrap();
+    let (_, store) = profiled_store(&dir, 7);
     const N_SEQ: usize = 3;
     const CTX: usize = 64;
     let prompts = [
