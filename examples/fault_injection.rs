@@ -4,12 +4,15 @@
 //!
 //! ```text
 //! cargo run --release --example fault_injection -- [--seeds 1000] [--first 0]
-//!     [--drivers inline,actors,simulator] [--store STORE.gguf --memory 50%] [--dir DIR]
+//!     [--drivers inline,actors,simulator] [--store STORE.gguf --memory 50%]
+//!     [--io-engine pread|uring] [--io-threads N] [--dir DIR]
 //! ```
 //!
 //! By default the model is a small synthetic store (random weights) made in `--dir`
 //! (default: a temporary directory), with a cache of half its streamed units; `--store` runs a
-//! neuron store under `--memory` instead (the budget split `--memory` gives the engine). Exits
+//! neuron store under `--memory` instead (the budget split `--memory` gives the engine). Reads
+//! go through `pread` from one I/O thread unless `--io-engine`/`--io-threads` say otherwise
+//! (the simulator models neither). Exits
 //! 1 if any seed broke an invariant, after printing each such seed with its schedule (run it
 //! alone again with `--first SEED --seeds 1`).
 
@@ -17,6 +20,7 @@ use conductor::faults::{
     quiet_injected_panics, sim_profile, Fixture, Schedule, Totals, Watchdog, Which,
 };
 use conductor::runtime::cache::MemoryBudget;
+use conductor::runtime::plan::IoEngine;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -26,6 +30,8 @@ fn main() {
     let mut drivers = vec![Which::Inline, Which::Actors, Which::Simulator];
     let mut store: Option<PathBuf> = None;
     let mut memory = MemoryBudget::PercentOfModel(50.0);
+    let mut engine = IoEngine::Pread;
+    let mut io_threads = 1u32;
     let mut dir = std::env::temp_dir().join(format!("conductor-faults-{}", std::process::id()));
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -39,6 +45,20 @@ fn main() {
             "--store" => store = Some(PathBuf::from(value())),
             "--memory" => memory = value().parse().unwrap_or_else(|e: String| usage(&e)),
             "--dir" => dir = PathBuf::from(value()),
+            "--io-engine" => {
+                engine = match value().as_str() {
+                    "pread" => IoEngine::Pread,
+                    "uring" => IoEngine::Uring,
+                    e => usage(&format!("unknown I/O engine `{e}`")),
+                }
+            }
+            "--io-threads" => {
+                io_threads = value()
+                    .parse()
+                    .ok()
+                    .filter(|&n| (1..=16).contains(&n))
+                    .unwrap_or_else(|| usage("--io-threads N (1 to 16)"))
+            }
             "--drivers" => {
                 drivers = value()
                     .split(',')
@@ -58,6 +78,10 @@ fn main() {
         Some(path) => Fixture::store(path, memory),
         None => Fixture::synthetic(&dir),
     }
+    .and_then(|f| match (engine, io_threads) {
+        (IoEngine::Pread, 1) => Ok(f),
+        _ => f.with_storage(engine, io_threads),
+    })
     .unwrap_or_else(|e| {
         eprintln!("error: {e}");
         std::process::exit(2)
@@ -119,7 +143,7 @@ fn main() {
 
 fn usage(why: &str) -> ! {
     eprintln!(
-        "error: {why}\nusage: fault_injection [--seeds N] [--first SEED] [--drivers inline,actors,simulator] [--store STORE.gguf --memory 50%] [--dir DIR]"
+        "error: {why}\nusage: fault_injection [--seeds N] [--first SEED] [--drivers inline,actors,simulator] [--store STORE.gguf --memory 50%] [--io-engine pread|uring] [--io-threads N] [--dir DIR]"
     );
     std::process::exit(2)
 }

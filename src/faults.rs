@@ -23,7 +23,7 @@ use crate::runtime::cache::{ReadFault, ReadFaults};
 use crate::runtime::convert::{convert, ConvertOptions};
 use crate::runtime::exec::{Driver, InlineDriver, Serial, Session, StepError};
 use crate::runtime::model::Model;
-use crate::runtime::plan::{CachePlan, CachePolicy, ExecutionPlan, Topology};
+use crate::runtime::plan::{CachePlan, CachePolicy, ExecutionPlan, IoEngine, Topology};
 use crate::runtime::quant::Kernels;
 use crate::runtime::sample::argmax;
 use crate::runtime::synthetic::{synthetic_model, SyntheticSpec};
@@ -539,7 +539,27 @@ impl Fixture {
             reads: Vec::new(),
             describe,
         };
-        // The fault-free run, on the inline driver, counting each step's reads.
+        fixture.record()?;
+        Ok(fixture)
+    }
+
+    /// The same model and budget with reads through `engine` on `io_threads` issuers (the
+    /// actor driver's storage actors; the inline driver issues from its own thread), and the
+    /// fault-free run made again under them.
+    pub fn with_storage(mut self, engine: IoEngine, io_threads: u32) -> Result<Fixture, String> {
+        self.plan.storage.engine = engine;
+        self.plan.storage.io_threads = io_threads;
+        self.describe += &format!("; {engine:?} reads, {io_threads} I/O threads");
+        self.tokens.clear();
+        self.logits.clear();
+        self.reads.clear();
+        self.record()?;
+        Ok(self)
+    }
+
+    /// The fault-free run, on the inline driver, counting each step's reads.
+    fn record(&mut self) -> Result<(), String> {
+        let fixture = self;
         let injector = Arc::new(Injector::new(DEADLINE));
         let mut driver = fixture.inline(&injector).map_err(|e| e.to_string())?;
         let mut session = Session::new(&fixture.model, fixture.n_ctx).map_err(|e| e.to_string())?;
@@ -561,7 +581,7 @@ impl Fixture {
             fixture.reads.push(injector.reads());
             fixture.logits.push(bits(&logits));
         }
-        Ok(fixture)
+        Ok(())
     }
 
     fn inline(&self, injector: &Arc<Injector>) -> Result<InlineDriver<Serial>, StepError> {

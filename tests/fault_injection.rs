@@ -12,7 +12,9 @@ use conductor::faults::{
     quiet_injected_panics, sim_profile, FaultKind, Fixture, KindCounts, Schedule, SeedReport,
     Totals, Watchdog, Which, KIND_NAMES,
 };
-use conductor::runtime::plan::Verify;
+use conductor::runtime::plan::{IoEngine, Verify};
+
+mod common;
 
 /// Seeds that broke an invariant once, run first:
 /// - 659: a read stuck 2.8 s past the deadline held its cache slot's lock; the actors were
@@ -151,5 +153,26 @@ fn seeded_faults_give_the_fault_free_bits_or_an_error_and_never_hang_or_leak() {
         .map(|schedule| unchecked.run(Which::Inline, &schedule, &watchdog).wrong)
         .sum();
     assert!(wrong > 0, "flipped bits went unnoticed without checksums");
+
+    // The same with reads through io_uring from two I/O threads (two storage actors on the
+    // actor driver): a few seeds whose schedules strike with every kind of read fault.
+    match fixture.clone().with_storage(IoEngine::Uring, 2) {
+        Ok(uring) => {
+            let mut totals = [Totals::default(), Totals::default()];
+            for seed in covering_seeds(&uring.reads, 4) {
+                let schedule = Schedule::from_seed(seed, &uring.reads);
+                for (i, which) in [Which::Inline, Which::Actors].into_iter().enumerate() {
+                    let report = uring.run(which, &schedule, &watchdog);
+                    check(&report, &schedule, &mut totals[i]);
+                }
+            }
+            for (t, name) in totals.iter().zip(["inline, io_uring", "actors, io_uring"]) {
+                eprintln!("{name}: {}", t.summary());
+                struck(&t.fired, 0..5);
+                assert!(t.failed > 0, "{name}: no step failed");
+            }
+        }
+        Err(why) => common::environment_missing(&format!("io_uring unavailable here ({why})")),
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

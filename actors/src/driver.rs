@@ -61,8 +61,9 @@ pub struct ActorOptions {
     pub no_pinning: bool,
     /// The model file, for the storage actor.
     pub model_path: Option<PathBuf>,
-    /// Fault injection into every read of the store's units (the fault harness and tests;
-    /// `None`, the default, in normal runs).
+    /// Fault injection into every read of the store's units and of the model's embedding rows
+    /// (`Model::set_read_faults`; the fault harness and tests; `None`, the default, in normal
+    /// runs: then the model's are left as they are).
     pub read_faults: Option<Arc<dyn conductor_runtime::cache::ReadFaults>>,
 }
 
@@ -290,6 +291,9 @@ impl ActorDriver {
             storage_hosts.push(start_storage_host(i, host_spin, runtime.handle().clone())?);
         }
 
+        if options.read_faults.is_some() {
+            model.set_read_faults(options.read_faults.clone());
+        }
         let shared = Arc::new(StepShared {
             model: Arc::clone(&model),
             decode: Arc::clone(scheduler.program(StepShape::Decode)),

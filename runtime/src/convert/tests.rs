@@ -242,3 +242,68 @@ fn down_columns_transposed_in_strips_are_each_bundles_own() {
         }
     }
 }
+
+/// Faults for [`a_store_s_embedding_rows_are_read_with_faults_and_checked`]: each read gets
+/// the next answer of the list, then none.
+#[derive(Debug)]
+struct Answers(std::sync::Mutex<Vec<crate::cache::ReadFault>>);
+
+impl crate::cache::ReadFaults for Answers {
+    fn before_read(&self, _offset: u64, _len: usize) -> crate::cache::ReadFault {
+        let mut a = self.0.lock().unwrap();
+        if a.is_empty() {
+            crate::cache::ReadFault::None
+        } else {
+            a.remove(0)
+        }
+    }
+}
+
+#[test]
+fn a_store_s_embedding_rows_are_read_with_faults_and_checked() {
+    // A store loaded with its output streaming reads each token's embedding row from the file:
+    // an injected failure or short read is an error, a flipped bit fails the page checksum,
+    // and the next clean read gives the row.
+    use crate::cache::ReadFault;
+    let spec = SyntheticSpec {
+        seed: 11,
+        ..SyntheticSpec::default()
+    };
+    let dir = Scratch::new("embd-faults");
+    let src = dir.0.join("tiny.gguf");
+    let dst = dir.0.join("tiny-store.gguf");
+    std::fs::write(&src, synthetic_model(&spec).unwrap().to_bytes().unwrap()).unwrap();
+    convert(
+        &src,
+        &dst,
+        &ConvertOptions::neuron_columns(64),
+        &mut |_, _| {},
+    )
+    .unwrap();
+    let whole = Model::load(&src).unwrap();
+    let model = Model::load_resident(&dst, true).unwrap();
+    let n = spec.n_embd as usize;
+    let (mut want, mut got) = (vec![0f32; n], vec![0f32; n]);
+    whole.embed(5, &mut want).unwrap();
+    let faults = std::sync::Arc::new(Answers(std::sync::Mutex::new(vec![
+        ReadFault::Fail(std::io::ErrorKind::Other),
+        ReadFault::Short(3),
+        ReadFault::Flip(77),
+    ])));
+    model.set_read_faults(Some(faults.clone()));
+    for what in ["a failed read", "a short read", "a flipped bit"] {
+        got.fill(0.0);
+        let e = model.embed(5, &mut got).expect_err(what).to_string();
+        assert!(e.contains("embedding row"), "{what}: {e}");
+    }
+    model.embed(5, &mut got).unwrap();
+    assert_eq!(got, want);
+    // Without faults set, none are asked.
+    faults
+        .0
+        .lock()
+        .unwrap()
+        .push(ReadFault::Fail(std::io::ErrorKind::Other));
+    model.set_read_faults(None);
+    model.embed(6, &mut got).unwrap();
+}

@@ -110,9 +110,11 @@ impl<R: ClusterRunner> InlineDriver<R> {
         })
     }
 
-    /// Injects faults into every later read of the store (plans with a cache; `None`: none,
-    /// the default). For the fault harness and tests.
+    /// Injects faults into every later read of the store (plans with a cache) and of the
+    /// model's embedding rows ([`Model::set_read_faults`]); `None`: none, the default. For the
+    /// fault harness and tests.
     pub fn set_read_faults(&mut self, faults: Option<Arc<dyn crate::cache::ReadFaults>>) {
+        self.model.set_read_faults(faults.clone());
         if let Some((_, file)) = self.cache.as_mut() {
             file.set_faults(faults);
         }

@@ -129,6 +129,8 @@ impl ModelConfig {
             file.get_u32(&name)?.ok_or(ModelError::MissingKey(name))
         };
         let n_layer = required("block_count")?;
+        // Before anything is sized by it (the sliding-window pattern holds a flag a layer).
+        check_layer_count(&arch_name, n_layer)?;
         let n_embd = required("embedding_length")?;
         let ff_per_expert = required("feed_forward_length")?;
         let (n_expert, n_expert_used) = experts(
@@ -320,12 +322,7 @@ impl ModelConfig {
                 return bad(k, format!("{v} is outside 1..={MAX_DIM}"));
             }
         }
-        if self.n_layer == 0 || self.n_layer > MAX_LAYERS {
-            return bad(
-                "block_count",
-                format!("{} is outside 1..={MAX_LAYERS}", self.n_layer),
-            );
-        }
+        check_layer_count(&self.arch_name, self.n_layer)?;
         // Widths that are products: each factor may be in range and their product not.
         for (k, heads, what) in [
             ("attention.head_count", self.n_head, "query"),
@@ -471,6 +468,17 @@ impl ModelConfig {
     }
 }
 
+/// `block_count` within 1..=[`MAX_LAYERS`].
+fn check_layer_count(arch_name: &str, n_layer: u32) -> Result<(), ModelError> {
+    if n_layer == 0 || n_layer > MAX_LAYERS {
+        return Err(ModelError::BadValue {
+            key: format!("{arch_name}.block_count"),
+            why: format!("{n_layer} is outside 1..={MAX_LAYERS}"),
+        });
+    }
+    Ok(())
+}
+
 /// Gemma 3's sliding-window layers: `attention.sliding_window` positions (none when absent or
 /// 0), on the layers `attention.sliding_window_pattern` names — an array of one flag per
 /// layer, or a period `n` where every `n`-th layer is global (default 6: five windowed
@@ -614,6 +622,25 @@ mod tests {
             w.add_metadata(format!("{arch}.{k}"), v).unwrap();
         }
         ModelConfig::from_gguf(&GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap())
+    }
+
+    #[test]
+    fn a_huge_layer_count_is_refused_before_anything_is_sized_by_it() {
+        // The fuzzer's find: gemma3's window pattern (a flag a layer) was built for 4 billion
+        // layers before the count was checked, taking seconds and gigabytes.
+        use crate::gguf::Value;
+        let started = std::time::Instant::now();
+        let e = config_of(
+            "gemma3",
+            &[
+                ("attention.sliding_window", Value::U32(512)),
+                ("block_count", Value::U32(u32::MAX)),
+            ],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("gemma3.block_count"), "{e}");
+        assert!(started.elapsed() < std::time::Duration::from_millis(500));
     }
 
     #[test]

@@ -10,6 +10,7 @@ use crate::store::{bundle_tensor_name, is_attention_matrix, stays_on_storage, St
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::Mutex;
 
 /// A 2-D weight matrix inside the model file: `rows` rows of `cols` elements.
@@ -160,7 +161,14 @@ impl DownBlocks {
 /// Reads rows of a tensor from the model file (one small read each, through the page cache).
 struct RowReader {
     file: std::fs::File,
-    scratch: Mutex<Vec<u8>>,
+    /// The row's bytes as read, and the faults injected into the reads (the fault harness).
+    state: Mutex<RowReads>,
+}
+
+#[derive(Default)]
+struct RowReads {
+    scratch: Vec<u8>,
+    faults: Option<Arc<dyn crate::cache::ReadFaults>>,
 }
 
 impl Model {
@@ -243,7 +251,7 @@ impl Model {
                     path: path.display().to_string(),
                     source,
                 })?,
-                scratch: Mutex::new(Vec::new()),
+                state: Mutex::new(RowReads::default()),
             });
         }
         Ok(model)
@@ -575,6 +583,20 @@ impl Model {
             .expect("a store loaded whole holds its bundles")
     }
 
+    /// Injects faults into the reads of embedding rows, when the model reads them from its file
+    /// per token (a store that streams its output; otherwise there are no such reads). `None`
+    /// (the default): none. For the fault harness and tests; the drivers' `set_read_faults`
+    /// set it together with their store's.
+    pub fn set_read_faults(&self, faults: Option<Arc<dyn crate::cache::ReadFaults>>) {
+        if let Some(reader) = &self.embd_rows {
+            reader
+                .state
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .faults = faults;
+        }
+    }
+
     /// Writes the embedding of `token` into `out` (`n_embd` values).
     pub fn embed(&self, token: u32, out: &mut [f32]) -> Result<(), ModelError> {
         if token >= self.config.n_vocab {
@@ -586,7 +608,11 @@ impl Model {
         if let Some(reader) = &self.embd_rows {
             let t = &self.tok_embd;
             let rb = t.row_bytes();
-            let mut buf = reader.scratch.lock().unwrap_or_else(|e| e.into_inner());
+            let mut state = reader.state.lock().unwrap_or_else(|e| e.into_inner());
+            let RowReads {
+                scratch: buf,
+                faults,
+            } = &mut *state;
             let start = (t.bytes.start + token as usize * rb) as u64;
             // With page checksums the row's whole pages are read and checked (every time: a
             // row is read per token, a page or two).
@@ -613,14 +639,21 @@ impl Model {
                     .as_deref()
                     .map_or(String::new(), |p| p.display().to_string())
             };
-            reader
-                .file
-                .read_exact_at(&mut buf, offset)
-                .map_err(|source| crate::gguf::GgufError::Io {
-                    op: "read an embedding row of",
-                    path: path(),
-                    source,
-                })?;
+            let fault = crate::cache::ReadFault::of(faults.as_deref(), offset, len);
+            let read = reader.file.read_exact_at(buf, offset).map(|()| len);
+            match fault.apply(&mut [&mut buf[..]], read) {
+                Ok(got) if got == len => Ok(()),
+                Ok(got) => Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!("short read: {got} of {len} bytes"),
+                )),
+                Err(e) => Err(e),
+            }
+            .map_err(|source| crate::gguf::GgufError::Io {
+                op: "read an embedding row of",
+                path: path(),
+                source,
+            })?;
             if let Some(pages) = pages {
                 pages.check_pages(offset, &buf).map_err(|at| {
                     ModelError::Store(Box::new(crate::store::StoreError::PageChecksum {
