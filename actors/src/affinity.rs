@@ -39,6 +39,7 @@ pub(crate) fn pin_current_thread_to(core: usize) -> bool {
 }
 
 /// Refused pins in this process so far.
+#[cfg(test)]
 pub(crate) fn refusals() -> usize {
     REFUSALS.load(Ordering::Relaxed)
 }
