@@ -45,6 +45,9 @@ pub(crate) fn refusals() -> usize {
 }
 
 #[cfg(test)]
+pub(crate) use tests::forbidden_core;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -76,6 +79,3 @@ mod tests {
         assert!(REFUSED_NOTED.load(Ordering::Relaxed), "no note printed");
     }
 }
-
-#[cfg(test)]
-pub(crate) use tests::forbidden_core;
