@@ -181,7 +181,8 @@ impl Drop for Host {
 
 fn pin_current_thread(cores: &[u32]) {
     if let Some(&first) = cores.first() {
-        core_affinity::set_for_current(core_affinity::CoreId { id: first as usize });
+        // Refused: the host runs unpinned (see `affinity`).
+        crate::affinity::pin_current_thread_to(first as usize);
     }
 }
 

@@ -10,6 +10,7 @@
 //!   clusters among themselves without messages.
 //! - [`detect_topology`] — this machine's cores and core classes.
 
+mod affinity;
 mod backend;
 mod dense;
 mod driver;

@@ -169,8 +169,9 @@ fn pin_worker(cores: &[usize], worker: usize) {
     if cores.is_empty() {
         return;
     }
-    let id = cores[worker % cores.len()];
-    core_affinity::set_for_current(core_affinity::CoreId { id });
+    // A refused pin (a cpuset without that core, an Android app process) leaves the worker
+    // unpinned: slower perhaps, the same results.
+    crate::affinity::pin_current_thread_to(cores[worker % cores.len()]);
 }
 
 /// Claims and runs items of the current job until none are left.
@@ -434,6 +435,33 @@ mod tests {
         assert!(
             used.lock().unwrap().contains(&1),
             "the parked helper took part"
+        );
+    }
+
+    /// Workers pinned to cores the process may not use (as an Android app may be refused
+    /// them) run unpinned: every item still runs exactly once, and the refusals are counted.
+    #[test]
+    fn workers_whose_pinning_is_refused_run_unpinned() {
+        let before = crate::affinity::refusals();
+        let forbidden = crate::affinity::forbidden_core();
+        // On a thread of its own: worker 0 is the calling thread.
+        std::thread::spawn(move || {
+            let pool = WorkerPool::new(PoolConfig {
+                cores: vec![forbidden, crate::affinity::MAX_CORE_ID + 1],
+                spin_iterations: 50,
+                ..PoolConfig::new(3)
+            })
+            .unwrap();
+            for n in [1, 7, 64] {
+                let expected: Vec<f32> = (0..n * 4).map(|v| v as f32).collect();
+                assert_eq!(fill(&pool, n), expected);
+            }
+        })
+        .join()
+        .unwrap();
+        assert!(
+            crate::affinity::refusals() >= before + 3,
+            "the three workers' refused pins were not counted"
         );
     }
 

@@ -141,13 +141,29 @@ fn oneplus_12_keeps_the_papers_figures() {
     for s in &npu.shapes {
         assert!(close(s.gmacs, 770.0 * MACS_7B / 1e9, 0.005), "{s:?}");
     }
-    // CPU: 8 tok/s of the same model, all cores together (Q4_0 stands for INT4).
+    // CPU: Conductor's NEON dotprod kernels from instruction counts (docs/aarch64.md, "CPU
+    // rates from instruction counts"): Q4_0 matvec, 128 MACs per 9.75 / 19.5 / 39 cycles on the
+    // X4 / A720 / A520, at the paper's clocks.
+    for (name, cycles, ghz) in [
+        ("big", 9.75, 3.3),
+        ("mid", 19.5, 3.0),
+        ("little", 39.0, 2.2),
+    ] {
+        let r = class(&p, name).rates(GgmlType::Q4_0).unwrap();
+        assert!(
+            close(r.matvec_gmacs, 128.0 / cycles * ghz, 0.001),
+            "{name}: {}",
+            r.matvec_gmacs
+        );
+    }
+    // They are throughput bounds: all cores together above the paper's llama.cpp-class CPU
+    // prefill (8 tok/s of the same model; Q4_0 stands for INT4).
     let all_cores: f64 = p
         .core_classes
         .iter()
         .map(|c| c.cores.len() as f64 * c.rates(GgmlType::Q4_0).unwrap().matmul_gmacs)
         .sum();
-    assert!(close(all_cores, 8.0 * MACS_7B / 1e9, 0.01), "{all_cores}");
+    assert!(all_cores > 8.0 * MACS_7B / 1e9, "{all_cores}");
 
     // Storage: 450 MB/s at 4 KB to 4 GB/s at 512 KB sequential; 4 KB random < 850 MB/s.
     let s = &p.storage;

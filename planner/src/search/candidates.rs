@@ -322,10 +322,10 @@ mod tests {
         let mut plan = ExecutionPlan::for_topology(&Topology::of_profile(&p));
         shares_by_speed(&mut plan, &p, &m);
         let weight = |g: &str| plan.decode_on.iter().find(|s| s.group == g).unwrap().weight;
-        // The profile's streamed Q4_0 rates: big 12.63 (1 core), mid 5.743 (5), little 2.106 (2).
-        assert_eq!(weight("big"), 1263);
-        assert_eq!(weight("mid"), 2872);
-        assert_eq!(weight("little"), 421);
+        // The profile's streamed Q4_0 rates: big 30.22 (1 core), mid 16.74 (5), little 6.138 (2).
+        assert_eq!(weight("big"), 3022);
+        assert_eq!(weight("mid"), 8370);
+        assert_eq!(weight("little"), 1228);
         // A type the profile has no rate for falls back to Q4_0's.
         m.types.ffn_gate = GgmlType::Q5_K;
         let mut fallback = ExecutionPlan::for_topology(&Topology::of_profile(&p));
