@@ -344,8 +344,8 @@ impl EngineBuilder {
         self
     }
 
-    /// Without a memory budget: interleave the Q4_K matrices 8 rows by 8 at load (`true`, the
-    /// default; `Model::interleave_q4k`), the layout of the faster decode kernel, or keep the
+    /// Without a memory budget: interleave the Q4_K and Q6_K matrices 8 rows by 8 at load (`true`, the
+    /// default; `Model::interleave_kquants`), the layout of the faster decode kernel, or keep the
     /// file's layout (`false`, `--no-interleave`). Results are the same bits either way.
     pub fn interleave(mut self, on: bool) -> Self {
         self.interleave = on;
@@ -496,10 +496,10 @@ impl EngineBuilder {
         // (a copy of the down projections, laid out once here).
         if memory.is_none() {
             model.cluster_down_projections(plan.decode.ffn_neurons as usize);
-            // After the copy above, which reads the file's layout. Decode's Q4_K matvec reads
-            // 8 interleaved rows at a time (same bits, about twice the in-cache rate).
+            // After the copy above, which reads the file's layout. Decode's Q4_K and Q6_K
+            // matvecs read 8 interleaved rows at a time (same bits, faster).
             if self.interleave {
-                model.interleave_q4k().map_err(load)?;
+                model.interleave_kquants().map_err(load)?;
             }
         }
         if let Some(n) = self.io_threads {

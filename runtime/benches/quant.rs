@@ -104,9 +104,10 @@ fn main() {
                 .flat_map(|ty| k_shapes.map(|s| (ty, s))),
         );
     for (ty, (rows, cols)) in cases {
-        // Q4_K also interleaved 8 rows by 8 (`Layout::X8`, what a model loads for decode).
+        // Q4_K and Q6_K also interleaved 8 rows by 8 (`Layout::X8`, what a model loads for
+        // decode).
         let layouts: &[Layout] = match ty {
-            GgmlType::Q4_K => &[Layout::Rows, Layout::X8 { skip: 0 }],
+            GgmlType::Q4_K | GgmlType::Q6_K => &[Layout::Rows, Layout::X8 { skip: 0 }],
             _ => &[Layout::Rows],
         };
         for &layout in layouts {
@@ -185,7 +186,10 @@ fn main() {
     ]
     .into_iter()
     .map(|(ty, cols)| (ty, cols, Layout::Rows))
-    .chain([(GgmlType::Q4_K, 512, Layout::X8 { skip: 0 })]);
+    .chain([
+        (GgmlType::Q4_K, 512, Layout::X8 { skip: 0 }),
+        (GgmlType::Q6_K, 512, Layout::X8 { skip: 0 }),
+    ]);
     for (ty, cols, layout) in matmul_types {
         let (rows, n) = (1536, 512);
         let label = match layout {

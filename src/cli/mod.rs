@@ -151,7 +151,7 @@ pub struct EngineArgs {
     /// fails the next step, and one cut during a step faults).
     #[arg(long = "no-mmap")]
     pub no_mmap: bool,
-    /// Keep Q4_K matrices in the file's layout (without --memory): by default they are
+    /// Keep Q4_K and Q6_K matrices in the file's layout (without --memory): by default they are
     /// interleaved 8 rows by 8 at load, the layout of the faster decode kernel (same results).
     #[arg(long = "no-interleave")]
     pub no_interleave: bool,

@@ -352,30 +352,50 @@ fn q4k_model(seed: u64, tied_output: bool) -> Model {
 }
 
 #[test]
-fn interleaved_q4k_weights_give_the_file_layouts_bits() {
+fn interleaved_kquant_weights_give_the_file_layouts_bits() {
+    let x8 = |l: Layout| matches!(l, Layout::X8 { .. });
     for tied in [false, true] {
         let plain = q4k_model(13, tied);
         let want = run(&plain, &[PREFILL, &[42], &[7]], Split::Whole);
         let mut model = q4k_model(13, tied);
-        let bytes = model.interleave_q4k().unwrap();
+        let bytes = model.interleave_kquants().unwrap();
         assert!(bytes > 0);
-        assert!(matches!(model.layers[0].wq.layout, Layout::X8 { .. }));
-        // The embeddings (Q4_K here, also the output when tied) are read a row at a time.
+        assert!(x8(model.layers[0].wq.layout));
+        // Q6_K matrices too (attn_v and ffn_down on some layers); Q5_K ones stay.
+        let mut q6 = 0;
+        for l in &model.layers {
+            for t in [&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down] {
+                let want_x8 = matches!(t.ty, GgmlType::Q4_K | GgmlType::Q6_K);
+                assert_eq!(x8(t.layout), want_x8, "{} {}", t.name, t.ty);
+                q6 += usize::from(t.ty == GgmlType::Q6_K);
+            }
+        }
+        assert!(q6 > 0, "no Q6_K matrix in the layers");
+        // The embeddings (Q4_K here, also the output when tied) are read a row at a time; an
+        // untied output (Q6_K) is interleaved.
         assert_eq!(model.tok_embd.layout, Layout::Rows);
-        assert_eq!(model.output.layout, Layout::Rows, "tied {tied}");
+        if !tied {
+            assert_eq!(model.output.ty, GgmlType::Q6_K);
+        }
+        assert_eq!(x8(model.output.layout), !tied, "tied {tied}");
         let got = assert_split_invariant(&model, &[PREFILL, &[42], &[7]]);
         assert_eq!(got.phases, want.phases, "tied {tied}");
         assert_eq!(got.logits, want.logits, "tied {tied}");
         // Interleaving twice changes nothing more.
-        assert_eq!(model.interleave_q4k().unwrap(), 0);
+        assert_eq!(model.interleave_kquants().unwrap(), 0);
     }
-    // With decode's down block-columns, interleaved too.
+    // With decode's down block-columns (Q4_K and Q6_K), interleaved too.
+    let x8 = |l: Layout| matches!(l, Layout::X8 { .. });
     let mut model = q4k_model(17, false);
     let want = run(&model, &[PREFILL, &[42]], Split::Whole);
     model.cluster_down_projections(sizes().ffn_neurons as usize);
-    model.interleave_q4k().unwrap();
+    model.interleave_kquants().unwrap();
     let blocks = model.down_blocks.as_ref().unwrap();
-    assert!(blocks.layouts.iter().any(|l| *l != Layout::Rows));
+    for (l, layer) in model.layers.iter().enumerate() {
+        assert!(x8(blocks.layouts[l]), "layer {l}: {}", layer.down.ty);
+    }
+    let types: Vec<GgmlType> = model.layers.iter().map(|l| l.down.ty).collect();
+    assert!(types.contains(&GgmlType::Q4_K) && types.contains(&GgmlType::Q6_K));
     assert_eq!(
         run(&model, &[PREFILL, &[42]], Split::Whole).logits,
         want.logits

@@ -4,7 +4,7 @@ use super::config::{Architecture, ModelConfig};
 use super::ModelError;
 use crate::gguf::GgufFile;
 use crate::plan::{ModelDescription, ModelShape, WeightTypes};
-use crate::quant::interleave::{interleave_in_place, GROUP_ROWS};
+use crate::quant::interleave::{interleavable, interleave_in_place, GROUP_ROWS};
 use crate::quant::{dequantize_row, GgmlType, Layout, MatRef};
 use crate::store::{bundle_tensor_name, is_attention_matrix, stays_on_storage, StoreInfo};
 use std::ops::Range;
@@ -23,7 +23,7 @@ pub struct TensorRef {
     /// Byte range in the file.
     pub bytes: Range<usize>,
     /// How the rows lie in those bytes: the file's layout, or interleaved at load
-    /// ([`Model::interleave_q4k`]).
+    /// ([`Model::interleave_kquants`]).
     pub layout: Layout,
 }
 
@@ -128,7 +128,7 @@ pub struct Model {
 pub struct DownBlocks {
     pub neurons: usize,
     pub layers: Vec<Vec<u8>>,
-    /// Each layer's block-columns' layout (interleaved by [`Model::interleave_q4k`]).
+    /// Each layer's block-columns' layout (interleaved by [`Model::interleave_kquants`]).
     pub layouts: Vec<Layout>,
 }
 
@@ -494,8 +494,8 @@ impl Model {
         .sub_rows(rows)
     }
 
-    /// Interleaves the Q4_K matrices decode reads 8 rows at a time ([`Layout::X8`], the layout
-    /// of the fastest Q4_K matvec), in place: a mapped file's matrices become this process's
+    /// Interleaves the Q4_K and Q6_K matrices decode reads 8 rows at a time ([`Layout::X8`],
+    /// the layout of the fastest K-quant matvec), in place: a mapped file's matrices become this process's
     /// own copies and their mapped pages are released, so each is held once. The projections
     /// of attention and of the FFN, and the output projection unless it is the token
     /// embeddings (read a row at a time); matrices whose rows are not a multiple of 8 stay as
@@ -503,7 +503,7 @@ impl Model {
     /// storage a neuron at a time), nor with sparse FFN decode (which picks single rows).
     /// Results do not change: every kernel gives the file layout's bits. Returns the bytes
     /// interleaved.
-    pub fn interleave_q4k(&mut self) -> Result<usize, ModelError> {
+    pub fn interleave_kquants(&mut self) -> Result<usize, ModelError> {
         if self.store.is_some() || self.resident_only || self.sparse.is_some() {
             return Ok(0);
         }
@@ -525,7 +525,7 @@ impl Model {
             mats.push(&mut self.output);
         }
         for t in mats {
-            let eligible = t.ty == GgmlType::Q4_K
+            let eligible = interleavable(t.ty)
                 && t.layout == Layout::Rows
                 && t.rows.is_multiple_of(GROUP_ROWS);
             if !eligible {
@@ -546,7 +546,7 @@ impl Model {
             let m = blocks.neurons;
             for (l, layer) in self.layers.iter().enumerate() {
                 let down = &layer.down;
-                if down.ty != GgmlType::Q4_K || !embd.is_multiple_of(GROUP_ROWS) {
+                if !interleavable(down.ty) || !embd.is_multiple_of(GROUP_ROWS) {
                     continue;
                 }
                 let data = &mut blocks.layers[l];

@@ -23,8 +23,10 @@ use std::arch::x86_64::*;
 mod axpy;
 mod blocks32;
 pub(crate) mod kquants;
-pub(crate) mod q4k_x8;
+mod q4k_x8;
+mod q6k_x8;
 mod quantize;
+pub(crate) mod x8;
 
 use axpy::axpy_rows_float;
 pub(crate) use axpy::{axpy_rows_impl, dm_chunk, AxpyBlock, AXPY_CHUNK, AXPY_GROUP, AXPY_PREFETCH};

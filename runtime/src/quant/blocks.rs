@@ -191,6 +191,21 @@ pub struct BlockQ6K {
 }
 block_impl!(BlockQ6K, 210);
 
+/// Super-block `b` of 8 Q6_K rows, interleaved ([`super::interleave`]): the 8 rows' d; their 16
+/// scale bytes as four 4-byte words per row, word-major (`scales[8 * i + r]` is bytes `4i..4i +
+/// 4` of row r's `scales`); their `ql` and `qh` in 4-byte chunks, 8 rows' chunks side by side,
+/// in the order the kernel reads them: for half n and k in 0..8, `ql` chunks 16n + k and 16n +
+/// 8 + k and `qh` chunk 8n + k (`q[8 * (3 * (8n + k) + p) + r]`, part p of row r). The same
+/// 1680 bytes as the 8 blocks.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockQ6Kx8 {
+    pub d: [[u8; 2]; 8],
+    pub scales: [[u8; 4]; 32],
+    pub q: [[u8; 4]; 384],
+}
+block_impl!(BlockQ6Kx8, 8 * 210);
+
 /// Q8_K (activations of the K-quants): x = d * q with an f32 d, and the sum of each 16 quants.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

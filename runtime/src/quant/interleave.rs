@@ -1,28 +1,146 @@
-//! Q4_K rows interleaved 8 by 8 ([`Layout::X8`]), the layout decode's Q4_K matvec reads
-//! fastest: per super-block, one [`BlockQ4Kx8`] holds the 8 rows' blocks, their scales as
-//! row-per-lane words and their quants in 4-byte chunks, so one 32-byte load feeds 8 rows and one
-//! broadcast activation word serves them all (no per-row shuffles or horizontal sums; see
-//! `avx2/q4k_x8.rs`). The bytes are the 8 rows' blocks rearranged: the same size, so a model can
-//! interleave a matrix in place ([`interleave_in_place`]).
+//! Q4_K and Q6_K rows interleaved 8 by 8 ([`Layout::X8`]), the layout decode's K-quant matvec
+//! reads fastest: per super-block, one [`BlockQ4Kx8`] (or [`BlockQ6Kx8`]) holds the 8 rows'
+//! blocks, their scales as row-per-lane words and their quants in 4-byte chunks, so one 32-byte
+//! load feeds 8 rows and one broadcast activation word serves them all (no per-row shuffles or
+//! horizontal sums; see `avx2/q4k_x8.rs`, `avx2/q6k_x8.rs`). The bytes are the 8 rows' blocks
+//! rearranged: the same size, so a model can interleave a matrix in place
+//! ([`interleave_in_place`]).
 //!
-//! Every result is the scalar Q4_K dot of the row (`scalar::dot_q4_k_q8_k`), bit for bit: the
-//! kernels only read the same numbers from other places. Rows can always be taken back out
-//! ([`row_blocks`]), which is how the paths without an interleaved kernel compute.
+//! Every result is the scalar dot of the row (`scalar::dot_q4_k_q8_k`, `dot_q6_k_q8_k`), bit for
+//! bit: the kernels only read the same numbers from other places. Rows can always be taken back
+//! out ([`X8::row_blocks`]), which is how the paths without an interleaved kernel compute.
 
-use super::blocks::{view, view_mut, BlockQ4K, BlockQ4Kx8};
+use super::blocks::{as_bytes, view, view_mut, Block, BlockQ4K, BlockQ4Kx8, BlockQ6K, BlockQ6Kx8};
 use super::{row_bytes, GgmlType, Layout, MatRef, QuantError};
 
 /// Rows per interleaved group.
 pub const GROUP_ROWS: usize = 8;
 
-/// The interleaved bytes of the matrix `w` (file layout, Q4_K): its rows in groups of 8, a
-/// short last group padded with zero rows. View them as `MatRef { layout: Layout::X8 { skip: 0
-/// }, ..w }`.
+/// Whether `ty` has an interleaved layout (Q4_K, Q6_K).
+pub fn interleavable(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K)
+}
+
+/// A super-block of 8 rows interleaved, and the file-layout block of one row it holds.
+pub(crate) trait Group: Block {
+    type Row: Block;
+    /// The 8 rows' blocks into one group.
+    fn pack(rows: [&Self::Row; GROUP_ROWS]) -> Self;
+    /// Row `r` (0..8) back out, as its file-layout block.
+    fn unpack(&self, r: usize) -> Self::Row;
+}
+
+/// `n` 4-byte chunks of each row's `src`, chunk-major: `dst[8 * c + r]` is row r's chunk c.
+#[inline(always)]
+fn chunks_in(dst: &mut [[u8; 4]], r: usize, src: &[u8]) {
+    for (c, s) in src.chunks_exact(4).enumerate() {
+        dst[GROUP_ROWS * c + r].copy_from_slice(s);
+    }
+}
+
+/// The inverse of [`chunks_in`] for row r.
+#[inline(always)]
+fn chunks_out(src: &[[u8; 4]], r: usize, dst: &mut [u8]) {
+    for (c, d) in dst.chunks_exact_mut(4).enumerate() {
+        d.copy_from_slice(&src[GROUP_ROWS * c + r]);
+    }
+}
+
+impl Group for BlockQ4Kx8 {
+    type Row = BlockQ4K;
+    fn pack(rows: [&BlockQ4K; GROUP_ROWS]) -> Self {
+        let mut x = BlockQ4Kx8 {
+            d: [[0; 2]; 8],
+            dmin: [[0; 2]; 8],
+            scales: [[0; 4]; 24],
+            qs: [[0; 4]; 256],
+        };
+        for (r, blk) in rows.iter().enumerate() {
+            x.d[r] = blk.d;
+            x.dmin[r] = blk.dmin;
+            chunks_in(&mut x.scales, r, &blk.scales);
+            chunks_in(&mut x.qs, r, &blk.qs);
+        }
+        x
+    }
+    #[inline]
+    fn unpack(&self, r: usize) -> BlockQ4K {
+        let mut blk = BlockQ4K {
+            d: self.d[r],
+            dmin: self.dmin[r],
+            scales: [0; 12],
+            qs: [0; 128],
+        };
+        chunks_out(&self.scales, r, &mut blk.scales);
+        chunks_out(&self.qs, r, &mut blk.qs);
+        blk
+    }
+}
+
+/// Where part p (0: `ql` chunk 16n + k, 1: `ql` chunk 16n + 8 + k, 2: `qh` chunk 8n + k) of
+/// each (half n, k) lies among a [`BlockQ6Kx8`]'s `q` chunk groups: in the kernel's reading
+/// order.
+#[inline(always)]
+pub(crate) const fn q6k_part(n: usize, k: usize, p: usize) -> usize {
+    3 * (8 * n + k) + p
+}
+
+/// The 4-byte chunk c of a Q6_K row's `ql` (`qh` when `high`), as (half n, k, part).
+fn q6k_chunk(c: usize, high: bool) -> usize {
+    if high {
+        q6k_part(c / 8, c % 8, 2)
+    } else {
+        q6k_part(c / 16, c % 8, (c % 16) / 8)
+    }
+}
+
+impl Group for BlockQ6Kx8 {
+    type Row = BlockQ6K;
+    fn pack(rows: [&BlockQ6K; GROUP_ROWS]) -> Self {
+        let mut x = BlockQ6Kx8 {
+            d: [[0; 2]; 8],
+            scales: [[0; 4]; 32],
+            q: [[0; 4]; 384],
+        };
+        for (r, blk) in rows.iter().enumerate() {
+            x.d[r] = blk.d;
+            chunks_in(&mut x.scales, r, &blk.scales);
+            for (c, s) in blk.ql.chunks_exact(4).enumerate() {
+                x.q[GROUP_ROWS * q6k_chunk(c, false) + r].copy_from_slice(s);
+            }
+            for (c, s) in blk.qh.chunks_exact(4).enumerate() {
+                x.q[GROUP_ROWS * q6k_chunk(c, true) + r].copy_from_slice(s);
+            }
+        }
+        x
+    }
+    #[inline]
+    fn unpack(&self, r: usize) -> BlockQ6K {
+        let mut blk = BlockQ6K {
+            ql: [0; 128],
+            qh: [0; 64],
+            scales: [0; 16],
+            d: self.d[r],
+        };
+        chunks_out(&self.scales, r, &mut blk.scales);
+        for (c, d) in blk.ql.chunks_exact_mut(4).enumerate() {
+            d.copy_from_slice(&self.q[GROUP_ROWS * q6k_chunk(c, false) + r]);
+        }
+        for (c, d) in blk.qh.chunks_exact_mut(4).enumerate() {
+            d.copy_from_slice(&self.q[GROUP_ROWS * q6k_chunk(c, true) + r]);
+        }
+        blk
+    }
+}
+
+/// The interleaved bytes of the matrix `w` (file layout, Q4_K or Q6_K): its rows in groups of
+/// 8, a short last group padded with zero rows. View them as `MatRef { layout: Layout::X8 {
+/// skip: 0 }, ..w }`.
 ///
 /// # Errors
-/// A type other than Q4_K, a malformed `w`, or `w` already interleaved.
+/// Another type, a malformed `w`, or `w` already interleaved.
 pub fn interleave(w: MatRef<'_>) -> Result<Vec<u8>, QuantError> {
-    check_q4k(w.ty)?;
+    check_type(w.ty)?;
     let stride = w.validate()?;
     let groups = w.rows.div_ceil(GROUP_ROWS);
     let mut out = vec![0u8; groups * GROUP_ROWS * stride];
@@ -33,6 +151,7 @@ pub fn interleave(w: MatRef<'_>) -> Result<Vec<u8>, QuantError> {
         rows.fill(0);
         rows[..n * stride].copy_from_slice(&w.data[first * stride..(first + n) * stride]);
         pack_group(
+            w.ty,
             &rows,
             &mut out[g * GROUP_ROWS * stride..(g + 1) * GROUP_ROWS * stride],
         );
@@ -40,18 +159,18 @@ pub fn interleave(w: MatRef<'_>) -> Result<Vec<u8>, QuantError> {
     Ok(out)
 }
 
-/// Interleaves `rows` Q4_K rows of `cols` columns held in `data` (file layout) where they lie:
-/// afterwards `data` is [`Layout::X8`] bytes of the same matrix, the same size.
+/// Interleaves `rows` Q4_K or Q6_K rows of `cols` columns held in `data` (file layout) where
+/// they lie: afterwards `data` is [`Layout::X8`] bytes of the same matrix, the same size.
 ///
 /// # Errors
-/// A type other than Q4_K, `rows` not a multiple of 8, or `data` not `rows` rows.
+/// Another type, `rows` not a multiple of 8, or `data` not `rows` rows.
 pub fn interleave_in_place(
     ty: GgmlType,
     data: &mut [u8],
     rows: usize,
     cols: usize,
 ) -> Result<(), QuantError> {
-    check_q4k(ty)?;
+    check_type(ty)?;
     MatRef::new(ty, data, rows, cols)?;
     if !rows.is_multiple_of(GROUP_ROWS) {
         return Err(QuantError::Length {
@@ -64,67 +183,48 @@ pub fn interleave_in_place(
     let mut scratch = vec![0u8; group];
     for chunk in data.chunks_exact_mut(group) {
         scratch.copy_from_slice(chunk);
-        pack_group(&scratch, chunk);
+        pack_group(ty, &scratch, chunk);
     }
     Ok(())
 }
 
-fn check_q4k(ty: GgmlType) -> Result<(), QuantError> {
-    match ty {
-        GgmlType::Q4_K => Ok(()),
-        ty => Err(QuantError::Unsupported {
+fn check_type(ty: GgmlType) -> Result<(), QuantError> {
+    if interleavable(ty) {
+        Ok(())
+    } else {
+        Err(QuantError::Unsupported {
             ty,
             op: "interleave",
-        }),
+        })
     }
 }
 
-/// 8 rows (file layout, back to back) into one group of [`BlockQ4Kx8`]s.
-fn pack_group(rows: &[u8], out: &mut [u8]) {
+/// 8 rows (file layout, back to back) into one group of interleaved super-blocks.
+fn pack_group(ty: GgmlType, rows: &[u8], out: &mut [u8]) {
+    match ty {
+        GgmlType::Q4_K => pack_rows::<BlockQ4Kx8>(rows, out),
+        GgmlType::Q6_K => pack_rows::<BlockQ6Kx8>(rows, out),
+        ty => unreachable!("checked: {ty} has no interleaved layout"),
+    }
+}
+
+fn pack_rows<G: Group>(rows: &[u8], out: &mut [u8]) {
     let stride = rows.len() / GROUP_ROWS;
-    let src: [&[BlockQ4K]; GROUP_ROWS] = std::array::from_fn(|r| {
-        view::<BlockQ4K>(&rows[r * stride..(r + 1) * stride]).expect("whole blocks")
+    let src: [&[G::Row]; GROUP_ROWS] = std::array::from_fn(|r| {
+        view::<G::Row>(&rows[r * stride..(r + 1) * stride]).expect("whole blocks")
     });
-    let dst = view_mut::<BlockQ4Kx8>(out).expect("whole groups");
+    let dst = view_mut::<G>(out).expect("whole groups");
     for (b, x) in dst.iter_mut().enumerate() {
-        for (r, row) in src.iter().enumerate() {
-            let blk = &row[b];
-            x.d[r] = blk.d;
-            x.dmin[r] = blk.dmin;
-            for i in 0..3 {
-                x.scales[8 * i + r].copy_from_slice(&blk.scales[4 * i..4 * i + 4]);
-            }
-            for q in 0..32 {
-                x.qs[GROUP_ROWS * q + r].copy_from_slice(&blk.qs[4 * q..4 * q + 4]);
-            }
-        }
+        *x = G::pack(std::array::from_fn(|r| &src[r][b]));
     }
-}
-
-/// Row `r` (0..8) of an interleaved super-block, as its file-layout block.
-#[inline]
-pub(crate) fn unpack(x: &BlockQ4Kx8, r: usize) -> BlockQ4K {
-    let mut blk = BlockQ4K {
-        d: x.d[r],
-        dmin: x.dmin[r],
-        scales: [0; 12],
-        qs: [0; 128],
-    };
-    for i in 0..3 {
-        blk.scales[4 * i..4 * i + 4].copy_from_slice(&x.scales[8 * i + r]);
-    }
-    for q in 0..32 {
-        blk.qs[4 * q..4 * q + 4].copy_from_slice(&x.qs[GROUP_ROWS * q + r]);
-    }
-    blk
 }
 
 /// An interleaved matrix's geometry, validated: `groups` groups of `nb_row` super-blocks each
 /// (a whole row), of which the matrix uses super-blocks `off..off + nb` (a column range) and
 /// rows `skip..skip + rows` (counted from the first group's first row).
 #[derive(Clone, Copy)]
-pub(crate) struct X8<'a> {
-    pub(crate) blocks: &'a [BlockQ4Kx8],
+pub(crate) struct X8<'a, G> {
+    pub(crate) blocks: &'a [G],
     pub(crate) nb_row: usize,
     pub(crate) off: usize,
     pub(crate) nb: usize,
@@ -132,10 +232,10 @@ pub(crate) struct X8<'a> {
     pub(crate) rows: usize,
 }
 
-impl<'a> X8<'a> {
+impl<'a, G: Group> X8<'a, G> {
     /// Group `g`'s super-blocks of the column range.
     #[inline(always)]
-    pub(crate) fn group(&self, g: usize) -> &'a [BlockQ4Kx8] {
+    pub(crate) fn group(&self, g: usize) -> &'a [G] {
         let start = g * self.nb_row + self.off;
         &self.blocks[start..start + self.nb]
     }
@@ -150,27 +250,28 @@ impl<'a> X8<'a> {
     }
 
     /// Row `r` of the matrix (column range only) in file layout, into `out` (`nb` blocks).
-    pub(crate) fn row_blocks(&self, r: usize, out: &mut Vec<BlockQ4K>) {
+    pub(crate) fn row_blocks(&self, r: usize, out: &mut Vec<G::Row>) {
         let at = self.skip + r;
         out.clear();
         out.extend(
             self.group(at / GROUP_ROWS)
                 .iter()
-                .map(|x| unpack(x, at % GROUP_ROWS)),
+                .map(|x| x.unpack(at % GROUP_ROWS)),
         );
     }
 }
 
-/// The geometry of an interleaved `w` restricted to super-blocks `off..off + nb`.
+/// The geometry of an interleaved `w` restricted to super-blocks `off..off + nb`, its groups
+/// viewed as `G` (which must be `w.ty`'s).
 ///
 /// # Panics
 /// If `w` is not a valid [`Layout::X8`] matrix (checked by the caller's validation).
-pub(crate) fn x8_of<'a>(w: &MatRef<'a>, off: usize, nb: usize) -> X8<'a> {
+pub(crate) fn x8_of<'a, G: Group>(w: &MatRef<'a>, off: usize, nb: usize) -> X8<'a, G> {
     let Layout::X8 { skip } = w.layout else {
         panic!("x8_of: a file-layout matrix");
     };
     X8 {
-        blocks: view::<BlockQ4Kx8>(w.data).expect("validated: whole groups"),
+        blocks: view::<G>(w.data).expect("validated: whole groups"),
         nb_row: w.cols / 256,
         off,
         nb,
@@ -182,20 +283,17 @@ pub(crate) fn x8_of<'a>(w: &MatRef<'a>, off: usize, nb: usize) -> X8<'a> {
 /// Row `r` of an interleaved matrix (all columns) in file layout, the bytes of
 /// [`interleave`]'s input row (for tests and for paths without an interleaved kernel).
 pub fn row_bytes_of(w: MatRef<'_>, r: usize) -> Result<Vec<u8>, QuantError> {
-    let nb = w.cols / 256;
     w.validate_any()?;
     assert!(r < w.rows, "row {r} outside 0..{}", w.rows);
+    Ok(match w.ty {
+        GgmlType::Q4_K => row_of::<BlockQ4Kx8>(&w, r),
+        GgmlType::Q6_K => row_of::<BlockQ6Kx8>(&w, r),
+        ty => unreachable!("validated: {ty} has no interleaved layout"),
+    })
+}
+
+fn row_of<G: Group>(w: &MatRef<'_>, r: usize) -> Vec<u8> {
     let mut blocks = Vec::new();
-    x8_of(&w, 0, nb).row_blocks(r, &mut blocks);
-    Ok(blocks
-        .iter()
-        .flat_map(|b| {
-            let mut v = Vec::with_capacity(144);
-            v.extend_from_slice(&b.d);
-            v.extend_from_slice(&b.dmin);
-            v.extend_from_slice(&b.scales);
-            v.extend_from_slice(&b.qs);
-            v
-        })
-        .collect())
+    x8_of::<G>(w, 0, w.cols / 256).row_blocks(r, &mut blocks);
+    as_bytes(&blocks).to_vec()
 }

@@ -37,13 +37,14 @@
 //!   by side (`Rows::long_rows`, `tile_seq`, `ktile_seq`), and keep what the float steps need
 //!   (folded integer sums, f16 scales) in a small scratch so the weights are read once: the same
 //!   bits, 2-3x the bandwidth on 1B-class matrices.
-//! * `interleave.rs` + `avx2/q4k_x8.rs`: Q4_K rows interleaved 8 by 8 ([`Layout::X8`], the same
-//!   bytes rearranged; a model does it in place at load, `Model::interleave_q4k`). One i32 lane
-//!   per row: a 32-byte load holds 8 rows' quants, each 4 activation bytes are broadcast, the
-//!   scales and mins are decoded for 8 rows at once; no per-row shuffles or reductions. About
-//!   twice the in-cache rate of the 4-row Q4_K kernel, the same bits (each lane does its row's
-//!   scalar steps). Without that kernel (scalar, aarch64, `matvec_rows`) rows are taken back
-//!   out of the groups and dotted as usual.
+//! * `interleave.rs` + `avx2/q4k_x8.rs`, `avx2/q6k_x8.rs` (loops in `avx2/x8.rs`): Q4_K and
+//!   Q6_K rows interleaved 8 by 8 ([`Layout::X8`], the same bytes rearranged; a model does it in
+//!   place at load, `Model::interleave_kquants`). One i32 lane per row: a 32-byte load holds 8
+//!   rows' quants, each 4 activation bytes are broadcast, the scales are decoded for 8 rows at
+//!   once; no per-row shuffles or reductions. Q4_K about twice the in-cache rate of the 4-row
+//!   kernel, Q6_K about 1.1-1.2x; the same bits (each lane does its row's scalar steps).
+//!   Without that kernel (scalar, aarch64, `matvec_rows`) rows are taken back out of the groups
+//!   and dotted as usual.
 //! * `gemm.rs`: prefill GEMM on row-interleaved repacked weights (8 rows per ymm), used from
 //!   8 tokens on (on plain AVX2 only for the 4-bit Q4_0/Q4_1, whose products fit its i16
 //!   sums). `avx512.rs`: the same with 16 rows per zmm.
@@ -126,7 +127,7 @@ mod tests;
 
 pub use blocks::{
     BlockIQ4NL, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4Kx8, BlockQ4_0, BlockQ4_1,
-    BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
+    BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ6Kx8, BlockQ8K, BlockQ8_0, BlockQ8_1,
 };
 pub use ggml_type::GgmlType;
 
@@ -433,9 +434,10 @@ pub enum Layout {
     /// The file's layout: row after row, [`MatRef::stride`] bytes each.
     #[default]
     Rows,
-    /// Q4_K rows interleaved 8 by 8 ([`interleave`]): `data` holds whole groups of 8 rows (each
-    /// group its super-blocks in column order, one [`BlockQ4Kx8`] each), and the matrix is rows
-    /// `skip..skip + rows` of them (`skip < 8`; the last group may be used in part).
+    /// Q4_K or Q6_K rows interleaved 8 by 8 ([`interleave`]): `data` holds whole groups of 8 rows
+    /// (each group its super-blocks in column order, one [`BlockQ4Kx8`] or [`BlockQ6Kx8`] each),
+    /// and the matrix is rows `skip..skip + rows` of them (`skip < 8`; the last group may be
+    /// used in part).
     X8 { skip: usize },
 }
 
@@ -529,10 +531,10 @@ impl<'a> MatRef<'a> {
         let rows = match self.layout {
             Layout::Rows => self.rows,
             Layout::X8 { skip } => {
-                if self.ty != GgmlType::Q4_K || skip >= interleave::GROUP_ROWS {
+                if !interleave::interleavable(self.ty) || skip >= interleave::GROUP_ROWS {
                     return Err(QuantError::Unsupported {
                         ty: self.ty,
-                        op: "Layout::X8 (Q4_K, skip < 8)",
+                        op: "Layout::X8 (Q4_K or Q6_K, skip < 8)",
                     });
                 }
                 (skip + self.rows).next_multiple_of(interleave::GROUP_ROWS)
@@ -1127,8 +1129,9 @@ impl Kernels {
         }
     }
 
-    /// The geometry of an interleaved `w` restricted to `cols` (validated).
-    fn x8_geometry<'a>(w: &MatRef<'a>, cols: &Range<usize>) -> interleave::X8<'a> {
+    /// Checks an interleaved `w` and a column range of it; the range's super-blocks
+    /// `(off, nb)`.
+    fn x8_cols(w: &MatRef<'_>, cols: &Range<usize>) -> (usize, usize) {
         w.validate_any().unwrap_or_else(|e| panic!("{e}"));
         assert!(
             cols.start <= cols.end && cols.end <= w.cols,
@@ -1137,52 +1140,91 @@ impl Kernels {
         );
         assert!(
             cols.start.is_multiple_of(256) && cols.end.is_multiple_of(256),
-            "column range {cols:?} not aligned to Q4_K blocks of 256"
+            "column range {cols:?} not aligned to {} blocks of 256",
+            w.ty
         );
-        interleave::x8_of(w, cols.start / 256, cols.len() / 256)
+        (cols.start / 256, cols.len() / 256)
+    }
+
+    /// `out[i]` = row `rows[i]` of an interleaved `w` (super-blocks `off..off + nb`) dotted with
+    /// `act`, each row taken back out of its group: the paths without an interleaved kernel.
+    fn x8_row_dots(
+        &self,
+        w: &MatRef<'_>,
+        (off, nb): (usize, usize),
+        rows: impl Iterator<Item = usize>,
+        act: &[u8],
+        out: &mut [f32],
+    ) {
+        fn go<G: interleave::Group>(
+            k: &Kernels,
+            m: interleave::X8<'_, G>,
+            ty: GgmlType,
+            rows: impl Iterator<Item = usize>,
+            act: &[u8],
+            out: &mut [f32],
+        ) {
+            let mut row = Vec::with_capacity(m.nb);
+            for (r, o) in rows.zip(out.iter_mut()) {
+                assert!(r < m.rows, "row {r} outside 0..{}", m.rows);
+                m.row_blocks(r, &mut row);
+                *o = k.dot_dispatch(ty, m.nb * 256, as_bytes(&row), act);
+            }
+        }
+        match w.ty {
+            GgmlType::Q4_K => {
+                go::<BlockQ4Kx8>(self, interleave::x8_of(w, off, nb), w.ty, rows, act, out)
+            }
+            GgmlType::Q6_K => {
+                go::<BlockQ6Kx8>(self, interleave::x8_of(w, off, nb), w.ty, rows, act, out)
+            }
+            ty => unreachable!("validated: {ty} has no interleaved layout"),
+        }
     }
 
     /// [`Kernels::matvec`] of an interleaved matrix ([`Layout::X8`]): the interleaved kernel on
     /// x86-64 SIMD, elsewhere each row taken out and dotted (the same bits either way).
     fn matvec_x8(&self, w: MatRef<'_>, cols: Range<usize>, act: &[u8], out: &mut [f32]) {
-        let m = Self::x8_geometry(&w, &cols);
+        let (off, nb) = Self::x8_cols(&w, &cols);
         let ab = row_bytes(GgmlType::Q8_K, cols.len()).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(act.len(), ab, "matvec activation bytes");
         assert_eq!(out.len(), w.rows, "matvec output length");
         #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
         if self.isa != Isa::Scalar {
-            // SAFETY: ISA detected at construction (every SIMD ISA implies AVX2+FMA+F16C); `m`
-            // was validated (its groups are bounds-checked slices), `act` has exactly `nb`
-            // activation blocks and `out` `rows` elements.
-            return unsafe { avx2::q4k_x8::entry::matvec(m, blocks_of(act), out) };
+            use avx2::x8::entry;
+            use interleave::x8_of;
+            // SAFETY: ISA detected at construction (every SIMD ISA implies AVX2+FMA+F16C); the
+            // geometry was validated (its groups are bounds-checked slices), `act` has exactly
+            // `nb` activation blocks and `out` `rows` elements.
+            unsafe {
+                match w.ty {
+                    GgmlType::Q4_K => {
+                        let m = x8_of::<BlockQ4Kx8>(&w, off, nb);
+                        return entry::matvec(m, blocks_of(act), out);
+                    }
+                    GgmlType::Q6_K => {
+                        let m = x8_of::<BlockQ6Kx8>(&w, off, nb);
+                        return entry::matvec(m, blocks_of(act), out);
+                    }
+                    _ => {}
+                }
+            }
         }
-        let mut row = Vec::with_capacity(m.nb);
-        for (r, o) in out.iter_mut().enumerate() {
-            m.row_blocks(r, &mut row);
-            *o = self.dot_dispatch(GgmlType::Q4_K, cols.len(), as_bytes(&row), act);
-        }
+        self.x8_row_dots(&w, (off, nb), 0..w.rows, act, out);
     }
 
     /// [`Kernels::matvec_rows`] of an interleaved matrix: each picked row taken out and dotted.
     fn matvec_rows_x8(&self, w: MatRef<'_>, pick: &[u32], act: &[u8], out: &mut [f32]) {
-        let m = Self::x8_geometry(&w, &(0..w.cols));
+        let (off, nb) = Self::x8_cols(&w, &(0..w.cols));
         let ab = row_bytes(GgmlType::Q8_K, w.cols).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(act.len(), ab, "matvec_rows activation bytes");
         assert_eq!(out.len(), pick.len(), "matvec_rows output length");
-        let mut row = Vec::with_capacity(m.nb);
-        for (&r, o) in pick.iter().zip(out.iter_mut()) {
-            assert!(
-                (r as usize) < w.rows,
-                "matvec_rows: row {r} outside 0..{}",
-                w.rows
-            );
-            m.row_blocks(r as usize, &mut row);
-            *o = self.dot_dispatch(GgmlType::Q4_K, w.cols, as_bytes(&row), act);
-        }
+        let rows = pick.iter().map(|&r| r as usize);
+        self.x8_row_dots(&w, (off, nb), rows, act, out);
     }
 
-    /// [`Kernels::matmul`] of an interleaved matrix (its sizes checked there): token by
-    /// token, each the matvec.
+    /// [`Kernels::matmul`] of an interleaved matrix (its sizes checked there): the weights of
+    /// each group read once for several tokens on x86-64 SIMD, elsewhere token by token.
     fn matmul_x8(
         &self,
         w: MatRef<'_>,
@@ -1191,18 +1233,31 @@ impl Kernels {
         out: &mut [f32],
         out_stride: usize,
     ) {
-        let m = Self::x8_geometry(&w, &(0..w.cols));
+        let (off, nb) = Self::x8_cols(&w, &(0..w.cols));
         let arow = row_bytes(GgmlType::Q8_K, w.cols).unwrap_or_else(|e| panic!("{e}"));
         #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
         if self.isa != Isa::Scalar {
-            // SAFETY: ISA detected at construction; `m` validated, `acts` has n_tokens * nb
-            // blocks and `out` covers every (t, r) written (checked in `matmul`).
-            return unsafe {
-                avx2::q4k_x8::entry::matmul(m, blocks_of(acts), n_tokens, out, out_stride)
-            };
+            use avx2::x8::entry;
+            use interleave::x8_of;
+            let a = blocks_of(acts);
+            // SAFETY: ISA detected at construction; the geometry validated, `acts` has
+            // n_tokens * nb blocks and `out` covers every (t, r) written (checked in `matmul`).
+            unsafe {
+                match w.ty {
+                    GgmlType::Q4_K => {
+                        let m = x8_of::<BlockQ4Kx8>(&w, off, nb);
+                        return entry::matmul(m, a, n_tokens, out, out_stride);
+                    }
+                    GgmlType::Q6_K => {
+                        let m = x8_of::<BlockQ6Kx8>(&w, off, nb);
+                        return entry::matmul(m, a, n_tokens, out, out_stride);
+                    }
+                    _ => {}
+                }
+            }
         }
         for t in 0..n_tokens {
-            let o = &mut out[t * out_stride..t * out_stride + m.rows];
+            let o = &mut out[t * out_stride..t * out_stride + w.rows];
             self.matvec_x8(w, 0..w.cols, &acts[t * arow..(t + 1) * arow], o);
         }
     }

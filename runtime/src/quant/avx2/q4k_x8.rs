@@ -11,8 +11,8 @@
 //! exactly `scalar::q4k_isums`'s, and the float steps are `scalar::dot_q4_k_q8_k`'s in 8 lanes:
 //! `acc = fma(d * da, sumi, acc)`, `accm = fma(dmin * da, summ, accm)`, `acc - accm`.
 
+use super::x8::Kernel8;
 use super::*;
-use crate::quant::interleave::{GROUP_ROWS, X8};
 
 /// Per 128-bit half, i32 lane p: bytes [4p + t, -, 4p + t, -] (`-` zeroes): byte t of each
 /// lane's word in both of its i16 halves.
@@ -113,107 +113,32 @@ unsafe fn isums<const T: usize>(w: &BlockQ4Kx8, a: [&BlockQ8K; T]) -> [(__m256i,
     sums
 }
 
-/// One group's 8 results for each of T tokens (the scalar twin's float steps per lane) over its
-/// `nb` super-blocks; `a[t]` holds token t's activation blocks. No software prefetch: the
-/// groups are one sequential stream, which the hardware prefetchers serve best alone (a
-/// non-temporal prefetch 2 KiB ahead, as the 4-row kernels use, made streamed 1B-class shapes
-/// 10-35% slower here).
-#[inline(always)]
-unsafe fn group_dot<const T: usize>(w: &[BlockQ4Kx8], a: [&[BlockQ8K]; T]) -> [__m256; T] {
-    for t in &a {
-        assert!(t.len() >= w.len());
-    }
-    let mut acc = [_mm256_setzero_ps(); T];
-    let mut accm = [_mm256_setzero_ps(); T];
-    for (b, x) in w.iter().enumerate() {
-        let sums = isums::<T>(x, std::array::from_fn(|t| &a[t][b]));
-        let flat: &[[u8; 2]; 8] = &x.d;
-        // SAFETY (loads): exactly the 16 bytes of the 8 f16 d, then of the 8 dmin.
-        let d = _mm256_cvtph_ps(_mm_loadu_si128(flat.as_ptr().cast()));
-        let dmin = _mm256_cvtph_ps(_mm_loadu_si128(x.dmin.as_ptr().cast()));
-        for t in 0..T {
-            let da = _mm256_set1_ps(a[t][b].d());
-            let (sumi, summ) = sums[t];
-            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, da), _mm256_cvtepi32_ps(sumi), acc[t]);
-            accm[t] = _mm256_fmadd_ps(_mm256_mul_ps(dmin, da), _mm256_cvtepi32_ps(summ), accm[t]);
+impl Kernel8 for BlockQ4Kx8 {
+    /// The scalar twin's float steps per lane. No software prefetch: the
+    /// groups are one sequential stream, which the hardware prefetchers serve best alone (a
+    /// non-temporal prefetch 2 KiB ahead, as the 4-row kernels use, made streamed 1B-class shapes
+    /// 10-35% slower here).
+    #[inline(always)]
+    unsafe fn group_dot<const T: usize>(w: &[BlockQ4Kx8], a: [&[BlockQ8K]; T]) -> [__m256; T] {
+        for t in &a {
+            assert!(t.len() >= w.len());
         }
-    }
-    std::array::from_fn(|t| _mm256_sub_ps(acc[t], accm[t]))
-}
-
-/// Group `g`'s 8 results into the matrix rows they hold (`out[r]` for row r).
-#[inline(always)]
-unsafe fn store_group(m: &X8<'_>, g: usize, v: __m256, out: &mut [f32]) {
-    let mut tmp = [0f32; GROUP_ROWS];
-    _mm256_storeu_ps(tmp.as_mut_ptr(), v);
-    // Rows g*8 .. g*8+8 of the groups are the matrix's rows from g*8 - skip.
-    let first = (g * GROUP_ROWS).max(m.skip);
-    let end = ((g + 1) * GROUP_ROWS).min(m.skip + m.rows);
-    for at in first..end {
-        out[at - m.skip] = tmp[at - g * GROUP_ROWS];
-    }
-}
-
-/// `out[r]` = row r of `m` times `act` (the column range's activation blocks).
-#[inline(always)]
-pub(crate) unsafe fn matvec_x8(m: X8<'_>, act: &[BlockQ8K], out: &mut [f32]) {
-    assert!(out.len() >= m.rows && act.len() >= m.nb);
-    let groups = m.groups();
-    for g in 0..groups {
-        let [v] = group_dot::<1>(m.group(g), [&act[..m.nb]]);
-        store_group(&m, g, v, out);
-    }
-}
-
-/// `out[t * out_stride + r]` = row r of `m` times token t of `acts` (`nb` blocks per token):
-/// 4 tokens per pass over a group, then one at a time.
-#[inline(always)]
-pub(crate) unsafe fn matmul_x8(
-    m: X8<'_>,
-    acts: &[BlockQ8K],
-    n_tokens: usize,
-    out: &mut [f32],
-    out_stride: usize,
-) {
-    assert!(acts.len() >= n_tokens * m.nb);
-    let tok = |t: usize| &acts[t * m.nb..(t + 1) * m.nb];
-    for g in 0..m.groups() {
-        let w = m.group(g);
-        let mut t = 0;
-        while t + 4 <= n_tokens {
-            let v = group_dot::<4>(w, [tok(t), tok(t + 1), tok(t + 2), tok(t + 3)]);
-            for (j, v) in v.into_iter().enumerate() {
-                let o = (t + j) * out_stride;
-                store_group(&m, g, v, &mut out[o..o + m.rows]);
+        let mut acc = [_mm256_setzero_ps(); T];
+        let mut accm = [_mm256_setzero_ps(); T];
+        for (b, x) in w.iter().enumerate() {
+            let sums = isums::<T>(x, std::array::from_fn(|t| &a[t][b]));
+            let flat: &[[u8; 2]; 8] = &x.d;
+            // SAFETY (loads): exactly the 16 bytes of the 8 f16 d, then of the 8 dmin.
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(flat.as_ptr().cast()));
+            let dmin = _mm256_cvtph_ps(_mm_loadu_si128(x.dmin.as_ptr().cast()));
+            for t in 0..T {
+                let da = _mm256_set1_ps(a[t][b].d());
+                let (sumi, summ) = sums[t];
+                acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, da), _mm256_cvtepi32_ps(sumi), acc[t]);
+                accm[t] =
+                    _mm256_fmadd_ps(_mm256_mul_ps(dmin, da), _mm256_cvtepi32_ps(summ), accm[t]);
             }
-            t += 4;
         }
-        while t < n_tokens {
-            let [v] = group_dot::<1>(w, [tok(t)]);
-            store_group(&m, g, v, &mut out[t * out_stride..t * out_stride + m.rows]);
-            t += 1;
-        }
-    }
-}
-
-/// AVX2 + FMA + F16C entry points (every SIMD ISA).
-pub(crate) mod entry {
-    use super::*;
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(crate) unsafe fn matvec(m: X8<'_>, act: &[BlockQ8K], out: &mut [f32]) {
-        matvec_x8(m, act, out)
-    }
-
-    /// `out[t * out_stride + r]`, 4 tokens per pass over each group.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(crate) unsafe fn matmul(
-        m: X8<'_>,
-        acts: &[BlockQ8K],
-        n_tokens: usize,
-        out: &mut [f32],
-        out_stride: usize,
-    ) {
-        matmul_x8(m, acts, n_tokens, out, out_stride)
+        std::array::from_fn(|t| _mm256_sub_ps(acc[t], accm[t]))
     }
 }
