@@ -27,16 +27,15 @@ pub(crate) fn f16_le(b: [u8; 2]) -> f32 {
 #[inline(always)]
 pub(crate) fn f16_le(b: [u8; 2]) -> f32 {
     let out: f32;
-    // SAFETY: `fmov` (general register to S register) and `fcvt` (H to S) are base ARMv8 FP
-    // instructions, present on every aarch64 CPU; they touch only the named registers (no
-    // memory, no stack) and, for an sNaN, FPSR's sticky invalid bit. `fcvt` reads the low 16
-    // bits of the register `fmov` just wrote.
+    // SAFETY: `fcvt` (H to S) is a base ARMv8 FP instruction, present on every aarch64 CPU; it
+    // touches only the named registers (no memory, no stack) and, for an sNaN, FPSR's sticky
+    // invalid bit. The u16 input is placed in the H view of a vector register (`vreg` takes
+    // i16 with the baseline `fp` feature), so the compiler can load it there directly.
     unsafe {
         std::arch::asm!(
-            "fmov {o:s}, {i:w}",
-            "fcvt {o:s}, {o:h}",
-            i = in(reg) u16::from_le_bytes(b) as u32,
-            o = out(vreg) out,
+            "fcvt {o:s}, {i:h}",
+            i = in(vreg) u16::from_le_bytes(b),
+            o = lateout(vreg) out,
             // Not `preserves_flags`: an sNaN input sets FPSR.IOC.
             options(pure, nomem, nostack)
         );
