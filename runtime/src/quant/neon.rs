@@ -88,8 +88,9 @@ impl IDot for Sdot {
     }
 }
 
-/// ARMv8.6 i8mm: `sdot` for the single-token and K-quant paths (an i8mm `Kernels` is only built
-/// on a CPU with dotprod too), `smmla` 2x2 tiles for the matmul's 4x4 tile (`tile_mm`).
+/// ARMv8.6 i8mm, used only by `mm::matmul`: `smmla` 2x2 tiles for its 4x4 tiles (`tile_mm`),
+/// `sdot` for the leftover tokens (an i8mm `Kernels` is only built on a CPU with dotprod too).
+/// Every other kernel of the i8mm ISA is the dotprod one (`dot::`).
 pub(crate) struct Mmla;
 
 impl IDot for Mmla {
