@@ -655,7 +655,7 @@ impl Model {
                 source,
             })?;
             if let Some(pages) = pages {
-                pages.check_pages(offset, &buf).map_err(|at| {
+                pages.check_pages(offset, buf).map_err(|at| {
                     ModelError::Store(Box::new(crate::store::StoreError::PageChecksum {
                         what: format!("{}: embedding row {token}", path()),
                         offset: at,

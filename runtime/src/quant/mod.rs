@@ -50,14 +50,15 @@
 //!   sums). `avx512.rs`: the same with 16 rows per zmm.
 //!
 //! * `neon.rs` (aarch64): activation quantizers (Q8_0, Q8_1, Q8_K); dot, 4-row matvec, sparse
-//!   rows, 4x4 matmul tiles and `axpy_rows` of the 32-element formats; Q4_K, Q5_K, Q6_K and
-//!   IQ4_XS dots (their matvec and matmul are the per-row loop over those dots); the float dots
-//!   and f16 helpers. Generic over the int8 multiply: plain NEON `smull`/`sadalp`, or dotprod
-//!   `sdot` (inline asm; `vdotq_s32` is not stable). Q2_K, Q3_K and float `axpy_rows` stay
+//!   rows, 4x4 matmul tiles and `axpy_rows` of the 32-element formats; Q2_K, Q3_K, Q4_K, Q5_K,
+//!   Q6_K and IQ4_XS dots (their matvec and matmul are the per-row loop over those dots); the
+//!   float dots and f16 helpers. Generic over the int8 multiply: plain NEON `smull`/`sadalp`,
+//!   or dotprod `sdot` (inline asm; `vdotq_s32` is not stable); with i8mm the 32-element
+//!   formats' 4x4 matmul tiles are `smmla` 2x2 tiles (inline asm). Float `axpy_rows` stays
 //!   scalar there.
 //!
 //! [`Kernels::best`] picks AVX512-VNNI, else AVX-VNNI, else AVX2, else scalar on x86-64; on
-//! aarch64 NEON+dotprod, else NEON.
+//! aarch64 NEON+dotprod+i8mm, else NEON+dotprod, else NEON.
 //!
 //! # Contracts
 //! Format functions ([`quantize_row`], [`dequantize_row`]) return [`QuantError`] on unsupported
@@ -567,6 +568,10 @@ pub enum Isa {
     /// AArch64 NEON + dotprod (ARMv8.2 `sdot`).
     #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
     NeonDot,
+    /// AArch64 NEON + dotprod + i8mm: the dotprod kernels, with `smmla` 4x4 matmul tiles for the
+    /// 32-element formats.
+    #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
+    NeonI8mm,
 }
 
 impl Isa {
@@ -580,6 +585,8 @@ impl Isa {
             Isa::Neon => "neon",
             #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
             Isa::NeonDot => "neon-dotprod",
+            #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
+            Isa::NeonI8mm => "neon-i8mm",
         }
     }
 
@@ -608,6 +615,10 @@ impl Isa {
             #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
             Isa::NeonDot => {
                 Isa::Neon.is_available() && std::arch::is_aarch64_feature_detected!("dotprod")
+            }
+            #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
+            Isa::NeonI8mm => {
+                Isa::NeonDot.is_available() && std::arch::is_aarch64_feature_detected!("i8mm")
             }
             #[allow(unreachable_patterns)]
             _ => false,
@@ -687,6 +698,8 @@ impl Kernels {
                 Isa::AvxVnni,
                 Isa::Avx2,
                 #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
+                Isa::NeonI8mm,
+                #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
                 Isa::NeonDot,
                 #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
                 Isa::Neon,
@@ -718,6 +731,8 @@ impl Kernels {
             Isa::Neon,
             #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
             Isa::NeonDot,
+            #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
+            Isa::NeonI8mm,
         ]
         .into_iter()
         .filter_map(Kernels::with_isa)
@@ -755,18 +770,18 @@ impl Kernels {
                 unsafe { avx2::plain::quantize_q8_k(src, blocks_of_mut(dst)) }
             }
             #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
-            (Isa::Neon | Isa::NeonDot, GgmlType::Q8_0) => {
+            (Isa::Neon | Isa::NeonDot | Isa::NeonI8mm, GgmlType::Q8_0) => {
                 // SAFETY: NEON is the aarch64 baseline (and was detected at construction); the
                 // block view has exactly src.len()/32 blocks.
                 unsafe { neon::plain::quantize_q8_0(src, blocks_of_mut(dst)) }
             }
             #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
-            (Isa::Neon | Isa::NeonDot, GgmlType::Q8_1) => {
+            (Isa::Neon | Isa::NeonDot | Isa::NeonI8mm, GgmlType::Q8_1) => {
                 // SAFETY: as above.
                 unsafe { neon::plain::quantize_q8_1(src, blocks_of_mut(dst)) }
             }
             #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
-            (Isa::Neon | Isa::NeonDot, GgmlType::Q8_K) => {
+            (Isa::Neon | Isa::NeonDot | Isa::NeonI8mm, GgmlType::Q8_K) => {
                 // SAFETY: as above (src.len()/256 blocks).
                 unsafe { neon::plain::quantize_q8_k(src, blocks_of_mut(dst)) }
             }
@@ -823,16 +838,18 @@ impl Kernels {
             use neon::{dot, plain};
             let (w, a) = (w, act);
             // SAFETY: the ISA was detected when this `Kernels` was built (NEON is the aarch64
-            // baseline, NeonDot implies dotprod); the block views cover exactly the lengths
+            // baseline, NeonDot and NeonI8mm imply dotprod); the block views cover exactly the lengths
             // checked by the caller.
             unsafe {
-                if self.isa == Isa::NeonDot {
+                if matches!(self.isa, Isa::NeonDot | Isa::NeonI8mm) {
                     call32!(weight, dot::vec_dot(blocks_of(w), blocks_of(a)));
                     match weight {
                         GgmlType::Q4_K => return dot::dot_q4_k(blocks_of(w), blocks_of(a)),
                         GgmlType::Q6_K => return dot::dot_q6_k(blocks_of(w), blocks_of(a)),
                         GgmlType::Q5_K => return dot::dot_q5_k(blocks_of(w), blocks_of(a)),
                         GgmlType::IQ4_XS => return dot::dot_iq4_xs(blocks_of(w), blocks_of(a)),
+                        GgmlType::Q2_K => return dot::dot_q2_k(blocks_of(w), blocks_of(a)),
+                        GgmlType::Q3_K => return dot::dot_q3_k(blocks_of(w), blocks_of(a)),
                         _ => {}
                     }
                 }
@@ -842,6 +859,8 @@ impl Kernels {
                     GgmlType::Q6_K => return plain::dot_q6_k(blocks_of(w), blocks_of(a)),
                     GgmlType::Q5_K => return plain::dot_q5_k(blocks_of(w), blocks_of(a)),
                     GgmlType::IQ4_XS => return plain::dot_iq4_xs(blocks_of(w), blocks_of(a)),
+                    GgmlType::Q2_K => return plain::dot_q2_k(blocks_of(w), blocks_of(a)),
+                    GgmlType::Q3_K => return plain::dot_q3_k(blocks_of(w), blocks_of(a)),
                     GgmlType::F32 => return plain::dot_f32(n, w, a),
                     GgmlType::F16 => return plain::dot_f16(n, w, a),
                     GgmlType::BF16 => return plain::dot_bf16(n, w, a),
@@ -936,7 +955,7 @@ impl Kernels {
             // SAFETY: ISA detected at construction; `m` was validated by `geometry` (rows are
             // bounds-checked slices), `act` has exactly `nb` activation blocks, `out` `rows`.
             unsafe {
-                if self.isa == Isa::NeonDot {
+                if matches!(self.isa, Isa::NeonDot | Isa::NeonI8mm) {
                     call32!(w.ty, dot::matvec(m, blocks_of(act), out));
                 }
                 call32!(w.ty, plain::matvec(m, blocks_of(act), out));
@@ -995,7 +1014,7 @@ impl Kernels {
             // SAFETY: ISA detected at construction; every picked row was checked above and is
             // sliced with bounds checks; `act` has `nb` blocks and `out` one element per pick.
             unsafe {
-                if self.isa == Isa::NeonDot {
+                if matches!(self.isa, Isa::NeonDot | Isa::NeonI8mm) {
                     call32!(w.ty, dot::matvec_rows(m, pick, blocks_of(act), out));
                 }
                 call32!(w.ty, plain::matvec_rows(m, pick, blocks_of(act), out));
@@ -1104,12 +1123,19 @@ impl Kernels {
         }
         #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
         if self.isa != Isa::Scalar {
-            use neon::{dot, plain};
+            use neon::{dot, mm, plain};
             let m = g.neon_rows();
-            // SAFETY: ISA detected at construction; geometry validated above, `acts` has
-            // n_tokens * nb blocks and `out` covers every (t, r) written (checked above).
+            // SAFETY: ISA detected at construction (NeonI8mm implies dotprod and i8mm);
+            // geometry validated above, `acts` has n_tokens * nb blocks and `out` covers every
+            // (t, r) written (checked above).
             unsafe {
-                if self.isa == Isa::NeonDot {
+                if self.isa == Isa::NeonI8mm {
+                    call32!(
+                        w.ty,
+                        mm::matmul(m, blocks_of(acts), n_tokens, out, out_stride)
+                    );
+                }
+                if matches!(self.isa, Isa::NeonDot | Isa::NeonI8mm) {
                     call32!(
                         w.ty,
                         dot::matmul(m, blocks_of(acts), n_tokens, out, out_stride)

@@ -1,21 +1,26 @@
-//! AArch64 NEON kernels, and (through the [`IDot`] parameter) their dotprod (`sdot`) variants.
+//! AArch64 NEON kernels, and (through the [`IDot`] parameter) their dotprod (`sdot`) and i8mm
+//! (`smmla`) variants.
 //!
 //! Each kernel reproduces the float steps of its `scalar.rs` twin exactly; integer block sums are
 //! exact whatever the instruction order, so results are bit-identical to the scalar path (and so
 //! to the x86 paths). Covered here: the activation quantizers (Q8_0, Q8_1, Q8_K); the dot
 //! product, matvec, sparse matvec, matmul and `axpy_rows` of the 32-element formats (Q4_0,
-//! Q4_1, Q8_0, Q5_0, Q5_1, IQ4_NL); the dot products of Q4_K, Q5_K, Q6_K and IQ4_XS (their
-//! matvec/matmul run the per-row loop of `mod.rs` over these dots); the F32/F16/BF16 dots and
-//! the f16 helpers. Q2_K, Q3_K and float `axpy_rows` stay on `scalar.rs`.
+//! Q4_1, Q8_0, Q5_0, Q5_1, IQ4_NL); the dot products of Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and
+//! IQ4_XS (their matvec/matmul run the per-row loop of `mod.rs` over these dots); the
+//! F32/F16/BF16 dots and the f16 helpers. Float `axpy_rows` stays on `scalar.rs`.
 //!
 //! Structure (as `avx2.rs`): the row/token loops are `#[inline(always)]` generic functions; the
 //! `entry!` macro stamps out entry points per ISA, with `#[target_feature]` so the inline-asm
-//! `sdot` (`vdotq_s32` is not stable) assembles in the dotprod variant.
+//! `sdot` (`vdotq_s32` is not stable) assembles in the dotprod variant. The i8mm ISA adds one
+//! entry point (`mm::matmul`): its 4 rows x 4 tokens tiles are four 2x2 `smmla` tiles per block
+//! (`tile_mm`, inline asm: no stable intrinsic), everything else is the dotprod code. The f16
+//! block scales are converted by `blocks::f16_le`, an inline `fcvt` on aarch64 (no call).
 //!
 //! # Safety contract
 //! Every function here is an `unsafe fn` whose only precondition is that the CPU supports the
 //! features of its entry point (NEON is part of the aarch64 baseline; `Kernels` selects the
-//! dotprod ISA only after `is_aarch64_feature_detected!("dotprod")`). Memory accesses are not
+//! dotprod ISA only after `is_aarch64_feature_detected!("dotprod")`, the i8mm one only after
+//! that and `is_aarch64_feature_detected!("i8mm")`). Memory accesses are not
 //! part of the contract: every vector load and store goes through a reference to a fixed-size
 //! array of exactly the accessed size, or a slice whose length is asserted right before; rows
 //! come from `Rows::row`, which slices with bounds checks.
@@ -33,6 +38,19 @@ pub(crate) trait IDot {
     /// `acc` plus, per i32 lane, the sum of the 4 products i8(a) * i8(b) of that lane's bytes
     /// (exact: every product fits i16 and every sum i32).
     unsafe fn dot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t;
+
+    /// The matmul's 4 rows x 4 tokens tile (`tile`'s contract); by default 32 `dot`s per block.
+    #[inline(always)]
+    unsafe fn tile4x4<W: WeightBlock>(
+        w: [&[W]; 4],
+        a: [&[W::Act]; 4],
+        nb: usize,
+    ) -> [float32x4_t; 4]
+    where
+        Self: Sized,
+    {
+        tile::<W, Self, 4, 4>(w, a, nb)
+    }
 }
 
 /// Plain NEON: `smull`/`smull2` (i8 x i8 to i16, exact) then `sadalp` (pairs into i32).
@@ -68,6 +86,45 @@ impl IDot for Sdot {
         );
         acc
     }
+}
+
+/// ARMv8.6 i8mm, used only by `mm::matmul`: `smmla` 2x2 tiles for its 4x4 tiles (`tile_mm`),
+/// `sdot` for the leftover tokens (an i8mm `Kernels` is only built on a CPU with dotprod too).
+/// Every other kernel of the i8mm ISA is the dotprod one (`dot::`).
+pub(crate) struct Mmla;
+
+impl IDot for Mmla {
+    #[inline(always)]
+    unsafe fn dot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+        Sdot::dot(acc, a, b)
+    }
+
+    #[inline(always)]
+    unsafe fn tile4x4<W: WeightBlock>(
+        w: [&[W]; 4],
+        a: [&[W::Act]; 4],
+        nb: usize,
+    ) -> [float32x4_t; 4] {
+        tile_mm(w, a, nb)
+    }
+}
+
+/// `acc` plus the 2x2 matrix product of `a` (2 rows of 8 signed bytes) and `b` transposed (2
+/// rows of 8): lane 2i + j gets the exact dot of row i of `a` with row j of `b`.
+#[inline(always)]
+unsafe fn smmla(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+    let mut acc = acc;
+    // SAFETY: `smmla` only reads the three vector registers and writes `acc`; no memory, no
+    // flags. Callers are compiled with `target_feature(enable = "i8mm")` and run only on a CPU
+    // that reported i8mm.
+    asm!(
+        "smmla {acc:v}.4s, {a:v}.16b, {b:v}.16b",
+        acc = inout(vreg) acc,
+        a = in(vreg) a,
+        b = in(vreg) b,
+        options(pure, nomem, nostack, preserves_flags)
+    );
+    acc
 }
 
 // ---------------------------------------------------------------- small helpers
@@ -307,6 +364,80 @@ unsafe fn tile<W: WeightBlock, V: IDot, const R: usize, const T: usize>(
     acc
 }
 
+/// Two rows' 32 bytes (each as the halves elements 0..16, 16..32) as the 4 `smmla` operands of
+/// 8-element chunks: chunk c is [x[8c..8c + 8], y[8c..8c + 8]].
+#[inline(always)]
+unsafe fn pair_chunks(x: (int8x16_t, int8x16_t), y: (int8x16_t, int8x16_t)) -> [int8x16_t; 4] {
+    let z = |p: int8x16_t, q: int8x16_t| {
+        let (p, q) = (vreinterpretq_s64_s8(p), vreinterpretq_s64_s8(q));
+        (
+            vreinterpretq_s8_s64(vzip1q_s64(p, q)),
+            vreinterpretq_s8_s64(vzip2q_s64(p, q)),
+        )
+    };
+    let (c0, c1) = z(x.0, y.0);
+    let (c2, c3) = z(x.1, y.1);
+    [c0, c1, c2, c3]
+}
+
+/// `tile::<W, _, 4, 4>` with `smmla`: per block, rows (0, 1) and (2, 3) times tokens (0, 1) and
+/// (2, 3) are four 2x2 integer tiles of 4 `smmla` each (16 instead of 32 `sdot`). Each lane is
+/// one (row, token) block sum, exact; `uzp1`/`uzp2` regroup them into one vector of the 4 rows
+/// per token, and the float steps are `tile`'s, in its order.
+#[inline(always)]
+unsafe fn tile_mm<W: WeightBlock>(w: [&[W]; 4], a: [&[W::Act]; 4], nb: usize) -> [float32x4_t; 4] {
+    for r in &w {
+        assert!(r.len() >= nb);
+    }
+    for t in &a {
+        assert!(t.len() >= nb);
+    }
+    let zero = vdupq_n_s32(0);
+    let mut acc = [vdupq_n_f32(0.0); 4];
+    let mut accm = [vdupq_n_f32(0.0); 4];
+    for b in 0..nb {
+        let (mut d, mut m) = ([0f32; 4], [0f32; 4]);
+        let mut vals = [(vdupq_n_s8(0), vdupq_n_s8(0)); 4];
+        for k in 0..4 {
+            (d[k], m[k]) = w[k][b].dm();
+            vals[k] = w[k][b].values();
+        }
+        let (dw, mw) = (from_lanes(d), from_lanes(m));
+        let wp = [pair_chunks(vals[0], vals[1]), pair_chunks(vals[2], vals[3])];
+        let y: [(int8x16_t, int8x16_t); 4] = std::array::from_fn(|t| load32(a[t][b].qs()));
+        let ap = [pair_chunks(y[0], y[1]), pair_chunks(y[2], y[3])];
+        // p[rp][tp] lanes: (row 2rp, token 2tp), (2rp, 2tp + 1), (2rp + 1, 2tp), (2rp + 1, 2tp + 1).
+        let mut p = [[zero; 2]; 2];
+        for (rp, prow) in p.iter_mut().enumerate() {
+            for (tp, pv) in prow.iter_mut().enumerate() {
+                for c in 0..4 {
+                    *pv = smmla(*pv, wp[rp][c], ap[tp][c]);
+                }
+            }
+        }
+        // Token t's sums of rows 0..4: even lanes (tokens 0, 2) or odd lanes (1, 3).
+        let isum = [
+            vuzp1q_s32(p[0][0], p[1][0]),
+            vuzp2q_s32(p[0][0], p[1][0]),
+            vuzp1q_s32(p[0][1], p[1][1]),
+            vuzp2q_s32(p[0][1], p[1][1]),
+        ];
+        for t in 0..4 {
+            let (da, sa) = act_ds(&a[t][b]);
+            acc[t] = vfmaq_f32(acc[t], vmulq_n_f32(dw, da), vcvtq_f32_s32(isum[t]));
+            if W::HAS_MIN {
+                accm[t] = vfmaq_f32(accm[t], mw, vdupq_n_f32(sa));
+            }
+        }
+    }
+    if W::HAS_MIN {
+        for t in 0..4 {
+            acc[t] = vaddq_f32(acc[t], accm[t]);
+        }
+    }
+    acc
+}
+
 /// Matrix geometry already validated by the caller (`mod.rs`): `data` holds `rows` rows of
 /// `stride` bytes; the column range starts `off` bytes into each row and spans `nb` blocks.
 #[derive(Clone, Copy)]
@@ -379,7 +510,7 @@ unsafe fn matmul_impl<W: WeightBlock, V: IDot>(
         let rows: [&[W]; 4] = std::array::from_fn(|k| m.row::<W>(r + k.min(n - 1)));
         let mut t = 0;
         while t + 4 <= n_tokens {
-            let res = tile::<W, V, 4, 4>(rows, [tok(t), tok(t + 1), tok(t + 2), tok(t + 3)], m.nb);
+            let res = V::tile4x4::<W>(rows, [tok(t), tok(t + 1), tok(t + 2), tok(t + 3)], m.nb);
             for (j, v) in res.iter().enumerate() {
                 let o = (t + j) * out_stride + r;
                 out[o..o + n].copy_from_slice(&lanes(*v)[..n]);
@@ -542,6 +673,79 @@ unsafe fn dot_iq4_xs_impl<V: IDot>(w: &[BlockIQ4XS], a: &[BlockQ8K]) -> f32 {
                 load16(sub16(&ba.qs, 32 * j + 16)),
             );
             sumi += scalar::iq4xs_scale(bw, j) * vaddvq_s32(s);
+        }
+        acc = (f16_le(bw.d) * ba.d()).mul_add(sumi as f32, acc);
+    }
+    acc
+}
+
+/// The four 2-bit fields of 16 bytes: field j (bits 2j..2j + 2) of each byte, j = 0..4.
+#[inline(always)]
+unsafe fn crumbs(q: uint8x16_t) -> [uint8x16_t; 4] {
+    let m3 = vdupq_n_u8(3);
+    [
+        vandq_u8(q, m3),
+        vandq_u8(vshrq_n_u8::<2>(q), m3),
+        vandq_u8(vshrq_n_u8::<4>(q), m3),
+        vshrq_n_u8::<6>(q),
+    ]
+}
+
+/// Q2_K · Q8_K: the 16 sub-block sums with NEON, the float steps of `scalar::dot_q2_k_q8_k`
+/// verbatim. Element 128n + 32j + l is field j of qs[32n + l], so the 16 bytes at 32n + 16h
+/// hold, field by field, sub-blocks 8n + 2j + h.
+#[inline(always)]
+unsafe fn dot_q2_k_impl<V: IDot>(w: &[BlockQ2K], a: &[BlockQ8K]) -> f32 {
+    let mut acc = 0.0f32;
+    let mut accm = 0.0f32;
+    for (bw, ba) in w.iter().zip(a) {
+        let (mut sumi, mut summ) = (0i32, 0i32);
+        for n in 0..2 {
+            for h in 0..2 {
+                let q = crumbs(vld1q_u8(sub16(&bw.qs, 32 * n + 16 * h).as_ptr()));
+                for (j, qj) in q.into_iter().enumerate() {
+                    let sb = 8 * n + 2 * j + h;
+                    let y = load16(sub16(&ba.qs, 16 * sb));
+                    sumi += (bw.scales[sb] & 0xF) as i32 * idot16::<V>(vreinterpretq_s8_u8(qj), y);
+                }
+            }
+        }
+        for j in 0..16 {
+            summ += (bw.scales[j] >> 4) as i32 * ba.bsum(j);
+        }
+        let da = ba.d();
+        acc = (f16_le(bw.d) * da).mul_add(sumi as f32, acc);
+        accm = (f16_le(bw.dmin) * da).mul_add(summ as f32, accm);
+    }
+    acc - accm
+}
+
+/// Q3_K · Q8_K: the 16 sub-block sums with NEON, the float steps of `scalar::dot_q3_k_q8_k`
+/// verbatim. The 2 low bits as Q2_K's; the third is bit 4n + j of hmask[l], and the value is
+/// u - 4, i.e. the low bits minus 4 where that bit is clear.
+#[inline(always)]
+unsafe fn dot_q3_k_impl<V: IDot>(w: &[BlockQ3K], a: &[BlockQ8K]) -> f32 {
+    let mut acc = 0.0f32;
+    let four = vdupq_n_u8(4);
+    for (bw, ba) in w.iter().zip(a) {
+        let sc = scalar::q3k_scales(&bw.scales);
+        let hm = [
+            vld1q_u8(sub16(&bw.hmask, 0).as_ptr()),
+            vld1q_u8(sub16(&bw.hmask, 16).as_ptr()),
+        ];
+        let mut sumi = 0i32;
+        for n in 0..2 {
+            for (h, &hmh) in hm.iter().enumerate() {
+                let q = crumbs(vld1q_u8(sub16(&bw.qs, 32 * n + 16 * h).as_ptr()));
+                for (j, qj) in q.into_iter().enumerate() {
+                    let sb = 8 * n + 2 * j + h;
+                    // 4 where bit 4n + j is clear, else 0.
+                    let clear = vbicq_u8(four, vtstq_u8(hmh, vdupq_n_u8(1 << (4 * n + j))));
+                    let v = vsubq_s8(vreinterpretq_s8_u8(qj), vreinterpretq_s8_u8(clear));
+                    let y = load16(sub16(&ba.qs, 16 * sb));
+                    sumi += sc[sb] as i32 * idot16::<V>(v, y);
+                }
+            }
         }
         acc = (f16_le(bw.d) * ba.d()).mul_add(sumi as f32, acc);
     }
@@ -915,6 +1119,16 @@ macro_rules! entry {
         pub(crate) unsafe fn dot_iq4_xs(w: &[BlockIQ4XS], a: &[BlockQ8K]) -> f32 {
             dot_iq4_xs_impl::<$V>(w, a)
         }
+
+        #[target_feature(enable = $features)]
+        pub(crate) unsafe fn dot_q2_k(w: &[BlockQ2K], a: &[BlockQ8K]) -> f32 {
+            dot_q2_k_impl::<$V>(w, a)
+        }
+
+        #[target_feature(enable = $features)]
+        pub(crate) unsafe fn dot_q3_k(w: &[BlockQ3K], a: &[BlockQ8K]) -> f32 {
+            dot_q3_k_impl::<$V>(w, a)
+        }
     };
 }
 
@@ -990,4 +1204,21 @@ pub(crate) mod dot {
     use super::*;
 
     entry!("neon,dotprod", Sdot);
+}
+
+/// Entry points needing NEON + dotprod + i8mm: the matmul, whose 4x4 tiles use `smmla` (its
+/// other paths are the dotprod ones, which `mod.rs` calls from `dot`).
+pub(crate) mod mm {
+    use super::*;
+
+    #[target_feature(enable = "neon,dotprod,i8mm")]
+    pub(crate) unsafe fn matmul<W: WeightBlock>(
+        m: Rows<'_>,
+        acts: &[W::Act],
+        n_tokens: usize,
+        out: &mut [f32],
+        out_stride: usize,
+    ) {
+        matmul_impl::<W, Mmla>(m, acts, n_tokens, out, out_stride)
+    }
 }

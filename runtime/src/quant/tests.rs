@@ -202,6 +202,47 @@ fn matvec_matches_vec_dot_on_rows_longer_than_a_pass() {
     }
 }
 
+/// Prefill tiles (4 rows x 4 tokens: `smmla` 2x2 tiles on aarch64 i8mm, `sdot`/`vpdpbusd`
+/// elsewhere) with row and token remainders, and with values at the ends of every format's
+/// range: every (token, row) gives the scalar vec_dot's bits.
+#[test]
+fn matmul_tiles_with_remainders_match_vec_dot() {
+    let (rows, nb, n_tokens) = (7, 5, 11);
+    for ty in WEIGHT_TYPES {
+        let cols = nb * ty.block_size().max(32);
+        let mut w = lcg_data(ty as u64 + 40, rows * cols, 1.0);
+        // Saturate some blocks (extreme quants: -8/7, 0/15, -127/127, ...).
+        for (i, v) in w.iter_mut().enumerate() {
+            if i % 97 < 32 {
+                *v = if i % 2 == 0 { 3.0 } else { -3.0 };
+            }
+        }
+        let wq: Vec<u8> = w.chunks(cols).flat_map(|r| quant(ty, r)).collect();
+        let m = MatRef::new(ty, &wq, rows, cols).unwrap();
+        let s = Kernels::scalar();
+        let x = lcg_data(ty as u64 + 41, n_tokens * cols, 2.0);
+        let acts: Vec<u8> = x.chunks(cols).flat_map(|t| act(&s, ty, t)).collect();
+        let arow = acts.len() / n_tokens;
+        let stride = m.stride();
+        for k in Kernels::available() {
+            let mut out = vec![f32::NAN; n_tokens * rows];
+            k.matmul(m, &acts, n_tokens, &mut out, rows);
+            for t in 0..n_tokens {
+                let a = &acts[t * arow..(t + 1) * arow];
+                for r in 0..rows {
+                    let want = s.vec_dot(ty, cols, &wq[r * stride..][..stride], a);
+                    let got = out[t * rows + r];
+                    assert!(
+                        same(got, want),
+                        "{} {ty} t{t} r{r}: {got} vs {want}",
+                        k.isa()
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[test]
 #[should_panic(expected = "row 3 outside 0..3")]
 fn matvec_rows_rejects_a_row_past_the_matrix() {
@@ -248,14 +289,19 @@ fn best_is_detected_and_listed() {
     #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
     {
         // NEON is the aarch64 baseline, so it is always listed (and compared with scalar by
-        // every test that walks `Kernels::available()`); dotprod CPUs get the `sdot` kernels.
-        let want = if std::arch::is_aarch64_feature_detected!("dotprod") {
-            Isa::NeonDot
-        } else {
-            Isa::Neon
+        // every test that walks `Kernels::available()`); dotprod CPUs get the `sdot` kernels,
+        // and those with i8mm too the `smmla` matmul tiles.
+        let dotprod = std::arch::is_aarch64_feature_detected!("dotprod");
+        let i8mm = std::arch::is_aarch64_feature_detected!("i8mm");
+        let want = match (dotprod, i8mm) {
+            (true, true) => Isa::NeonI8mm,
+            (true, false) => Isa::NeonDot,
+            _ => Isa::Neon,
         };
         assert_eq!(best.isa(), want, "best kernels on this aarch64 CPU");
         assert!(Kernels::available().contains(&Kernels::with_isa(Isa::Neon).unwrap()));
+        assert_eq!(Kernels::with_isa(Isa::NeonDot).is_some(), dotprod);
+        assert_eq!(Kernels::with_isa(Isa::NeonI8mm).is_some(), dotprod && i8mm);
         let names: Vec<&str> = Kernels::available()
             .iter()
             .map(|k| k.isa().name())
@@ -265,6 +311,33 @@ fn best_is_detected_and_listed() {
 }
 
 // ---------------------------------------------------------------- known answers
+
+/// `f16_le` (an inline `fcvt` on aarch64) gives `half`'s bits for every f16, NaNs included.
+#[test]
+fn f16_le_matches_half_on_every_pattern() {
+    for (bits, want) in [
+        (0x3C00u16, 0x3F80_0000u32), // 1.0
+        (0x8000, 0x8000_0000),       // -0.0
+        (0x0001, 0x3380_0000),       // smallest subnormal, 2^-24
+        (0x83FF, 0xB87F_C000),       // largest negative subnormal
+        (0x7BFF, 0x477F_E000),       // 65504
+        (0x7C00, 0x7F80_0000),       // inf
+        (0xFC00, 0xFF80_0000),       // -inf
+        (0x7D00, 0x7FE0_0000),       // sNaN: quieted, payload kept
+        (0xFE01, 0xFFC0_2000),       // negative qNaN with payload
+    ] {
+        let got = f16_le(bits.to_le_bytes()).to_bits();
+        assert_eq!(got, want, "f16 {bits:#06x}: {got:#010x}");
+    }
+    for bits in 0..=u16::MAX {
+        let want = half::f16::from_bits(bits).to_f32().to_bits();
+        let got = f16_le(bits.to_le_bytes()).to_bits();
+        assert_eq!(
+            got, want,
+            "f16 {bits:#06x}: {got:#010x} vs half {want:#010x}"
+        );
+    }
+}
 
 fn h(x: f32) -> [u8; 2] {
     half::f16::from_f32(x).to_bits().to_le_bytes()
