@@ -528,6 +528,7 @@ impl ExecutionPlan {
                 )));
             }
         }
+        self.check_finite()?;
         let mut nonzero = vec![
             ("decode_max_tokens".to_string(), self.decode_max_tokens),
             ("prefill_max_tokens".to_string(), self.prefill_max_tokens),
@@ -600,6 +601,34 @@ impl ExecutionPlan {
             }
         }
         Ok(())
+    }
+
+    /// Refuses infinite and NaN numbers: no threshold or prediction means one, and JSON, a
+    /// plan's usual form, cannot write them (they would come back as `null` and fail to read).
+    fn check_finite(&self) -> Result<(), PlanError> {
+        let thresholds = self.sparsity.iter().flat_map(|s| {
+            s.thresholds
+                .iter()
+                .enumerate()
+                .map(|(i, &t)| (format!("sparsity.thresholds[{i}]"), f64::from(t)))
+        });
+        let predicted = self.predicted.iter().flat_map(|p| {
+            [
+                ("decode_tok_s", Some(p.decode_tok_s)),
+                ("prefill_tok_s", p.prefill_tok_s),
+                ("bytes_per_token", p.bytes_per_token),
+                ("compute_busy", p.compute_busy),
+                ("storage_busy", p.storage_busy),
+            ]
+            .into_iter()
+            .filter_map(|(k, v)| Some((format!("predicted.{k}"), v?)))
+        });
+        match thresholds.chain(predicted).find(|(_, v)| !v.is_finite()) {
+            Some((field, v)) => Err(PlanError::Parse(format!(
+                "plan field `{field}` is {v}: a finite number"
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// Refuses counts that would ask for unbounded threads or memory ([`limits`]).
@@ -691,6 +720,55 @@ mod tests {
         let toml = toml::to_string(&plan).unwrap();
         let back: ExecutionPlan = toml::from_str(&toml).unwrap();
         assert_eq!(plan, back);
+    }
+
+    /// A plan accepted is one JSON can write and read back: infinite or NaN thresholds and
+    /// predictions (JSON writes them as `null`) are refused naming the field; extreme finite
+    /// values (subnormals) come back exactly (both found by the fuzzer).
+    #[test]
+    fn plans_with_non_finite_numbers_are_refused_and_finite_ones_round_trip() {
+        let refused = |f: &dyn Fn(&mut ExecutionPlan)| {
+            let mut plan = ExecutionPlan::default();
+            f(&mut plan);
+            match plan.validate() {
+                Err(PlanError::Parse(why)) => why,
+                other => panic!("{other:?}"),
+            }
+        };
+        let sparsity = |thresholds: Vec<f32>| SparsityPlan {
+            mode: SparsityMode::Threshold,
+            target: None,
+            thresholds,
+        };
+        let why = refused(&|p| p.sparsity = Some(sparsity(vec![0.5, f32::INFINITY])));
+        assert!(why.contains("sparsity.thresholds[1]"), "{why}");
+        let prediction = PlanPrediction {
+            decode_tok_s: 2.7711982201388467e-302,
+            prefill_tok_s: Some(f64::MIN_POSITIVE / 3.0),
+            limited_by: "io".into(),
+            profile: String::new(),
+            reason: String::new(),
+            bytes_per_token: None,
+            compute_busy: None,
+            storage_busy: Some(-2.436519963566265e289),
+        };
+        let why = refused(&|p| {
+            p.predicted = Some(PlanPrediction {
+                compute_busy: Some(f64::NAN),
+                ..prediction.clone()
+            })
+        });
+        assert!(why.contains("predicted.compute_busy"), "{why}");
+        let mut plan = ExecutionPlan {
+            sparsity: Some(sparsity(vec![f32::MIN_POSITIVE / 4.0, 2.3694278e-38])),
+            predicted: Some(prediction),
+            ..ExecutionPlan::default()
+        };
+        plan.validate().unwrap();
+        let json = serde_json::to_string(&plan).unwrap();
+        assert_eq!(serde_json::from_str::<ExecutionPlan>(&json).unwrap(), plan);
+        plan.sparsity = None;
+        plan.validate().unwrap();
     }
 
     /// Counts that would ask for unbounded threads or memory are refused naming the field;
