@@ -13,6 +13,7 @@ pub mod model;
 pub mod neuron;
 pub mod plan;
 pub mod quant;
+pub mod read_faults;
 pub mod sample;
 pub mod schedule;
 pub mod sparse;

@@ -12,12 +12,12 @@
 mod arena;
 mod budget;
 mod directory;
-mod faults;
 mod reader;
 mod slot_reads;
 #[cfg(feature = "io-uring")]
 mod uring;
 
+pub use crate::read_faults::{ReadFault, ReadFaults};
 pub use arena::{SlotArena, SlotBuf, SLOT_ALIGN};
 pub use budget::{
     fit_plan_to_budget, fit_plan_to_budget_for, runtime_overhead, split_budget, split_sizes,
@@ -25,7 +25,6 @@ pub use budget::{
     RUNTIME_PER_TOKEN, RUNTIME_PER_UNIT,
 };
 pub use directory::{Acquired, CacheDirectory, LayerCacheStats, PagesAcquired, Want};
-pub use faults::{ReadFault, ReadFaults};
 pub use reader::{
     direct_io_refused, open_for_reads, open_for_reads_with, read_full, unit_extents, BundleFile,
     Extent, LoadError, OpenError,

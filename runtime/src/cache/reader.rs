@@ -5,10 +5,10 @@
 //! bundles and attention and output units page by page), or a unit's first whole read only. A
 //! read that fails its check counts as a failed read: it is read again once, then is an error.
 
-use super::faults::{ReadFault, ReadFaults};
 use super::UnitMap;
 use crate::model::Model;
 use crate::plan::{IoEngine, StoragePlan, Verify};
+use crate::read_faults::{ReadFault, ReadFaults};
 use crate::store::StoreInfo;
 use std::fs::File;
 use std::ops::Range;

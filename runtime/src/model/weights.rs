@@ -168,7 +168,7 @@ struct RowReader {
 #[derive(Default)]
 struct RowReads {
     scratch: Vec<u8>,
-    faults: Option<Arc<dyn crate::cache::ReadFaults>>,
+    faults: Option<Arc<dyn crate::read_faults::ReadFaults>>,
 }
 
 impl Model {
@@ -587,7 +587,7 @@ impl Model {
     /// per token (a store that streams its output; otherwise there are no such reads). `None`
     /// (the default): none. For the fault harness and tests; the drivers' `set_read_faults`
     /// set it together with their store's.
-    pub fn set_read_faults(&self, faults: Option<Arc<dyn crate::cache::ReadFaults>>) {
+    pub fn set_read_faults(&self, faults: Option<Arc<dyn crate::read_faults::ReadFaults>>) {
         if let Some(reader) = &self.embd_rows {
             reader
                 .state
@@ -639,7 +639,7 @@ impl Model {
                     .as_deref()
                     .map_or(String::new(), |p| p.display().to_string())
             };
-            let fault = crate::cache::ReadFault::of(faults.as_deref(), offset, len);
+            let fault = crate::read_faults::ReadFault::of(faults.as_deref(), offset, len);
             let read = reader.file.read_exact_at(buf, offset).map(|()| len);
             match fault.apply(&mut [&mut buf[..]], read) {
                 Ok(got) if got == len => Ok(()),

@@ -1,6 +1,7 @@
-//! Fault injection into a store's reads, for the seeded fault harness (`conductor::faults`) and
-//! tests: a [`ReadFaults`] set on a [`super::BundleFile`] at construction sees every read of the
-//! store before the kernel does and says what to do to it. Without one (every normal run) a
+//! Fault injection into file reads, for the seeded fault harness (`conductor::faults`) and
+//! tests: a [`ReadFaults`] set on a [`crate::cache::BundleFile`] at construction (or on a
+//! model's embedding rows) sees every read before the kernel does and says what to do to it.
+//! It sits below both `cache` and `model`, which each apply it to their own reads. Without one (every normal run) a
 //! read pays one branch on an `Option`.
 //!
 //! The runtime has no clocks and no threads: a latency spike or a stuck read is the hook
