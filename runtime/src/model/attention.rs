@@ -120,12 +120,14 @@ pub fn attend_tiled(
     out.iter_mut().for_each(|o| *o *= inv);
 }
 
-/// f16 vector operations, dispatched once to AVX2+F16C or the scalar twin.
+/// f16 vector operations, dispatched once to AVX2+F16C, NEON or the scalar twin.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum F16Ops {
     Scalar,
     #[cfg(target_arch = "x86_64")]
     Avx2,
+    #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
+    Neon,
 }
 
 impl F16Ops {
@@ -136,6 +138,10 @@ impl F16Ops {
             && std::arch::is_x86_feature_detected!("f16c")
         {
             return F16Ops::Avx2;
+        }
+        #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
+        if std::arch::is_aarch64_feature_detected!("neon") {
+            return F16Ops::Neon;
         }
         F16Ops::Scalar
     }
@@ -148,6 +154,9 @@ impl F16Ops {
             // SAFETY: as in `f32_to_f16`.
             #[cfg(target_arch = "x86_64")]
             F16Ops::Avx2 => unsafe { avx2::dot_f16(a, b) },
+            // SAFETY: NEON detected by `detect`, the only way to get `Neon`.
+            #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
+            F16Ops::Neon => unsafe { neon::dot_f16(a, b) },
         }
     }
 
@@ -159,6 +168,9 @@ impl F16Ops {
             // SAFETY: as in `f32_to_f16`.
             #[cfg(target_arch = "x86_64")]
             F16Ops::Avx2 => unsafe { avx2::mad_f16(acc, v, s) },
+            // SAFETY: as in `dot_f16`.
+            #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
+            F16Ops::Neon => unsafe { neon::mad_f16(acc, v, s) },
         }
     }
 
@@ -169,6 +181,9 @@ impl F16Ops {
             // SAFETY: as in `f32_to_f16`.
             #[cfg(target_arch = "x86_64")]
             F16Ops::Avx2 => unsafe { avx2::scale_f16(acc, s) },
+            // SAFETY: as in `dot_f16`.
+            #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
+            F16Ops::Neon => unsafe { neon::scale_f16(acc, s) },
         }
     }
 }
@@ -296,6 +311,68 @@ mod avx2 {
     }
 }
 
+/// The scalar twin's operations on 4 f32 lanes a register: f16 converted exactly (`fcvtl`), the
+/// same fused multiply-adds lane for lane, rounded back to f16 to nearest even (`fcvtn`).
+#[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
+mod neon {
+    use super::{scalar, STEP};
+    use crate::quant::neon::{f16x4_to_f32, f32x4_to_f16};
+    use std::arch::aarch64::*;
+
+    // All functions: callers guarantee NEON (see `F16Ops::detect`). Pointer arithmetic stays
+    // inside the slices: every vector access covers `[i, i + 4)` with `i + 4 <= len` by the loop
+    // bounds, and tails go to the scalar twin.
+
+    #[inline(always)]
+    unsafe fn load_h(p: *const u16) -> float32x4_t {
+        f16x4_to_f32(vld1_u16(p))
+    }
+
+    pub unsafe fn dot_f16(a: &[u16], b: &[u16]) -> f32 {
+        let main = a.len() / STEP * STEP;
+        // acc[2j] and acc[2j + 1]: lanes 0..4 and 4..8 of the scalar twin's accumulator j.
+        let mut acc = [vdupq_n_f32(0.0); 8];
+        for base in (0..main).step_by(STEP) {
+            for (k, lane) in acc.iter_mut().enumerate() {
+                let i = base + 4 * k;
+                *lane = vfmaq_f32(*lane, load_h(a.as_ptr().add(i)), load_h(b.as_ptr().add(i)));
+            }
+        }
+        // The twin's tree: x = (a0 + a2) + (a1 + a3) per lane, then x[l] + x[l + 4], pairs,
+        // and the last pair.
+        let lo = vaddq_f32(vaddq_f32(acc[0], acc[4]), vaddq_f32(acc[2], acc[6]));
+        let hi = vaddq_f32(vaddq_f32(acc[1], acc[5]), vaddq_f32(acc[3], acc[7]));
+        let t0 = vaddq_f32(lo, hi);
+        let t1 = vpaddq_f32(t0, t0);
+        let mut sum = (vgetq_lane_f32::<0>(t1) + vgetq_lane_f32::<1>(t1)) as f64;
+        for i in main..a.len() {
+            let p = half::f16::from_bits(a[i]).to_f32() * half::f16::from_bits(b[i]).to_f32();
+            sum += p as f64;
+        }
+        sum as f32
+    }
+
+    pub unsafe fn mad_f16(acc: &mut [u16], v: &[u16], s: f32) {
+        let main = acc.len() / 4 * 4;
+        let vs = vdupq_n_f32(s);
+        for i in (0..main).step_by(4) {
+            let y = vfmaq_f32(load_h(acc.as_ptr().add(i)), load_h(v.as_ptr().add(i)), vs);
+            vst1_u16(acc.as_mut_ptr().add(i), f32x4_to_f16(y));
+        }
+        scalar::mad_f16(&mut acc[main..], &v[main..], s);
+    }
+
+    pub unsafe fn scale_f16(acc: &mut [u16], s: f32) {
+        let main = acc.len() / 4 * 4;
+        let vs = vdupq_n_f32(s);
+        for i in (0..main).step_by(4) {
+            let y = vmulq_f32(load_h(acc.as_ptr().add(i)), vs);
+            vst1_u16(acc.as_mut_ptr().add(i), f32x4_to_f16(y));
+        }
+        scalar::scale_f16(&mut acc[main..], s);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -322,6 +399,13 @@ mod tests {
 
     fn vectors(n: usize) -> impl Strategy<Value = Vec<f32>> {
         proptest::collection::vec(-4.0f32..4.0, n)
+    }
+
+    /// Every aarch64 CPU has NEON, so the proptest below compares the NEON path there.
+    #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
+    #[test]
+    fn aarch64_takes_the_neon_f16_path() {
+        assert_eq!(F16Ops::detect(), F16Ops::Neon);
     }
 
     proptest! {

@@ -78,7 +78,7 @@ mod avx512;
 #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
 mod gemm;
 #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
-mod neon;
+pub(crate) mod neon;
 
 /// `return $module::$func::<Block>(args)` for the 32-element weight formats (Q4_0, Q4_1, Q8_0,
 /// Q5_0, Q5_1, IQ4_NL),
@@ -1259,12 +1259,12 @@ impl Kernels {
         out: &mut [f32],
         out_stride: usize,
     ) {
-        let (off, nb) = Self::x8_cols(&w, &(0..w.cols));
         let arow = row_bytes(GgmlType::Q8_K, w.cols).unwrap_or_else(|e| panic!("{e}"));
         #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
         if self.isa != Isa::Scalar {
             use avx2::x8::entry;
             use interleave::x8_of;
+            let (off, nb) = Self::x8_cols(&w, &(0..w.cols));
             let a = blocks_of(acts);
             // SAFETY: ISA detected at construction; the geometry validated, `acts` has
             // n_tokens * nb blocks and `out` covers every (t, r) written (checked in `matmul`).

@@ -895,7 +895,7 @@ unsafe fn axpy_rows_impl<W: WeightBlock>(
 
 /// 4 f16 (bits) to f32, exact (`fcvtl`; the f16 vector types of the intrinsics are unstable).
 #[inline(always)]
-unsafe fn f16x4_to_f32(h: uint16x4_t) -> float32x4_t {
+pub(crate) unsafe fn f16x4_to_f32(h: uint16x4_t) -> float32x4_t {
     let out: float32x4_t;
     // SAFETY: a register-to-register conversion (base ARMv8 FP), no memory, no flags.
     asm!(
@@ -909,7 +909,7 @@ unsafe fn f16x4_to_f32(h: uint16x4_t) -> float32x4_t {
 
 /// 4 f32 to f16 (bits), round to nearest even (`fcvtn` under the default FPCR).
 #[inline(always)]
-unsafe fn f32x4_to_f16(v: float32x4_t) -> uint16x4_t {
+pub(crate) unsafe fn f32x4_to_f16(v: float32x4_t) -> uint16x4_t {
     let out: uint16x4_t;
     // SAFETY: as in `f16x4_to_f32`.
     asm!(
