@@ -497,8 +497,9 @@ impl EngineBuilder {
         if memory.is_none() {
             model.cluster_down_projections(plan.decode.ffn_neurons as usize);
             // After the copy above, which reads the file's layout. Decode's Q4_K and Q6_K
-            // matvecs read 8 interleaved rows at a time (same bits, faster).
-            if self.interleave {
+            // matvecs read 8 interleaved rows at a time (same bits, faster) where the kernels
+            // have an interleaved kernel.
+            if self.interleave && self.kernels.has_interleaved_kernels() {
                 model.interleave_kquants().map_err(load)?;
             }
         }

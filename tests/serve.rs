@@ -81,6 +81,21 @@ impl Server {
         self.log.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
+    /// The log once it holds every one of `lines` (or after 10 s, for the assertion to show).
+    /// Startup lines go to stderr before the address goes to stdout, but two threads read the
+    /// two pipes, so the address can arrive before the last of the log has been read.
+    fn log_once_it_has(&self, lines: &[&str]) -> String {
+        let started = Instant::now();
+        loop {
+            let log = self.log();
+            if lines.iter().all(|l| log.contains(l)) || started.elapsed() > Duration::from_secs(10)
+            {
+                return log;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     fn port(&self) -> u16 {
         self.url
             .rsplit(':')
@@ -309,7 +324,10 @@ fn batched_requests_under_a_memory_budget_each_match_conductor_run() {
         &conductor::runtime::convert::ConvertOptions::default(),
     );
     let server = Server::start_with(&store, &["--memory", "50%", "--parallel", "4"]);
-    let log = server.log();
+    let log = server.log_once_it_has(&[
+        "(4 sessions × ",
+        "structured output is unavailable: off under --memory",
+    ]);
     assert!(
         log.contains("(4 sessions × ") && !log.contains("one at a time"),
         "the budget does not hold four sessions:\n{log}"

@@ -242,11 +242,32 @@ impl<'a, G: Group> X8<'a, G> {
 
     /// Groups holding the matrix's rows.
     #[cfg_attr(
-        not(all(target_arch = "x86_64", not(conductor_portable))),
+        not(all(
+            any(target_arch = "x86_64", target_arch = "aarch64"),
+            not(conductor_portable)
+        )),
         allow(dead_code)
     )]
     pub(crate) fn groups(&self) -> usize {
         (self.skip + self.rows).div_ceil(GROUP_ROWS)
+    }
+
+    /// Group `g`'s 8 results (`v[i]`: its row i) into the matrix rows they hold (`out[r]` for
+    /// row r): the first group starts `skip` rows early, the last may be short.
+    #[cfg_attr(
+        not(all(
+            any(target_arch = "x86_64", target_arch = "aarch64"),
+            not(conductor_portable)
+        )),
+        allow(dead_code)
+    )]
+    #[inline(always)]
+    pub(crate) fn scatter(&self, g: usize, v: &[f32; GROUP_ROWS], out: &mut [f32]) {
+        let first = (g * GROUP_ROWS).max(self.skip);
+        let end = ((g + 1) * GROUP_ROWS).min(self.skip + self.rows);
+        for at in first..end {
+            out[at - self.skip] = v[at - g * GROUP_ROWS];
+        }
     }
 
     /// Row `r` of the matrix (column range only) in file layout, into `out` (`nb` blocks).

@@ -43,15 +43,18 @@
 //!   rows' quants, each 4 activation bytes are broadcast, the scales are decoded for 8 rows at
 //!   once; no per-row shuffles or reductions. Q4_K about twice the in-cache rate of the 4-row
 //!   kernel, Q6_K about 1.1-1.2x; the same bits (each lane does its row's scalar steps).
-//!   Without that kernel (scalar, aarch64, `matvec_rows`) rows are taken back out of the groups
-//!   and dotted as usual.
+//!   On aarch64 with dotprod, `neon/x8.rs` does the same with `sdot` by element (4 rows' 4
+//!   quants per 16-byte load, times one broadcast activation chunk). Without such a kernel
+//!   (scalar, plain NEON, `matvec_rows`) rows are taken back out of the groups and dotted as
+//!   usual, and the engine does not interleave ([`Kernels::has_interleaved_kernels`]).
 //! * `gemm.rs`: prefill GEMM on row-interleaved repacked weights (8 rows per ymm), used from
 //!   8 tokens on (on plain AVX2 only for the 4-bit Q4_0/Q4_1, whose products fit its i16
 //!   sums). `avx512.rs`: the same with 16 rows per zmm.
 //!
 //! * `neon.rs` (aarch64): activation quantizers (Q8_0, Q8_1, Q8_K); dot, 4-row matvec, sparse
 //!   rows, 4x4 matmul tiles and `axpy_rows` of the 32-element formats; Q2_K, Q3_K, Q4_K, Q5_K,
-//!   Q6_K and IQ4_XS dots (their matvec and matmul are the per-row loop over those dots); the
+//!   Q6_K and IQ4_XS dots (their matvec and matmul are the per-row loop over those dots, but
+//!   for Q4_K and Q6_K interleaved, above); the
 //!   float dots and f16 helpers. Generic over the int8 multiply: plain NEON `smull`/`sadalp`,
 //!   or dotprod `sdot` (inline asm; `vdotq_s32` is not stable); with i8mm the 32-element
 //!   formats' 4x4 matmul tiles are `smmla` 2x2 tiles (inline asm). Float `axpy_rows` stays
@@ -96,6 +99,26 @@ macro_rules! call32 {
             GgmlType::Q5_0 => return $m::$f::<BlockQ5_0>($($arg),*),
             GgmlType::Q5_1 => return $m::$f::<BlockQ5_1>($($arg),*),
             GgmlType::IQ4_NL => return $m::$f::<BlockIQ4NL>($($arg),*),
+            _ => {}
+        }
+    };
+}
+
+/// `return $entry::$func(x8_of::<Group>(w, off, nb), args)` for the interleaved types (Q4_K,
+/// Q6_K; `interleave.rs`); falls through for any other type.
+#[cfg(all(
+    any(target_arch = "x86_64", target_arch = "aarch64"),
+    not(conductor_portable)
+))]
+macro_rules! call_x8 {
+    ($w:expr, ($off:expr, $nb:expr), $m:ident :: $f:ident ( $($arg:expr),* )) => {
+        match $w.ty {
+            GgmlType::Q4_K => {
+                return $m::$f(interleave::x8_of::<BlockQ4Kx8>(&$w, $off, $nb), $($arg),*)
+            }
+            GgmlType::Q6_K => {
+                return $m::$f(interleave::x8_of::<BlockQ6Kx8>(&$w, $off, $nb), $($arg),*)
+            }
             _ => {}
         }
     };
@@ -743,6 +766,19 @@ impl Kernels {
         self.isa
     }
 
+    /// Whether these kernels read [`Layout::X8`] matrices with an interleaved kernel (x86-64
+    /// SIMD, NEON with dotprod). Elsewhere each row is taken back out of its group per product,
+    /// which is slower than the file's layout: a model is interleaved at load only where this
+    /// holds (the results are the same bits either way).
+    pub fn has_interleaved_kernels(&self) -> bool {
+        match self.isa {
+            Isa::Scalar => false,
+            #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
+            Isa::Neon => false,
+            _ => cfg!(not(conductor_portable)),
+        }
+    }
+
     /// Quantizes an activation vector into `activation_type(weight)` (f32 bytes for F16/F32).
     ///
     /// # Panics
@@ -1209,7 +1245,8 @@ impl Kernels {
     }
 
     /// [`Kernels::matvec`] of an interleaved matrix ([`Layout::X8`]): the interleaved kernel on
-    /// x86-64 SIMD, elsewhere each row taken out and dotted (the same bits either way).
+    /// x86-64 SIMD and NEON with dotprod, elsewhere each row taken out and dotted (the same bits
+    /// either way).
     fn matvec_x8(&self, w: MatRef<'_>, cols: Range<usize>, act: &[u8], out: &mut [f32]) {
         let (off, nb) = Self::x8_cols(&w, &cols);
         let ab = row_bytes(GgmlType::Q8_K, cols.len()).unwrap_or_else(|e| panic!("{e}"));
@@ -1218,23 +1255,18 @@ impl Kernels {
         #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
         if self.isa != Isa::Scalar {
             use avx2::x8::entry;
-            use interleave::x8_of;
             // SAFETY: ISA detected at construction (every SIMD ISA implies AVX2+FMA+F16C); the
             // geometry was validated (its groups are bounds-checked slices), `act` has exactly
             // `nb` activation blocks and `out` `rows` elements.
-            unsafe {
-                match w.ty {
-                    GgmlType::Q4_K => {
-                        let m = x8_of::<BlockQ4Kx8>(&w, off, nb);
-                        return entry::matvec(m, blocks_of(act), out);
-                    }
-                    GgmlType::Q6_K => {
-                        let m = x8_of::<BlockQ6Kx8>(&w, off, nb);
-                        return entry::matvec(m, blocks_of(act), out);
-                    }
-                    _ => {}
-                }
-            }
+            unsafe { call_x8!(w, (off, nb), entry::matvec(blocks_of(act), out)) }
+        }
+        #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
+        if matches!(self.isa, Isa::NeonDot | Isa::NeonI8mm) {
+            use neon::x8::entry;
+            // SAFETY: dotprod detected at construction; the geometry was validated (its groups
+            // are bounds-checked slices), `act` has exactly `nb` activation blocks and `out`
+            // `rows` elements.
+            unsafe { call_x8!(w, (off, nb), entry::matvec(blocks_of(act), out)) }
         }
         self.x8_row_dots(&w, (off, nb), 0..w.rows, act, out);
     }
@@ -1250,7 +1282,8 @@ impl Kernels {
     }
 
     /// [`Kernels::matmul`] of an interleaved matrix (its sizes checked there): the weights of
-    /// each group read once for several tokens on x86-64 SIMD, elsewhere token by token.
+    /// each group read once for several tokens on x86-64 SIMD and NEON with dotprod, elsewhere
+    /// token by token.
     fn matmul_x8(
         &self,
         w: MatRef<'_>,
@@ -1263,24 +1296,20 @@ impl Kernels {
         #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
         if self.isa != Isa::Scalar {
             use avx2::x8::entry;
-            use interleave::x8_of;
             let (off, nb) = Self::x8_cols(&w, &(0..w.cols));
             let a = blocks_of(acts);
             // SAFETY: ISA detected at construction; the geometry validated, `acts` has
             // n_tokens * nb blocks and `out` covers every (t, r) written (checked in `matmul`).
-            unsafe {
-                match w.ty {
-                    GgmlType::Q4_K => {
-                        let m = x8_of::<BlockQ4Kx8>(&w, off, nb);
-                        return entry::matmul(m, a, n_tokens, out, out_stride);
-                    }
-                    GgmlType::Q6_K => {
-                        let m = x8_of::<BlockQ6Kx8>(&w, off, nb);
-                        return entry::matmul(m, a, n_tokens, out, out_stride);
-                    }
-                    _ => {}
-                }
-            }
+            unsafe { call_x8!(w, (off, nb), entry::matmul(a, n_tokens, out, out_stride)) }
+        }
+        #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
+        if matches!(self.isa, Isa::NeonDot | Isa::NeonI8mm) {
+            use neon::x8::entry;
+            let (off, nb) = Self::x8_cols(&w, &(0..w.cols));
+            let a = blocks_of(acts);
+            // SAFETY: dotprod detected at construction; the geometry validated, `acts` has
+            // n_tokens * nb blocks and `out` covers every (t, r) written (checked in `matmul`).
+            unsafe { call_x8!(w, (off, nb), entry::matmul(a, n_tokens, out, out_stride)) }
         }
         for t in 0..n_tokens {
             let o = &mut out[t * out_stride..t * out_stride + w.rows];

@@ -7,7 +7,8 @@
 //! product, matvec, sparse matvec, matmul and `axpy_rows` of the 32-element formats (Q4_0,
 //! Q4_1, Q8_0, Q5_0, Q5_1, IQ4_NL); the dot products of Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and
 //! IQ4_XS (their matvec/matmul run the per-row loop of `mod.rs` over these dots); the
-//! F32/F16/BF16 dots and the f16 helpers. Float `axpy_rows` stays on `scalar.rs`.
+//! F32/F16/BF16 dots and the f16 helpers. Float `axpy_rows` stays on `scalar.rs`. `x8.rs`: the
+//! dotprod matvec and matmul of Q4_K and Q6_K rows interleaved 8 by 8 (`sdot` by element).
 //!
 //! Structure (as `avx2.rs`): the row/token loops are `#[inline(always)]` generic functions; the
 //! `entry!` macro stamps out entry points per ISA, with `#[target_feature]` so the inline-asm
@@ -30,6 +31,8 @@ use super::scalar;
 use half::f16;
 use std::arch::aarch64::*;
 use std::arch::asm;
+
+pub(crate) mod x8;
 
 // ---------------------------------------------------------------- integer dot flavours
 

@@ -14,15 +14,10 @@ pub(crate) trait Kernel8: Group {
 
 /// Group `g`'s 8 results into the matrix rows they hold (`out[r]` for row r).
 #[inline(always)]
-unsafe fn store_group<G>(m: &X8<'_, G>, g: usize, v: __m256, out: &mut [f32]) {
+unsafe fn store_group<G: Group>(m: &X8<'_, G>, g: usize, v: __m256, out: &mut [f32]) {
     let mut tmp = [0f32; GROUP_ROWS];
     _mm256_storeu_ps(tmp.as_mut_ptr(), v);
-    // Rows g*8 .. g*8+8 of the groups are the matrix's rows from g*8 - skip.
-    let first = (g * GROUP_ROWS).max(m.skip);
-    let end = ((g + 1) * GROUP_ROWS).min(m.skip + m.rows);
-    for at in first..end {
-        out[at - m.skip] = tmp[at - g * GROUP_ROWS];
-    }
+    m.scatter(g, &tmp, out);
 }
 
 /// `out[r]` = row r of `m` times `act` (the column range's activation blocks).

@@ -303,3 +303,18 @@ fn interleaved_integer_sums_hold_at_the_extremes() {
         }
     }
 }
+
+/// The engine interleaves Q4_K and Q6_K at load only for kernels with an interleaved kernel:
+/// every SIMD ISA but plain NEON (which would take each row back out, slower than the file's
+/// layout). On aarch64 with dotprod (qemu `-cpu max`) the kernels above are `neon/x8.rs`'s.
+#[test]
+fn interleaving_is_for_the_kernels_that_read_it() {
+    for k in Kernels::available() {
+        let reads = !matches!(k.isa().name(), "scalar" | "neon");
+        assert_eq!(k.has_interleaved_kernels(), reads, "{}", k.isa().name());
+    }
+    #[cfg(target_arch = "aarch64")]
+    if std::arch::is_aarch64_feature_detected!("dotprod") {
+        assert!(Kernels::best().has_interleaved_kernels());
+    }
+}
