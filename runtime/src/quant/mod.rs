@@ -767,7 +767,8 @@ impl Kernels {
     }
 
     /// Whether these kernels read [`Layout::X8`] matrices with an interleaved kernel (x86-64
-    /// SIMD, NEON with dotprod). Elsewhere each row is taken back out of its group per product,
+    /// SIMD, NEON with dotprod): the gate of `matvec_x8`/`matmul_x8`, and of the engine's
+    /// interleaving at load. Elsewhere each row is taken back out of its group per product,
     /// which is slower than the file's layout: a model is interleaved at load only where this
     /// holds (the results are the same bits either way).
     pub fn has_interleaved_kernels(&self) -> bool {
@@ -1253,7 +1254,7 @@ impl Kernels {
         assert_eq!(act.len(), ab, "matvec activation bytes");
         assert_eq!(out.len(), w.rows, "matvec output length");
         #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
-        if self.isa != Isa::Scalar {
+        if self.has_interleaved_kernels() {
             use avx2::x8::entry;
             // SAFETY: ISA detected at construction (every SIMD ISA implies AVX2+FMA+F16C); the
             // geometry was validated (its groups are bounds-checked slices), `act` has exactly
@@ -1261,7 +1262,7 @@ impl Kernels {
             unsafe { call_x8!(w, (off, nb), entry::matvec(blocks_of(act), out)) }
         }
         #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
-        if matches!(self.isa, Isa::NeonDot | Isa::NeonI8mm) {
+        if self.has_interleaved_kernels() {
             use neon::x8::entry;
             // SAFETY: dotprod detected at construction; the geometry was validated (its groups
             // are bounds-checked slices), `act` has exactly `nb` activation blocks and `out`
@@ -1294,7 +1295,7 @@ impl Kernels {
     ) {
         let arow = row_bytes(GgmlType::Q8_K, w.cols).unwrap_or_else(|e| panic!("{e}"));
         #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
-        if self.isa != Isa::Scalar {
+        if self.has_interleaved_kernels() {
             use avx2::x8::entry;
             let (off, nb) = Self::x8_cols(&w, &(0..w.cols));
             let a = blocks_of(acts);
@@ -1303,7 +1304,7 @@ impl Kernels {
             unsafe { call_x8!(w, (off, nb), entry::matmul(a, n_tokens, out, out_stride)) }
         }
         #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
-        if matches!(self.isa, Isa::NeonDot | Isa::NeonI8mm) {
+        if self.has_interleaved_kernels() {
             use neon::x8::entry;
             let (off, nb) = Self::x8_cols(&w, &(0..w.cols));
             let a = blocks_of(acts);

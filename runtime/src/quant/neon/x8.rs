@@ -118,14 +118,18 @@ unsafe fn q4k_isums<const T: usize>(
         // Sub-blocks 2c (low nibbles, activations 64c..) and 2c + 1 (high, 64c + 32..).
         let mut lo = [[zero; 2]; T];
         let mut hi = [[zero; 2]; T];
+        // Token t's 64 activations of the two sub-blocks, 16 at a time.
+        let y: [[int8x16_t; 4]; T] = std::array::from_fn(|t| {
+            std::array::from_fn(|i| load16(sub16(&a[t].qs, 64 * c + 16 * i)))
+        });
         for k in 0..8 {
             let x = rows8(&w.qs[8 * (8 * c + k)..8 * (8 * c + k) + 8]);
+            let (ql, qh) = (x.map(|v| vandq_u8(v, m4)), x.map(|v| vshrq_n_u8::<4>(v)));
             for t in 0..T {
-                let ya = load16(sub16(&a[t].qs, 64 * c + 16 * (k / 4)));
-                let yb = load16(sub16(&a[t].qs, 64 * c + 32 + 16 * (k / 4)));
+                let (ya, yb) = (y[t][k / 4], y[t][2 + k / 4]);
                 for h in 0..2 {
-                    lo[t][h] = sdot_by(lo[t][h], vandq_u8(x[h], m4), ya, k % 4);
-                    hi[t][h] = sdot_by(hi[t][h], vshrq_n_u8::<4>(x[h]), yb, k % 4);
+                    lo[t][h] = sdot_by(lo[t][h], ql[h], ya, k % 4);
+                    hi[t][h] = sdot_by(hi[t][h], qh[h], yb, k % 4);
                 }
             }
         }
@@ -199,6 +203,9 @@ unsafe fn q6k_isums<const T: usize>(w: &BlockQ6Kx8, a: [&BlockQ8K; T]) -> [[int3
             // Quarter qq's positions 16 * half.. (chunks k = 4 * half..) are sub-block
             // 8n + 2qq + half: its activations are the 16 bytes at 128n + 32qq + 16 * half.
             let mut s = [[[zero; 2]; T]; 4];
+            let y: [[int8x16_t; 4]; T] = std::array::from_fn(|t| {
+                std::array::from_fn(|qq| load16(sub16(&a[t].qs, 128 * n + 32 * qq + 16 * half)))
+            });
             for kk in 0..4 {
                 let k = 4 * half + kk;
                 let part = |p: usize| {
@@ -220,9 +227,8 @@ unsafe fn q6k_isums<const T: usize>(w: &BlockQ6Kx8, a: [&BlockQ8K; T]) -> [[int3
                         vorrq_u8(low, vandq_u8(high, m30))
                     });
                     for t in 0..T {
-                        let y = load16(sub16(&a[t].qs, 128 * n + 32 * qq + 16 * half));
                         for h in 0..2 {
-                            sq[t][h] = sdot_by(sq[t][h], q[h], y, kk);
+                            sq[t][h] = sdot_by(sq[t][h], q[h], y[t][qq], kk);
                         }
                     }
                 }
