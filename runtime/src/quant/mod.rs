@@ -125,8 +125,12 @@ macro_rules! call_x8 {
 }
 
 /// `return $module::$func::<Block>(args)` for the 256-element super-block formats dotted with
-/// Q8_K (the K-quants and IQ4_XS, see `avx2/kquants.rs`); falls through for any other type.
-#[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
+/// Q8_K (the K-quants and IQ4_XS, see `avx2/kquants.rs`, `neon/kquants.rs`); falls through for
+/// any other type.
+#[cfg(all(
+    any(target_arch = "x86_64", target_arch = "aarch64"),
+    not(conductor_portable)
+))]
 macro_rules! callk {
     ($ty:expr, $m:ident :: $f:ident ( $($arg:expr),* )) => {
         match $ty {
@@ -872,6 +876,7 @@ impl Kernels {
         }
         #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
         if self.isa != Isa::Scalar {
+            use neon::kquants::{dot as kq_dot, plain as kq_plain};
             use neon::{dot, plain};
             let (w, a) = (w, act);
             // SAFETY: the ISA was detected when this `Kernels` was built (NEON is the aarch64
@@ -880,24 +885,11 @@ impl Kernels {
             unsafe {
                 if matches!(self.isa, Isa::NeonDot | Isa::NeonI8mm) {
                     call32!(weight, dot::vec_dot(blocks_of(w), blocks_of(a)));
-                    match weight {
-                        GgmlType::Q4_K => return dot::dot_q4_k(blocks_of(w), blocks_of(a)),
-                        GgmlType::Q6_K => return dot::dot_q6_k(blocks_of(w), blocks_of(a)),
-                        GgmlType::Q5_K => return dot::dot_q5_k(blocks_of(w), blocks_of(a)),
-                        GgmlType::IQ4_XS => return dot::dot_iq4_xs(blocks_of(w), blocks_of(a)),
-                        GgmlType::Q2_K => return dot::dot_q2_k(blocks_of(w), blocks_of(a)),
-                        GgmlType::Q3_K => return dot::dot_q3_k(blocks_of(w), blocks_of(a)),
-                        _ => {}
-                    }
+                    callk!(weight, kq_dot::dot(blocks_of(w), blocks_of(a)));
                 }
                 call32!(weight, plain::vec_dot(blocks_of(w), blocks_of(a)));
+                callk!(weight, kq_plain::dot(blocks_of(w), blocks_of(a)));
                 match weight {
-                    GgmlType::Q4_K => return plain::dot_q4_k(blocks_of(w), blocks_of(a)),
-                    GgmlType::Q6_K => return plain::dot_q6_k(blocks_of(w), blocks_of(a)),
-                    GgmlType::Q5_K => return plain::dot_q5_k(blocks_of(w), blocks_of(a)),
-                    GgmlType::IQ4_XS => return plain::dot_iq4_xs(blocks_of(w), blocks_of(a)),
-                    GgmlType::Q2_K => return plain::dot_q2_k(blocks_of(w), blocks_of(a)),
-                    GgmlType::Q3_K => return plain::dot_q3_k(blocks_of(w), blocks_of(a)),
                     GgmlType::F32 => return plain::dot_f32(n, w, a),
                     GgmlType::F16 => return plain::dot_f16(n, w, a),
                     GgmlType::BF16 => return plain::dot_bf16(n, w, a),
@@ -1160,6 +1152,7 @@ impl Kernels {
         }
         #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
         if self.isa != Isa::Scalar {
+            use neon::kquants::{dot as kq_dot, mm as kq_mm, plain as kq_plain};
             use neon::{dot, mm, plain};
             let m = g.neon_rows();
             // SAFETY: ISA detected at construction (NeonI8mm implies dotprod and i8mm);
@@ -1171,16 +1164,28 @@ impl Kernels {
                         w.ty,
                         mm::matmul(m, blocks_of(acts), n_tokens, out, out_stride)
                     );
+                    callk!(
+                        w.ty,
+                        kq_mm::matmul(m, blocks_of(acts), n_tokens, out, out_stride)
+                    );
                 }
                 if matches!(self.isa, Isa::NeonDot | Isa::NeonI8mm) {
                     call32!(
                         w.ty,
                         dot::matmul(m, blocks_of(acts), n_tokens, out, out_stride)
                     );
+                    callk!(
+                        w.ty,
+                        kq_dot::matmul(m, blocks_of(acts), n_tokens, out, out_stride)
+                    );
                 }
                 call32!(
                     w.ty,
                     plain::matmul(m, blocks_of(acts), n_tokens, out, out_stride)
+                );
+                callk!(
+                    w.ty,
+                    kq_plain::matmul(m, blocks_of(acts), n_tokens, out, out_stride)
                 );
             }
         }

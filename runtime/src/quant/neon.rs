@@ -5,16 +5,18 @@
 //! exact whatever the instruction order, so results are bit-identical to the scalar path (and so
 //! to the x86 paths). Covered here: the activation quantizers (Q8_0, Q8_1, Q8_K); the dot
 //! product, matvec, sparse matvec, matmul and `axpy_rows` of the 32-element formats (Q4_0,
-//! Q4_1, Q8_0, Q5_0, Q5_1, IQ4_NL); the dot products of Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and
-//! IQ4_XS (their matvec/matmul run the per-row loop of `mod.rs` over these dots); the
-//! F32/F16/BF16 dots and the f16 helpers. Float `axpy_rows` stays on `scalar.rs`. `x8.rs`: the
-//! dotprod matvec and matmul of Q4_K and Q6_K rows interleaved 8 by 8 (`sdot` by element).
+//! Q4_1, Q8_0, Q5_0, Q5_1, IQ4_NL); the F32/F16/BF16 dots and the f16 helpers. Float
+//! `axpy_rows` stays on `scalar.rs`. `kquants.rs`: the dot and matmul of Q2_K..Q6_K and IQ4_XS
+//! (one row by up to 4 tokens; `smmla` 2 x 2 tiles with i8mm; matvec is the per-row loop of
+//! `mod.rs` over the dot). `x8.rs`: the dotprod matvec and matmul of Q4_K and Q6_K rows
+//! interleaved 8 by 8 (`sdot` by element).
 //!
 //! Structure (as `avx2.rs`): the row/token loops are `#[inline(always)]` generic functions; the
 //! `entry!` macro stamps out entry points per ISA, with `#[target_feature]` so the inline-asm
-//! `sdot` (`vdotq_s32` is not stable) assembles in the dotprod variant. The i8mm ISA adds one
-//! entry point (`mm::matmul`): its 4 rows x 4 tokens tiles are four 2x2 `smmla` tiles per block
-//! (`tile_mm`, inline asm: no stable intrinsic), everything else is the dotprod code. The f16
+//! `sdot` (`vdotq_s32` is not stable) assembles in the dotprod variant. The i8mm ISA adds the
+//! matmuls (`mm::matmul`, `kquants::mm::matmul`): for the 32-element formats its 4 rows x 4
+//! (or 2) tokens tiles are 2x2 `smmla` tiles per block (`tile_mm`, inline asm: no stable
+//! intrinsic); everything else is the dotprod code. The f16
 //! block scales are converted by `blocks::f16_le`, an inline `fcvt` on aarch64 (no call).
 //!
 //! # Safety contract
@@ -32,6 +34,7 @@ use half::f16;
 use std::arch::aarch64::*;
 use std::arch::asm;
 
+pub(crate) mod kquants;
 pub(crate) mod x8;
 
 // ---------------------------------------------------------------- integer dot flavours
@@ -42,17 +45,18 @@ pub(crate) trait IDot {
     /// (exact: every product fits i16 and every sum i32).
     unsafe fn dot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t;
 
-    /// The matmul's 4 rows x 4 tokens tile (`tile`'s contract); by default 32 `dot`s per block.
+    /// The matmul's 4 rows x T (2 or 4) tokens tile (`tile`'s contract); by default 8T `dot`s
+    /// per block.
     #[inline(always)]
-    unsafe fn tile4x4<W: WeightBlock>(
+    unsafe fn tile4xt<W: WeightBlock, const T: usize>(
         w: [&[W]; 4],
-        a: [&[W::Act]; 4],
+        a: [&[W::Act]; T],
         nb: usize,
-    ) -> [float32x4_t; 4]
+    ) -> [float32x4_t; T]
     where
         Self: Sized,
     {
-        tile::<W, Self, 4, 4>(w, a, nb)
+        tile::<W, Self, 4, T>(w, a, nb)
     }
 }
 
@@ -91,8 +95,9 @@ impl IDot for Sdot {
     }
 }
 
-/// ARMv8.6 i8mm, used only by `mm::matmul`: `smmla` 2x2 tiles for its 4x4 tiles (`tile_mm`),
-/// `sdot` for the leftover tokens (an i8mm `Kernels` is only built on a CPU with dotprod too).
+/// ARMv8.6 i8mm, used only by `mm::matmul`: `smmla` 2x2 tiles for its 4 rows x 4 (or 2) tokens
+/// tiles (`tile_mm`), `sdot` for a last odd token (an i8mm `Kernels` is only built on a CPU
+/// with dotprod too).
 /// Every other kernel of the i8mm ISA is the dotprod one (`dot::`).
 pub(crate) struct Mmla;
 
@@ -103,11 +108,11 @@ impl IDot for Mmla {
     }
 
     #[inline(always)]
-    unsafe fn tile4x4<W: WeightBlock>(
+    unsafe fn tile4xt<W: WeightBlock, const T: usize>(
         w: [&[W]; 4],
-        a: [&[W::Act]; 4],
+        a: [&[W::Act]; T],
         nb: usize,
-    ) -> [float32x4_t; 4] {
+    ) -> [float32x4_t; T] {
         tile_mm(w, a, nb)
     }
 }
@@ -383,12 +388,18 @@ unsafe fn pair_chunks(x: (int8x16_t, int8x16_t), y: (int8x16_t, int8x16_t)) -> [
     [c0, c1, c2, c3]
 }
 
-/// `tile::<W, _, 4, 4>` with `smmla`: per block, rows (0, 1) and (2, 3) times tokens (0, 1) and
-/// (2, 3) are four 2x2 integer tiles of 4 `smmla` each (16 instead of 32 `sdot`). Each lane is
-/// one (row, token) block sum, exact; `uzp1`/`uzp2` regroup them into one vector of the 4 rows
-/// per token, and the float steps are `tile`'s, in its order.
+/// `tile::<W, _, 4, T>` with `smmla`, T = 2 or 4: per block, rows (0, 1) and (2, 3) times the
+/// token pairs (0, 1) and (2, 3) are 2x2 integer tiles of 4 `smmla` each (8 instead of 16
+/// `sdot` per row pair and token pair). Each lane is one (row, token) block sum, exact;
+/// `uzp1`/`uzp2` regroup them into one vector of the 4 rows per token, and the float steps are
+/// `tile`'s, in its order.
 #[inline(always)]
-unsafe fn tile_mm<W: WeightBlock>(w: [&[W]; 4], a: [&[W::Act]; 4], nb: usize) -> [float32x4_t; 4] {
+unsafe fn tile_mm<W: WeightBlock, const T: usize>(
+    w: [&[W]; 4],
+    a: [&[W::Act]; T],
+    nb: usize,
+) -> [float32x4_t; T] {
+    assert!(T == 2 || T == 4);
     for r in &w {
         assert!(r.len() >= nb);
     }
@@ -396,8 +407,8 @@ unsafe fn tile_mm<W: WeightBlock>(w: [&[W]; 4], a: [&[W::Act]; 4], nb: usize) ->
         assert!(t.len() >= nb);
     }
     let zero = vdupq_n_s32(0);
-    let mut acc = [vdupq_n_f32(0.0); 4];
-    let mut accm = [vdupq_n_f32(0.0); 4];
+    let mut acc = [vdupq_n_f32(0.0); T];
+    let mut accm = [vdupq_n_f32(0.0); T];
     for b in 0..nb {
         let (mut d, mut m) = ([0f32; 4], [0f32; 4]);
         let mut vals = [(vdupq_n_s8(0), vdupq_n_s8(0)); 4];
@@ -407,34 +418,33 @@ unsafe fn tile_mm<W: WeightBlock>(w: [&[W]; 4], a: [&[W::Act]; 4], nb: usize) ->
         }
         let (dw, mw) = (from_lanes(d), from_lanes(m));
         let wp = [pair_chunks(vals[0], vals[1]), pair_chunks(vals[2], vals[3])];
-        let y: [(int8x16_t, int8x16_t); 4] = std::array::from_fn(|t| load32(a[t][b].qs()));
-        let ap = [pair_chunks(y[0], y[1]), pair_chunks(y[2], y[3])];
         // p[rp][tp] lanes: (row 2rp, token 2tp), (2rp, 2tp + 1), (2rp + 1, 2tp), (2rp + 1, 2tp + 1).
         let mut p = [[zero; 2]; 2];
-        for (rp, prow) in p.iter_mut().enumerate() {
-            for (tp, pv) in prow.iter_mut().enumerate() {
+        for tp in 0..T / 2 {
+            let ap = pair_chunks(load32(a[2 * tp][b].qs()), load32(a[2 * tp + 1][b].qs()));
+            for (rp, prow) in p.iter_mut().enumerate() {
                 for c in 0..4 {
-                    *pv = smmla(*pv, wp[rp][c], ap[tp][c]);
+                    prow[tp] = smmla(prow[tp], wp[rp][c], ap[c]);
                 }
             }
         }
-        // Token t's sums of rows 0..4: even lanes (tokens 0, 2) or odd lanes (1, 3).
-        let isum = [
-            vuzp1q_s32(p[0][0], p[1][0]),
-            vuzp2q_s32(p[0][0], p[1][0]),
-            vuzp1q_s32(p[0][1], p[1][1]),
-            vuzp2q_s32(p[0][1], p[1][1]),
-        ];
-        for t in 0..4 {
+        for (t, acc) in acc.iter_mut().enumerate() {
+            // Token t's sums of rows 0..4: the even (t even) or odd lanes of its token pair.
+            let (lo, hi) = (p[0][t / 2], p[1][t / 2]);
+            let isum = if t % 2 == 0 {
+                vuzp1q_s32(lo, hi)
+            } else {
+                vuzp2q_s32(lo, hi)
+            };
             let (da, sa) = act_ds(&a[t][b]);
-            acc[t] = vfmaq_f32(acc[t], vmulq_n_f32(dw, da), vcvtq_f32_s32(isum[t]));
+            *acc = vfmaq_f32(*acc, vmulq_n_f32(dw, da), vcvtq_f32_s32(isum));
             if W::HAS_MIN {
                 accm[t] = vfmaq_f32(accm[t], mw, vdupq_n_f32(sa));
             }
         }
     }
     if W::HAS_MIN {
-        for t in 0..4 {
+        for t in 0..T {
             acc[t] = vaddq_f32(acc[t], accm[t]);
         }
     }
@@ -496,7 +506,8 @@ unsafe fn matvec_rows_impl<W: WeightBlock, V: IDot>(
     }
 }
 
-/// Prefill shape: 4 rows x 4 tokens tiles, weight blocks unpacked once per 4 tokens.
+/// Prefill shape: 4 rows x 4 tokens tiles, weight blocks unpacked once per 4 tokens (then
+/// once for 2, then one token at a time).
 #[inline(always)]
 unsafe fn matmul_impl<W: WeightBlock, V: IDot>(
     m: Rows<'_>,
@@ -512,18 +523,28 @@ unsafe fn matmul_impl<W: WeightBlock, V: IDot>(
         let n = (m.rows - r).min(4);
         let rows: [&[W]; 4] = std::array::from_fn(|k| m.row::<W>(r + k.min(n - 1)));
         let mut t = 0;
-        while t + 4 <= n_tokens {
-            let res = V::tile4x4::<W>(rows, [tok(t), tok(t + 1), tok(t + 2), tok(t + 3)], m.nb);
+        // Token t + j's results for rows r..r + n are lanes 0..n of res[j].
+        let mut put = |t: usize, res: &[float32x4_t]| {
             for (j, v) in res.iter().enumerate() {
                 let o = (t + j) * out_stride + r;
                 out[o..o + n].copy_from_slice(&lanes(*v)[..n]);
             }
+        };
+        while t + 4 <= n_tokens {
+            put(
+                t,
+                &V::tile4xt::<W, 4>(rows, [tok(t), tok(t + 1), tok(t + 2), tok(t + 3)], m.nb),
+            );
             t += 4;
         }
+        // 2 or 3 tokens left (a batched decode step of 2 or 3 sequences, or the end of a
+        // prompt): two more in one pass.
+        if t + 2 <= n_tokens {
+            put(t, &V::tile4xt::<W, 2>(rows, [tok(t), tok(t + 1)], m.nb));
+            t += 2;
+        }
         while t < n_tokens {
-            let [v] = tile::<W, V, 4, 1>(rows, [tok(t)], m.nb);
-            let o = t * out_stride + r;
-            out[o..o + n].copy_from_slice(&lanes(v)[..n]);
+            put(t, &tile::<W, V, 4, 1>(rows, [tok(t)], m.nb));
             t += 1;
         }
         r += 4;
@@ -537,222 +558,9 @@ unsafe fn vec_dot_impl<W: WeightBlock, V: IDot>(w: &[W], a: &[W::Act]) -> f32 {
     vgetq_lane_f32::<0>(v)
 }
 
-// ---------------------------------------------------------------- K-quants (dot products)
-
-/// Sum of the 4 lanes of `V::dot(0, a, b)`: the exact dot of 16 signed bytes.
-#[inline(always)]
-unsafe fn idot16<V: IDot>(a: int8x16_t, b: int8x16_t) -> i32 {
-    vaddvq_s32(V::dot(vdupq_n_s32(0), a, b))
-}
-
 #[inline(always)]
 fn sub16(qs: &[u8], at: usize) -> &[u8; 16] {
     qs[at..at + 16].try_into().expect("16 bytes")
-}
-
-/// Q4_K · Q8_K: the integer sums of `scalar::q4k_isums` with NEON, the float steps of
-/// `scalar::dot_q4_k_q8_k` verbatim.
-#[inline(always)]
-unsafe fn dot_q4_k_impl<V: IDot>(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
-    let mut acc = 0.0f32;
-    let mut accm = 0.0f32;
-    for (bw, ba) in w.iter().zip(a) {
-        let mut sumi = 0i32;
-        let mut summ = 0i32;
-        for c in 0..4 {
-            let (l0, h0) = nibbles(sub16(&bw.qs, 32 * c));
-            let (l1, h1) = nibbles(sub16(&bw.qs, 32 * c + 16));
-            let y = |o: usize| load16(sub16(&ba.qs, o));
-            let s_lo = vaddvq_s32(V::dot(
-                V::dot(vdupq_n_s32(0), vreinterpretq_s8_u8(l0), y(64 * c)),
-                vreinterpretq_s8_u8(l1),
-                y(64 * c + 16),
-            ));
-            let s_hi = vaddvq_s32(V::dot(
-                V::dot(vdupq_n_s32(0), vreinterpretq_s8_u8(h0), y(64 * c + 32)),
-                vreinterpretq_s8_u8(h1),
-                y(64 * c + 48),
-            ));
-            for (half, s) in [(0, s_lo), (1, s_hi)] {
-                let j = 2 * c + half;
-                let (sc, m) = scalar::q4k_scale_min(j, &bw.scales);
-                sumi += sc as i32 * s;
-                summ += m as i32 * (ba.bsum(2 * j) + ba.bsum(2 * j + 1));
-            }
-        }
-        let da = ba.d();
-        acc = (f16_le(bw.d) * da).mul_add(sumi as f32, acc);
-        accm = (f16_le(bw.dmin) * da).mul_add(summ as f32, accm);
-    }
-    acc - accm
-}
-
-/// Q6_K · Q8_K: the 16 sub-block sums with NEON, the rest as `scalar::dot_q6_k_q8_k`.
-#[inline(always)]
-unsafe fn dot_q6_k_impl<V: IDot>(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
-    let mut acc = 0.0f32;
-    let m4 = vdupq_n_u8(0x0F);
-    let m2 = vdupq_n_u8(0x03);
-    for (bw, ba) in w.iter().zip(a) {
-        let mut sums = [0i32; 16];
-        for n in 0..2 {
-            for h in 0..2 {
-                let la = vld1q_u8(sub16(&bw.ql, 64 * n + 16 * h).as_ptr());
-                let lb = vld1q_u8(sub16(&bw.ql, 64 * n + 32 + 16 * h).as_ptr());
-                let qh = vld1q_u8(sub16(&bw.qh, 32 * n + 16 * h).as_ptr());
-                let q = [
-                    vorrq_u8(vandq_u8(la, m4), vshlq_n_u8::<4>(vandq_u8(qh, m2))),
-                    vorrq_u8(
-                        vandq_u8(lb, m4),
-                        vshlq_n_u8::<4>(vandq_u8(vshrq_n_u8::<2>(qh), m2)),
-                    ),
-                    vorrq_u8(
-                        vshrq_n_u8::<4>(la),
-                        vshlq_n_u8::<4>(vandq_u8(vshrq_n_u8::<4>(qh), m2)),
-                    ),
-                    vorrq_u8(vshrq_n_u8::<4>(lb), vshlq_n_u8::<4>(vshrq_n_u8::<6>(qh))),
-                ];
-                for (quarter, qv) in q.into_iter().enumerate() {
-                    let y = load16(sub16(&ba.qs, 128 * n + 32 * quarter + 16 * h));
-                    sums[8 * n + 2 * quarter + h] = idot16::<V>(vreinterpretq_s8_u8(qv), y);
-                }
-            }
-        }
-        acc = scalar::q6k_block_step(bw, ba, &sums, acc);
-    }
-    acc
-}
-
-/// Q5_K · Q8_K: the sub-block sums with NEON, the rest as `scalar::dot_q5_k_q8_k`.
-#[inline(always)]
-unsafe fn dot_q5_k_impl<V: IDot>(w: &[BlockQ5K], a: &[BlockQ8K]) -> f32 {
-    let mut acc = 0.0f32;
-    let mut accm = 0.0f32;
-    let b4 = vdupq_n_u8(0x10);
-    for (bw, ba) in w.iter().zip(a) {
-        let (mut sumi, mut summ) = (0i32, 0i32);
-        let qh = [
-            vld1q_u8(sub16(&bw.qh, 0).as_ptr()),
-            vld1q_u8(sub16(&bw.qh, 16).as_ptr()),
-        ];
-        for j in 0..8 {
-            // Element 32j + l: nibble (low for even j) of qs[32 (j / 2) + l], bit j of qh[l].
-            let bit = vdupq_n_u8(1 << j);
-            let mut s = vdupq_n_s32(0);
-            for (h, &qhh) in qh.iter().enumerate() {
-                let (lo, hi) = nibbles(sub16(&bw.qs, 32 * (j / 2) + 16 * h));
-                let q = if j % 2 == 0 { lo } else { hi };
-                let q = vorrq_u8(q, vandq_u8(vtstq_u8(qhh, bit), b4));
-                let y = load16(sub16(&ba.qs, 32 * j + 16 * h));
-                s = V::dot(s, vreinterpretq_s8_u8(q), y);
-            }
-            let (sc, m) = scalar::q4k_scale_min(j, &bw.scales);
-            sumi += sc as i32 * vaddvq_s32(s);
-            summ += m as i32 * (ba.bsum(2 * j) + ba.bsum(2 * j + 1));
-        }
-        let da = ba.d();
-        acc = (f16_le(bw.d) * da).mul_add(sumi as f32, acc);
-        accm = (f16_le(bw.dmin) * da).mul_add(summ as f32, accm);
-    }
-    acc - accm
-}
-
-/// IQ4_XS · Q8_K: grid lookups and sums with NEON, the rest as `scalar::dot_iq4_xs_q8_k`.
-#[inline(always)]
-unsafe fn dot_iq4_xs_impl<V: IDot>(w: &[BlockIQ4XS], a: &[BlockQ8K]) -> f32 {
-    let mut acc = 0.0f32;
-    let grid = vld1q_s8(IQ4_VALUES.as_ptr());
-    for (bw, ba) in w.iter().zip(a) {
-        let mut sumi = 0i32;
-        for j in 0..8 {
-            let (lo, hi) = nibbles(sub16(&bw.qs, 16 * j));
-            let s = V::dot(
-                V::dot(
-                    vdupq_n_s32(0),
-                    vqtbl1q_s8(grid, lo),
-                    load16(sub16(&ba.qs, 32 * j)),
-                ),
-                vqtbl1q_s8(grid, hi),
-                load16(sub16(&ba.qs, 32 * j + 16)),
-            );
-            sumi += scalar::iq4xs_scale(bw, j) * vaddvq_s32(s);
-        }
-        acc = (f16_le(bw.d) * ba.d()).mul_add(sumi as f32, acc);
-    }
-    acc
-}
-
-/// The four 2-bit fields of 16 bytes: field j (bits 2j..2j + 2) of each byte, j = 0..4.
-#[inline(always)]
-unsafe fn crumbs(q: uint8x16_t) -> [uint8x16_t; 4] {
-    let m3 = vdupq_n_u8(3);
-    [
-        vandq_u8(q, m3),
-        vandq_u8(vshrq_n_u8::<2>(q), m3),
-        vandq_u8(vshrq_n_u8::<4>(q), m3),
-        vshrq_n_u8::<6>(q),
-    ]
-}
-
-/// Q2_K · Q8_K: the 16 sub-block sums with NEON, the float steps of `scalar::dot_q2_k_q8_k`
-/// verbatim. Element 128n + 32j + l is field j of qs[32n + l], so the 16 bytes at 32n + 16h
-/// hold, field by field, sub-blocks 8n + 2j + h.
-#[inline(always)]
-unsafe fn dot_q2_k_impl<V: IDot>(w: &[BlockQ2K], a: &[BlockQ8K]) -> f32 {
-    let mut acc = 0.0f32;
-    let mut accm = 0.0f32;
-    for (bw, ba) in w.iter().zip(a) {
-        let (mut sumi, mut summ) = (0i32, 0i32);
-        for n in 0..2 {
-            for h in 0..2 {
-                let q = crumbs(vld1q_u8(sub16(&bw.qs, 32 * n + 16 * h).as_ptr()));
-                for (j, qj) in q.into_iter().enumerate() {
-                    let sb = 8 * n + 2 * j + h;
-                    let y = load16(sub16(&ba.qs, 16 * sb));
-                    sumi += (bw.scales[sb] & 0xF) as i32 * idot16::<V>(vreinterpretq_s8_u8(qj), y);
-                }
-            }
-        }
-        for j in 0..16 {
-            summ += (bw.scales[j] >> 4) as i32 * ba.bsum(j);
-        }
-        let da = ba.d();
-        acc = (f16_le(bw.d) * da).mul_add(sumi as f32, acc);
-        accm = (f16_le(bw.dmin) * da).mul_add(summ as f32, accm);
-    }
-    acc - accm
-}
-
-/// Q3_K · Q8_K: the 16 sub-block sums with NEON, the float steps of `scalar::dot_q3_k_q8_k`
-/// verbatim. The 2 low bits as Q2_K's; the third is bit 4n + j of hmask[l], and the value is
-/// u - 4, i.e. the low bits minus 4 where that bit is clear.
-#[inline(always)]
-unsafe fn dot_q3_k_impl<V: IDot>(w: &[BlockQ3K], a: &[BlockQ8K]) -> f32 {
-    let mut acc = 0.0f32;
-    let four = vdupq_n_u8(4);
-    for (bw, ba) in w.iter().zip(a) {
-        let sc = scalar::q3k_scales(&bw.scales);
-        let hm = [
-            vld1q_u8(sub16(&bw.hmask, 0).as_ptr()),
-            vld1q_u8(sub16(&bw.hmask, 16).as_ptr()),
-        ];
-        let mut sumi = 0i32;
-        for n in 0..2 {
-            for (h, &hmh) in hm.iter().enumerate() {
-                let q = crumbs(vld1q_u8(sub16(&bw.qs, 32 * n + 16 * h).as_ptr()));
-                for (j, qj) in q.into_iter().enumerate() {
-                    let sb = 8 * n + 2 * j + h;
-                    // 4 where bit 4n + j is clear, else 0.
-                    let clear = vbicq_u8(four, vtstq_u8(hmh, vdupq_n_u8(1 << (4 * n + j))));
-                    let v = vsubq_s8(vreinterpretq_s8_u8(qj), vreinterpretq_s8_u8(clear));
-                    let y = load16(sub16(&ba.qs, 16 * sb));
-                    sumi += sc[sb] as i32 * idot16::<V>(v, y);
-                }
-            }
-        }
-        acc = (f16_le(bw.d) * ba.d()).mul_add(sumi as f32, acc);
-    }
-    acc
 }
 
 // ---------------------------------------------------------------- activation quantization
@@ -1102,36 +910,6 @@ macro_rules! entry {
         pub(crate) unsafe fn vec_dot<W: WeightBlock>(w: &[W], a: &[W::Act]) -> f32 {
             vec_dot_impl::<W, $V>(w, a)
         }
-
-        #[target_feature(enable = $features)]
-        pub(crate) unsafe fn dot_q4_k(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
-            dot_q4_k_impl::<$V>(w, a)
-        }
-
-        #[target_feature(enable = $features)]
-        pub(crate) unsafe fn dot_q6_k(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
-            dot_q6_k_impl::<$V>(w, a)
-        }
-
-        #[target_feature(enable = $features)]
-        pub(crate) unsafe fn dot_q5_k(w: &[BlockQ5K], a: &[BlockQ8K]) -> f32 {
-            dot_q5_k_impl::<$V>(w, a)
-        }
-
-        #[target_feature(enable = $features)]
-        pub(crate) unsafe fn dot_iq4_xs(w: &[BlockIQ4XS], a: &[BlockQ8K]) -> f32 {
-            dot_iq4_xs_impl::<$V>(w, a)
-        }
-
-        #[target_feature(enable = $features)]
-        pub(crate) unsafe fn dot_q2_k(w: &[BlockQ2K], a: &[BlockQ8K]) -> f32 {
-            dot_q2_k_impl::<$V>(w, a)
-        }
-
-        #[target_feature(enable = $features)]
-        pub(crate) unsafe fn dot_q3_k(w: &[BlockQ3K], a: &[BlockQ8K]) -> f32 {
-            dot_q3_k_impl::<$V>(w, a)
-        }
     };
 }
 
@@ -1209,8 +987,8 @@ pub(crate) mod dot {
     entry!("neon,dotprod", Sdot);
 }
 
-/// Entry points needing NEON + dotprod + i8mm: the matmul, whose 4x4 tiles use `smmla` (its
-/// other paths are the dotprod ones, which `mod.rs` calls from `dot`).
+/// Entry points needing NEON + dotprod + i8mm: the matmul, whose 4x4 and 4x2 tiles use `smmla`
+/// (its other paths are the dotprod ones, which `mod.rs` calls from `dot`).
 pub(crate) mod mm {
     use super::*;
 

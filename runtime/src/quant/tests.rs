@@ -203,8 +203,9 @@ fn matvec_matches_vec_dot_on_rows_longer_than_a_pass() {
 }
 
 /// Prefill tiles (4 rows x 4 tokens: `smmla` 2x2 tiles on aarch64 i8mm, `sdot`/`vpdpbusd`
-/// elsewhere) with row and token remainders, and with values at the ends of every format's
-/// range: every (token, row) gives the scalar vec_dot's bits.
+/// elsewhere; on aarch64 then 4 x 2 for tokens 9 and 10, token 11 alone; the K-quants' NEON
+/// tiles: 2 x 2 `smmla` or 1 row x 4 tokens) with row and token remainders, and with values at
+/// the ends of every format's range: every (token, row) gives the scalar vec_dot's bits.
 #[test]
 fn matmul_tiles_with_remainders_match_vec_dot() {
     let (rows, nb, n_tokens) = (7, 5, 11);

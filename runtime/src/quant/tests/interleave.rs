@@ -292,11 +292,18 @@ fn interleaved_integer_sums_hold_at_the_extremes() {
                 // And as 5 tokens of a matmul (the 4-token pass and the single one).
                 let mut mm = vec![f32::NAN; 5 * 9];
                 k.matmul(w, &a.repeat(5), 5, &mut mm, 9);
+                // The file layout's matmul too (NEON: 2 x 2 `smmla` tiles and their odd row
+                // and token).
+                let mut file = vec![f32::NAN; 5 * 9];
+                let m = MatRef::new(ty, &plain, 9, cols).unwrap();
+                k.matmul(m, &a.repeat(5), 5, &mut file, 9);
                 for (r, o) in out.iter().enumerate() {
                     let w = want(ty, &plain, cols, r, &a);
                     assert!(same(*o, w), "{ty} {} y {y} row {r}: {o} vs {w}", k.isa());
                     for t in 0..5 {
                         assert!(same(mm[9 * t + r], w), "{ty} {} matmul {t} {r}", k.isa());
+                        let f = file[9 * t + r];
+                        assert!(same(f, w), "{ty} {} file matmul {t} {r}: {f}", k.isa());
                     }
                 }
             }
