@@ -10,6 +10,11 @@
 //! bit: the kernels only read the same numbers from other places. Rows can always be taken back
 //! out ([`X8::row_blocks`]), which is how the paths without an interleaved kernel compute.
 
+#[cfg(all(
+    any(target_arch = "x86_64", target_arch = "aarch64"),
+    not(conductor_portable)
+))]
+use super::blocks::BlockQ8K;
 use super::blocks::{as_bytes, view, view_mut, Block, BlockQ4K, BlockQ4Kx8, BlockQ6K, BlockQ6Kx8};
 use super::{row_bytes, GgmlType, Layout, MatRef, QuantError};
 
@@ -279,6 +284,81 @@ impl<'a, G: Group> X8<'a, G> {
                 .iter()
                 .map(|x| x.unpack(at % GROUP_ROWS)),
         );
+    }
+}
+
+/// A group's 8 results as a SIMD kernel holds them (one `__m256`; two `float32x4_t`).
+#[cfg(all(
+    any(target_arch = "x86_64", target_arch = "aarch64"),
+    not(conductor_portable)
+))]
+pub(crate) trait Lanes8: Copy {
+    /// Lane r (row r of the group) at index r.
+    unsafe fn to_array(self) -> [f32; GROUP_ROWS];
+}
+
+/// An interleaved super-block type with a SIMD kernel over its 8 rows (`avx2/q4k_x8.rs`,
+/// `avx2/q6k_x8.rs`, `neon/x8.rs`): what the row and token loops below need.
+#[cfg(all(
+    any(target_arch = "x86_64", target_arch = "aarch64"),
+    not(conductor_portable)
+))]
+pub(crate) trait Kernel8: Group {
+    type Lanes: Lanes8;
+    /// One group's 8 results for each of T tokens over its super-blocks `w`; `a[t]` holds token
+    /// t's activation blocks (at least `w.len()`). Each lane is its row's scalar dot, bit for
+    /// bit.
+    unsafe fn group_dot<const T: usize>(w: &[Self], a: [&[BlockQ8K]; T]) -> [Self::Lanes; T];
+}
+
+/// `out[r]` = row r of `m` times `act` (the column range's activation blocks). Inlined into
+/// each ISA's `#[target_feature]` entry point, as is `group_dot`.
+#[cfg(all(
+    any(target_arch = "x86_64", target_arch = "aarch64"),
+    not(conductor_portable)
+))]
+#[inline(always)]
+pub(crate) unsafe fn matvec_groups<G: Kernel8>(m: X8<'_, G>, act: &[BlockQ8K], out: &mut [f32]) {
+    assert!(out.len() >= m.rows && act.len() >= m.nb);
+    for g in 0..m.groups() {
+        let [v] = G::group_dot::<1>(m.group(g), [&act[..m.nb]]);
+        m.scatter(g, &v.to_array(), out);
+    }
+}
+
+/// `out[t * out_stride + r]` = row r of `m` times token t of `acts` (`nb` blocks per token):
+/// P tokens per pass over a group (as many as the ISA's registers hold), then one at a time.
+#[cfg(all(
+    any(target_arch = "x86_64", target_arch = "aarch64"),
+    not(conductor_portable)
+))]
+#[inline(always)]
+pub(crate) unsafe fn matmul_groups<G: Kernel8, const P: usize>(
+    m: X8<'_, G>,
+    acts: &[BlockQ8K],
+    n_tokens: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    assert!(acts.len() >= n_tokens * m.nb);
+    let tok = |t: usize| &acts[t * m.nb..(t + 1) * m.nb];
+    for g in 0..m.groups() {
+        let w = m.group(g);
+        let mut t = 0;
+        while t + P <= n_tokens {
+            let v = G::group_dot::<P>(w, std::array::from_fn(|j| tok(t + j)));
+            for (j, v) in v.into_iter().enumerate() {
+                let o = (t + j) * out_stride;
+                m.scatter(g, &v.to_array(), &mut out[o..o + m.rows]);
+            }
+            t += P;
+        }
+        while t < n_tokens {
+            let [v] = G::group_dot::<1>(w, [tok(t)]);
+            let o = t * out_stride;
+            m.scatter(g, &v.to_array(), &mut out[o..o + m.rows]);
+            t += 1;
+        }
     }
 }
 

@@ -11,8 +11,8 @@
 //! exactly `scalar::q4k_isums`'s, and the float steps are `scalar::dot_q4_k_q8_k`'s in 8 lanes:
 //! `acc = fma(d * da, sumi, acc)`, `accm = fma(dmin * da, summ, accm)`, `acc - accm`.
 
-use super::x8::Kernel8;
 use super::*;
+use crate::quant::interleave::Kernel8;
 
 /// Per 128-bit half, i32 lane p: bytes [4p + t, -, 4p + t, -] (`-` zeroes): byte t of each
 /// lane's word in both of its i16 halves.
@@ -114,6 +114,8 @@ unsafe fn isums<const T: usize>(w: &BlockQ4Kx8, a: [&BlockQ8K; T]) -> [(__m256i,
 }
 
 impl Kernel8 for BlockQ4Kx8 {
+    type Lanes = __m256;
+
     /// The scalar twin's float steps per lane. No software prefetch: the
     /// groups are one sequential stream, which the hardware prefetchers serve best alone (a
     /// non-temporal prefetch 2 KiB ahead, as the 4-row kernels use, made streamed 1B-class shapes

@@ -11,9 +11,8 @@
 //! with two bsums. So per row the integer sum is exactly the scalar twin's `sumi` (exact integer
 //! arithmetic in any order), and the float step is its `acc = fma(d * da, sumi, acc)` in 8 lanes.
 
-use super::x8::Kernel8;
 use super::*;
-use crate::quant::interleave::{q6k_part, GROUP_ROWS};
+use crate::quant::interleave::{q6k_part, Kernel8, GROUP_ROWS};
 
 /// Per 128-bit half, i32 lane p: bytes [-, 4p + a, -, 4p + b] (`-` zeroes): bytes a and b of
 /// each lane's word into the high bytes of its two i16 halves, which an arithmetic shift right
@@ -145,6 +144,8 @@ unsafe fn isums<const T: usize>(w: &BlockQ6Kx8, a: [&BlockQ8K; T]) -> [__m256i; 
 }
 
 impl Kernel8 for BlockQ6Kx8 {
+    type Lanes = __m256;
+
     /// The scalar twin's float steps per lane (no min term).
     #[inline(always)]
     unsafe fn group_dot<const T: usize>(w: &[BlockQ6Kx8], a: [&[BlockQ8K]; T]) -> [__m256; T] {

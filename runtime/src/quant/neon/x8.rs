@@ -12,7 +12,9 @@
 //! ISAs use these (`Kernels::has_interleaved_kernels`); plain NEON takes rows back out.
 
 use super::*;
-use crate::quant::interleave::{q6k_part, Group, GROUP_ROWS, X8};
+use crate::quant::interleave::{
+    matmul_groups, matvec_groups, q6k_part, Kernel8, Lanes8, GROUP_ROWS, X8,
+};
 
 /// `acc` plus, per i32 lane, the dot of that lane's 4 bytes of `w` with bytes 4i..4i + 4 of `a`.
 #[inline(always)]
@@ -90,12 +92,13 @@ unsafe fn q4k_scales_mins(w: [uint8x16_t; 3]) -> [uint8x16_t; 4] {
     ]
 }
 
-/// An interleaved super-block type with a NEON + dotprod kernel.
-pub(crate) trait Kernel8: Group {
-    /// One group's results for each of T tokens over its super-blocks `w` (per token, rows
-    /// 0..4 and 4..8); `a[t]` holds token t's activation blocks (at least `w.len()`). Each lane
-    /// is its row's scalar dot, bit for bit.
-    unsafe fn group_dot<const T: usize>(w: &[Self], a: [&[BlockQ8K]; T]) -> [[float32x4_t; 2]; T];
+/// A group's results as rows 0..4 and 4..8.
+impl Lanes8 for [float32x4_t; 2] {
+    #[inline(always)]
+    unsafe fn to_array(self) -> [f32; GROUP_ROWS] {
+        let (lo, hi) = (lanes(self[0]), lanes(self[1]));
+        [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]]
+    }
 }
 
 /// Q4_K: the 8 rows' (sumi, summ) of one super-block against T tokens (rows 0..4, 4..8).
@@ -150,6 +153,8 @@ unsafe fn q4k_isums<const T: usize>(
 }
 
 impl Kernel8 for BlockQ4Kx8 {
+    type Lanes = [float32x4_t; 2];
+
     /// `scalar::dot_q4_k_q8_k`'s float steps per lane: acc = fma(d * da, sumi, acc),
     /// accm = fma(dmin * da, summ, accm), acc - accm.
     #[inline(always)]
@@ -253,6 +258,8 @@ unsafe fn q6k_isums<const T: usize>(w: &BlockQ6Kx8, a: [&BlockQ8K; T]) -> [[int3
 }
 
 impl Kernel8 for BlockQ6Kx8 {
+    type Lanes = [float32x4_t; 2];
+
     /// `scalar::q6k_block_step`'s float step per lane: acc = fma(d * da, sumi, acc).
     #[inline(always)]
     unsafe fn group_dot<const T: usize>(
@@ -278,62 +285,13 @@ impl Kernel8 for BlockQ6Kx8 {
     }
 }
 
-/// Group `g`'s 8 results into the matrix rows they hold (`out[r]` for row r).
-#[inline(always)]
-unsafe fn store_group<G: Group>(m: &X8<'_, G>, g: usize, v: [float32x4_t; 2], out: &mut [f32]) {
-    let (lo, hi) = (lanes(v[0]), lanes(v[1]));
-    let tmp = [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]];
-    m.scatter(g, &tmp, out);
-}
-
-/// `out[r]` = row r of `m` times `act` (the column range's activation blocks).
-#[inline(always)]
-unsafe fn matvec_x8<G: Kernel8>(m: X8<'_, G>, act: &[BlockQ8K], out: &mut [f32]) {
-    assert!(out.len() >= m.rows && act.len() >= m.nb);
-    for g in 0..m.groups() {
-        let [v] = G::group_dot::<1>(m.group(g), [&act[..m.nb]]);
-        store_group(&m, g, v, out);
-    }
-}
-
-/// `out[t * out_stride + r]` = row r of `m` times token t of `acts` (`nb` blocks per token):
-/// 2 tokens per pass over a group (with 8 rows per group, more would not stay in the 32 vector
-/// registers), then the last one alone.
-#[inline(always)]
-unsafe fn matmul_x8<G: Kernel8>(
-    m: X8<'_, G>,
-    acts: &[BlockQ8K],
-    n_tokens: usize,
-    out: &mut [f32],
-    out_stride: usize,
-) {
-    assert!(acts.len() >= n_tokens * m.nb);
-    let tok = |t: usize| &acts[t * m.nb..(t + 1) * m.nb];
-    for g in 0..m.groups() {
-        let w = m.group(g);
-        let mut t = 0;
-        while t + 2 <= n_tokens {
-            let v = G::group_dot::<2>(w, [tok(t), tok(t + 1)]);
-            for (j, v) in v.into_iter().enumerate() {
-                let o = (t + j) * out_stride;
-                store_group(&m, g, v, &mut out[o..o + m.rows]);
-            }
-            t += 2;
-        }
-        if t < n_tokens {
-            let [v] = G::group_dot::<1>(w, [tok(t)]);
-            store_group(&m, g, v, &mut out[t * out_stride..t * out_stride + m.rows]);
-        }
-    }
-}
-
 /// NEON + dotprod entry points (the dotprod and i8mm ISAs).
 pub(crate) mod entry {
     use super::*;
 
     #[target_feature(enable = "neon,dotprod")]
     pub(crate) unsafe fn matvec<G: Kernel8>(m: X8<'_, G>, act: &[BlockQ8K], out: &mut [f32]) {
-        matvec_x8(m, act, out)
+        matvec_groups(m, act, out)
     }
 
     #[target_feature(enable = "neon,dotprod")]
@@ -344,6 +302,8 @@ pub(crate) mod entry {
         out: &mut [f32],
         out_stride: usize,
     ) {
-        matmul_x8(m, acts, n_tokens, out, out_stride)
+        // 2 tokens per pass: with 8 rows per group, more would not stay in the 32 vector
+        // registers.
+        matmul_groups::<G, 2>(m, acts, n_tokens, out, out_stride)
     }
 }
