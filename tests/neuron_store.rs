@@ -383,8 +383,9 @@ fn clusters_of_several_bundles_give_the_same_bits_under_every_cache() {
 }
 
 /// io_uring reads (`storage.engine = "uring"`), batched four at a time whether adjacent or
-/// not: the same bits as positional reads, fewer requests than loads, and a file truncated
-/// while running is the same clear error.
+/// not: the same bits as positional reads, fewer requests than loads, the requests and
+/// submissions the kernel saw counted, and a file truncated while running is the same clear
+/// error.
 #[test]
 fn io_uring_reads_give_the_same_bits_and_the_same_errors() {
     let dir = ScratchDir::new("store-uring");
@@ -416,6 +417,21 @@ fn io_uring_reads_give_the_same_bits_and_the_same_errors() {
         report.reads,
         report.loads
     );
+    // What the kernel was handed: every unit its own ring entry, each batch one submission.
+    assert_eq!(
+        (report.issued.requests, report.issued.submissions),
+        (report.loads, report.reads),
+        "io_uring: a request per unit, a submission per batch"
+    );
+    drop(d);
+    // Positional reads of the same plan: one request (a pread, or a preadv of adjacent
+    // units) per submission, never more requests than units.
+    plan.storage.engine = IoEngine::Pread;
+    let mut d = ActorDriver::new(Arc::clone(&model), &plan, Kernels::best(), options()).unwrap();
+    assert_eq!(run(&mut d).unwrap(), reference);
+    let report = d.cache_report().unwrap();
+    assert_eq!(report.issued.requests, report.issued.submissions);
+    assert!(report.issued.requests > 0 && report.issued.requests <= report.loads);
     drop(d);
     // Inline driver, a file cut inside the last layer's bundles.
     let copy = dir.join("victim.gguf");

@@ -416,6 +416,12 @@ impl ActorDriver {
             loads: get(&c.loads),
             reads: get(&c.reads),
             bytes_read: get(&c.io_bytes),
+            issued: self
+                .shared
+                .cache
+                .as_ref()
+                .map(|(_, f)| f.issued())
+                .unwrap_or_default(),
             io_ns: get(&c.io_ns),
             decode_compute_ns: get(&c.decode_compute_ns),
         })

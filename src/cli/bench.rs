@@ -63,10 +63,19 @@ struct CacheDelta {
     units_per_read: f64,
     /// Loads the scheduler issued (units, or runs of a unit's pages) per token.
     loads_per_token: f64,
+    /// How the reads met the device: bytes over the time the storage issuers spent reading
+    /// (MB/s, 0 where the driver does not time reads), bytes per read request, and read
+    /// requests per submission (the queue depth offered): the coordinates at which to read
+    /// the device's own curve from `profile-hw`.
+    read_mbps: f64,
+    mean_read_bytes: f64,
+    requests_per_submission: f64,
 }
 
 impl CacheDelta {
     fn between(before: &CacheReport, after: &CacheReport, tokens: f64) -> CacheDelta {
+        let bytes = (after.bytes_read - before.bytes_read) as f64;
+        let requests = (after.issued.requests - before.issued.requests) as f64;
         let hits = (after.hits() - before.hits()) as f64;
         let misses = (after.misses() - before.misses()) as f64;
         CacheDelta {
@@ -75,7 +84,7 @@ impl CacheDelta {
             } else {
                 0.0
             },
-            bytes_per_token: (after.bytes_read - before.bytes_read) as f64 / tokens,
+            bytes_per_token: bytes / tokens,
             units_per_read: (after.loads - before.loads) as f64
                 / ((after.reads - before.reads) as f64).max(1.0),
             loads_per_token: (after.loads - before.loads) as f64 / tokens,
@@ -83,7 +92,22 @@ impl CacheDelta {
             compute_ms_per_token: (after.decode_compute_ns - before.decode_compute_ns) as f64
                 / 1e6
                 / tokens,
+            read_mbps: ratio(bytes * 1e3, (after.io_ns - before.io_ns) as f64),
+            mean_read_bytes: ratio(bytes, requests),
+            requests_per_submission: ratio(
+                requests,
+                (after.issued.submissions - before.issued.submissions) as f64,
+            ),
         }
+    }
+}
+
+/// `a / b`, or 0 when there is no `b`.
+fn ratio(a: f64, b: f64) -> f64 {
+    if b > 0.0 {
+        a / b
+    } else {
+        0.0
     }
 }
 
@@ -262,6 +286,9 @@ fn report(args: &BenchArgs, engine: &Engine, m: &Measured, printed_header: &mut 
                 "ms_per_token": 1000.0 / med,
                 "units_per_read": c.units_per_read,
                 "loads_per_token": c.loads_per_token,
+                "read_mb_s": c.read_mbps,
+                "mean_read_bytes": c.mean_read_bytes,
+                "read_requests_per_submission": c.requests_per_submission,
             })),
             "sparsity": m.sparsity.map(|(gate, active)| json!({
                 "mode": model.sparse.as_ref().map(|s| s.mode.name()),
@@ -312,6 +339,14 @@ fn report(args: &BenchArgs, engine: &Engine, m: &Measured, printed_header: &mut 
             wall,
             (1.0 - c.compute_ms_per_token / wall).max(0.0) * 100.0
         );
+        if c.mean_read_bytes > 0.0 {
+            println!(
+                "|   reads | {:.0} MB/s per issuer while reading | mean read {:.1} KiB | {:.1} requests per submission (queue depth offered) |",
+                c.read_mbps,
+                c.mean_read_bytes / 1024.0,
+                c.requests_per_submission
+            );
+        }
     }
 }
 

@@ -27,7 +27,7 @@ pub use budget::{
 pub use directory::{Acquired, CacheDirectory, LayerCacheStats, PagesAcquired, Want};
 pub use reader::{
     direct_io_refused, open_for_reads, open_for_reads_with, read_full, unit_extents, BundleFile,
-    Extent, LoadError, OpenError,
+    Extent, IssuedCounts, LoadError, OpenError,
 };
 pub use slot_reads::{read_slots, SlotRead};
 #[cfg(feature = "io-uring")]
@@ -35,6 +35,19 @@ pub use uring::{Ring, RING_ENTRIES};
 
 #[cfg(test)]
 mod tests;
+
+/// Whether io_uring can be used here: the build has it (cargo feature `io-uring`) and the
+/// kernel lets this process make a ring (seccomp filters, as on Android and in many
+/// containers, forbid it). Asked once per process.
+pub fn uring_available() -> bool {
+    #[cfg(feature = "io-uring")]
+    {
+        static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *AVAILABLE.get_or_init(|| Ring::new().is_ok())
+    }
+    #[cfg(not(feature = "io-uring"))]
+    false
+}
 
 /// How long an idle thread waits for work before parking under a plan with a cache (decode
 /// then waits on storage most of the time): the actor driver's hosts spin this long, its pool
@@ -212,6 +225,9 @@ pub struct CacheReport {
     pub loads: u64,
     pub reads: u64,
     pub bytes_read: u64,
+    /// The read requests the kernel was handed for them, and the submissions that carried
+    /// those (requests per submission: the queue depth offered to the device).
+    pub issued: IssuedCounts,
     /// Time the storage issuer spent reading (0 where the driver does not time it).
     pub io_ns: u64,
     /// Time groups spent computing decode clusters (0 where the driver does not time it).

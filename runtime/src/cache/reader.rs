@@ -14,7 +14,7 @@ use std::fs::File;
 use std::ops::Range;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Alignment of reads (what `O_DIRECT` asks of offsets and lengths).
@@ -129,6 +129,39 @@ pub struct BundleFile {
     /// Fault injection (the fault harness and tests): sees every read first. `None` in
     /// normal runs.
     faults: Option<Arc<dyn ReadFaults>>,
+    /// What reached the kernel: read requests and the submissions that carried them.
+    issued: IssuedReads,
+}
+
+/// Read requests handed to the kernel (one `pread`/`preadv`, or one io_uring entry, each) and
+/// the submissions that carried them (one system call each: a positional read, or one ring
+/// batch of up to [`super::uring::RING_ENTRIES`] entries). Requests per submission is the queue
+/// depth the device was offered, which is what its read curve is measured against.
+#[derive(Debug, Default)]
+struct IssuedReads {
+    requests: AtomicU64,
+    submissions: AtomicU64,
+}
+
+/// A snapshot of [`BundleFile::issued`]: read requests and submissions so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IssuedCounts {
+    pub requests: u64,
+    pub submissions: u64,
+}
+
+impl IssuedReads {
+    fn note(&self, requests: usize, submissions: usize) {
+        self.requests.fetch_add(requests as u64, Ordering::Relaxed);
+        self.submissions
+            .fetch_add(submissions as u64, Ordering::Relaxed);
+    }
+
+    /// A ring batch of `n` reads: `n` requests in `ceil(n / RING_ENTRIES)` submissions.
+    #[cfg(feature = "io-uring")]
+    fn note_ring(&self, n: usize) {
+        self.note(n, n.div_ceil(super::uring::RING_ENTRIES as usize));
+    }
 }
 
 /// How reads reach the kernel.
@@ -222,7 +255,17 @@ impl BundleFile {
             verify: storage.verify,
             reads,
             faults: None,
+            issued: IssuedReads::default(),
         }))
+    }
+
+    /// Read requests and submissions handed to the kernel so far (a read the fault injector
+    /// fails outright never gets there).
+    pub fn issued(&self) -> IssuedCounts {
+        IssuedCounts {
+            requests: self.issued.requests.load(Ordering::Relaxed),
+            submissions: self.issued.submissions.load(Ordering::Relaxed),
+        }
     }
 
     /// Injects faults into every later read of the store (`None`: none; the default).
@@ -304,6 +347,7 @@ impl BundleFile {
         if let ReadFault::Fail(_) = fault {
             return fault.apply(&mut [], Ok(0));
         }
+        self.issued.note(1, 1);
         let result = match &self.reads {
             Reads::Positional => read_full(&self.file, buf, offset),
             #[cfg(feature = "io-uring")]
@@ -500,6 +544,7 @@ impl BundleFile {
                 .iter()
                 .map(|(buf, offset)| self.fault(*offset, buf.len()))
                 .collect();
+            self.issued.note_ring(reads.len());
             ring.read_all(&self.file, &mut reads, &mut out);
             Self::apply_faults(&mut reads, &mut out, &faults);
             drop(reads);
@@ -616,6 +661,7 @@ impl BundleFile {
                 let result = if let ReadFault::Fail(_) = fault {
                     Ok(0)
                 } else {
+                    self.issued.note(1, 1);
                     let mut slices: Vec<std::io::IoSliceMut<'_>> = bufs
                         .iter_mut()
                         .map(|b| std::io::IoSliceMut::new(b))
@@ -636,6 +682,7 @@ impl BundleFile {
                     .iter()
                     .map(|(buf, offset)| self.fault(*offset, buf.len()))
                     .collect();
+                self.issued.note_ring(reads.len());
                 ring.read_all(&self.file, &mut reads, &mut out);
                 Self::apply_faults(&mut reads, &mut out, &faults);
                 out.iter()

@@ -97,7 +97,7 @@ impl<R: ClusterRunner> InlineDriver<R> {
 
     /// The cache's counters and the bytes read (plans with a cache).
     pub fn cache_report(&self) -> Option<crate::cache::CacheReport> {
-        self.cache.as_ref()?;
+        let (_, file) = self.cache.as_ref()?;
         let layers = self.dispatcher.scheduler().cache_stats()?.to_vec();
         Some(crate::cache::CacheReport {
             layer_bytes: self.io.layer_bytes.clone(),
@@ -105,6 +105,7 @@ impl<R: ClusterRunner> InlineDriver<R> {
             loads: self.io.loads,
             reads: self.io.reads,
             bytes_read: self.io.bytes_read,
+            issued: file.issued(),
             io_ns: 0,
             decode_compute_ns: 0,
         })
