@@ -9,7 +9,6 @@ use conductor_runtime::exec::{Driver, InlineDriver, Session, StepError};
 use conductor_runtime::model::{Model, ModelError};
 use conductor_runtime::plan::{CachePlan, CachePolicy, ReadPolicy};
 use conductor_runtime::plan::{ExecutionPlan, IoEngine, ModelIdentity, Topology, Verify};
-use conductor_runtime::plan::{URING_DEFAULT_BATCH, URING_DEFAULT_MAX_LOADS};
 use conductor_runtime::quant::GgmlType;
 use conductor_runtime::quant::Kernels;
 use conductor_runtime::sample::{Sampler, SamplingError, SamplingParams};
@@ -456,15 +455,6 @@ impl EngineBuilder {
         };
         // What the command line leaves open, the plan decides: its budget and its sparsity.
         let given_plan = self.plan.take();
-        // Under a budget without a plan: io_uring where it can be used, several reads in
-        // flight (the constants' doc: measured faster); positional reads otherwise, as on
-        // Android.
-        let unplanned_budget = given_plan.is_none() && self.memory.is_some();
-        let io_engine = self.io_engine.or_else(|| {
-            (unplanned_budget && conductor_runtime::cache::uring_available())
-                .then_some(IoEngine::Uring)
-        });
-        let uring_defaults = unplanned_budget && io_engine == Some(IoEngine::Uring);
         let memory = self.memory.or_else(|| {
             given_plan
                 .as_ref()
@@ -516,17 +506,9 @@ impl EngineBuilder {
         if let Some(n) = self.io_threads {
             plan.storage.io_threads = n;
         }
-        if let Some(engine) = io_engine {
+        if let Some(engine) = self.io_engine {
             plan.storage.engine = engine;
         }
-        let (io_batch, max_loads) = if uring_defaults {
-            (
-                self.io_batch.or(Some(URING_DEFAULT_BATCH)),
-                self.max_loads.or(Some(URING_DEFAULT_MAX_LOADS)),
-            )
-        } else {
-            (self.io_batch, self.max_loads)
-        };
         if let Some(verify) = self.verify {
             plan.storage.verify = verify;
         }
@@ -544,7 +526,7 @@ impl EngineBuilder {
             if let Some(policy) = self.cache_policy {
                 plan.cache.get_or_insert_with(CachePlan::default).policy = policy;
             }
-            if let Some(n) = max_loads {
+            if let Some(n) = self.max_loads {
                 plan.cache.get_or_insert_with(CachePlan::default).max_loads = n;
             }
             let predicts = model
@@ -607,7 +589,7 @@ impl EngineBuilder {
             }
             release_freed_memory();
             budget = Some((split, n_ctx));
-            if let (Some(n), Some(cache)) = (io_batch, plan.cache.as_mut()) {
+            if let (Some(n), Some(cache)) = (self.io_batch, plan.cache.as_mut()) {
                 cache.coalesce = n;
                 if plan.storage.engine == IoEngine::Uring {
                     plan.storage.queue_depth = n;

@@ -118,23 +118,18 @@ fn run_in_cgroup(store: &Path, percent: u64) {
         );
         let cache = &v["cache"];
         assert!(cache["bytes_read_per_token"].as_f64().unwrap() > 0.0);
-        // How the reads met the device: aligned reads of at least a page, timed, and without a
-        // plan several in flight per submission where io_uring can be used (one otherwise).
+        // How the reads met the device: aligned reads of at least a page, timed, one request
+        // a submission (positional reads, the default).
         assert!(
             cache["mean_read_bytes"].as_f64().unwrap() >= 4096.0,
             "{line}"
         );
         assert!(cache["read_mb_s"].as_f64().unwrap() > 0.0, "{line}");
-        let depth = cache["read_requests_per_submission"].as_f64().unwrap();
-        if conductor::runtime::cache::uring_available() {
-            assert!(
-                depth > 1.0,
-                "{percent}%: one read a submission with io_uring: {line}"
-            );
-        } else {
-            assert_eq!(depth, 1.0, "{line}");
-            common::environment_missing("io_uring (a budgeted run then reads one at a time)");
-        }
+        assert_eq!(
+            cache["read_requests_per_submission"].as_f64(),
+            Some(1.0),
+            "{line}"
+        );
         lines += 1;
     }
     assert_eq!(lines, 2, "{stdout}");

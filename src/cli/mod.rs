@@ -143,8 +143,7 @@ pub struct EngineArgs {
     pub io_threads: Option<u32>,
     /// How reads of the model file reach the kernel under --memory: `pread` (positional
     /// reads, as an Android app must) or `uring` (io_uring; builds with the `io-uring` feature,
-    /// on by default). Default: the plan's; without a plan, uring where this kernel allows it
-    /// (then with --io-batch 8 and --max-loads 16 unless given), else pread.
+    /// on by default). Default: the plan's, else pread.
     #[arg(long = "io-engine", value_enum)]
     pub io_engine: Option<IoEngineArg>,
     /// Read the model file into memory instead of mapping it (without --memory): a change to
@@ -162,7 +161,7 @@ pub struct EngineArgs {
     #[arg(long = "verify", value_enum)]
     pub verify: Option<VerifyArg>,
     /// Loads kept in flight ahead of compute under --memory: the I/O pipeline's depth
-    /// (default: the plan's, else 16 with io_uring and 4 with pread; 1: no read-ahead).
+    /// (default: the plan's, else 4; 1: no read-ahead).
     #[arg(long = "max-loads")]
     pub max_loads: Option<u32>,
     /// Under --memory with --sparsity threshold: read each FFN bundle's gate rows first and
@@ -174,9 +173,8 @@ pub struct EngineArgs {
     /// the pages between coming along: fewer, larger reads (default: the plan's, else 0).
     #[arg(long = "gate-first-gap", value_name = "N")]
     pub gate_first_gap: Option<u32>,
-    /// Loads issued together under --memory (default: 8 with io_uring, 1 with pread): with
-    /// `--io-engine uring` up to N reads in flight at once; with `pread`, adjacent ones merged
-    /// into one vectored read.
+    /// Loads issued together under --memory (default 1): with `--io-engine uring` up to N
+    /// reads in flight at once; with `pread`, adjacent ones merged into one vectored read.
     #[arg(long = "io-batch")]
     pub io_batch: Option<u32>,
     /// Which FFN neurons decode computes: `dense` (all), `threshold` (gate rows of all,

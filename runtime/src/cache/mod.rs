@@ -36,19 +36,6 @@ pub use uring::{Ring, RING_ENTRIES};
 #[cfg(test)]
 mod tests;
 
-/// Whether io_uring can be used here: the build has it (cargo feature `io-uring`) and the
-/// kernel lets this process make a ring (seccomp filters, as on Android and in many
-/// containers, forbid it). Asked once per process.
-pub fn uring_available() -> bool {
-    #[cfg(feature = "io-uring")]
-    {
-        static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *AVAILABLE.get_or_init(|| Ring::new().is_ok())
-    }
-    #[cfg(not(feature = "io-uring"))]
-    false
-}
-
 /// How long an idle thread waits for work before parking under a plan with a cache (decode
 /// then waits on storage most of the time): the actor driver's hosts spin this long, its pool
 /// helpers a few hundred iterations (about a microsecond). On a virtual machine a spinning vCPU

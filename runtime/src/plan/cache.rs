@@ -18,16 +18,6 @@ pub const DEFAULT_GATE_FIRST_GAP: u32 = 0;
 /// docs/benchmarks.md.
 pub const DEFAULT_COALESCE: u32 = 1;
 
-/// What a budgeted run reads with when neither the command line nor a plan says, and
-/// io_uring is available: reads offered 8 at a time ([`CachePlan::coalesce`], in flight
-/// together) with 16 loads queued ahead of compute. On the build machine's virtual disk this
-/// decodes SmolLM2 at 50% about 1.3x faster than one `pread` at a time (read MB/s 0.6 -> 0.85 of
-/// the device's curve); 16 at a time was slower (more slots in flight, fewer hits). See
-/// docs/benchmarks.md, "Reads against the device".
-pub const URING_DEFAULT_BATCH: u32 = 8;
-/// See [`URING_DEFAULT_BATCH`].
-pub const URING_DEFAULT_MAX_LOADS: u32 = 16;
-
 /// How slots are shared between clusters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]

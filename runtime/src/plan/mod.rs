@@ -11,8 +11,7 @@ mod model;
 mod topology;
 
 pub use cache::{
-    CachePlan, CachePolicy, ReadPolicy, DEFAULT_COALESCE, DEFAULT_GATE_FIRST_GAP,
-    DEFAULT_MAX_LOADS, URING_DEFAULT_BATCH, URING_DEFAULT_MAX_LOADS,
+    CachePlan, CachePolicy, ReadPolicy, DEFAULT_COALESCE, DEFAULT_GATE_FIRST_GAP, DEFAULT_MAX_LOADS,
 };
 pub use hardware::{
     CoreClassProfile, HardwareProfile, KernelRates, MemoryProfile, MessagingProfile, NpuProfile,
