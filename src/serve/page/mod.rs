@@ -17,7 +17,11 @@ frame-ancestors 'none'";
 
 /// The page's files: name (under `/page/`), content type, contents.
 const ASSETS: &[(&str, &str, &str)] = &[
-    ("style.css", "text/css; charset=utf-8", include_str!("style.css")),
+    (
+        "style.css",
+        "text/css; charset=utf-8",
+        include_str!("style.css"),
+    ),
     ("api.js", JS, include_str!("api.js")),
     ("storage.js", JS, include_str!("storage.js")),
     ("markdown.js", JS, include_str!("markdown.js")),
@@ -67,16 +71,30 @@ mod tests {
         let html = include_str!("index.html");
         let mut named = Vec::new();
         for attr in ["src=\"/page/", "href=\"/page/"] {
-            named.extend(html.split(attr).skip(1).map(|p| p.split('"').next().unwrap_or("")));
+            named.extend(
+                html.split(attr)
+                    .skip(1)
+                    .map(|p| p.split('"').next().unwrap_or("")),
+            );
         }
         for (_, _, body) in ASSETS {
-            named.extend(body.split("from \"./").skip(1).map(|p| p.split('"').next().unwrap_or("")));
+            named.extend(
+                body.split("from \"./")
+                    .skip(1)
+                    .map(|p| p.split('"').next().unwrap_or("")),
+            );
         }
         for name in &named {
-            assert!(ASSETS.iter().any(|(n, _, _)| n == name), "{name} not served");
+            assert!(
+                ASSETS.iter().any(|(n, _, _)| n == name),
+                "{name} not served"
+            );
         }
         for (name, _, _) in ASSETS {
-            assert!(named.contains(name), "{name} is served but nothing loads it");
+            assert!(
+                named.contains(name),
+                "{name} is served but nothing loads it"
+            );
         }
         assert!(!html.contains("<script>"), "inline script");
         assert!(!html.contains("style="), "inline style");
@@ -87,7 +105,13 @@ mod tests {
     #[test]
     fn no_script_inserts_html() {
         for (name, _, body) in ASSETS {
-            for sink in ["innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval("] {
+            for sink in [
+                "innerHTML",
+                "outerHTML",
+                "insertAdjacentHTML",
+                "document.write",
+                "eval(",
+            ] {
                 assert!(!body.contains(sink), "{name} uses {sink}");
             }
         }
