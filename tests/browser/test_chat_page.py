@@ -77,6 +77,16 @@ def test_the_page_loads_with_the_servers_figures_and_its_csp(server, browser, sh
 
     with urllib.request.urlopen(server.url + "/", timeout=10) as r:
         assert "script-src 'self'" in r.headers["Content-Security-Policy"]
+    # No request left this machine: every resource came from the server (the page works
+    # offline), and the load time goes to the log.
+    resources = browser.execute_script("return performance.getEntriesByType('resource').map(r => r.name);")
+    assert resources and all(r.startswith(server.url) for r in resources), resources
+    # A second load, the browser warm. Printed; bounded loosely, as CI machines are loaded.
+    browser.refresh()
+    wait_for("the page again", lambda: "context 1024 tokens" in el(browser, "server-info").text, timeout=10)
+    loaded = browser.execute_script("return performance.getEntriesByType('navigation')[0].loadEventEnd;")
+    print(f"page loaded in {loaded:.0f} ms (warm)")
+    assert 0 < loaded < 1000, loaded
     browser.save_screenshot(str(shots / "01-loaded.png"))
 
 
@@ -232,7 +242,39 @@ def test_errors_show_as_messages(server, browser, shots):
     ask(browser, "Hello?", streaming=False)
     answered(browser, timeout=10)
     assert "cannot be reached" in text_of(browser, last(browser, ".message.error .body"))
+    # A full queue: the server's 429 (its shape is tested in tests/serve.rs) as a message.
+    browser.execute_script(
+        """
+        window.fetch = () => Promise.resolve(new Response(
+          JSON.stringify({ error: { message: "queue full", type: "rate_limit_error", code: "queue_full" } }),
+          { status: 429, headers: { "Retry-After": "1", "Content-Type": "application/json" } }));
+        """
+    )
+    ask(browser, "Are you busy?", streaming=False)
+    answered(browser, timeout=10)
+    busy = text_of(browser, last(browser, ".message.error .body"))
+    assert "queue is full" in busy and "1 s" in busy, busy
     browser.save_screenshot(str(shots / "06-errors.png"))
+    browser.refresh()  # the page's own fetch again
+
+
+def test_rename_and_delete_a_conversation(server, browser):
+    wait_for("the page", lambda: el(browser, "input").is_displayed(), timeout=10)
+    count = len(stored(browser))
+    el(browser, "rename").click()
+    dialog = browser.switch_to.alert
+    dialog.send_keys("Errors shown")
+    dialog.accept()
+    titles = [b.text for b in browser.find_elements(By.CSS_SELECTOR, "#conversations button")]
+    assert titles[0] == "Errors shown", titles
+    assert stored(browser)[0]["title"] == "Errors shown"
+    assert el(browser, "title").text == "Errors shown"
+    el(browser, "delete").click()
+    browser.switch_to.alert.accept()
+    after = stored(browser)
+    assert len(after) == count - 1 and all(c["title"] != "Errors shown" for c in after)
+    titles = [b.text for b in browser.find_elements(By.CSS_SELECTOR, "#conversations button")]
+    assert "Errors shown" not in titles and len(titles) == count - 1
 
 
 def test_a_phone_in_dark_mode(server, browser, shots):
