@@ -200,7 +200,12 @@ def test_script_in_a_message_shows_as_text(server, browser, shots):
           const body = new ReadableStream({
             start(c) {
               for (const p of pieces) c.enqueue(chunk({ choices: [{ index: 0, delta: { content: p } }] }));
-              c.enqueue(chunk({ choices: [{ index: 0, delta: {}, finish_reason: "stop" }] }));
+              // The figures as a server under --memory sends them (tests/serve.rs checks
+              // the server's side).
+              const timings = { time_to_first_token_ms: 120, generation_ms: 1000, generated_tokens: 21,
+                tokens_per_second: 20, neuron_cache: { hits: 3, misses: 1, hit_rate: 0.75,
+                bytes_read: 2 * 1048576 * 21, bytes_read_per_token: 2 * 1048576 } };
+              c.enqueue(chunk({ choices: [{ index: 0, delta: {}, finish_reason: "stop" }], timings }));
               c.enqueue(enc.encode("data: [DONE]\\n\\n"));
               c.close();
             },
@@ -217,6 +222,9 @@ def test_script_in_a_message_shows_as_text(server, browser, shots):
     assert text_of(browser, code) == SCRIPT
     assert text_of(browser, body).startswith(f"Here it is: {SCRIPT}")
     assert stored(browser)[0]["messages"][-1]["content"] == forced
+    meta = last(browser, ".message.assistant .meta").text
+    for shown in ["21 tokens", "20.0 tokens/s", "first token 120 ms", "cache hit rate 75.0%", "2.0 MiB read/token"]:
+        assert shown in meta, meta
     no_markup_in_messages(browser)
     browser.save_screenshot(str(shots / "05-script-as-text.png"))
 
