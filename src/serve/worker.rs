@@ -84,15 +84,25 @@ struct Running {
     prompt_len: usize,
     /// When its first token was handed out (`None` until then).
     first_at: Option<Instant>,
-    /// The neuron cache's (hits, misses, bytes read) when it was admitted, under `--memory`.
-    cache_at_start: Option<(u64, u64, u64)>,
+    /// The neuron cache's counters when it was admitted, under `--memory`.
+    cache_at_start: Option<CacheCounters>,
+}
+
+/// The neuron cache's counters (the engine's, from its start).
+#[derive(Clone, Copy)]
+struct CacheCounters {
+    hits: u64,
+    misses: u64,
+    bytes_read: u64,
 }
 
 /// The neuron cache's counters now, under `--memory`.
-fn cache_counters(engine: &Engine) -> Option<(u64, u64, u64)> {
-    engine
-        .cache_report()
-        .map(|r| (r.hits(), r.misses(), r.bytes_read))
+fn cache_counters(engine: &Engine) -> Option<CacheCounters> {
+    engine.cache_report().map(|r| CacheCounters {
+        hits: r.hits(),
+        misses: r.misses(),
+        bytes_read: r.bytes_read,
+    })
 }
 
 /// Why a request left its slot.
@@ -414,7 +424,7 @@ fn finish(engine: &Engine, mut r: Running, end: End, shared: &Shared) {
 fn timings(
     received: Instant,
     first_at: Option<Instant>,
-    cache: Option<((u64, u64, u64), (u64, u64, u64))>,
+    cache: Option<(CacheCounters, CacheCounters)>,
     generated: usize,
 ) -> Timings {
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
@@ -426,9 +436,9 @@ fn timings(
         0.0
     };
     let neuron_cache = cache.map(|(start, now)| {
-        let hits = now.0.saturating_sub(start.0);
-        let misses = now.1.saturating_sub(start.1);
-        let bytes_read = now.2.saturating_sub(start.2);
+        let hits = now.hits.saturating_sub(start.hits);
+        let misses = now.misses.saturating_sub(start.misses);
+        let bytes_read = now.bytes_read.saturating_sub(start.bytes_read);
         let looked_up = hits + misses;
         CacheTimings {
             hits,
