@@ -310,6 +310,32 @@ fn serving_under_a_memory_budget_matches_conductor_run_and_counts_the_cache() {
         + metric(&server, "conductor_neuron_cache_misses_total");
     assert!(cache > 0.0, "no neuron-cache traffic counted");
     assert!(metric(&server, "conductor_neuron_cache_read_bytes_total") > 0.0);
+    // A streamed answer's figures (what the chat page shows) hold the cache's share of it.
+    let timings = streamed_timings(&server, None, 8);
+    let cache = &timings["neuron_cache"];
+    let (hits, misses) = (cache["hits"].as_f64(), cache["misses"].as_f64());
+    let (hits, misses) = (hits.expect("hits"), misses.expect("misses"));
+    assert!(hits + misses > 0.0, "{timings}");
+    let rate = cache["hit_rate"].as_f64().expect("hit_rate");
+    assert!((rate - hits / (hits + misses)).abs() < 1e-9, "{timings}");
+    let bytes = cache["bytes_read"].as_f64().expect("bytes_read");
+    assert_eq!(
+        cache["bytes_read_per_token"].as_f64(),
+        Some(bytes / 8.0),
+        "{timings}"
+    );
+    let (_, _, props) = exchange(&server, "GET", "/props", None, "");
+    let props: serde_json::Value = serde_json::from_str(&props).expect("JSON");
+    assert!(
+        props["memory"]["budget"].as_u64().is_some_and(|b| b > 0),
+        "{props}"
+    );
+    assert!(
+        props["memory"]["neuron_cache"]
+            .as_u64()
+            .is_some_and(|b| b > 0),
+        "{props}"
+    );
 }
 
 /// Continuous batching under a memory budget (a neuron store, `--memory 50% --parallel 4`):
@@ -648,4 +674,126 @@ fn a_non_streamed_request_whose_client_hangs_up_is_cancelled() {
     assert_eq!(metric(&server, "conductor_requests_running"), 0.0);
     assert!(metric(&server, "conductor_completion_tokens_total") < 4000.0);
     assert!(get(&server, "/health").contains("ok"));
+}
+
+/// One HTTP/1.0 exchange over a fresh connection: the status code, the headers (names in lower
+/// case) and the body.
+fn exchange(
+    server: &Server,
+    method: &str,
+    path: &str,
+    key: Option<&str>,
+    body: &str,
+) -> (u16, Vec<(String, String)>, String) {
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", server.port())).expect("connect");
+    conn.set_read_timeout(Some(Duration::from_secs(120)))
+        .expect("a read timeout");
+    let auth = key.map_or(String::new(), |k| format!("Authorization: Bearer {k}\r\n"));
+    write!(
+        conn,
+        "{method} {path} HTTP/1.0\r\nHost: localhost\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send");
+    let mut reply = String::new();
+    conn.read_to_string(&mut reply).expect("read");
+    let (head, body) = reply.split_once("\r\n\r\n").expect("a header");
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|c| c.parse().ok())
+        .expect("a status line");
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    (status, headers, body.to_string())
+}
+
+fn header<'a>(headers: &'a [(String, String)], name: &str) -> &'a str {
+    headers
+        .iter()
+        .find(|(n, _)| n == name)
+        .map_or("", |(_, v)| v.as_str())
+}
+
+/// The chat page: `/` is HTML with a Content-Security-Policy allowing only its own files; its
+/// files have their types; an unknown one is a 404. With `--api-key` the page is public, but
+/// `/props` (what it shows) is keyed like the API.
+#[test]
+fn the_chat_page_is_served_with_its_policy_and_its_calls_are_keyed() {
+    let server = Server::start(&["-c", "512", "--api-key", "sk-page"]);
+    let (status, headers, html) = exchange(&server, "GET", "/", None, "");
+    assert_eq!(status, 200, "{html}");
+    assert_eq!(header(&headers, "content-type"), "text/html; charset=utf-8");
+    let csp = header(&headers, "content-security-policy");
+    assert!(
+        csp.contains("default-src 'none'") && csp.contains("script-src 'self'"),
+        "{csp}"
+    );
+    assert!(!csp.contains("unsafe-inline"), "{csp}");
+    assert_eq!(header(&headers, "x-content-type-options"), "nosniff");
+    assert!(
+        html.contains("<script type=\"module\" src=\"/page/app.js\">"),
+        "{html}"
+    );
+    for (file, kind, holds) in [
+        ("app.js", "text/javascript; charset=utf-8", "import"),
+        ("chat.js", "text/javascript; charset=utf-8", "export"),
+        (
+            "style.css",
+            "text/css; charset=utf-8",
+            "prefers-color-scheme",
+        ),
+    ] {
+        let (status, headers, body) = exchange(&server, "GET", &format!("/page/{file}"), None, "");
+        assert_eq!(status, 200, "{file}");
+        assert_eq!(header(&headers, "content-type"), kind, "{file}");
+        assert!(body.contains(holds), "{file}");
+    }
+    for missing in ["/page/nope.js", "/page/../Cargo.toml", "/page/"] {
+        let (status, _, body) = exchange(&server, "GET", missing, None, "");
+        assert_eq!(status, 404, "{missing}: {body}");
+    }
+    let (status, _, _) = exchange(&server, "GET", "/props", None, "");
+    assert_eq!(status, 401);
+    let (status, _, _) = exchange(&server, "GET", "/props", Some("sk-wrong"), "");
+    assert_eq!(status, 401);
+    let (status, _, props) = exchange(&server, "GET", "/props", Some("sk-page"), "");
+    assert_eq!(status, 200, "{props}");
+    let props: serde_json::Value = serde_json::from_str(&props).expect("JSON");
+    assert_eq!(props["n_ctx"], 512);
+    assert_eq!(props["slots"], 1);
+    assert!(props["memory"].is_null(), "{props}");
+    assert!(props["model"]
+        .as_str()
+        .is_some_and(|m| m.contains("SmolLM2")));
+    // A streamed answer ends with the server's own figures for it.
+    let timings = streamed_timings(&server, Some("sk-page"), 6);
+    assert_eq!(timings["generated_tokens"], 6, "{timings}");
+    assert!(timings["time_to_first_token_ms"]
+        .as_f64()
+        .is_some_and(|t| t > 0.0));
+    assert!(timings["tokens_per_second"]
+        .as_f64()
+        .is_some_and(|t| t > 0.0));
+    assert!(timings.get("neuron_cache").is_none(), "{timings}");
+}
+
+/// Streams a greedy answer of `n` tokens (`ignore_eos`) and returns the `timings` of its chunk
+/// with the finish reason.
+fn streamed_timings(server: &Server, key: Option<&str>, n: usize) -> serde_json::Value {
+    let body = format!(
+        r#"{{"messages":[{{"role":"user","content":"Name three colors."}}],"max_tokens":{n},"ignore_eos":true,"temperature":0,"stream":true}}"#
+    );
+    let (status, _, events) = exchange(server, "POST", "/v1/chat/completions", key, &body);
+    assert_eq!(status, 200, "{events}");
+    events
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+        .find(|c| !c["choices"][0]["finish_reason"].is_null())
+        .map(|c| c["timings"].clone())
+        .unwrap_or_else(|| panic!("no finishing chunk in\n{events}"))
 }

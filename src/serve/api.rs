@@ -331,6 +331,38 @@ pub struct ChatChunk {
     pub choices: Vec<ChunkChoice>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    /// On the chunk with the finish reason: the server's own figures for the answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timings: Option<Timings>,
+}
+
+/// How one answer went, as the server measured it (llama-server sends a `timings` object on
+/// its last chunk too; these names are ours).
+#[derive(Serialize, Debug, Clone, Copy, Default, PartialEq)]
+pub struct Timings {
+    /// From the request's arrival to its first generated token (queue and prompt included).
+    pub time_to_first_token_ms: f64,
+    /// From the first generated token to the last.
+    pub generation_ms: f64,
+    pub generated_tokens: usize,
+    /// Tokens after the first over `generation_ms` (0 with fewer than two tokens).
+    pub tokens_per_second: f64,
+    /// Under `--memory`: the neuron cache while this answer ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub neuron_cache: Option<CacheTimings>,
+}
+
+/// The neuron cache's counters over one answer's life. They are the engine's: under
+/// `--parallel`, requests that ran at the same time share them.
+#[derive(Serialize, Debug, Clone, Copy, Default, PartialEq)]
+pub struct CacheTimings {
+    pub hits: u64,
+    pub misses: u64,
+    /// hits / (hits + misses), 0 when nothing was looked up.
+    pub hit_rate: f64,
+    pub bytes_read: u64,
+    /// bytes_read / generated_tokens.
+    pub bytes_read_per_token: f64,
 }
 
 /// The legacy completions API's log-probabilities.
@@ -373,4 +405,27 @@ pub struct ModelEntry {
 pub struct ModelList {
     pub object: &'static str,
     pub data: Vec<ModelEntry>,
+}
+
+/// `GET /props`: what the chat page shows about the server (llama-server has an endpoint of
+/// this name too; these fields are ours).
+#[derive(Serialize, Debug, Clone)]
+pub struct Props {
+    pub model: String,
+    /// Tokens of context each slot holds.
+    pub n_ctx: usize,
+    /// Requests generated at once.
+    pub slots: usize,
+    /// Requests that may wait.
+    pub queue: usize,
+    /// Under `--memory`: how the budget is split, in bytes.
+    pub memory: Option<MemoryProps>,
+}
+
+#[derive(Serialize, Debug, Clone)]
+pub struct MemoryProps {
+    pub budget: u64,
+    pub resident_weights: u64,
+    pub kv_cache: u64,
+    pub neuron_cache: u64,
 }

@@ -4,7 +4,8 @@
 //! (`routes`), from a request to a job (`request`), the engine's thread and queue (`worker`),
 //! what a request adds to each draw (`hook`: log-probabilities, and the structured-output mask
 //! from `constrain`), stop sequences (`stop`), the API key and size caps (`limits`) and
-//! Prometheus metrics (`metrics`), tool calls (`tools`). See docs/serve.md.
+//! Prometheus metrics (`metrics`), tool calls (`tools`), the chat page at `/` (`page`). See
+//! docs/serve.md.
 
 mod api;
 mod constrain;
@@ -12,6 +13,7 @@ mod error;
 mod hook;
 mod limits;
 mod metrics;
+mod page;
 mod request;
 mod routes;
 mod stop;
@@ -79,6 +81,8 @@ pub struct AppState {
     tool_syntax: Result<tools::Syntax, String>,
     n_ctx: usize,
     model: String,
+    /// What `/props` answers.
+    props: api::Props,
     created: u64,
     api_key: Option<String>,
     shared: Arc<worker::Shared>,
@@ -176,6 +180,18 @@ pub fn serve(
     if let Err(e) = &constraints {
         eprintln!("serve: structured output is unavailable: {e}");
     }
+    let props = api::Props {
+        model: model.clone(),
+        n_ctx,
+        slots,
+        queue: options.queue.max(1),
+        memory: engine.budget().map(|b| api::MemoryProps {
+            budget: b.budget,
+            resident_weights: b.resident_weights,
+            kv_cache: b.kv_cache,
+            neuron_cache: b.cache,
+        }),
+    };
     let shared = Arc::new(worker::Shared {
         metrics: metrics::Metrics::new()?,
         shutdown: Default::default(),
@@ -199,6 +215,7 @@ pub fn serve(
         tool_syntax,
         n_ctx,
         model,
+        props,
         created: unix_now(),
         api_key: options.api_key.clone(),
         shared: shared.clone(),

@@ -4,12 +4,12 @@ use super::api::{
     ChatChoice, ChatChunk, ChatLogprobs, ChatRequest, ChunkChoice, CompletionChoice,
     CompletionLogprobs, CompletionRequest, CompletionResponse, Delta, DeltaFunctionCall,
     DeltaToolCall, ModelEntry, ModelList, PromptInput, ResponseFormat, ResponseFunctionCall,
-    ResponseMessage, ResponseToolCall, SamplingFields, TokenLogprob, Usage,
+    ResponseMessage, ResponseToolCall, SamplingFields, Timings, TokenLogprob, Usage,
 };
 use super::error::ApiError;
 use super::request::{self, MAX_TOP_LOGPROBS};
 use super::worker::{Event, Job};
-use super::{limits, tools, AppState, ServeOptions};
+use super::{limits, page, tools, AppState, ServeOptions};
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::http::header;
@@ -39,6 +39,7 @@ pub fn router(state: Arc<AppState>, max_body: usize) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
         .route("/metrics", get(metrics))
+        .route("/props", get(props))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             limits::require_key,
@@ -46,6 +47,9 @@ pub fn router(state: Arc<AppState>, max_body: usize) -> Router {
     Router::new()
         .merge(keyed)
         .route("/health", get(health))
+        // The page's files are public; the calls it makes are keyed (page/mod.rs).
+        .route("/", get(page::index))
+        .route("/page/{name}", get(page::asset))
         .fallback(|| async { ApiError::not_found("this endpoint") })
         .layer(DefaultBodyLimit::max(max_body))
         .layer(middleware::from_fn_with_state(state.clone(), count))
@@ -140,6 +144,10 @@ async fn metrics(State(state): Shared) -> Response {
         state.shared.metrics.render(),
     )
         .into_response()
+}
+
+async fn props(State(state): Shared) -> Json<super::api::Props> {
+    Json(state.props.clone())
 }
 
 async fn models(State(state): Shared) -> Json<ModelList> {
@@ -251,6 +259,7 @@ async fn collect(mut events: UnboundedReceiver<Event>) -> Result<Collected, ApiE
             Event::Done {
                 finish_reason,
                 usage,
+                ..
             } => {
                 return Ok(Collected {
                     text,
@@ -409,7 +418,8 @@ async fn chat(
     let chunk = move |delta: Delta,
                       logprobs: Option<ChatLogprobs>,
                       finish_reason: Option<&'static str>,
-                      usage: Option<Usage>| ChatChunk {
+                      usage: Option<Usage>,
+                      timings: Option<Timings>| ChatChunk {
         id: id.clone(),
         object: "chat.completion.chunk",
         created,
@@ -425,6 +435,7 @@ async fn chat(
             }]
         },
         usage,
+        timings,
     };
     let head = data(&chunk(
         Delta {
@@ -432,6 +443,7 @@ async fn chat(
             content: Some(String::new()),
             tool_calls: None,
         },
+        None,
         None,
         None,
         None,
@@ -451,6 +463,7 @@ async fn chat(
                 logprobs.map(|_| ChatLogprobs { content: l }),
                 None,
                 None,
+                None,
             ))],
             Some(split) => {
                 held.extend(l);
@@ -464,12 +477,14 @@ async fn chat(
                     logprobs.map(|_| ChatLogprobs { content: l }),
                     None,
                     None,
+                    None,
                 ))]
             }
         },
         Event::Done {
             mut finish_reason,
             usage,
+            timings,
         } => {
             let mut out = Vec::new();
             if let (Some(split), Some(offer)) = (split.take(), &offer) {
@@ -508,7 +523,7 @@ async fn chat(
                     let lp = logprobs
                         .filter(|_| !l.is_empty())
                         .map(|_| ChatLogprobs { content: l });
-                    out.push(data(&chunk(delta, lp, None, None)));
+                    out.push(data(&chunk(delta, lp, None, None, None)));
                 }
             }
             out.push(data(&chunk(
@@ -516,9 +531,16 @@ async fn chat(
                 None,
                 Some(finish_reason),
                 None,
+                Some(timings),
             )));
             if include_usage {
-                out.push(data(&chunk(Delta::default(), None, None, Some(usage))));
+                out.push(data(&chunk(
+                    Delta::default(),
+                    None,
+                    None,
+                    Some(usage),
+                    None,
+                )));
             }
             out.push(sse::Event::default().data("[DONE]"));
             out
@@ -632,6 +654,7 @@ async fn completions(
         Event::Done {
             finish_reason,
             usage,
+            ..
         } => {
             let mut out = vec![data(&response(
                 Some(CompletionChoice {

@@ -10,7 +10,7 @@
 //! A slot keeps its session after a request: a request whose prompt begins with tokens a free
 //! slot holds (a conversation's next turn) goes to that slot and evaluates only the rest.
 
-use super::api::{TokenLogprob, Usage};
+use super::api::{CacheTimings, Timings, TokenLogprob, Usage};
 use super::error::ApiError;
 use super::hook::RequestHook;
 use super::metrics::Metrics;
@@ -51,6 +51,7 @@ pub enum Event {
     Done {
         finish_reason: &'static str,
         usage: Usage,
+        timings: Timings,
     },
     Failed(ApiError),
 }
@@ -81,7 +82,27 @@ struct Running {
     events: UnboundedSender<Event>,
     received: Instant,
     prompt_len: usize,
-    first: bool,
+    /// When its first token was handed out (`None` until then).
+    first_at: Option<Instant>,
+    /// The neuron cache's counters when it was admitted, under `--memory`.
+    cache_at_start: Option<CacheCounters>,
+}
+
+/// The neuron cache's counters (the engine's, from its start).
+#[derive(Clone, Copy)]
+struct CacheCounters {
+    hits: u64,
+    misses: u64,
+    bytes_read: u64,
+}
+
+/// The neuron cache's counters now, under `--memory`.
+fn cache_counters(engine: &Engine) -> Option<CacheCounters> {
+    engine.cache_report().map(|r| CacheCounters {
+        hits: r.hits(),
+        misses: r.misses(),
+        bytes_read: r.bytes_read,
+    })
 }
 
 /// Why a request left its slot.
@@ -196,6 +217,7 @@ fn admit(engine: &mut Engine, slots: &mut [Slot], job: Job, shared: &Shared) {
         unreachable!("a job is taken only into a free slot");
     };
     shared.metrics.running.inc();
+    let cache_at_start = cache_counters(engine);
     let reuse = crate::reuse_prefix(&mut slot.session, &job.prompt);
     shared.metrics.prompt_tokens_cached.inc_by(reuse as u64);
     shared.metrics.prompt_tokens.inc_by(job.prompt.len() as u64);
@@ -231,7 +253,8 @@ fn admit(engine: &mut Engine, slots: &mut [Slot], job: Job, shared: &Shared) {
         events: job.events,
         received: job.received,
         prompt_len: job.prompt.len(),
-        first: true,
+        first_at: None,
+        cache_at_start,
     });
     hand_out(engine, slot, shared);
 }
@@ -321,7 +344,8 @@ fn hand_out(engine: &Engine, slot: &mut Slot, shared: &Shared) {
         let Some(piece) = r.generation.piece(&shared.tokenizer) else {
             break End::Finished;
         };
-        if std::mem::take(&mut r.first) {
+        if r.first_at.is_none() {
+            r.first_at = Some(Instant::now());
             shared
                 .metrics
                 .time_to_first_token
@@ -381,8 +405,58 @@ fn finish(engine: &Engine, mut r: Running, end: End, shared: &Shared) {
             }
         }
     };
+    let generated = stats.generated.len();
     let _ = r.events.send(Event::Done {
         finish_reason,
-        usage: Usage::new(r.prompt_len, stats.generated.len()),
+        usage: Usage::new(r.prompt_len, generated),
+        timings: timings(
+            r.received,
+            r.first_at,
+            r.cache_at_start.zip(cache_counters(engine)),
+            generated,
+        ),
     });
+}
+
+/// The figures of an answer of `generated` tokens ending now: it arrived at `received`, its
+/// first token went out at `first_at`, and `cache` holds the neuron cache's counters at its
+/// admission and now.
+fn timings(
+    received: Instant,
+    first_at: Option<Instant>,
+    cache: Option<(CacheCounters, CacheCounters)>,
+    generated: usize,
+) -> Timings {
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    let first_at = first_at.unwrap_or_else(Instant::now);
+    let generation_ms = ms(first_at.elapsed());
+    let tokens_per_second = if generated > 1 && generation_ms > 0.0 {
+        (generated - 1) as f64 * 1000.0 / generation_ms
+    } else {
+        0.0
+    };
+    let neuron_cache = cache.map(|(start, now)| {
+        let hits = now.hits.saturating_sub(start.hits);
+        let misses = now.misses.saturating_sub(start.misses);
+        let bytes_read = now.bytes_read.saturating_sub(start.bytes_read);
+        let looked_up = hits + misses;
+        CacheTimings {
+            hits,
+            misses,
+            hit_rate: if looked_up == 0 {
+                0.0
+            } else {
+                hits as f64 / looked_up as f64
+            },
+            bytes_read,
+            bytes_read_per_token: bytes_read as f64 / generated.max(1) as f64,
+        }
+    });
+    Timings {
+        time_to_first_token_ms: ms(first_at.duration_since(received)),
+        generation_ms,
+        generated_tokens: generated,
+        tokens_per_second,
+        neuron_cache,
+    }
 }
