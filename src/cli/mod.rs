@@ -445,9 +445,9 @@ pub fn dispatch(cli: Cli) -> Result<()> {
                         "not fetched"
                     };
                     println!(
-                        "{:<14} ~{:>4} MB  {state:<11}  {}",
+                        "{:<19} {:>5} MB  {state:<11}  {}",
                         m.name,
-                        m.approx_mb,
+                        m.approx_mb(),
                         have.display()
                     );
                 }
