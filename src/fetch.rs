@@ -457,7 +457,7 @@ fn download_and_unpack(
             i + 1,
             parts.len(),
             done >> 20,
-            model.bytes >> 20
+            model.approx_mb()
         ));
     }
     let output = Command::new(python)
