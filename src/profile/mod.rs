@@ -16,6 +16,7 @@ use conductor_runtime::sparse::layer_stats::LayerStats;
 use conductor_runtime::sparse::profile::{
     interpolate, sparsity_grid, LayerProfile, ModelProfile, PredictorSet, PROFILE_VERSION,
 };
+use half::f16;
 use std::sync::{Arc, Mutex};
 
 /// What to profile and how.
@@ -54,9 +55,10 @@ pub enum Stage {
     Layers,
 }
 
-/// Bytes of FFN inputs kept (over all layers) as the predictors' training samples: the first
-/// tokens of the calibration text, as many as fit (at least [`MIN_SAMPLES`]).
-const SAMPLE_BYTES: usize = 192 << 20;
+/// Bytes of FFN inputs kept (over all layers, as f16: the predictors quantize their input to
+/// 8 bits anyway) as the predictors' training samples: the first tokens of the calibration
+/// text, as many as fit (at least [`MIN_SAMPLES`]).
+const SAMPLE_BYTES: usize = 64 << 20;
 const MIN_SAMPLES: usize = 512;
 
 /// Profiles `engine`'s model over `text` (described as `text_name` in the profile). The
@@ -94,7 +96,7 @@ pub fn profile_model(
     let embd = engine.model().config.n_embd as usize;
     let n_tokens = n_chunks * ctx;
     let samples = if options.predictors.is_some() {
-        (SAMPLE_BYTES / (4 * embd * n_layer).max(1))
+        (SAMPLE_BYTES / (2 * embd * n_layer).max(1))
             .max(MIN_SAMPLES)
             .min(n_tokens)
     } else {
@@ -126,7 +128,7 @@ pub fn profile_model(
         })?;
     let mut stats: Vec<Mutex<Option<LayerStats>>> =
         (0..n_layer).map(|_| Mutex::default()).collect();
-    let mut sampled: Vec<Vec<f32>> = vec![Vec::new(); n_layer];
+    let mut sampled: Vec<Vec<f16>> = vec![Vec::new(); n_layer];
     for i in 0..n_chunks {
         let mut chunk = tokens[i * ctx..(i + 1) * ctx].to_vec();
         if let (true, Some(b)) = (add_bos, bos) {
@@ -141,7 +143,7 @@ pub fn profile_model(
         debug_assert!(chunk_inputs.iter().all(|v| v.len() == ctx * embd));
         for (s, x) in sampled.iter_mut().zip(&chunk_inputs) {
             let room = (samples * embd).saturating_sub(s.len()).min(x.len());
-            s.extend_from_slice(&x[..room]);
+            s.extend(x[..room].iter().map(|&v| f16::from_f32(v)));
         }
         let weights = FfnWeights::new(mapped.as_ref().unwrap_or(engine.model()));
         for_each_layer(options.threads, n_layer, |l| {
@@ -155,6 +157,7 @@ pub fn profile_model(
         progress(Stage::Recording, (i + 1) as f32 / n_chunks as f32);
     }
     engine.set_probe(None)?;
+    drop(inputs);
     let layers: Vec<LayerProfile> = stats
         .iter_mut()
         .map(|s| {
@@ -166,6 +169,8 @@ pub fn profile_model(
         })
         .collect();
     drop(stats);
+    // The chunks' buffers are gone: give their pages back before training.
+    crate::engine::release_freed_memory();
     let model = engine.model();
     let predictor_set = match &options.predictors {
         None => None,
@@ -174,10 +179,15 @@ pub fn profile_model(
             let done = Mutex::new(0usize);
             let trained: Vec<Mutex<Option<Result<Trained, String>>>> =
                 (0..n_layer).map(|_| Mutex::default()).collect();
+            let sampled: Vec<Mutex<Vec<f16>>> = sampled.into_iter().map(Mutex::new).collect();
             for_each_layer(options.threads, n_layer, |l| {
-                let x = &sampled[l];
+                let x: Vec<f32> =
+                    std::mem::take(&mut *sampled[l].lock().unwrap_or_else(|e| e.into_inner()))
+                        .into_iter()
+                        .map(f16::to_f32)
+                        .collect();
                 let r = train_predictor(
-                    model, &weights, &kernels, l, x, &layers[l], &grid, *sparsity, cfg,
+                    model, &weights, &kernels, l, &x, &layers[l], &grid, *sparsity, cfg,
                 );
                 *trained[l].lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
                 let mut done = done.lock().unwrap_or_else(|e| e.into_inner());
