@@ -275,6 +275,7 @@ pub struct EngineBuilder {
     verify: Option<Verify>,
     mmap: bool,
     interleave: bool,
+    down_blocks: bool,
     io_batch: Option<u32>,
     cache_policy: Option<CachePolicy>,
     max_loads: Option<u32>,
@@ -349,6 +350,15 @@ impl EngineBuilder {
     /// file's layout (`false`, `--no-interleave`). Results are the same bits either way.
     pub fn interleave(mut self, on: bool) -> Self {
         self.interleave = on;
+        self
+    }
+
+    /// Without a memory budget: copy each layer's down projection into the contiguous
+    /// block-columns decode's clusters read (`true`, the default; `Model::cluster_down_projections`),
+    /// or not (`false`: an engine that only evaluates prompts, such as `conductor profile`'s,
+    /// saves the copy's memory). Results are the same bits either way.
+    pub fn down_blocks(mut self, on: bool) -> Self {
+        self.down_blocks = on;
         self
     }
 
@@ -495,7 +505,9 @@ impl EngineBuilder {
         // Decode streams each FFN cluster's down projection as one contiguous block-column
         // (a copy of the down projections, laid out once here).
         if memory.is_none() {
-            model.cluster_down_projections(plan.decode.ffn_neurons as usize);
+            if self.down_blocks {
+                model.cluster_down_projections(plan.decode.ffn_neurons as usize);
+            }
             // After the copy above, which reads the file's layout. Decode's Q4_K and Q6_K
             // matvecs read 8 interleaved rows at a time (same bits, faster) where the kernels
             // have an interleaved kernel.
@@ -689,7 +701,7 @@ fn physical_memory() -> Option<u64> {
 /// Hands the allocator's free pages back to the system: loading parses the GGUF header into
 /// short-lived tables (the tokenizer's metadata) whose freed pages would otherwise stay in the
 /// process's resident set, counted against a memory budget.
-fn release_freed_memory() {
+pub(crate) fn release_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only returns free heap pages to the kernel; it touches no memory
     // the program holds and is safe to call at any time from any thread.
@@ -812,6 +824,7 @@ impl Engine {
             verify: None,
             mmap: true,
             interleave: true,
+            down_blocks: true,
             io_batch: None,
             cache_policy: None,
             max_loads: None,

@@ -1,7 +1,9 @@
 //! The two real models against llama.cpp's recorded outputs (`tests/data`, copied from the
 //! shared references): greedy agreement, first-token logits and perplexity, through the CLI
-//! exactly as a user runs them. The default model (SmolLM2-135M, llama) and Gemma-3-270M
-//! (gemma3, a Q4_K_M mix of Q8_0, Q5_0, Q4_K and Q6_K).
+//! exactly as a user runs them. The default model (SmolLM2-135M, llama), Gemma-3-270M
+//! (gemma3, a Q4_K_M mix of Q8_0, Q5_0, Q4_K and Q6_K) and Qwen2.5-Coder-0.5B-Instruct (qwen2,
+//! Q4_K_M with Q5_0 and Q8_0; plain and chat-templated prompts). The Qwen 1.5B's references
+//! are checked by `bench/check-refs-qwen` (too slow for CI).
 
 mod common;
 
@@ -60,6 +62,18 @@ fn gemma3_check_refs_agrees_on_confident_positions_and_first_token_logits() {
         "gemma3-greedy-public.jsonl",
         6.0,
         0.65,
+    );
+}
+
+/// Qwen2.5-Coder-0.5B-Instruct against llama.cpp, 4 plain and 4 chat-templated prompts. Here its
+/// first-token logits sit up to 0.24 from llama.cpp's (2026-12-01), held at 0.35.
+#[test]
+fn qwen_05b_check_refs_agrees_on_confident_positions_and_first_token_logits() {
+    check_refs(
+        &common::qwen_05b_model(),
+        "qwen25c05-greedy-public.jsonl",
+        8.0,
+        0.35,
     );
 }
 

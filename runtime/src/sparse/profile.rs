@@ -9,7 +9,7 @@
 //! natural sparsity of ReLU models, and lossless for both.
 //!
 //! The profile tabulates each layer's threshold at a grid of target sparsities (the quantiles
-//! of |act(gate)| over the calibration tokens), the share of the FFN output's mass the active
+//! of the scores over the calibration tokens, [`super::layer_stats`]), the share of the FFN output's mass the active
 //! neurons carry at each, every neuron's activation frequency and mean magnitude at a reference
 //! sparsity (the hot/cold ranking), and optionally the layers' trained predictors.
 
@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use std::path::Path;
 
 /// Format version of profile files; bumped on any change of [`ModelProfile`].
-pub const PROFILE_VERSION: u32 = 1;
+pub const PROFILE_VERSION: u32 = 2;
 const MAGIC: &[u8; 8] = b"CNDPROF\0";
 
 /// Target sparsities at which thresholds are tabulated: 0%, 5%, …, 95%, then 97.5% and 99%.
@@ -258,90 +258,9 @@ pub fn interpolate(grid: &[f32], table: &[f32], sparsity: f32) -> f32 {
     table[i] + w * (table[i + 1] - table[i])
 }
 
-/// Per neuron: mean |up| over the tokens of `ups` (`[token][n_ff]`) × the norm of its down
-/// column (`down_norms`).
-pub fn importance(ups: &[f32], down_norms: &[f32]) -> Vec<f32> {
-    let n_ff = down_norms.len();
-    let mut sum = vec![0f64; n_ff];
-    let mut tokens = 0usize;
-    for row in ups.chunks_exact(n_ff.max(1)) {
-        tokens += 1;
-        for (s, u) in sum.iter_mut().zip(row) {
-            *s += u.abs() as f64;
-        }
-    }
-    sum.iter()
-        .zip(down_norms)
-        .map(|(s, d)| (s / tokens.max(1) as f64) as f32 * d)
-        .collect()
-}
-
-/// One layer's statistics from its activations `acts` (`[token][n_ff]`, act(gate)) and the
-/// matching up projections `ups`, with neuron frequencies counted at `reference_sparsity`.
-pub fn layer_profile(
-    acts: &[f32],
-    ups: &[f32],
-    importance: Vec<f32>,
-    grid: &[f32],
-    reference_sparsity: f32,
-) -> LayerProfile {
-    let n_ff = importance.len();
-    let n = acts.len();
-    let tokens = n / n_ff.max(1);
-    let score = |i: usize| acts[i].abs() * importance[i % n_ff];
-    let mut sorted: Vec<f32> = (0..n).map(score).collect();
-    sorted.sort_unstable_by(f32::total_cmp);
-    let quantile = |s: f32| -> f32 {
-        let k = ((s as f64) * n as f64).floor() as usize;
-        if k == 0 {
-            0.0
-        } else {
-            sorted[k.min(n) - 1].max(0.0)
-        }
-    };
-    let thresholds: Vec<f32> = grid.iter().map(|&s| quantile(s)).collect();
-    let zero_fraction = acts.iter().filter(|&&a| a == 0.0).count() as f32 / n.max(1) as f32;
-    // Mass per threshold: Σ |a·u| over values above each threshold, via the mass sorted by
-    // score.
-    let mut mass: Vec<(f32, f64)> = (0..n)
-        .map(|i| (score(i), (acts[i] * ups[i]).abs() as f64))
-        .collect();
-    mass.sort_unstable_by(|x, y| x.0.total_cmp(&y.0));
-    let total: f64 = mass.iter().map(|m| m.1).sum();
-    let kept_mass = thresholds
-        .iter()
-        .map(|&t| {
-            let from = mass.partition_point(|m| m.0 <= t);
-            let kept: f64 = mass[from..].iter().map(|m| m.1).sum();
-            if total > 0.0 {
-                (kept / total) as f32
-            } else {
-                1.0
-            }
-        })
-        .collect();
-    let reference = quantile(reference_sparsity);
-    let mut count = vec![0u32; n_ff];
-    let mut sum = vec![0f64; n_ff];
-    for row in acts.chunks_exact(n_ff) {
-        for (j, &a) in row.iter().enumerate() {
-            count[j] += u32::from(a.abs() * importance[j] > reference);
-            sum[j] += a.abs() as f64;
-        }
-    }
-    let per = tokens.max(1) as f64;
-    LayerProfile {
-        importance,
-        thresholds,
-        kept_mass,
-        zero_fraction,
-        frequency: count.iter().map(|&c| (c as f64 / per) as f32).collect(),
-        mean_abs: sum.iter().map(|&s| (s / per) as f32).collect(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::layer_stats::layer_profile;
     use super::*;
 
     fn identity() -> ModelIdentity {
@@ -372,55 +291,6 @@ mod tests {
             layers: vec![layer.clone(), layer],
             predictors: None,
         }
-    }
-
-    #[test]
-    fn thresholds_are_quantiles_of_the_magnitudes() {
-        // 1000 magnitudes 0.001 .. 1.0: the threshold at s leaves a share s at or below it.
-        let acts: Vec<f32> = (1..=1000).map(|i| i as f32 / 1000.0).collect();
-        let ups = vec![1.0; 1000];
-        let grid = sparsity_grid();
-        let p = layer_profile(&acts, &ups, vec![1.0; 10], &grid, 0.3);
-        for (&s, &t) in grid.iter().zip(&p.thresholds) {
-            let below = acts.iter().filter(|&&a| a <= t).count() as f32 / 1000.0;
-            assert!((below - s).abs() < 0.0015, "s {s}: {below} at or below {t}");
-        }
-        assert_eq!(p.thresholds[0], 0.0, "0% sparsity keeps everything");
-        // Frequencies at 30%: every neuron's values are spread evenly, ~70% active each.
-        for f in &p.frequency {
-            assert!((f - 0.7).abs() < 0.11, "{f}");
-        }
-        // Kept mass decreases with sparsity and is 1 at 0%.
-        assert_eq!(p.kept_mass[0], 1.0);
-        assert!(p.kept_mass.windows(2).all(|w| w[1] <= w[0]));
-    }
-
-    #[test]
-    fn importance_weights_the_score() {
-        // Two neurons with the same activations; the second matters 10x more at the output,
-        // so at 50% sparsity it is the one kept.
-        let acts: Vec<f32> = (0..200).map(|i| 1.0 + (i / 2) as f32 * 0.01).collect();
-        let ups: Vec<f32> = (0..200)
-            .map(|i| if i % 2 == 0 { 1.0 } else { -2.0 })
-            .collect();
-        let imp = importance(&ups, &[3.0, 5.0]);
-        assert_eq!(imp, vec![3.0, 10.0]);
-        let p = layer_profile(&acts, &ups, imp, &sparsity_grid(), 0.5);
-        assert_eq!(p.frequency, vec![0.0, 1.0]);
-    }
-
-    #[test]
-    fn relu_zeros_are_natural_sparsity() {
-        let acts: Vec<f32> = (0..1000)
-            .map(|i| if i % 10 == 0 { 1.0 + i as f32 } else { 0.0 })
-            .collect();
-        let ups = vec![1.0; 1000];
-        let p = layer_profile(&acts, &ups, vec![1.0; 10], &sparsity_grid(), 0.5);
-        assert!((p.zero_fraction - 0.9).abs() < 1e-6);
-        // Up to 90% the threshold stays at the natural zero; kept mass stays whole there.
-        assert_eq!(p.thresholds[18], 0.0);
-        assert_eq!(p.kept_mass[18], 1.0);
-        assert!(p.thresholds[19] > 0.0);
     }
 
     #[test]
@@ -476,10 +346,10 @@ mod tests {
         ));
         assert!(ModelProfile::decode(&bytes[..bytes.len() / 2], "x").is_err());
         let mut v2 = bytes.clone();
-        v2[8] = 2;
+        v2[8] = 3;
         assert!(matches!(
             ModelProfile::decode(&v2, "x"),
-            Err(ProfileError::Version { found: 2, .. })
+            Err(ProfileError::Version { found: 3, .. })
         ));
         assert!(matches!(
             ModelProfile::decode(b"GGUF....0123456789", "x"),

@@ -1,0 +1,322 @@
+//! One layer's activation statistics, kept as the calibration tokens stream past a chunk at a
+//! time, in memory that does not grow with the number of tokens (what `conductor profile` turns
+//! into a [`LayerProfile`]).
+//!
+//! - *Importance* (the per-neuron weight of a score, [`importance`]) comes from the first chunk
+//!   added: scores need it before they can be counted, and a mean |up| over one chunk of
+//!   calibration tokens is already close to the mean over all of them.
+//! - *Thresholds* are quantiles of the scores over every token, read off a histogram whose bins
+//!   are the top 16 bits of a positive `f32` (exponent and 7 mantissa bits: 128 bins per
+//!   octave). A threshold is the largest value of the bin holding the exact quantile, so it is
+//!   at most 2⁻⁷ (0.8%) above the exact quantile, never below it; the kept mass at a threshold is
+//!   exact (every score above it lies in a higher bin). Deterministic: integer counts and sums
+//!   in token order.
+//! - *Frequencies* count, per neuron, the tokens whose score is above the reference sparsity's
+//!   threshold within the first chunk (the exact quantile of its scores).
+
+use super::profile::LayerProfile;
+
+/// Bits of an `f32` below a histogram bin.
+const BIN_SHIFT: u32 = 16;
+/// Histogram bins over the positive `f32`s (and infinity; NaN falls in the last).
+const BINS: usize = (0x7f80_0000u32 >> BIN_SHIFT) as usize + 1;
+
+/// The streaming statistics of one layer.
+#[derive(Clone, Debug)]
+pub struct LayerStats {
+    down_norms: Vec<f32>,
+    reference_sparsity: f32,
+    /// From the first chunk: importance and the reference threshold.
+    first: Option<(Vec<f32>, f32)>,
+    /// Scores that are exactly zero, and their mass (zero too unless up is infinite).
+    zeros: u64,
+    counts: Vec<u64>,
+    mass: Vec<f64>,
+    total_mass: f64,
+    zero_acts: u64,
+    active: Vec<u64>,
+    sum_abs: Vec<f64>,
+    tokens: u64,
+}
+
+/// Per neuron: mean |up| over the tokens of `ups` (`[token][n_ff]`) × the norm of its down
+/// column (`down_norms`).
+pub fn importance(ups: &[f32], down_norms: &[f32]) -> Vec<f32> {
+    let n_ff = down_norms.len();
+    let mut sum = vec![0f64; n_ff];
+    let mut tokens = 0usize;
+    for row in ups.chunks_exact(n_ff.max(1)) {
+        tokens += 1;
+        for (s, u) in sum.iter_mut().zip(row) {
+            *s += u.abs() as f64;
+        }
+    }
+    sum.iter()
+        .zip(down_norms)
+        .map(|(s, d)| (s / tokens.max(1) as f64) as f32 * d)
+        .collect()
+}
+
+fn bin(score: f32) -> usize {
+    ((score.to_bits() >> BIN_SHIFT) as usize).min(BINS - 1)
+}
+
+/// The largest `f32` of bin `b`.
+fn bin_top(b: usize) -> f32 {
+    f32::from_bits((((b as u32) + 1) << BIN_SHIFT) - 1)
+}
+
+/// The `k`-th smallest of `values` (1-based; 0 gives 0), exactly.
+fn exact_quantile(mut values: Vec<f32>, sparsity: f32) -> f32 {
+    let k = ((sparsity as f64) * values.len() as f64).floor() as usize;
+    if k == 0 {
+        return 0.0;
+    }
+    let at = k.min(values.len()) - 1;
+    let (_, kth, _) = values.select_nth_unstable_by(at, f32::total_cmp);
+    kth.max(0.0)
+}
+
+impl LayerStats {
+    /// Statistics of a layer whose down projection's columns have these norms, with neuron
+    /// frequencies counted at `reference_sparsity`.
+    pub fn new(down_norms: Vec<f32>, reference_sparsity: f32) -> LayerStats {
+        let n_ff = down_norms.len();
+        LayerStats {
+            down_norms,
+            reference_sparsity,
+            first: None,
+            zeros: 0,
+            counts: vec![0; BINS],
+            mass: vec![0.0; BINS],
+            total_mass: 0.0,
+            zero_acts: 0,
+            active: vec![0; n_ff],
+            sum_abs: vec![0.0; n_ff],
+            tokens: 0,
+        }
+    }
+
+    /// Per neuron: the weight of |act(gate)| in its score (once a chunk was added).
+    pub fn importance(&self) -> Option<&[f32]> {
+        self.first.as_ref().map(|(imp, _)| &imp[..])
+    }
+
+    /// Adds a chunk of tokens: `acts` (`[token][n_ff]`, act(gate)) and the matching up
+    /// projections `ups`.
+    pub fn add(&mut self, acts: &[f32], ups: &[f32]) {
+        let n_ff = self.down_norms.len();
+        assert_eq!(acts.len(), ups.len(), "acts and ups of the same tokens");
+        if n_ff == 0 || acts.is_empty() {
+            return;
+        }
+        let (importance, reference) = self.first.get_or_insert_with(|| {
+            let importance = importance(ups, &self.down_norms);
+            let scores = acts
+                .iter()
+                .enumerate()
+                .map(|(i, a)| a.abs() * importance[i % n_ff])
+                .collect();
+            let reference = exact_quantile(scores, self.reference_sparsity);
+            (importance, reference)
+        });
+        for (row, up) in acts.chunks_exact(n_ff).zip(ups.chunks_exact(n_ff)) {
+            self.tokens += 1;
+            for j in 0..n_ff {
+                let (a, u) = (row[j], up[j]);
+                let score = a.abs() * importance[j];
+                let mass = (a * u).abs() as f64;
+                self.total_mass += mass;
+                if score == 0.0 {
+                    self.zeros += 1;
+                } else {
+                    let b = bin(score);
+                    self.counts[b] += 1;
+                    self.mass[b] += mass;
+                }
+                self.zero_acts += u64::from(a == 0.0);
+                self.active[j] += u64::from(score > *reference);
+                self.sum_abs[j] += a.abs() as f64;
+            }
+        }
+    }
+
+    /// Tokens added so far.
+    pub fn tokens(&self) -> u64 {
+        self.tokens
+    }
+
+    /// The threshold at `sparsity`: the top of the histogram bin holding the exact quantile
+    /// (0 while the zeros alone reach it).
+    fn threshold(&self, sparsity: f32) -> (f32, usize) {
+        let n = self.zeros + self.counts.iter().sum::<u64>();
+        let k = ((sparsity as f64) * n as f64).floor() as u64;
+        if k <= self.zeros {
+            return (0.0, 0);
+        }
+        let mut seen = self.zeros;
+        for (b, &c) in self.counts.iter().enumerate() {
+            seen += c;
+            if seen >= k {
+                return (bin_top(b), b + 1);
+            }
+        }
+        (f32::INFINITY, BINS)
+    }
+
+    /// The layer's profile over the sparsities of `grid`.
+    pub fn finish(self, grid: &[f32]) -> LayerProfile {
+        let n_ff = self.down_norms.len();
+        let values = self.tokens * n_ff as u64;
+        let (thresholds, kept_mass) = grid
+            .iter()
+            .map(|&s| {
+                let (t, above) = self.threshold(s);
+                // Every score in a bin above the threshold's (at 0: every nonzero one).
+                let kept: f64 = self.mass[above.min(BINS)..].iter().sum();
+                let share = if self.total_mass > 0.0 {
+                    (kept / self.total_mass) as f32
+                } else {
+                    1.0
+                };
+                (t, share)
+            })
+            .unzip();
+        let per = self.tokens.max(1) as f64;
+        LayerProfile {
+            importance: self
+                .first
+                .map(|(imp, _)| imp)
+                .unwrap_or_else(|| vec![0.0; n_ff]),
+            thresholds,
+            kept_mass,
+            zero_fraction: (self.zero_acts as f64 / values.max(1) as f64) as f32,
+            frequency: self
+                .active
+                .iter()
+                .map(|&c| (c as f64 / per) as f32)
+                .collect(),
+            mean_abs: self.sum_abs.iter().map(|&s| (s / per) as f32).collect(),
+        }
+    }
+}
+
+/// One layer's profile from a single chunk of activations `acts` (`[token][n_ff]`, act(gate))
+/// and the matching up projections `ups`, with the given `importance` (in place of the one a
+/// first chunk gives) and neuron frequencies counted at `reference_sparsity`.
+pub fn layer_profile(
+    acts: &[f32],
+    ups: &[f32],
+    importance: Vec<f32>,
+    grid: &[f32],
+    reference_sparsity: f32,
+) -> LayerProfile {
+    let n_ff = importance.len();
+    let mut stats = LayerStats::new(vec![1.0; n_ff], reference_sparsity);
+    let scores = acts
+        .iter()
+        .enumerate()
+        .map(|(i, a)| a.abs() * importance[i % n_ff])
+        .collect();
+    let reference = exact_quantile(scores, reference_sparsity);
+    stats.first = Some((importance, reference));
+    stats.add(acts, ups);
+    stats.finish(grid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sparse::profile::sparsity_grid;
+
+    #[test]
+    fn thresholds_are_quantiles_of_the_magnitudes_within_a_bin() {
+        // 1000 magnitudes 0.001 .. 1.0: the threshold at s is at or above the exact quantile
+        // and within 2^-7 of it.
+        let acts: Vec<f32> = (1..=1000).map(|i| i as f32 / 1000.0).collect();
+        let ups = vec![1.0; 1000];
+        let grid = sparsity_grid();
+        let p = layer_profile(&acts, &ups, vec![1.0; 10], &grid, 0.3);
+        for (&s, &t) in grid.iter().zip(&p.thresholds).skip(1) {
+            let exact = ((s as f64 * 1000.0).floor() / 1000.0) as f32;
+            assert!(
+                t >= exact && t <= exact * (1.0 + 1.0 / 128.0),
+                "s {s}: {t} vs exact {exact}"
+            );
+            // The kept mass is exactly the mass above the threshold.
+            let above: f32 = acts.iter().filter(|&&a| a > t).sum();
+            let total: f32 = acts.iter().sum();
+            assert!(
+                (p.kept_mass[grid.iter().position(|&g| g == s).unwrap()] - above / total).abs()
+                    < 1e-5
+            );
+        }
+        assert_eq!(p.thresholds[0], 0.0, "0% sparsity keeps everything");
+        // Frequencies at 30%: every neuron's values are spread evenly, ~70% active each.
+        for f in &p.frequency {
+            assert!((f - 0.7).abs() < 0.11, "{f}");
+        }
+        assert_eq!(p.kept_mass[0], 1.0);
+        assert!(p.kept_mass.windows(2).all(|w| w[1] <= w[0]));
+    }
+
+    #[test]
+    fn importance_weights_the_score() {
+        // Two neurons with the same activations; the second matters 10x more at the output,
+        // so at 50% sparsity it is the one kept.
+        let acts: Vec<f32> = (0..200).map(|i| 1.0 + (i / 2) as f32 * 0.01).collect();
+        let ups: Vec<f32> = (0..200)
+            .map(|i| if i % 2 == 0 { 1.0 } else { -2.0 })
+            .collect();
+        let imp = importance(&ups, &[3.0, 5.0]);
+        assert_eq!(imp, vec![3.0, 10.0]);
+        let p = layer_profile(&acts, &ups, imp, &sparsity_grid(), 0.5);
+        assert_eq!(p.frequency, vec![0.0, 1.0]);
+        // Streaming the same tokens in chunks takes its importance from the first chunk.
+        let mut s = LayerStats::new(vec![3.0, 5.0], 0.5);
+        s.add(&acts[..100], &ups[..100]);
+        s.add(&acts[100..], &ups[100..]);
+        assert_eq!(s.importance().unwrap(), &[3.0, 10.0]);
+        assert_eq!(s.tokens(), 100);
+    }
+
+    #[test]
+    fn relu_zeros_are_natural_sparsity() {
+        let acts: Vec<f32> = (0..1000)
+            .map(|i| if i % 10 == 0 { 1.0 + i as f32 } else { 0.0 })
+            .collect();
+        let ups = vec![1.0; 1000];
+        let p = layer_profile(&acts, &ups, vec![1.0; 10], &sparsity_grid(), 0.5);
+        assert!((p.zero_fraction - 0.9).abs() < 1e-6);
+        // Up to 90% the threshold stays at the natural zero; kept mass stays whole there.
+        assert_eq!(p.thresholds[18], 0.0);
+        assert_eq!(p.kept_mass[18], 1.0);
+        assert!(p.thresholds[19] > 0.0);
+    }
+
+    #[test]
+    fn chunks_stream_to_the_profile_of_the_whole() {
+        // A layer's tokens in one chunk or in four give the same thresholds and masses (the
+        // first chunk's importance is the same here: every chunk has the same |up|).
+        let n_ff = 16;
+        let acts: Vec<f32> = (0..n_ff * 400)
+            .map(|i| (((i * 7919) % 1009) as f32 - 500.0) / 97.0)
+            .collect();
+        let ups: Vec<f32> = (0..acts.len()).map(|i| 1.0 + (i % n_ff) as f32).collect();
+        let norms: Vec<f32> = (0..n_ff).map(|j| 0.5 + j as f32 * 0.1).collect();
+        let grid = sparsity_grid();
+        let mut whole = LayerStats::new(norms.clone(), 0.5);
+        whole.add(&acts, &ups);
+        let mut parts = LayerStats::new(norms, 0.5);
+        for (a, u) in acts.chunks(n_ff * 100).zip(ups.chunks(n_ff * 100)) {
+            parts.add(a, u);
+        }
+        let (w, p) = (whole.finish(&grid), parts.finish(&grid));
+        assert_eq!(w.thresholds, p.thresholds);
+        assert_eq!(w.importance, p.importance);
+        for (a, b) in w.kept_mass.iter().zip(&p.kept_mass) {
+            assert!((a - b).abs() < 1e-6);
+        }
+        assert!(w.thresholds[10] > 0.0);
+    }
+}
