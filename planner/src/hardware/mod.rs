@@ -7,7 +7,7 @@
 //!   Q6_K (and F16), matvec GMAC/s with the weights in cache (SmolLM2's 1536×576, or 576×1536
 //!   for 256-element K-quant blocks), matvec GMAC/s streamed from DRAM (rotating over copies
 //!   totalling ≥ 4× the LLC), matmul GMAC/s (× 256 tokens); decode attention (`attend_vec`,
-//!   ns per query head and cached position) and prefill attention (`attend_tiled`, GFLOP/s),
+//!   ns per query head and cached position) and prefill attention (`attend_vec` causally, GFLOP/s),
 //!   head_dim 64 over 512 positions of an f16 KV cache; the per-element cost of residual add +
 //!   RMSNorm + activation quantization over 576-wide rows. Each figure is a median.
 //! * **Memory**: streaming read bandwidth of one pinned core and of one pinned thread per core
@@ -347,7 +347,7 @@ pub fn measure(
         ),
         format!(
             "Attention: head_dim {}, f16 KV; decode = attend_vec over {} cached positions, \
-             prefill = attend_tiled causally over {} positions (query t over 0..=t), 4*head_dim \
+             prefill = attend_vec causally over {} positions (query t over 0..=t), 4*head_dim \
              flops per query-key pair. Finish: residual add + rms_norm + Q8_1 activation \
              quantization over {}-wide rows, per element and pass. Gated activation: \
              SiLU(gate)*up per element.",
