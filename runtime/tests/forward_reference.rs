@@ -294,7 +294,7 @@ fn llama_q4_1_with_grouped_query_attention() {
 
 #[test]
 fn long_prompts_match_the_reference() {
-    // 70 ≥ 64 queries, where llama.cpp switches to f32 tiles: we keep the one-query path.
+    // 70 ≥ 64 queries (llama.cpp's tiled path, ours for every step).
     check(SyntheticSpec::default(), 70, 2, 0.03);
 }
 

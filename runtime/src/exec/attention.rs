@@ -7,7 +7,7 @@ use super::blocks::{grow, split_blocks, units};
 use super::compute::Work;
 use super::executor::{StepState, Tensor};
 use super::weights::read_slot;
-use crate::model::attention::attend_vec;
+use crate::model::attention::attend;
 use crate::model::ops::rms_norm_in_place;
 use crate::model::{KvCache, Model};
 use crate::neuron::Phase;
@@ -146,9 +146,9 @@ impl StepState {
                     // A sliding window sees the last `window` positions only.
                     let from = window.map_or(0, |w| n_kv.saturating_sub(w as usize));
                     // One numerics for every query, however many the step holds (a prompt
-                    // in any chunks, decode, other sequences'): the vector path.
+                    // in any chunks, decode, other sequences'): the f32 tiled path.
                     let (k, v) = (&keys[from * hd..], &values[from * hd..]);
-                    attend_vec(kernels, q, k, v, n_kv - from, scale, &mut s.attn, o);
+                    attend(kernels, q, k, v, n_kv - from, scale, &mut s.attn, o);
                 }
             }
         });
