@@ -423,6 +423,64 @@ fn concurrent_greedy_requests_are_batched_and_each_matches_conductor_run() {
     each_batched_answer_is_conductor_runs(&server, &model, &flags, "20", &prompts, "batched");
 }
 
+/// Issue 41: the same greedy request three times, then streamed, gives one answer, the one
+/// `conductor run` prints. The repeats are served from a slot's cached prompt (prefix reuse
+/// evaluates only its last token, alone), so this holds only if a position's logits do not
+/// depend on how the tokens before it were evaluated.
+#[test]
+fn a_repeated_greedy_request_gives_one_answer_streamed_or_not() {
+    let model = common::default_model();
+    let server = Server::start_with(&model, &["-c", "1024", "--parallel", "4"]);
+    let prompt = "Name three primary colors.";
+    let want = run_greedy(&model, &["-c", "1024"], prompt, "24");
+    assert!(!want.is_empty());
+    for i in 0..3 {
+        assert_eq!(chat(&server, prompt, 24, false), want, "request {i}");
+    }
+    assert_eq!(chat(&server, prompt, 24, true), want, "streamed");
+    assert!(metric(&server, "conductor_prompt_tokens_cached_total") > 0.0);
+}
+
+/// One greedy chat request of `max_tokens` over a fresh HTTP/1.0 connection (the body ends
+/// when the server closes it); the answer's text, gathered from the events when `stream`.
+fn chat(server: &Server, prompt: &str, max_tokens: u32, stream: bool) -> String {
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", server.port())).expect("connect");
+    let body = serde_json::json!({
+        "messages": [{"role": "user", "content": prompt}],
+        "temperature": 0,
+        "max_tokens": max_tokens,
+        "stream": stream,
+    })
+    .to_string();
+    write!(
+        conn,
+        "POST /v1/chat/completions HTTP/1.0\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send the request");
+    let mut reply = String::new();
+    conn.read_to_string(&mut reply).expect("read the reply");
+    let (head, body) = reply.split_once("\r\n\r\n").expect("a header");
+    assert!(head.contains(" 200 "), "{head}\n{body}");
+    if !stream {
+        let v: serde_json::Value = serde_json::from_str(body).expect("a JSON body");
+        return v["choices"][0]["message"]["content"]
+            .as_str()
+            .expect("content")
+            .to_string();
+    }
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str::<serde_json::Value>(d).expect("a JSON event"))
+        .filter_map(|v| {
+            v["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(String::from)
+        })
+        .collect()
+}
+
 /// Sends `prompts` to `server` at once (greedy, `n` tokens each) and holds each answer to what
 /// `conductor run` with `run_flags` prints for its prompt alone. False where the Python client
 /// is missing outside CI (`check`).

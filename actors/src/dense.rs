@@ -8,6 +8,7 @@
 
 use conductor_runtime::exec::DenseBackend;
 use conductor_runtime::quant::{activation_type, Kernels, MatRef};
+use std::ops::Range;
 
 /// Launches of at most `token_chunk` tokens, each a GEMM on the CPU.
 pub struct ChunkedGemm {
@@ -19,21 +20,23 @@ impl DenseBackend for ChunkedGemm {
         &self,
         kernels: &Kernels,
         w: MatRef<'_>,
+        cols: Range<usize>,
         acts: &[u8],
         n_tokens: usize,
         out: &mut [f32],
         out_stride: usize,
     ) {
         let row_bytes = activation_type(w.ty)
-            .bytes_for(w.cols as u64)
+            .bytes_for(cols.len() as u64)
             .expect("activation rows are whole blocks") as usize;
         let chunk = self.token_chunk.max(1);
         let mut t0 = 0;
         while t0 < n_tokens {
             let n = chunk.min(n_tokens - t0);
             let out_end = ((t0 + n - 1) * out_stride + w.rows).min(out.len());
-            kernels.matmul(
+            kernels.matmul_cols(
                 w,
+                cols.clone(),
                 &acts[t0 * row_bytes..(t0 + n) * row_bytes],
                 n,
                 &mut out[t0 * out_stride..out_end],
@@ -87,12 +90,13 @@ mod tests {
             }
             let stride = rows + 3;
             let mut whole = vec![0f32; n * stride];
-            WholeMatmul.matmul(&kernels, w, &acts, n, &mut whole, stride);
+            WholeMatmul.matmul(&kernels, w, 0..cols, &acts, n, &mut whole, stride);
             for chunk in [1, 16, 64, 128] {
                 let mut chunked = vec![0f32; n * stride];
                 ChunkedGemm { token_chunk: chunk }.matmul(
                     &kernels,
                     w,
+                    0..cols,
                     &acts,
                     n,
                     &mut chunked,

@@ -293,8 +293,8 @@ fn llama_q4_1_with_grouped_query_attention() {
 }
 
 #[test]
-fn long_prompts_take_the_tiled_attention_path() {
-    // 70 ≥ 64 queries: llama.cpp's tiled f32 attention.
+fn long_prompts_match_the_reference() {
+    // 70 ≥ 64 queries (llama.cpp's tiled path, ours for every step).
     check(SyntheticSpec::default(), 70, 2, 0.03);
 }
 
@@ -367,7 +367,7 @@ fn f32_weights_match_the_reference_closely() {
 #[test]
 fn mixture_of_experts_matches_the_reference() {
     // 4 experts of 64 neurons, top 2: f32 weights first (only the f16 KV cache and rounding
-    // separate us from the reference), then Q8_0 and a prompt long enough for the tiled path.
+    // separate us from the reference), then Q8_0 and a prompt of more than 64 tokens.
     let moe = SyntheticSpec {
         n_ff: 64,
         n_expert: 4,

@@ -175,3 +175,34 @@ pub fn signal(child: &std::process::Child, signal: rustix::process::Signal) {
         .expect("a child's pid");
     rustix::process::kill_process(pid, signal).expect("the signal is sent");
 }
+
+/// The inline driver on `threads` worker threads.
+pub fn inline_driver(
+    model: &std::sync::Arc<conductor::runtime::model::Model>,
+    threads: usize,
+    plan: &conductor::runtime::plan::ExecutionPlan,
+    kernels: conductor::runtime::quant::Kernels,
+) -> Box<dyn conductor::runtime::exec::Driver> {
+    use conductor::actors::{PoolConfig, WorkerPool};
+    let pool = WorkerPool::new(PoolConfig::new(threads)).unwrap();
+    let driver = conductor::runtime::exec::InlineDriver::new(model.clone(), plan, kernels, pool);
+    Box::new(driver.unwrap())
+}
+
+/// The actor driver on `threads` host threads, unpinned, over a uniform topology.
+pub fn actor_driver(
+    model: &std::sync::Arc<conductor::runtime::model::Model>,
+    threads: u32,
+    plan: &conductor::runtime::plan::ExecutionPlan,
+    kernels: conductor::runtime::quant::Kernels,
+) -> Box<dyn conductor::runtime::exec::Driver> {
+    use conductor::actors::{ActorDriver, ActorOptions};
+    let options = ActorOptions {
+        threads: Some(threads),
+        topology: Some(conductor::runtime::plan::Topology::uniform(threads.max(2))),
+        no_pinning: true,
+        model_path: None,
+        read_faults: None,
+    };
+    Box::new(ActorDriver::new(model.clone(), plan, kernels, options).unwrap())
+}

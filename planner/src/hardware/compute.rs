@@ -2,7 +2,7 @@
 //! cache and streamed from DRAM), matmul, attention, and the per-element "finish" work.
 
 use super::timing::{secs_per_call, Effort, Rng};
-use conductor_runtime::model::attention::{attend_tiled, attend_vec, AttnScratch};
+use conductor_runtime::model::attention::{attend, AttnScratch};
 use conductor_runtime::model::ops::{gated_activation, rms_norm};
 use conductor_runtime::model::FfnActivation;
 use conductor_runtime::plan::KernelRates;
@@ -207,8 +207,9 @@ fn f16_bits(rng: &mut Rng, n: usize) -> Vec<u16> {
         .collect()
 }
 
-/// Decode attention (ns per query head and cached position, `attend_vec`) and prefill attention
-/// (GFLOP/s, `attend_tiled`, 4·head_dim flops per query·key pair), over an f16 KV cache.
+/// Decode attention (ns per query head and cached position, `attend`) and prefill attention
+/// (GFLOP/s, `attend` causally, 4·head_dim flops per query·key pair), over an f16 KV cache:
+/// one attention for every step.
 pub fn attention_rates(k: &Kernels, effort: &Effort) -> (f64, f64) {
     let mut rng = Rng::new(11);
     let keys = f16_bits(&mut rng, HEAD_DIM * CACHED_POSITIONS);
@@ -218,7 +219,7 @@ pub fn attention_rates(k: &Kernels, effort: &Effort) -> (f64, f64) {
     let mut scratch = AttnScratch::default();
     let mut out = vec![0f32; HEAD_DIM];
     let decode = secs_per_call(effort, || {
-        attend_vec(
+        attend(
             k,
             black_box(&q),
             &keys,
@@ -233,7 +234,7 @@ pub fn attention_rates(k: &Kernels, effort: &Effort) -> (f64, f64) {
     // Prefill attends causally, as the executor does: query t over positions 0..=t.
     let prefill = secs_per_call(effort, || {
         for t in 0..CACHED_POSITIONS {
-            attend_tiled(
+            attend(
                 k,
                 black_box(&q),
                 &keys,

@@ -6,8 +6,8 @@
 //!   pinned to it): for each weight type the kernels support among Q4_0, Q4_1, Q8_0, Q4_K,
 //!   Q6_K (and F16), matvec GMAC/s with the weights in cache (SmolLM2's 1536×576, or 576×1536
 //!   for 256-element K-quant blocks), matvec GMAC/s streamed from DRAM (rotating over copies
-//!   totalling ≥ 4× the LLC), matmul GMAC/s (× 256 tokens); decode attention (`attend_vec`,
-//!   ns per query head and cached position) and prefill attention (`attend_tiled`, GFLOP/s),
+//!   totalling ≥ 4× the LLC), matmul GMAC/s (× 256 tokens); decode attention (`attend`,
+//!   ns per query head and cached position) and prefill attention (`attend` causally, GFLOP/s),
 //!   head_dim 64 over 512 positions of an f16 KV cache; the per-element cost of residual add +
 //!   RMSNorm + activation quantization over 576-wide rows. Each figure is a median.
 //! * **Memory**: streaming read bandwidth of one pinned core and of one pinned thread per core
@@ -346,8 +346,8 @@ pub fn measure(
             effort.reps
         ),
         format!(
-            "Attention: head_dim {}, f16 KV; decode = attend_vec over {} cached positions, \
-             prefill = attend_tiled causally over {} positions (query t over 0..=t), 4*head_dim \
+            "Attention: head_dim {}, f16 KV; decode = attend over {} cached positions, \
+             prefill = attend causally over {} positions (query t over 0..=t), 4*head_dim \
              flops per query-key pair. Finish: residual add + rms_norm + Q8_1 activation \
              quantization over {}-wide rows, per element and pass. Gated activation: \
              SiLU(gate)*up per element.",

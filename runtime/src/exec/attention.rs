@@ -7,7 +7,7 @@ use super::blocks::{grow, split_blocks, units};
 use super::compute::Work;
 use super::executor::{StepState, Tensor};
 use super::weights::read_slot;
-use crate::model::attention::{attend_tiled, attend_vec, TILED_MIN_QUERIES};
+use crate::model::attention::attend;
 use crate::model::ops::rms_norm_in_place;
 use crate::model::{KvCache, Model};
 use crate::neuron::Phase;
@@ -145,13 +145,8 @@ impl StepState {
                     let n_kv = positions[t] as usize + 1;
                     // A sliding window sees the last `window` positions only.
                     let from = window.map_or(0, |w| n_kv.saturating_sub(w as usize));
-                    // A multi-sequence step holds one query per sequence: the vector path,
-                    // as each sequence's own one-token step.
-                    let attend = if n >= TILED_MIN_QUERIES && !multi {
-                        attend_tiled
-                    } else {
-                        attend_vec
-                    };
+                    // One numerics for every query, however many the step holds (a prompt
+                    // in any chunks, decode, other sequences'): the f32 tiled path.
                     let (k, v) = (&keys[from * hd..], &values[from * hd..]);
                     attend(kernels, q, k, v, n_kv - from, scale, &mut s.attn, o);
                 }

@@ -144,11 +144,26 @@ impl Compute<'_> {
         out: &mut [f32],
         stride: usize,
     ) {
+        self.project_cols(w, 0..w.cols, act, n, out, stride)
+    }
+
+    /// [`Compute::project`] over the columns `cols` of `w`; `act` holds `n` rows of
+    /// `cols.len()` elements. The same bits for every `n` (the kernels' rule).
+    pub(super) fn project_cols(
+        self,
+        w: MatRef<'_>,
+        cols: Range<usize>,
+        act: &[u8],
+        n: usize,
+        out: &mut [f32],
+        stride: usize,
+    ) {
         if n == 1 {
             let rows = w.rows;
-            self.kernels.matvec(w, 0..w.cols, act, &mut out[..rows]);
+            self.kernels.matvec(w, cols, act, &mut out[..rows]);
         } else {
-            self.dense.matmul(self.kernels, w, act, n, out, stride);
+            self.dense
+                .matmul(self.kernels, w, cols, act, n, out, stride);
         }
     }
 }

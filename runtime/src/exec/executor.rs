@@ -289,10 +289,8 @@ impl StepState {
         match work.phase {
             Phase::QkvHeads => self.compute_qkv_heads(w, buf),
             Phase::AttnHeads => self.compute_attn_heads(w, kv, buf),
-            Phase::FfnDownRows if model.config.is_moe() => self.compute_expert_down_rows(w, buf),
-            Phase::AttnOutRows | Phase::FfnDownRows | Phase::OutputRows => {
-                self.compute_rows(w, buf)
-            }
+            Phase::FfnDownRows => self.compute_down_rows(w, buf),
+            Phase::AttnOutRows | Phase::OutputRows => self.compute_rows(w, buf),
             Phase::FfnGateUpRows => self.compute_gate_up_rows(w, buf),
             Phase::FfnGateRows => self.compute_gate_rows(w, buf),
             Phase::FfnNeurons => self.compute_ffn_neurons(w, buf),

@@ -199,12 +199,15 @@ impl ClusterRunner for Serial {
 /// (the kernels' results do not depend on how tokens are batched), so that the choice of
 /// backend never changes a bit of the result.
 pub trait DenseBackend: Sync {
-    /// `out[t * out_stride + r]` = row `r` of `w` · activation row `t`, for `n_tokens` rows of
-    /// `acts` (quantized for `w`'s type).
+    /// `out[t * out_stride + r]` = row `r` of `w` restricted to the columns `cols` ·
+    /// activation row `t`, for `n_tokens` rows of `acts` (`cols.len()` elements each,
+    /// quantized for `w`'s type): [`Kernels::matmul_cols`].
+    #[allow(clippy::too_many_arguments)]
     fn matmul(
         &self,
         kernels: &Kernels,
         w: MatRef<'_>,
+        cols: std::ops::Range<usize>,
         acts: &[u8],
         n_tokens: usize,
         out: &mut [f32],
@@ -220,11 +223,12 @@ impl DenseBackend for WholeMatmul {
         &self,
         kernels: &Kernels,
         w: MatRef<'_>,
+        cols: std::ops::Range<usize>,
         acts: &[u8],
         n_tokens: usize,
         out: &mut [f32],
         out_stride: usize,
     ) {
-        kernels.matmul(w, acts, n_tokens, out, out_stride);
+        kernels.matmul_cols(w, cols, acts, n_tokens, out, out_stride);
     }
 }

@@ -1,7 +1,8 @@
 //! Row phases: whole matrices cut into row blocks, each cluster `[token][rows]` for every
 //! token at once — the attention output and output projections (read from cache slots when
 //! they stream), and prefill's dense FFN (gate and up rows with the activation, then the
-//! down rows; in a mixture of experts each used expert's down block weighted).
+//! down rows summed over decode's neuron clusters; in a mixture of experts each used
+//! expert's down block weighted).
 
 use super::blocks::{row_blocks, units};
 use super::compute::Work;
@@ -10,11 +11,10 @@ use super::weights::read_slot;
 use crate::model::ops::gated_activation;
 use crate::model::TensorRef;
 use crate::neuron::Phase;
-use crate::quant::{Layout, MatRef};
+use crate::quant::{activation_type, Layout, MatRef};
 
 impl StepState {
-    /// `AttnOutRows`, `OutputRows` and (without experts) `FfnDownRows`: the rows of one
-    /// matrix times the phase's input.
+    /// `AttnOutRows` and `OutputRows`: the rows of one matrix times the phase's input.
     pub(super) fn compute_rows(&self, w: Work<'_>, buf: &mut Vec<f32>) {
         let Work {
             model,
@@ -27,7 +27,6 @@ impl StepState {
         let layer = model.layers.get(work.layer as usize);
         let w: &TensorRef = match work.phase {
             Phase::AttnOutRows => &layer.expect("layer").wo,
-            Phase::FfnDownRows => &layer.expect("layer").down,
             _ => &model.output,
         };
         let n = self.rows_in(work.phase);
@@ -61,37 +60,69 @@ impl StepState {
         });
     }
 
-    /// `FfnDownRows` of a mixture of experts: each output row block sums every used expert's
-    /// down block times that expert's weighted h, experts in index order (a fixed order: the
-    /// same bits whichever thread computes the block).
-    pub(super) fn compute_expert_down_rows(&self, w: Work<'_>, buf: &mut Vec<f32>) {
+    /// `FfnDownRows`: each output row block is the sum, from zero and in order, of the partial
+    /// down projections over the program's `ffn_sums` (decode's neuron clusters), as decode's
+    /// `FfnNeurons` finish sums its clusters' blocks: the same bits for a position whichever
+    /// step shape computed it. In a mixture of experts only the used experts' ranges add, each
+    /// expert's down block times its weighted h.
+    pub(super) fn compute_down_rows(&self, w: Work<'_>, buf: &mut Vec<f32>) {
         let Work {
             model,
+            program,
             work,
             clusters,
             runner,
             cx,
             scratch,
             n,
-            ..
         } = w;
-        let embd = model.config.n_embd as usize;
+        let c = &model.config;
+        let embd = c.n_embd as usize;
         let l = model.layers.get(work.layer as usize).expect("layer");
+        let at = activation_type(l.down.ty);
+        let per_expert = c.ffn_per_expert() as usize;
         let moe = &self.moe;
-        let row = moe.act_row;
+        // Each token's quantized h (of one expert in a mixture): `row` bytes.
+        let bytes = |k: usize| at.bytes_for(k as u64).expect("whole blocks") as usize;
+        let (acts, row) = match c.is_moe() {
+            true => (moe.acts.as_slice(), moe.act_row),
+            false => (self.acts.get(l.down.ty), bytes(c.n_ff as usize)),
+        };
+        // A program made by hand may lack the sums: one range per expert then.
+        let f = per_expert as u32;
+        let whole: Vec<_> = match program.ffn_sums.is_empty() {
+            true => (0..c.n_expert.max(1)).map(|e| e * f..(e + 1) * f).collect(),
+            false => Vec::new(),
+        };
+        let sums = match whole.is_empty() {
+            true => &program.ffn_sums[..],
+            false => &whole[..],
+        };
         let mut outs = row_blocks(buf, clusters, n, embd);
         runner.run(&mut outs, &|worker, i, out| {
-            let mut s = scratch[worker].lock().unwrap_or_else(|e| e.into_inner());
+            let mut guard = scratch[worker].lock().unwrap_or_else(|e| e.into_inner());
+            let s = &mut *guard;
             let rows = units(&clusters[i]);
             let m = rows.len();
             out[..n * m].fill(0.0);
-            s.up.resize(n * m, 0.0);
-            for (e, _) in moe.used.iter().enumerate().filter(|(_, &u)| u) {
+            s.partial.resize(n * m, 0.0);
+            for range in sums {
+                let neurons = units(range);
+                let e = neurons.start / per_expert;
+                if c.is_moe() && !moe.used[e] {
+                    continue;
+                }
                 let first = e * embd;
-                let w = model.rows(&l.down, first + rows.start..first + rows.end);
-                let act = &moe.acts[e * n * row..(e + 1) * n * row];
-                cx.project(w, act, n, &mut s.up, m);
-                for (o, v) in out[..n * m].iter_mut().zip(&s.up[..n * m]) {
+                let down = model.rows(&l.down, first + rows.start..first + rows.end);
+                let cols = neurons.start - e * per_expert..neurons.end - e * per_expert;
+                let (from, len) = (bytes(cols.start), bytes(cols.len()));
+                s.h_act.clear();
+                for t in 0..n {
+                    let start = (e * n + t) * row + from;
+                    s.h_act.extend_from_slice(&acts[start..start + len]);
+                }
+                cx.project_cols(down, cols, &s.h_act, n, &mut s.partial, m);
+                for (o, v) in out[..n * m].iter_mut().zip(&s.partial[..n * m]) {
                     *o += v;
                 }
             }

@@ -37,8 +37,8 @@ pub struct CoreClassProfile {
     pub kernels: Vec<KernelRates>,
     /// Decode attention: nanoseconds per (query head, cached position) on one core.
     pub attn_decode_ns_per_head_pos: f64,
-    /// Prefill attention (tiled, f32): GFLOP/s of one core (a score or a value product is 2 flops
-    /// per head dimension).
+    /// Prefill attention (the one attention path, causally): GFLOP/s of one core (a score or a
+    /// value product is 2 flops per head dimension).
     pub attn_prefill_gflops: f64,
     /// Work between phases on the driver's thread (reductions, gathers, norms, activation
     /// quantization): nanoseconds per element and pass (one sweep over the element).

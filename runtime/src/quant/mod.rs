@@ -1069,8 +1069,27 @@ impl Kernels {
         out: &mut [f32],
         out_stride: usize,
     ) {
+        self.matmul_cols(w, 0..w.cols, acts, n_tokens, out, out_stride)
+    }
+
+    /// [`Kernels::matmul`] over the columns `cols` of `w` (block aligned): `acts` holds
+    /// `n_tokens` activation rows of `cols.len()` elements. Each output is the bits
+    /// [`Kernels::matvec`] of the same columns gives: prefill's partial down projections over
+    /// decode's neuron clusters (`exec/rows.rs`).
+    ///
+    /// # Panics
+    /// As [`Kernels::matmul`], and on an unaligned or out-of-range `cols`.
+    pub fn matmul_cols(
+        &self,
+        w: MatRef<'_>,
+        cols: Range<usize>,
+        acts: &[u8],
+        n_tokens: usize,
+        out: &mut [f32],
+        out_stride: usize,
+    ) {
         let at = activation_type(w.ty);
-        let arow = row_bytes(at, w.cols).unwrap_or_else(|e| panic!("{e}"));
+        let arow = row_bytes(at, cols.len()).unwrap_or_else(|e| panic!("{e}"));
         let total = arow
             .checked_mul(n_tokens)
             .expect("activation size overflows");
@@ -1093,9 +1112,9 @@ impl Kernels {
             out.len()
         );
         if let Layout::X8 { .. } = w.layout {
-            return self.matmul_x8(w, acts, n_tokens, out, out_stride);
+            return self.matmul_x8(w, cols, acts, n_tokens, out, out_stride);
         }
-        let g = Self::geometry(&w, 0..w.cols);
+        let g = Self::geometry(&w, cols);
         #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
         {
             use avx2::kquants::entry as kq;
@@ -1193,7 +1212,7 @@ impl Kernels {
         for t in 0..n_tokens {
             let a = &acts[t * arow..(t + 1) * arow];
             for r in 0..w.rows {
-                out[t * out_stride + r] = self.dot_dispatch(w.ty, w.cols, g.row(r), a);
+                out[t * out_stride + r] = self.dot_dispatch(w.ty, g.ncols, g.row(r), a);
             }
         }
     }
@@ -1294,16 +1313,17 @@ impl Kernels {
     fn matmul_x8(
         &self,
         w: MatRef<'_>,
+        cols: Range<usize>,
         acts: &[u8],
         n_tokens: usize,
         out: &mut [f32],
         out_stride: usize,
     ) {
-        let arow = row_bytes(GgmlType::Q8_K, w.cols).unwrap_or_else(|e| panic!("{e}"));
+        let arow = row_bytes(GgmlType::Q8_K, cols.len()).unwrap_or_else(|e| panic!("{e}"));
         #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
         if self.has_interleaved_kernels() {
             use avx2::x8::entry;
-            let (off, nb) = Self::x8_cols(&w, &(0..w.cols));
+            let (off, nb) = Self::x8_cols(&w, &cols);
             let a = blocks_of(acts);
             // SAFETY: ISA detected at construction; the geometry validated, `acts` has
             // n_tokens * nb blocks and `out` covers every (t, r) written (checked in `matmul`).
@@ -1312,7 +1332,7 @@ impl Kernels {
         #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
         if self.has_interleaved_kernels() {
             use neon::x8::entry;
-            let (off, nb) = Self::x8_cols(&w, &(0..w.cols));
+            let (off, nb) = Self::x8_cols(&w, &cols);
             let a = blocks_of(acts);
             // SAFETY: dotprod detected at construction; the geometry validated, `acts` has
             // n_tokens * nb blocks and `out` covers every (t, r) written (checked in `matmul`).
@@ -1320,7 +1340,7 @@ impl Kernels {
         }
         for t in 0..n_tokens {
             let o = &mut out[t * out_stride..t * out_stride + w.rows];
-            self.matvec_x8(w, 0..w.cols, &acts[t * arow..(t + 1) * arow], o);
+            self.matvec_x8(w, cols.clone(), &acts[t * arow..(t + 1) * arow], o);
         }
     }
 

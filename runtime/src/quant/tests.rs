@@ -944,6 +944,45 @@ proptest! {
         }
     }
 
+    /// Prefill's partial down projections (`exec/rows.rs`): a GEMM over a column range gives
+    /// each token the bits decode's matvec of those columns gives, on every ISA, for token
+    /// counts on both sides of the packed GEMMs' threshold.
+    #[test]
+    fn matmul_cols_matches_matvec_on_the_same_columns(
+        rows in 1usize..20,
+        nb in 1usize..4,
+        lo in 0usize..4,
+        n_tokens in 1usize..20,
+        seed in any::<u64>(),
+    ) {
+        for ty in WEIGHT_TYPES {
+            let bs = if ty.block_size() == 256 { 256 } else { 32 };
+            let cols = (nb + 3) * bs;
+            let c0 = (lo % (nb + 3)) * bs;
+            let c1 = (c0 + nb * bs).min(cols);
+            let w = lcg_data(seed, rows * cols, 1.0);
+            let wq: Vec<u8> = w.chunks(cols).flat_map(|r| quant(ty, r)).collect();
+            let m = MatRef::new(ty, &wq, rows, cols).unwrap();
+            let s = Kernels::scalar();
+            let x = lcg_data(seed ^ 5, n_tokens * (c1 - c0), 1.5);
+            let acts: Vec<u8> = x.chunks(c1 - c0).flat_map(|t| act(&s, ty, t)).collect();
+            let arow = acts.len() / n_tokens;
+            for k in Kernels::available() {
+                let mut out = vec![f32::NAN; n_tokens * rows];
+                k.matmul_cols(m, c0..c1, &acts, n_tokens, &mut out, rows);
+                for t in 0..n_tokens {
+                    let mut want = vec![f32::NAN; rows];
+                    s.matvec(m, c0..c1, &acts[t * arow..(t + 1) * arow], &mut want);
+                    for r in 0..rows {
+                        let got = out[t * rows + r];
+                        prop_assert!(same(got, want[r]), "{} {ty} cols {c0}..{c1} t{t} r{r}",
+                            k.isa());
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn f16_helpers_bit_identical(n in 0usize..100, seed in any::<u64>(), a in -4f32..4.0) {
         let s = Kernels::scalar();

@@ -86,6 +86,10 @@ pub struct Program {
     /// independently of them (PowerInfer-2's compute clusters over neuron-sized I/O): one
     /// partial sum and one message per cluster however small the units are.
     pub ffn_units: Vec<Range<u32>>,
+    /// Prefill's dense FFN (`FfnDownRows`): the neuron ranges whose partial down projections
+    /// are summed in order, decode's FFN clusters, so that a position's down projection has
+    /// the bits of its decode step (one reduction order for both shapes). Empty in decode.
+    pub ffn_sums: Vec<Range<u32>>,
 }
 
 impl Program {
@@ -146,6 +150,12 @@ impl Program {
             ffn_units: match store {
                 true => ffn_clusters(model, model.ffn_bundle, 1),
                 false => Vec::new(),
+            },
+            ffn_sums: match shape {
+                StepShape::Prefill if !store => {
+                    ffn_clusters(model, sizes.ffn_neurons, model.ffn_granule)
+                }
+                _ => Vec::new(),
             },
         }
     }

@@ -212,12 +212,14 @@ impl Scheduler {
             StepShape::Decode,
             &decode_shares,
         );
-        let mut prefill = Program::new(
-            shape,
-            &fitted(&plan.prefill),
-            StepShape::Prefill,
-            &prefill_shares,
-        );
+        // Prefill sums the FFN's down projection over decode's neuron clusters (a store's
+        // runs of bundles, or `ffn_sums`): one reduction order, so a position gets the same
+        // bits whether prefill or decode computed it.
+        let prefill_sizes = crate::plan::ClusterSizes {
+            ffn_neurons: fitted(&plan.decode).ffn_neurons,
+            ..fitted(&plan.prefill)
+        };
+        let mut prefill = Program::new(shape, &prefill_sizes, StepShape::Prefill, &prefill_shares);
         if cache.as_ref().is_some_and(|c| c.map.attn_units > 0) {
             decode.stream_attention(shape, &decode_shares);
             prefill.stream_attention(shape, &prefill_shares);

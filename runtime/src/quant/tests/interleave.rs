@@ -203,6 +203,21 @@ fn interleaved_column_ranges_and_matmul_match_the_file_layout() {
                         );
                     }
                 }
+                // Prefill's partial down projections: a GEMM over the column range.
+                for n in [1, 5, 9] {
+                    let acts = a.repeat(n);
+                    let w = x8(ty, &packed, rows, cols);
+                    let mut got = vec![f32::NAN; n * rows];
+                    k.matmul_cols(w, range.clone(), &acts, n, &mut got, rows);
+                    for t in 0..n {
+                        for r in 0..rows {
+                            assert!(
+                                same(got[t * rows + r], want[r]),
+                                "{ty} {isa} {n} tokens, cols {range:?}: token {t} row {r}"
+                            );
+                        }
+                    }
+                }
             }
             for n in [1, 2, 4, 5, 9] {
                 let arow = GgmlType::Q8_K.bytes_for(cols as u64).unwrap() as usize;
