@@ -18,7 +18,7 @@
 use crate::protocol::{ClusterLoaded, InjectPanic};
 pub use crate::protocol::{LoadClusters, ReadAt, StorageError, StorageFailed};
 use crate::step::StepShared;
-use conductor_runtime::cache::{open_for_reads, read_full, read_slots, LoadError};
+use conductor_runtime::cache::{open_for_reads, read_full, read_slots};
 use kameo::actor::{Actor, ActorRef, Recipient, WeakActorRef};
 use kameo::error::{ActorStopReason, Infallible, PanicError};
 use kameo::message::{Context, Message};
@@ -111,8 +111,6 @@ pub struct Storage {
     shared: Option<Arc<StepShared>>,
     scheduler: Option<Recipient<ClusterLoaded>>,
     queued: QueuedLoads,
-    /// Scratch: each unit's result of a run.
-    results: Vec<Result<u64, LoadError>>,
     /// Where failures go (`None`: no scheduler to tell).
     failed: Option<Recipient<StorageFailed>>,
     /// `storage{i}`, for reports.
@@ -193,7 +191,6 @@ impl Actor for Storage {
             shared: args.shared,
             scheduler: args.scheduler,
             queued: args.queued,
-            results: Vec::new(),
             failed: args.failed,
             name: args.name,
             panic_next: false,
@@ -240,24 +237,19 @@ impl Message<LoadClusters> for Storage {
         let timed = shared.recording.load(Ordering::Relaxed);
         let started_ns = if timed { shared.now_ns() } else { 0 };
         let started = Instant::now();
-        let mut results = std::mem::take(&mut self.results);
-        if !read_slots(arena, file, &msg.items, &mut results) {
-            self.results = results;
-            return; // stale: a slot was given to another unit since
-        }
         let c = &shared.counters;
-        c.io_ns
-            .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        c.reads.fetch_add(1, Ordering::Relaxed);
-        let finished_ns = if timed { shared.now_ns() } else { 0 };
-        for (it, result) in msg.items.iter().zip(results.drain(..)) {
+        let bytes_read = &mut self.bytes_read;
+        // Each unit goes to the scheduler as soon as it is in (its slot already released), so
+        // its cluster can compute while the rest of the run is still being read.
+        let fresh = read_slots(arena, file, &msg.items, |i, result| {
+            let it = &msg.items[i];
             if let Ok(bytes) = result {
                 c.io_bytes.fetch_add(bytes, Ordering::Relaxed);
                 if let Some(l) = c.layer_bytes.get(it.layer as usize) {
                     l.fetch_add(bytes, Ordering::Relaxed);
                 }
                 c.loads.fetch_add(1, Ordering::Relaxed);
-                self.bytes_read += bytes;
+                *bytes_read += bytes;
             }
             let _ = scheduler
                 .tell(ClusterLoaded {
@@ -266,11 +258,15 @@ impl Message<LoadClusters> for Storage {
                     cluster: it.cluster,
                     result: result.map(|_| ()),
                     started_ns,
-                    finished_ns,
+                    finished_ns: if timed { shared.now_ns() } else { 0 },
                 })
                 .try_send();
+        });
+        if fresh {
+            c.io_ns
+                .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            c.reads.fetch_add(1, Ordering::Relaxed);
         }
-        self.results = results;
     }
 }
 

@@ -80,6 +80,23 @@ impl SlotBuf {
     }
 }
 
+/// A slot's write lock as its bytes (a [`super::StableBuf`]): dropping it lets readers in.
+pub struct SlotWrite<'a>(RwLockWriteGuard<'a, SlotBuf>);
+
+impl std::ops::Deref for SlotWrite<'_> {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        self.0.bytes()
+    }
+}
+
+impl std::ops::DerefMut for SlotWrite<'_> {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        self.0.bytes_mut()
+    }
+}
+
 /// The slots and the unit → slot table.
 pub struct SlotArena {
     /// Regions of `memory`; declared first, so dropped before it.
@@ -198,6 +215,11 @@ impl SlotArena {
         self.slots[slot as usize]
             .read()
             .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `slot` locked for a read into it, as a buffer a run of reads can hand back unit by unit.
+    pub fn write_buf(&self, slot: u32) -> SlotWrite<'_> {
+        SlotWrite(self.write(slot))
     }
 
     pub fn write(&self, slot: u32) -> RwLockWriteGuard<'_, SlotBuf> {

@@ -14,11 +14,12 @@ mod budget;
 mod directory;
 mod reader;
 mod slot_reads;
+mod stable_buf;
 #[cfg(feature = "io-uring")]
 mod uring;
 
 pub use crate::read_faults::{ReadFault, ReadFaults};
-pub use arena::{SlotArena, SlotBuf, SLOT_ALIGN};
+pub use arena::{SlotArena, SlotBuf, SlotWrite, SLOT_ALIGN};
 pub use budget::{
     fit_plan_to_budget, fit_plan_to_budget_for, runtime_overhead, split_budget, split_sizes,
     split_sizes_for, BudgetError, BudgetSplit, MemoryBudget, StoreSizes, RUNTIME_BASE,
@@ -30,6 +31,7 @@ pub use reader::{
     Extent, IssuedCounts, LoadError, OpenError,
 };
 pub use slot_reads::{read_slots, SlotRead};
+pub use stable_buf::StableBuf;
 #[cfg(feature = "io-uring")]
 pub use uring::{Ring, RING_ENTRIES};
 

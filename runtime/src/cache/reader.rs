@@ -630,6 +630,78 @@ impl BundleFile {
             .collect()
     }
 
+    /// [`BundleFile::load_run`] handing each unit back as soon as it is in: `done(i, buf,
+    /// result)` for unit `i` of `units`. With io_uring each unit is its own read, all in flight
+    /// together, and a unit is handed back the moment its read is over and checked (a unit
+    /// whose read or check fails is read again on its own, with [`BundleFile::load`]'s retry and
+    /// errors), in the order reads finish: compute can start on it (its slot's lock released
+    /// with `buf`) while the rest of the run is still on its way. With positional reads the
+    /// run's one vectored read comes first, then every unit in order.
+    pub fn load_run_each<B: super::StableBuf>(
+        &self,
+        mut units: Vec<(u32, u32, B)>,
+        mut done: impl FnMut(usize, B, Result<(), LoadError>),
+    ) {
+        #[cfg(feature = "io-uring")]
+        if let (Reads::Uring(ring), true) = (&self.reads, units.len() > 1) {
+            return self.uring_run_each(ring, units, done);
+        }
+        let results = {
+            let mut views: Vec<(u32, u32, &mut [u8])> = units
+                .iter_mut()
+                .map(|(layer, cluster, buf)| (*layer, *cluster, &mut **buf))
+                .collect();
+            self.load_run(&mut views)
+        };
+        for (i, ((_, _, buf), result)) in units.into_iter().zip(results).enumerate() {
+            done(i, buf, result);
+        }
+    }
+
+    /// [`BundleFile::load_run_each`] with io_uring.
+    #[cfg(feature = "io-uring")]
+    fn uring_run_each<B: super::StableBuf>(
+        &self,
+        ring: &super::uring::Ring,
+        units: Vec<(u32, u32, B)>,
+        mut done: impl FnMut(usize, B, Result<(), LoadError>),
+    ) {
+        let mut unknown = Vec::new();
+        let mut reads = Vec::with_capacity(units.len());
+        let mut meta = Vec::with_capacity(units.len());
+        for (i, (layer, cluster, buf)) in units.into_iter().enumerate() {
+            let u = self.map.unit(layer, cluster) as usize;
+            match self.extents.get(u) {
+                Some(e) if buf.len() >= e.len && layer <= self.map.n_layer => {
+                    meta.push((i, layer, cluster, u, self.fault(e.offset, e.len)));
+                    reads.push((buf, e.offset, e.len));
+                }
+                // No such unit, or a slot too small: `load` names the error.
+                _ => unknown.push((i, layer, cluster, buf)),
+            }
+        }
+        self.issued.note_ring(reads.len());
+        // Units to read again on their own once the ring is free (`load` reads through it).
+        let mut again = Vec::new();
+        ring.read_each(&self.file, reads, |k, mut buf, got| {
+            let (i, layer, cluster, u, fault) = meta[k];
+            let e = &self.extents[u];
+            let got = match fault {
+                ReadFault::None => got,
+                _ => fault.apply(&mut [&mut buf[..e.len]], got),
+            };
+            if got.is_ok_and(|n| n >= e.data.end) && self.check_whole(u, e, &buf[..e.len]).is_ok() {
+                done(i, buf, Ok(()));
+            } else {
+                again.push((i, layer, cluster, buf));
+            }
+        });
+        for (i, layer, cluster, mut buf) in again.into_iter().chain(unknown) {
+            let result = self.load(layer, cluster, &mut buf);
+            done(i, buf, result);
+        }
+    }
+
     /// One vectored read of a run; true when every unit arrived whole and checked.
     fn read_run(&self, units: &mut [(u32, u32, &mut [u8])]) -> bool {
         let mut extents = Vec::with_capacity(units.len());

@@ -47,44 +47,46 @@ impl SlotRead {
     }
 }
 
-/// Reads `items` (one run) into their slots, each item's result (the bytes it read) into
-/// `results`, in item order. Returns false, reading nothing, when a slot was given to another
-/// unit since (stale).
+/// Reads `items` (one run) into their slots, handing each item's result (the bytes it read)
+/// to `done` with its index as soon as that item is in and its slot's lock released, so compute
+/// can read the slot while the rest of the run is still on its way. Returns false, reading
+/// nothing, when a slot was given to another unit since (stale).
 ///
 /// One whole unit, or one run of pages: one read. Runs of pages of bundles whose checksum
 /// was confirmed: all in flight together ([`BundleFile::load_parts`]). Whole units: one
-/// vectored read when back to back, or in flight together with io_uring
-/// ([`BundleFile::load_run`]). Slots are locked in increasing order of index, so two readers (a
-/// stale read and a new one) never wait on each other in opposite orders.
+/// vectored read when back to back, or in flight together with io_uring, each handed over as
+/// its own read completes ([`BundleFile::load_run_each`]). Slots are locked in increasing order
+/// of index, so two readers (a stale read and a new one) never wait on each other in opposite
+/// orders.
 pub fn read_slots(
     arena: &SlotArena,
     file: &BundleFile,
     items: &[SlotRead],
-    results: &mut Vec<Result<u64, LoadError>>,
+    mut done: impl FnMut(usize, Result<u64, LoadError>),
 ) -> bool {
-    results.clear();
     let stale = |it: &SlotRead| arena.generation(it.slot) != it.generation;
     let parts = |it: &SlotRead| it.pages.is_some() && file.part_ready(it.layer, it.cluster);
-    if let [it] = items {
-        let mut slot = arena.write(it.slot);
-        if stale(it) {
-            return false;
-        }
-        results.push(file.load_part(it.layer, it.cluster, it.pages.clone(), slot.bytes_mut()));
-        return true;
-    }
-    if items.iter().all(parts) {
-        return read_parts(arena, file, items, results);
-    }
-    if items.iter().any(|it| it.pages.is_some()) {
-        // Pages of bundles not yet checked, or pages and whole units mixed (the scheduler
-        // does not run them so): one after another.
-        for it in items {
+    // One unit, or pages of bundles not yet checked, or pages and whole units mixed (the
+    // scheduler does not run them so): one after another.
+    if items.len() == 1 || (!items.iter().all(parts) && items.iter().any(|it| it.pages.is_some())) {
+        for (i, it) in items.iter().enumerate() {
             let mut slot = arena.write(it.slot);
             if stale(it) {
                 return false;
             }
-            results.push(file.load_part(it.layer, it.cluster, it.pages.clone(), slot.bytes_mut()));
+            let result = file.load_part(it.layer, it.cluster, it.pages.clone(), slot.bytes_mut());
+            drop(slot);
+            done(i, result);
+        }
+        return true;
+    }
+    if items.iter().all(parts) {
+        let mut results = Vec::with_capacity(items.len());
+        if !read_parts(arena, file, items, &mut results) {
+            return false;
+        }
+        for (i, result) in results.into_iter().enumerate() {
+            done(i, result);
         }
         return true;
     }
@@ -92,23 +94,21 @@ pub fn read_slots(
     order.sort_by_key(|&i| items[i].slot);
     let mut locked: Vec<Option<_>> = items.iter().map(|_| None).collect();
     for i in order {
-        locked[i] = Some(arena.write(items[i].slot));
+        locked[i] = Some(arena.write_buf(items[i].slot));
     }
-    let mut guards: Vec<_> = locked.into_iter().flatten().collect();
     if items.iter().any(stale) {
         return false;
     }
-    let mut units: Vec<(u32, u32, &mut [u8])> = items
+    let units = items
         .iter()
-        .zip(guards.iter_mut())
-        .map(|(it, g)| (it.layer, it.cluster, g.bytes_mut()))
+        .zip(locked)
+        .filter_map(|(it, guard)| Some((it.layer, it.cluster, guard?)))
         .collect();
-    results.extend(
-        file.load_run(&mut units)
-            .into_iter()
-            .zip(items)
-            .map(|(r, it)| r.map(|()| file.read_bytes(it.layer, it.cluster))),
-    );
+    file.load_run_each(units, |i, slot, result| {
+        drop(slot);
+        let it = &items[i];
+        done(i, result.map(|()| file.read_bytes(it.layer, it.cluster)));
+    });
     true
 }
 

@@ -11,9 +11,10 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::sync::Mutex;
 
+use super::StableBuf;
 use io_uring::{opcode, types, IoUring};
 
-/// Most reads one [`Ring::read_all`] keeps in flight (the ring's size).
+/// Most reads a [`Ring`] keeps in flight at once (the ring's size).
 pub const RING_ENTRIES: u32 = 32;
 
 /// An io_uring instance for one file's reads; callers take turns (a mutex), as one issuer.
@@ -28,6 +29,16 @@ struct Progress {
     in_flight: bool,
     finished: bool,
     error: i32,
+}
+
+impl Progress {
+    fn result(&self) -> io::Result<usize> {
+        if self.error != 0 {
+            Err(io::Error::from_raw_os_error(self.error))
+        } else {
+            Ok(self.done)
+        }
+    }
 }
 
 impl Ring {
@@ -50,94 +61,122 @@ impl Ring {
         out: &mut [io::Result<usize>],
     ) {
         assert_eq!(reads.len(), out.len(), "one result per read");
-        let mut ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
-        for (chunk, results) in reads
-            .chunks_mut(RING_ENTRIES as usize)
-            .zip(out.chunks_mut(RING_ENTRIES as usize))
-        {
-            let mut progress = [Progress::default(); RING_ENTRIES as usize];
-            run_batch(&mut ring, file, chunk, &mut progress[..chunk.len()]);
-            for (p, r) in progress[..chunk.len()].iter().zip(results.iter_mut()) {
-                *r = if p.error != 0 {
-                    Err(io::Error::from_raw_os_error(p.error))
-                } else {
-                    Ok(p.done)
-                };
-            }
-        }
+        let owned = reads
+            .iter_mut()
+            .map(|(buf, offset)| {
+                let len = buf.len();
+                (&mut **buf, *offset, len)
+            })
+            .collect();
+        self.read_each(file, owned, |i, _, result| out[i] = result);
     }
-}
 
-/// Runs at most [`RING_ENTRIES`] reads to completion. Returns only when no read of the batch is
-/// in flight any more: the kernel writes into the buffers only while this function runs.
-fn run_batch(
-    ring: &mut IoUring,
-    file: &File,
-    reads: &mut [(&mut [u8], u64)],
-    progress: &mut [Progress],
-) {
-    let fd = types::Fd(file.as_raw_fd());
-    loop {
-        // Queue every read that is neither finished nor in flight.
-        for (i, ((buf, offset), p)) in reads.iter_mut().zip(progress.iter_mut()).enumerate() {
-            if p.finished || p.in_flight {
-                continue;
-            }
-            if p.done >= buf.len() {
-                p.finished = true;
-                continue;
-            }
-            let rest = &mut buf[p.done..];
-            let len = rest.len().min(u32::MAX as usize) as u32;
-            let entry = opcode::Read::new(fd, rest.as_mut_ptr(), len)
-                .offset(*offset + p.done as u64)
-                .build()
-                .user_data(i as u64);
-            // SAFETY: the entry points into `reads[i].0`, which this function borrows mutably
-            // until it returns, and it returns only after every queued read has completed (the
-            // loop below waits for all in-flight reads), so the kernel never writes into
-            // memory that is freed or used elsewhere. The batch has at most RING_ENTRIES reads,
-            // each in flight at most once, so the queue (of that size) cannot overflow.
-            let pushed = unsafe { ring.submission().push(&entry) };
-            if pushed.is_err() {
-                break; // queue full: the rest goes after some complete
-            }
-            p.in_flight = true;
+    /// Reads `len` bytes at `offset` of `file` into the first `len` bytes of each buffer of
+    /// `reads` (fewer where the file ends first), up to [`RING_ENTRIES`] in flight at once, and
+    /// hands each buffer back to `done` with its index and result (the bytes read, or the
+    /// read's error) as soon as its own read is over, in the order reads finish: the caller
+    /// can use one read's bytes while the others are still on their way. A read that comes
+    /// back short is continued from where it stopped (as `pread` loops are); an interrupted
+    /// one is queued again. Returns when every read is over.
+    pub fn read_each<B: StableBuf>(
+        &self,
+        file: &File,
+        reads: Vec<(B, u64, usize)>,
+        mut done: impl FnMut(usize, B, io::Result<usize>),
+    ) {
+        let mut ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
+        let mut progress = vec![Progress::default(); reads.len()];
+        let mut spans = Vec::with_capacity(reads.len());
+        let mut owners = Vec::with_capacity(reads.len());
+        for (mut buf, offset, len) in reads {
+            let len = len.min(buf.len());
+            spans.push((buf.as_mut_ptr(), len, offset));
+            owners.push(Some(buf));
         }
-        let in_flight = progress.iter().filter(|p| p.in_flight).count();
-        if in_flight == 0 {
-            return;
-        }
-        // Submit what was queued and wait for at least one completion. Transient failures
-        // (interrupted, out of kernel resources) are retried; the entries stay queued.
-        let mut attempts = 0u32;
+        let fd = types::Fd(file.as_raw_fd());
         loop {
-            match ring.submit_and_wait(1) {
-                Ok(_) => break,
-                Err(e) if transient(&e) && attempts < 10_000 => {
-                    attempts += 1;
-                    std::thread::yield_now();
+            // Queue reads that are neither finished nor in flight, in order, at most
+            // RING_ENTRIES in flight.
+            let mut in_flight = progress.iter().filter(|p| p.in_flight).count();
+            for i in 0..spans.len() {
+                if in_flight == RING_ENTRIES as usize {
+                    break;
                 }
-                Err(e) => {
-                    // The kernel may still own buffers of reads in flight: returning would let
-                    // it write into memory the caller reuses. Nothing sound is left but to stop.
-                    eprintln!("io_uring: submit failed with reads in flight ({e}); aborting");
-                    std::process::abort();
+                let p = &mut progress[i];
+                if p.finished || p.in_flight {
+                    continue;
+                }
+                let (ptr, len, offset) = spans[i];
+                if p.done >= len {
+                    p.finished = true;
+                    if let Some(buf) = owners[i].take() {
+                        done(i, buf, p.result());
+                    }
+                    continue;
+                }
+                let rest_len = (len - p.done).min(u32::MAX as usize) as u32;
+                // SAFETY: `ptr + done .. ptr + len` lies inside the buffer `owners[i]` owns,
+                // which `StableBuf` keeps in place while it lives; `owners[i]` is held here
+                // until this read is over (handed back only once `finished`), so the kernel
+                // writes into memory nothing else uses, and never after it is handed back.
+                let entry = opcode::Read::new(fd, unsafe { ptr.add(p.done) }, rest_len)
+                    .offset(offset + p.done as u64)
+                    .build()
+                    .user_data(i as u64);
+                // SAFETY: the entry's buffer stays valid until its completion (above); at most
+                // RING_ENTRIES reads are in flight, each at most once, so the submission queue
+                // (of that size) cannot overflow.
+                let pushed = unsafe { ring.submission().push(&entry) };
+                if pushed.is_err() {
+                    break; // queue full: the rest goes after some complete
+                }
+                p.in_flight = true;
+                in_flight += 1;
+            }
+            if in_flight == 0 {
+                return;
+            }
+            // Submit what was queued and wait for at least one completion. Transient failures
+            // (interrupted, out of kernel resources) are retried; the entries stay queued.
+            let mut attempts = 0u32;
+            loop {
+                match ring.submit_and_wait(1) {
+                    Ok(_) => break,
+                    Err(e) if transient(&e) && attempts < 10_000 => {
+                        attempts += 1;
+                        std::thread::yield_now();
+                    }
+                    Err(e) => {
+                        // The kernel may still own buffers of reads in flight: returning would
+                        // let it write into memory the caller reuses. Nothing sound is left but
+                        // to stop.
+                        eprintln!("io_uring: submit failed with reads in flight ({e}); aborting");
+                        std::process::abort();
+                    }
                 }
             }
-        }
-        for cqe in ring.completion() {
-            let Some(p) = progress.get_mut(cqe.user_data() as usize) else {
-                continue;
-            };
-            p.in_flight = false;
-            match cqe.result() {
-                n if n > 0 => p.done += n as usize,
-                0 => p.finished = true, // end of file
-                e if transient(&io::Error::from_raw_os_error(-e)) => {} // queued again
-                e => {
-                    p.error = -e;
+            for cqe in ring.completion() {
+                let i = cqe.user_data() as usize;
+                let Some(p) = progress.get_mut(i) else {
+                    continue;
+                };
+                p.in_flight = false;
+                match cqe.result() {
+                    n if n > 0 => p.done += n as usize,
+                    0 => p.finished = true, // end of file
+                    e if transient(&io::Error::from_raw_os_error(-e)) => {} // queued again
+                    e => {
+                        p.error = -e;
+                        p.finished = true;
+                    }
+                }
+                if !p.finished && p.done >= spans[i].1 {
                     p.finished = true;
+                }
+                if p.finished {
+                    if let Some(buf) = owners[i].take() {
+                        done(i, buf, p.result());
+                    }
                 }
             }
         }
@@ -208,6 +247,43 @@ mod tests {
             1_000,
             "short at the end of the file"
         );
+        std::fs::remove_file(path).unwrap();
+    }
+
+    /// Owned buffers (here `Vec`s) go in, and each comes back once, with its index, the bytes
+    /// `pread` reads and the count it returns, however many more reads than the ring holds;
+    /// `len` reads only a prefix of a longer buffer and leaves the rest as it was.
+    #[test]
+    fn each_buffer_comes_back_once_with_its_own_read() {
+        let ring = match Ring::new() {
+            Ok(ring) => ring,
+            Err(e) => return environment_missing(&format!("io_uring unavailable here ({e})")),
+        };
+        let path = temp_file(200_000, "each");
+        let file = File::open(&path).unwrap();
+        let spans: Vec<(u64, usize)> = (0..75)
+            .map(|i| ((i * 2741) as u64 % 199_000, (i * 613) % 9_000))
+            .collect();
+        let reads = spans
+            .iter()
+            .map(|&(off, n)| (vec![0xAAu8; n + 7], off, n))
+            .collect();
+        let mut back: Vec<Option<(Vec<u8>, usize)>> = spans.iter().map(|_| None).collect();
+        ring.read_each(&file, reads, |i, buf, got| {
+            assert!(back[i].is_none(), "read {i} handed back twice");
+            back[i] = Some((buf, got.unwrap()));
+        });
+        for (i, &(off, n)) in spans.iter().enumerate() {
+            let (buf, got) = back[i].take().expect("every buffer comes back");
+            let mut expect = vec![0u8; n];
+            let want = read_full(&file, &mut expect, off).unwrap();
+            assert_eq!(got, want, "read {i}: {n} bytes at {off}");
+            assert_eq!(buf[..want], expect[..want], "read {i}'s bytes");
+            assert!(
+                buf[n..].iter().all(|&b| b == 0xAA),
+                "read {i} wrote past its length"
+            );
+        }
         std::fs::remove_file(path).unwrap();
     }
 

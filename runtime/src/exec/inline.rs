@@ -375,7 +375,10 @@ impl<R: ClusterRunner> Backend for InlineBackend<'_, R> {
             self.reads.push(read);
         }
         // Nothing else reads these slots on this thread: never stale.
-        read_slots(arena, file, self.reads, self.results);
+        let results = &mut *self.results;
+        results.clear();
+        results.resize_with(run.len(), || Ok(0));
+        read_slots(arena, file, self.reads, |i, result| results[i] = result);
         self.io.reads += 1;
         for (u, result) in run.iter().zip(self.results.drain(..)) {
             match result {
