@@ -332,3 +332,22 @@ class LogitsHelpers(unittest.TestCase):
         self.assertEqual(s["file_bytes"], 11)
         self.assertEqual(s["file_crc32"], zlib.crc32(b"model bytes"))
         self.assertEqual(s["top_k"], [[[1, 1.0], [2, 0.5]], [[0, 2.0], [2, 1.0]]])
+
+
+class MemorySweep(unittest.TestCase):
+    def test_limits_ratio_and_plot_mark_an_engine_that_never_finished(self):
+        ms = load_script("memory-sweep")
+        self.assertEqual(ms.limits_of("25,100,50,25"), [100.0, 50.0, 25.0])
+        with self.assertRaises(SystemExit):
+            ms.limits_of("0,50")
+        points = [{"percent": 50.0, "llama.cpp": {"median": 1.0, "min": 0.9, "max": 1.1},
+                   "conductor": {"median": 4.5, "min": 4.0, "max": 5.0}},
+                  {"percent": 25.0, "llama.cpp": {"outcome": "OOM-killed in 2/2 runs"},
+                   "conductor": {"median": 3.0, "min": 2.5, "max": 3.5}}]
+        self.assertAlmostEqual(ms.ratio(points[0]), 4.5)
+        self.assertIsNone(ms.ratio(points[1]))
+        svg = ms.draw(points, "t")
+        # One line per engine with figures (llama.cpp's has one point), a mark where it had none.
+        self.assertEqual(svg.count("<polyline"), 2)
+        self.assertEqual(svg.count("✕"), 1)
+        self.assertEqual(svg.count("<circle"), 3)
