@@ -87,6 +87,9 @@ pub fn run(args: ConvertArgs) -> Result<()> {
     }
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     let l = &summary.layout;
+    let mut down_types: Vec<String> = summary.down_types.iter().map(|t| t.to_string()).collect();
+    down_types.sort();
+    down_types.dedup();
     eprintln!(
         "convert: wrote {} in {:.1} s: resident {:.1} MiB, bundles {:.1} MiB ({} per layer of {} neurons, {} bytes each with padding; down as {} of {}), source crc32 {:08x}",
         args.output.display(),
@@ -97,7 +100,7 @@ pub fn run(args: ConvertArgs) -> Result<()> {
         l.neurons,
         l.stride,
         l.down_layout.name(),
-        l.down_ty,
+        down_types.join(" and "),
         summary.source_crc32
     );
     Ok(())

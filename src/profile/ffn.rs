@@ -48,7 +48,7 @@ impl<'a> FfnWeights<'a> {
                 mats.push((0, model.mat(if up { &layer.up } else { &layer.gate })));
             }
             Some(store) => {
-                let layout = &store.layout;
+                let layout = store.layout_of(l as u32);
                 for b in 0..layout.n_bundles {
                     let bundle = layout.split(b, model.bundle_bytes(l, b));
                     let first = layout.neurons_of(b).start as usize;
@@ -84,7 +84,7 @@ impl<'a> FfnWeights<'a> {
                 add_column_squares(&model.mat(down), 0, &mut sq);
             }
             Some(store) => {
-                let layout = &store.layout;
+                let layout = store.layout_of(l as u32);
                 for b in 0..layout.n_bundles {
                     let bundle = layout.split(b, model.bundle_bytes(l, b));
                     let first = layout.neurons_of(b).start as usize;

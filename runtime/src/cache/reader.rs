@@ -50,8 +50,8 @@ pub fn unit_extents(model: &Model, map: &UnitMap, output_rows: u32) -> Vec<Exten
     let Some(store) = &model.store else {
         return out;
     };
-    let layout = &store.layout;
     for (l, layer) in model.layers.iter().enumerate() {
+        let layout = store.layout_of(l as u32);
         if map.attn_units > 0 {
             for (name, t) in [
                 ("attn_q", &layer.wq),
@@ -69,10 +69,14 @@ pub fn unit_extents(model: &Model, map: &UnitMap, output_rows: u32) -> Vec<Exten
         let base = layer.bundles.as_ref().map_or(0, |r| r.start as u64);
         for b in 0..map.ffn_clusters {
             let neurons = layout.neurons_of(b);
+            // A layer whose down part is narrower than the stride's (mixed down types) reads
+            // its payload's pages, not the padding after them.
+            let payload = layout.payload_bytes(neurons.len() as u32);
+            let pages = (payload as u64).div_ceil(crate::store::STORE_ALIGN);
             out.push(Extent {
                 offset: base + u64::from(b) * layout.stride,
-                len: layout.stride as usize,
-                data: 0..layout.payload_bytes(neurons.len() as u32),
+                len: (pages * crate::store::STORE_ALIGN).min(layout.stride) as usize,
+                data: 0..payload,
                 what: format!("layer {l} neurons {}..{}", neurons.start, neurons.end),
                 bundle: Some((l as u32, b)),
             });

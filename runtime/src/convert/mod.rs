@@ -9,8 +9,8 @@ use crate::quant::{transpose_requantize_cols, GgmlType};
 use crate::store::{
     bundle_tensor_name, BundleLayout, DownLayout, PageCrcs, StoreError, CRC_TENSOR,
     DEFAULT_BUNDLE_NEURONS, DEFAULT_DOWN_TYPE, KEY_BUNDLE_NEURONS, KEY_BUNDLE_STRIDE,
-    KEY_DOWN_LAYOUT, KEY_FFN_TYPES, KEY_SOURCE_CHECKSUM, KEY_SOURCE_NAME, KEY_VERSION,
-    PAGE_CRC_TENSOR, STORE_ALIGN, STORE_VERSION,
+    KEY_DOWN_LAYOUT, KEY_DOWN_TYPES, KEY_FFN_TYPES, KEY_SOURCE_CHECKSUM, KEY_SOURCE_NAME,
+    KEY_VERSION, PAGE_CRC_TENSOR, STORE_ALIGN, STORE_VERSION,
 };
 use std::path::Path;
 
@@ -80,7 +80,10 @@ impl ConvertOptions {
 /// What a conversion produced.
 #[derive(Clone, Debug)]
 pub struct ConvertSummary {
+    /// The widest layer's layout.
     pub layout: BundleLayout,
+    /// Each layer's down type (block-columns keep the source's, which may differ by layer).
+    pub down_types: Vec<GgmlType>,
     /// Bytes of tensors kept as they were (embeddings, attention, norms, output).
     pub resident_bytes: u64,
     /// Bytes of all layers' bundles, padding included.
@@ -122,33 +125,47 @@ pub fn convert(
     let source_crc32 = source_checksum(file);
     let c = &model.config;
     let first = &model.layers[0];
-    // Neuron columns re-quantize every layer's down projection to one type, so only gate and
-    // up must share a type across layers; block-columns keep the down projection's blocks, so
-    // it must too (a Q4_K_M file's down projections mix Q4_K and Q6_K).
+    // Neuron columns re-quantize every layer's down projection to one type; block-columns keep
+    // the down projection's blocks, whose type may differ from layer to layer (a Q4_K_M file's
+    // mix Q4_K and Q6_K): each layer gets its own, and the widest sets the stride. Gate and up
+    // must share a type across layers either way.
     let keeps_down = options.down_layout == DownLayout::BlockColumns;
     for l in &model.layers {
-        let mut pairs = vec![(&l.gate, &first.gate), (&l.up, &first.up)];
-        if keeps_down {
-            pairs.push((&l.down, &first.down));
-        }
+        let pairs = [(&l.gate, &first.gate), (&l.up, &first.up)];
         if let Some((t, f)) = pairs.into_iter().find(|(t, f)| t.ty != f.ty) {
-            let hint = if keeps_down && t.name.contains("down") {
-                " (neuron columns re-quantize the down projections to one type)"
-            } else {
-                ""
-            };
             return Err(StoreError::Layout(format!(
-                "layers quantize their FFN differently ({} is {}, {} is {}); the store needs one layout{hint}",
+                "layers quantize their FFN differently ({} is {}, {} is {}); the store needs one type for every layer's gate and for every layer's up",
                 t.name, t.ty, f.name, f.ty
             ))
             .into());
         }
     }
-    let mut types = [first.gate.ty, first.up.ty, first.down.ty];
-    if !keeps_down {
-        types[2] = options.down_type;
+    let down_types: Vec<_> = match keeps_down {
+        true => model.layers.iter().map(|l| l.down.ty).collect(),
+        false => vec![options.down_type; model.layers.len()],
+    };
+    let layout_with = |down| {
+        BundleLayout::new(
+            c.n_embd,
+            c.n_ff,
+            [first.gate.ty, first.up.ty, down],
+            options.down_layout,
+            bundle_neurons,
+        )
+    };
+    let mut layout = layout_with(down_types[0])?;
+    for &ty in &down_types {
+        let other = layout_with(ty)?;
+        if other.stride > layout.stride {
+            layout = other;
+        }
     }
-    let layout = BundleLayout::new(c.n_embd, c.n_ff, types, options.down_layout, bundle_neurons)?;
+    let types = [layout.gate_ty, layout.up_ty, layout.down_ty];
+    let layers: Vec<BundleLayout> = down_types
+        .iter()
+        .map(|&ty| layout.with_down_type(ty))
+        .collect::<Result<_, _>>()?;
+    let mixed = down_types.iter().any(|&t| t != layout.down_ty);
     // A bundle is one cluster, and clusters never mix experts.
     if c.is_moe() && !c.ffn_per_expert().is_multiple_of(bundle_neurons) {
         return Err(StoreError::Layout(format!(
@@ -189,6 +206,12 @@ pub fn convert(
         KEY_FFN_TYPES,
         Value::Array(Array::U32(types.iter().map(|t| t.id()).collect())),
     )?;
+    if mixed {
+        w.add_metadata(
+            KEY_DOWN_TYPES,
+            Value::Array(Array::U32(down_types.iter().map(|t| t.id()).collect())),
+        )?;
+    }
     let resident: Vec<_> = file
         .tensors()
         .iter()
@@ -246,7 +269,7 @@ pub fn convert(
         let mut strip = DownStrip::default();
         for (li, l) in model.layers.iter().enumerate() {
             for b in 0..layout.n_bundles {
-                let len = fill_bundle(&model, li, &layout, b, &mut strip, &mut bundle)?;
+                let len = fill_bundle(&model, li, &layers[li], b, &mut strip, &mut bundle)?;
                 crcs.extend_from_slice(&crc32fast::hash(&bundle[..len]).to_le_bytes());
                 PageCrcs::push_pages(&bundle, &mut pages);
                 stream.write_chunk(&bundle)?;
@@ -263,6 +286,7 @@ pub fn convert(
     })?;
     Ok(ConvertSummary {
         layout,
+        down_types,
         resident_bytes,
         bundle_bytes,
         source_crc32,

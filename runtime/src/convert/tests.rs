@@ -49,9 +49,9 @@ fn check_convert(tag: &str, spec: &SyntheticSpec, options: &ConvertOptions) {
     let info = StoreInfo::from_gguf(&store, spec.n_embd, spec.n_ff, spec.n_layer)
         .unwrap()
         .unwrap();
-    let layout = &info.layout;
-    assert_eq!(*layout, summary.layout);
-    assert_eq!(layout.down_layout, options.down_layout);
+    assert_eq!(info.layout, summary.layout);
+    assert_eq!(info.down_types, summary.down_types);
+    assert_eq!(info.layout.down_layout, options.down_layout);
     assert_eq!(info.source_crc32, crc32fast::hash(&bytes));
     assert_eq!(info.source_name, "tiny.gguf");
     let ffn = |l: u32, t: &str| {
@@ -61,6 +61,7 @@ fn check_convert(tag: &str, spec: &SyntheticSpec, options: &ConvertOptions) {
     let (embd, ff) = (spec.n_embd as usize, spec.n_ff as usize);
     let mut bundles = 0;
     for l in 0..spec.n_layer {
+        let layout = &info.layout_of(l);
         let t = store.tensor(&bundle_tensor_name(l)).unwrap();
         let data = store.tensor_data(t);
         let (gate_ty, gate) = ffn(l, "ffn_gate");
@@ -114,7 +115,7 @@ fn check_convert(tag: &str, spec: &SyntheticSpec, options: &ConvertOptions) {
             bundles += 1;
         }
     }
-    assert_eq!(bundles, spec.n_layer * layout.n_bundles);
+    assert_eq!(bundles, spec.n_layer * info.layout.n_bundles);
     // Everything else as it was; the FFN matrices gone.
     for t in source.tensors() {
         match store.tensor(&t.name) {
@@ -124,7 +125,7 @@ fn check_convert(tag: &str, spec: &SyntheticSpec, options: &ConvertOptions) {
     }
     assert_eq!(
         summary.bundle_bytes,
-        layout.layer_bytes() * u64::from(spec.n_layer)
+        info.layout.layer_bytes() * u64::from(spec.n_layer)
     );
 }
 
@@ -142,6 +143,43 @@ fn convert_keeps_block_columns_bit_for_bit() {
         ..SyntheticSpec::default()
     };
     check_convert("blocks", &spec, &ConvertOptions::block_columns(64));
+}
+
+/// A Q4_K_M file's down projections are Q6_K in some layers and Q4_K in the others: block-
+/// columns keep each layer's own blocks (format 4), at the Q6_K layers' stride.
+#[test]
+fn convert_keeps_a_q4_k_m_files_mixed_down_types_as_block_columns() {
+    let spec = SyntheticSpec {
+        n_layer: 8,
+        n_embd: 256,
+        n_ff: 512,
+        n_head: 4,
+        n_head_kv: 2,
+        mix: crate::synthetic::TypeMix::Q4KM,
+        seed: 8,
+        ..SyntheticSpec::default()
+    };
+    check_convert("mixed", &spec, &ConvertOptions::block_columns(256));
+    let dir = Scratch::new("mixed-types");
+    let src = dir.0.join("tiny.gguf");
+    std::fs::write(&src, synthetic_model(&spec).unwrap().to_bytes().unwrap()).unwrap();
+    let summary = convert(
+        &src,
+        &dir.0.join("store.gguf"),
+        &ConvertOptions::block_columns(256),
+        &mut |_, _| {},
+    )
+    .unwrap();
+    let types = &summary.down_types;
+    assert!(
+        types.contains(&GgmlType::Q6_K) && types.contains(&GgmlType::Q4_K),
+        "{types:?}"
+    );
+    assert_eq!(
+        summary.layout.down_ty,
+        GgmlType::Q6_K,
+        "the widest sets the stride"
+    );
 }
 
 #[test]

@@ -200,7 +200,8 @@ impl StepState {
                 let bytes = BundleBytes::of(model, cache, layer_index, bundle, || {
                     format!("layer {layer_index} bundle {bundle} computed before it was loaded")
                 });
-                let ffn = FfnCluster::of_bundle(&store.layout, bundle, bytes.bytes());
+                let layout = store.layout_of(layer_index);
+                let ffn = FfnCluster::of_bundle(&layout, bundle, bytes.bytes());
                 match sparse {
                     Some(sparse) => sparse_ffn_cluster(
                         cx, sparse, l, neurons, &ffn, acts, predicted, gated, rows_only, n, s, out,

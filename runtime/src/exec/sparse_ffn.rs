@@ -219,7 +219,7 @@ impl StepState {
             let bytes = BundleBytes::of(model, cache, layer_index, bundle, || {
                 format!("layer {layer_index} gate rows of cluster {bundle} computed before they were loaded")
             });
-            let gate = store.layout.split(bundle, bytes.bytes()).gate;
+            let gate = store.layout_of(layer_index).split(bundle, bytes.bytes()).gate;
             let m = gate.rows;
             for t in 0..n {
                 let o = &mut out[t * m..(t + 1) * m];

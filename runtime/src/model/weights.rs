@@ -277,11 +277,11 @@ impl Model {
                     .map_err(|e| ModelError::Store(Box::new(e)))?;
             }
         }
-        let layout = &store.layout;
         for (l, layer) in self.layers.iter().enumerate() {
             let Some(range) = &layer.bundles else {
                 continue;
             };
+            let layout = store.layout_of(l as u32);
             let bytes = self.file.bytes(range.clone())?;
             for b in 0..layout.n_bundles {
                 let at = b as usize * layout.stride as usize;
@@ -354,7 +354,7 @@ impl Model {
             let ffn = |t: &str, rows: usize, cols: usize, k: usize| match &store {
                 Some(s) => Ok(TensorRef {
                     name: name(t),
-                    ty: [s.layout.gate_ty, s.layout.up_ty, s.layout.down_ty][k],
+                    ty: [s.layout.gate_ty, s.layout.up_ty, s.down_types[i as usize]][k],
                     rows: rows * n_expert.max(1),
                     cols,
                     bytes: usize::MAX..usize::MAX,
@@ -574,10 +574,9 @@ impl Model {
         );
         let store = self.store.as_ref().expect("a neuron store");
         let range = self.layers[l].bundles.as_ref().expect("a neuron store");
-        let at = range.start + b as usize * store.layout.stride as usize;
-        let len = store
-            .layout
-            .payload_bytes(store.layout.neurons_of(b).len() as u32);
+        let layout = store.layout_of(l as u32);
+        let at = range.start + b as usize * layout.stride as usize;
+        let len = layout.payload_bytes(layout.neurons_of(b).len() as u32);
         self.file
             .bytes(at..at + len)
             .expect("a store loaded whole holds its bundles")

@@ -46,8 +46,9 @@ pub const DEFAULT_BUNDLE_NEURONS: u32 = 256;
 pub const DEFAULT_DOWN_TYPE: GgmlType = GgmlType::Q8_0;
 
 /// Format version of the bundle layout this build writes. Version 1 (block-columns only, no
-/// `down_layout` key) and version 2 (no page checksums) are still read.
-pub const STORE_VERSION: u32 = 3;
+/// `down_layout` key), version 2 (no page checksums) and version 3 (one down type for every
+/// layer, no `down_types` key) are still read.
+pub const STORE_VERSION: u32 = 4;
 /// The oldest format version this build reads.
 pub const STORE_VERSION_MIN: u32 = 1;
 /// Alignment of the data section and of every bundle.
@@ -60,6 +61,10 @@ pub const KEY_SOURCE_CHECKSUM: &str = "conductor.store.source_crc32";
 pub const KEY_SOURCE_NAME: &str = "conductor.store.source_name";
 pub const KEY_FFN_TYPES: &str = "conductor.store.ffn_types";
 pub const KEY_DOWN_LAYOUT: &str = "conductor.store.down_layout";
+/// Format 4, block-columns whose layers' down projections differ in type (a Q4_K_M file's mix
+/// Q4_K and Q6_K): each layer's down type. The down type of `ffn_types` is then the widest,
+/// which sets the stride; a narrower layer's bundles end in more padding.
+pub const KEY_DOWN_TYPES: &str = "conductor.store.down_types";
 pub const CRC_TENSOR: &str = "conductor.bundle_crc";
 pub const PAGE_CRC_TENSOR: &str = "conductor.page_crc";
 /// Bytes one entry of the page table covers.
@@ -148,8 +153,9 @@ impl DownLayout {
     }
 }
 
-/// Where each part of a bundle lies, for one model.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Where each part of a bundle lies, for one model (for one layer of a store whose layers'
+/// down projections differ in type: [`StoreInfo::layout_of`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BundleLayout {
     /// Neurons per bundle (the last bundle of a layer may have fewer).
     pub neurons: u32,
@@ -207,6 +213,29 @@ impl BundleLayout {
         };
         layout.stride = (layout.payload_bytes(neurons) as u64).div_ceil(STORE_ALIGN) * STORE_ALIGN;
         Ok(layout)
+    }
+
+    /// This layout with the down part of type `ty` and the same stride: a layer of a store
+    /// whose layers' down types differ. Fails when `ty`'s bundles do not fit the stride or its
+    /// blocks the bundle's neurons.
+    pub fn with_down_type(self, ty: GgmlType) -> Result<BundleLayout, StoreError> {
+        let own = BundleLayout::new(
+            self.n_embd,
+            self.n_ff,
+            [self.gate_ty, self.up_ty, ty],
+            self.down_layout,
+            self.neurons,
+        )?;
+        if own.stride > self.stride {
+            return Err(StoreError::Layout(format!(
+                "bundles with a {ty} down part take {} bytes, more than the stride of {}",
+                own.stride, self.stride
+            )));
+        }
+        Ok(BundleLayout {
+            stride: self.stride,
+            ..own
+        })
     }
 
     fn gate_row(&self) -> usize {
@@ -380,7 +409,11 @@ pub struct BundleRef<'a> {
 /// What a store's metadata says about it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoreInfo {
+    /// The layout of the widest layer (every layer's, unless `down_types` differ).
     pub layout: BundleLayout,
+    /// Each layer's down type (the same for every layer but in format-4 block-columns stores
+    /// of mixed files): what [`StoreInfo::layout_of`] puts in its layer's layout.
+    pub down_types: Vec<GgmlType>,
     /// CRC-32 of the file it was converted from.
     pub source_crc32: u32,
     pub source_name: String,
@@ -576,6 +609,32 @@ impl StoreInfo {
             }
         };
         let layout = BundleLayout::new(n_embd, n_ff, tys, down_layout, neurons)?;
+        let down_types = match file.get_array(KEY_DOWN_TYPES)? {
+            None => vec![layout.down_ty; n_layer as usize],
+            Some(crate::gguf::Array::U32(v)) if version >= 4 && v.len() == n_layer as usize => {
+                let bad = |why: String| StoreError::BadMetadata {
+                    key: KEY_DOWN_TYPES,
+                    why,
+                };
+                let mut out = Vec::with_capacity(v.len());
+                for &id in v {
+                    let ty = GgmlType::from_id(id)
+                        .filter(|t| t.is_supported())
+                        .ok_or_else(|| bad(format!("ggml type id {id} cannot be computed with")))?;
+                    layout.with_down_type(ty).map_err(|e| bad(e.to_string()))?;
+                    out.push(ty);
+                }
+                out
+            }
+            Some(_) => {
+                return Err(StoreError::BadMetadata {
+                    key: KEY_DOWN_TYPES,
+                    why: format!(
+                        "expected {n_layer} ggml type ids (one per layer) in a format-4 store"
+                    ),
+                })
+            }
+        };
         if layout.stride != stride {
             return Err(StoreError::BadMetadata {
                 key: KEY_BUNDLE_STRIDE,
@@ -632,11 +691,24 @@ impl StoreInfo {
         }
         Ok(Some(StoreInfo {
             layout,
+            down_types,
             source_crc32,
             source_name,
             bundle_crc,
             pages,
         }))
+    }
+
+    /// The layout of layer `layer`'s bundles: [`StoreInfo::layout`] with the layer's own down
+    /// type.
+    pub fn layout_of(&self, layer: u32) -> BundleLayout {
+        match self.down_types.get(layer as usize) {
+            Some(&ty) if ty != self.layout.down_ty => self
+                .layout
+                .with_down_type(ty)
+                .expect("down types are checked at load"),
+            _ => self.layout,
+        }
     }
 
     /// Checks bundle `b` of `layer` against its recorded CRC-32.

@@ -186,6 +186,8 @@ struct Meta {
     alignment: u32,
     crc_dims: Vec<u64>,
     bundle_tensor: bool,
+    /// `conductor.store.down_types` (format 4), when written.
+    down_types: Option<Vec<u32>>,
 }
 
 impl Meta {
@@ -199,6 +201,7 @@ impl Meta {
             alignment: STORE_ALIGN as u32,
             crc_dims: vec![3],
             bundle_tensor: true,
+            down_types: None,
         }
     }
 
@@ -222,6 +225,10 @@ impl Meta {
             .unwrap();
         if let Some(d) = self.down_layout {
             w.add_metadata(KEY_DOWN_LAYOUT, Value::String(d.into()))
+                .unwrap();
+        }
+        if let Some(t) = &self.down_types {
+            w.add_metadata(KEY_DOWN_TYPES, Value::Array(Array::U32(t.clone())))
                 .unwrap();
         }
         if self.bundle_tensor {
@@ -404,6 +411,7 @@ fn inconsistent_tensors_are_refused() {
 fn check_bundle_names_the_neurons_of_a_corrupt_bundle() {
     let info = StoreInfo {
         layout: q8_layout(DownLayout::NeuronColumns, 80),
+        down_types: Vec::new(),
         source_crc32: 0,
         source_name: String::new(),
         bundle_crc: vec![0, 0, crc32fast::hash(b"bundle"), 0, 0, 0],
@@ -471,4 +479,44 @@ fn page_checksums_check_whole_pages_of_tensors_only() {
     assert!(pages.check("unaligned", 1, &file[1..]).is_err());
     // Past every tensor: nothing to check.
     pages.check("beyond", 4 * PAGE_BYTES, &[1, 2, 3]).unwrap();
+}
+
+/// Format 4: each layer's down type, each laid out at the store's stride; a type that does
+/// not fit the stride, the wrong count of layers, an unknown type or the key in an older
+/// format are refused, naming the key.
+#[test]
+fn per_layer_down_types_read_back_and_bad_ones_are_refused() {
+    let m = Meta {
+        down_types: Some(vec![GgmlType::Q4_0.id()]),
+        ..Meta::valid()
+    };
+    let info = m.info().unwrap().unwrap();
+    assert_eq!(info.down_types, [GgmlType::Q4_0]);
+    let own = info.layout_of(0);
+    assert_eq!(
+        (own.down_ty, own.stride),
+        (GgmlType::Q4_0, info.layout.stride)
+    );
+    assert!(own.payload_bytes(32) < info.layout.payload_bytes(32));
+    // Without the key, every layer has the layout's own down type.
+    let info = Meta::valid().info().unwrap().unwrap();
+    assert_eq!(info.down_types, [GgmlType::Q8_0]);
+    assert_eq!(info.layout_of(0), info.layout);
+    for (types, part) in [
+        (vec![GgmlType::F32.id()], "more than the stride"),
+        (vec![GgmlType::Q4_0.id(); 2], "one per layer"),
+        (vec![99], "type id 99"),
+    ] {
+        let m = Meta {
+            down_types: Some(types),
+            ..Meta::valid()
+        };
+        bad_metadata(m.info(), KEY_DOWN_TYPES, part);
+    }
+    let m = Meta {
+        version: Some(3),
+        down_types: Some(vec![GgmlType::Q4_0.id()]),
+        ..Meta::valid()
+    };
+    bad_metadata(m.info(), KEY_DOWN_TYPES, "format-4");
 }
