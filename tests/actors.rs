@@ -134,27 +134,19 @@ fn a_step_past_its_deadline_fails_and_a_stuck_host_is_replaced() {
         let mut session = Session::new(&model, 64).unwrap();
         let expected = bits(d.eval_last(&mut session, &PROMPT).unwrap());
         let mut session = Session::new(&model, 64).unwrap();
-        assert!(d.stall_group_host("cpu", Duration::from_secs(4)));
-        let started = std::time::Instant::now();
+        // The host stays stuck until `release` says: every answer below that comes while it is
+        // still held came without waiting for it.
+        let (release, held) = std::sync::mpsc::channel();
+        d.stall_group_host("cpu", held).unwrap();
         let err = d.eval_last(&mut session, &PROMPT).unwrap_err();
-        assert!(
-            started.elapsed() < Duration::from_secs(2),
-            "{:?}",
-            started.elapsed()
-        );
         assert!(
             matches!(&err, StepError::Actor { why, .. } if why.contains("did not finish within 300 ms")),
             "{err}"
         );
         assert_eq!(session.n_past(), 0);
         // The host is still stuck: the restart replaces it rather than waiting for it.
-        let started = std::time::Instant::now();
         assert_eq!(bits(d.eval_last(&mut session, &PROMPT).unwrap()), expected);
-        assert!(
-            started.elapsed() < Duration::from_secs(3),
-            "{:?}",
-            started.elapsed()
-        );
+        release.send(()).unwrap_or(()); // the abandoned host may be gone already
         let _ = std::fs::remove_file(path);
     });
 }

@@ -532,16 +532,19 @@ impl ActorDriver {
         self.actors.storage.get(i).map(|s| s.kill()).is_some()
     }
 
-    /// Fault injection for tests: holds the host thread of group `name` for `d`, as a read
-    /// or a compute that does not return would (its actors get no message meanwhile).
-    pub fn stall_group_host(&self, name: &str, d: Duration) -> bool {
-        let Some(i) = self.placed.iter().position(|g| g.name == name) else {
-            return false;
-        };
-        self.hosts[self.group_hosts[i]]
-            .host
-            .spawn(async move { std::thread::sleep(d) });
-        true
+    /// Fault injection for tests: holds the host thread of group `name`, as a read or a
+    /// compute that does not return would (its actors get no message meanwhile), until
+    /// `release` gets a message or is dropped. `None` when there is no such group.
+    pub fn stall_group_host(
+        &self,
+        name: &str,
+        release: std::sync::mpsc::Receiver<()>,
+    ) -> Option<()> {
+        let i = self.placed.iter().position(|g| g.name == name)?;
+        self.hosts[self.group_hosts[i]].host.spawn(async move {
+            let _ = release.recv();
+        });
+        Some(())
     }
 
     /// Fault injection for tests: stops group `name` as if its thread had died.

@@ -327,12 +327,22 @@ mod tests {
         }
         assert!(!host.responds_within(Duration::from_secs(1)));
         drop(host);
+        // Stuck until released: `abandon` returning while it is still held did not wait.
         let (stuck, ()) = Host::start(config("e"), rt.handle().clone(), || ()).unwrap();
-        stuck.spawn(async { std::thread::sleep(Duration::from_secs(2)) });
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let (freed_tx, freed) = std::sync::mpsc::channel();
+        stuck.spawn(async move {
+            let _ = held.recv();
+            let _ = freed_tx.send(());
+        });
         assert!(!stuck.responds_within(Duration::from_millis(200)));
-        let started = Instant::now();
         stuck.abandon();
-        assert!(started.elapsed() < Duration::from_secs(1));
+        assert!(
+            freed.try_recv().is_err(),
+            "abandon waited for the stuck future"
+        );
+        release.send(()).unwrap();
+        freed.recv_timeout(Duration::from_secs(20)).unwrap();
     }
 
     #[test]
