@@ -2,13 +2,17 @@
 //!
 //! ppN evaluates N random tokens in one go from an empty context; tgN evaluates N single tokens
 //! one after another from an empty context. Each test runs once to warm up, then `-r` times;
-//! we report the median and the spread (min–max) of tokens per second.
+//! we report the median and the spread (min–max) of tokens per second. A ppN test also reports
+//! its weights' multiply-adds per second as a share of the int8 peak (`profile-hw`'s loop,
+//! measured here once on one core, times the thread count).
 
 use super::{parse_list, EngineArgs, ModelArgs, NumList};
 use anyhow::{bail, Result};
 use clap::Args;
 use conductor::runtime::cache::CacheReport;
+use conductor::runtime::model::Model;
 use conductor::Engine;
+use conductor_planner::hardware::{measure_int8_peak, Int8Peak};
 use serde_json::json;
 use std::time::Instant;
 
@@ -184,6 +188,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if tests.is_empty() {
         bail!("nothing to measure: give a prompt length (-p) or a generation length (-n) above 0");
     }
+    // The int8 peak of one core, for the prefill tests' share of it.
+    let peak = match tests.iter().any(|&(p, _)| p > 0) {
+        true => measure_int8_peak(false),
+        false => None,
+    };
     let mut printed_header = false;
     for &t in &threads {
         let mut engine_args = args.engine.clone();
@@ -238,7 +247,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 cache,
                 sparsity: engine.take_sparsity_stats(),
             };
-            report(&args, &engine, &m, &mut printed_header);
+            report(&args, &engine, &m, peak.as_ref(), &mut printed_header);
         }
         if let Some(path) = &args.trace_out {
             super::save_trace(&engine.take_trace()?, path)?;
@@ -247,7 +256,40 @@ pub fn run(args: BenchArgs) -> Result<()> {
     Ok(())
 }
 
-fn report(args: &BenchArgs, engine: &Engine, m: &Measured, printed_header: &mut bool) {
+/// Weight multiply-adds per prompt token in a prefill: every layer's matrices (in a mixture,
+/// the used experts' share), not the output projection (computed for the last token alone)
+/// and not attention's f32 products.
+fn prefill_macs_per_token(model: &Model) -> f64 {
+    let c = &model.config;
+    let experts = match c.is_moe() {
+        true => c.n_expert_used as f64 / c.n_expert as f64,
+        false => 1.0,
+    };
+    let macs = |t: &conductor::runtime::model::TensorRef| (t.rows * t.cols) as f64;
+    model
+        .layers
+        .iter()
+        .map(|l| {
+            let attn = macs(&l.wq) + macs(&l.wk) + macs(&l.wv) + macs(&l.wo);
+            attn + (macs(&l.gate) + macs(&l.up) + macs(&l.down)) * experts
+        })
+        .sum()
+}
+
+/// A prefill test's weight multiply-adds per second: (GMAC/s, share of `threads` cores' peak).
+fn peak_share(model: &Model, m: &Measured, peak: Option<&Int8Peak>) -> Option<(f64, f64)> {
+    let peak = peak.filter(|_| m.n_prompt > 0)?;
+    let gmacs = median(&m.samples) * prefill_macs_per_token(model) / 1e9;
+    Some((gmacs, gmacs / (peak.gmacs * m.threads as f64)))
+}
+
+fn report(
+    args: &BenchArgs,
+    engine: &Engine,
+    m: &Measured,
+    peak: Option<&Int8Peak>,
+    printed_header: &mut bool,
+) {
     let med = median(&m.samples);
     let min = m.samples.iter().copied().fold(f64::INFINITY, f64::min);
     let max = m.samples.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -290,6 +332,12 @@ fn report(args: &BenchArgs, engine: &Engine, m: &Measured, printed_header: &mut 
                 "mean_read_bytes": c.mean_read_bytes,
                 "read_requests_per_submission": c.requests_per_submission,
             })),
+            "int8_peak": peak_share(model, m, peak).map(|(gmacs, share)| json!({
+                "prefill_gmacs": gmacs,
+                "share": share,
+                "peak_gmacs_per_core": peak.map(|p| p.gmacs),
+                "peak_instruction": peak.map(|p| p.how),
+            })),
             "sparsity": m.sparsity.map(|(gate, active)| json!({
                 "mode": model.sparse.as_ref().map(|s| s.mode.name()),
                 "target": model.sparse.as_ref().map(|s| s.sparsity),
@@ -317,6 +365,16 @@ fn report(args: &BenchArgs, engine: &Engine, m: &Measured, printed_header: &mut 
         min,
         max
     );
+    if let (Some((gmacs, share)), Some(p)) = (peak_share(model, m, peak), peak) {
+        println!(
+            "|   int8 peak | prefill {gmacs:.1} GMAC/s of weights | {:.0}% of {:.1} GMAC/s ({} x {:.1}: {}) |",
+            share * 100.0,
+            p.gmacs * m.threads as f64,
+            m.threads,
+            p.gmacs,
+            p.how
+        );
+    }
     if let (Some((gate, active)), Some(sparse)) = (m.sparsity, model.sparse.as_ref()) {
         println!(
             "|   sparsity | {} at {:.0}% | gate rows computed {:.1}% | neurons active {:.1}% (decode steps) |",

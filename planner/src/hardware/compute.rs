@@ -1,6 +1,7 @@
 //! One core's compute rates, through the runtime's public kernels: quantized matvec (weights in
 //! cache and streamed from DRAM), matmul, attention, and the per-element "finish" work.
 
+use super::peak::{int8_peak, Int8Peak};
 use super::timing::{secs_per_call, Effort, Rng};
 use conductor_runtime::model::attention::{attend, AttnScratch};
 use conductor_runtime::model::ops::{gated_activation, rms_norm};
@@ -56,6 +57,8 @@ pub fn shape(ty: GgmlType) -> (usize, usize) {
 /// What one core measured.
 pub struct CoreRates {
     pub kernels: Vec<KernelRates>,
+    /// The int8 multiply-add peak (`peak.rs`), where this build measures one.
+    pub int8_peak: Option<Int8Peak>,
     pub activation_ns_per_element: f64,
     pub attn_decode_ns_per_head_pos: f64,
     pub attn_prefill_gflops: f64,
@@ -318,6 +321,20 @@ pub fn measure_core(
         ));
         kernels.push(r);
     }
+    let peak = int8_peak(effort);
+    match &peak {
+        Some(p) => say(format!(
+            "  int8 peak: {:.1} GMAC/s ({}); exact i32 (vpmaddubsw + vpmaddwd): {:.1} GMAC/s{}",
+            p.gmacs,
+            p.how,
+            p.i32_gmacs,
+            match p.unmeasured.is_empty() {
+                true => String::new(),
+                false => format!("; not measured: {}", p.unmeasured.join(", ")),
+            }
+        )),
+        None => say("  int8 peak: not measured on this CPU".into()),
+    }
     let (decode_ns, prefill_gflops) = attention_rates(k, effort);
     say(format!(
         "  attention (head_dim {HEAD_DIM}, {CACHED_POSITIONS} positions, f16 KV): decode {decode_ns:.2} ns per head·position, prefill {prefill_gflops:.1} GFLOP/s"
@@ -332,6 +349,7 @@ pub fn measure_core(
     ));
     CoreRates {
         kernels,
+        int8_peak: peak,
         activation_ns_per_element: activation,
         attn_decode_ns_per_head_pos: decode_ns,
         attn_prefill_gflops: prefill_gflops,

@@ -9,7 +9,9 @@
 //!   totalling ≥ 4× the LLC), matmul GMAC/s (× 256 tokens); decode attention (`attend`,
 //!   ns per query head and cached position) and prefill attention (`attend` causally, GFLOP/s),
 //!   head_dim 64 over 512 positions of an f16 KV cache; the per-element cost of residual add +
-//!   RMSNorm + activation quantization over 576-wide rows. Each figure is a median.
+//!   RMSNorm + activation quantization over 576-wide rows; the int8 multiply-add peak (the
+//!   widest integer dot product in a loop with nothing else, `peak.rs`). Each figure is a
+//!   median.
 //! * **Memory**: streaming read bandwidth of one pinned core and of one pinned thread per core
 //!   together, over a buffer ≫ LLC; the LLC size from sysfs.
 //! * **Storage**: read curves on a temporary file (method in the `storage` submodule: O_DIRECT
@@ -20,6 +22,7 @@
 
 mod compute;
 mod memory;
+mod peak;
 mod storage;
 mod system;
 mod timing;
@@ -33,6 +36,7 @@ use std::path::PathBuf;
 use std::sync::mpsc;
 use timing::Effort;
 
+pub use peak::{measure_int8_peak, Int8Peak};
 pub use storage::{MIN_FILE_BYTES, QUEUE_DEPTHS, REPLAY_DEPTHS, SIZES as STORAGE_SIZES};
 
 /// What to measure and how long to take.
@@ -142,6 +146,7 @@ fn round_profile(p: &mut HardwareProfile) {
         c.attn_decode_ns_per_head_pos = round4(c.attn_decode_ns_per_head_pos);
         c.attn_prefill_gflops = round4(c.attn_prefill_gflops);
         c.finish_ns_per_element = round4(c.finish_ns_per_element);
+        c.int8_peak_gmacs = c.int8_peak_gmacs.map(round4);
         for k in &mut c.kernels {
             k.matvec_gmacs = round4(k.matvec_gmacs);
             k.matvec_stream_gmacs = round4(k.matvec_stream_gmacs);
@@ -217,6 +222,7 @@ pub fn measure(
 
     let mut core_classes = Vec::new();
     let mut freq_notes = Vec::new();
+    let mut peak_notes: Vec<String> = Vec::new();
     for class in topology.classes() {
         let cores: Vec<u32> = topology
             .cores
@@ -255,7 +261,22 @@ pub fn measure(
             attn_prefill_gflops: rates.attn_prefill_gflops,
             finish_ns_per_element: rates.finish_ns_per_element,
             activation_ns_per_element: Some(rates.activation_ns_per_element),
+            int8_peak_gmacs: rates.int8_peak.as_ref().map(|p| p.gmacs),
         });
+        if let Some(p) = &rates.int8_peak {
+            peak_notes.push(format!(
+                "{class}: {} ({:.1} GMAC/s with i32 sums){}",
+                p.how,
+                p.i32_gmacs,
+                match p.unmeasured.is_empty() {
+                    true => String::new(),
+                    false => format!(
+                        "; the CPU also has {}, not measured by this build: the peak is a floor",
+                        p.unmeasured.join(", ")
+                    ),
+                }
+            ));
+        }
     }
 
     // Memory: one core of the fastest class, then every core of the topology at once.
@@ -360,6 +381,14 @@ pub fn measure(
             "Memory: streaming reads of a {} MiB buffer; all cores = one pinned thread per \
              core.",
             mib(mem_bytes)
+        ),
+        format!(
+            "Int8 peak (int8_peak_gmacs): the widest integer dot product in a loop with nothing \
+             else, eight independent accumulators; {}.",
+            match peak_notes.is_empty() {
+                true => "not measured on this CPU".to_string(),
+                false => peak_notes.join("; "),
+            }
         ),
     ];
     description.append(&mut notes);

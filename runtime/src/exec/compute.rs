@@ -80,6 +80,8 @@ pub(super) struct Activations {
     n_cols: usize,
     used: usize,
     sets: Vec<(GgmlType, Vec<u8>)>,
+    /// Byte ranges of [`Activations::prepare_ranges`]' ranges in `sets[0]`.
+    ranges: Vec<std::ops::Range<usize>>,
 }
 
 impl Activations {
@@ -113,6 +115,50 @@ impl Activations {
             }
             self.used += 1;
         }
+    }
+
+    /// [`Activations::prepare`] for one weight type `w`, laid out range by range: for each of
+    /// `ranges` (block-aligned columns, in order) the quantized columns of every token together,
+    /// `[range][token][range bytes]`. Blocks are quantized on their own, so these are the same
+    /// bytes as `prepare`'s, rearranged: a product over one range reads its activations as one
+    /// piece ([`Activations::range`]; prefill's down projection over decode's clusters).
+    pub(super) fn prepare_ranges(
+        &mut self,
+        kernels: &Kernels,
+        src: &[f32],
+        n_cols: usize,
+        w: GgmlType,
+        ranges: &[std::ops::Range<usize>],
+    ) {
+        let at = activation_type(w);
+        let n_rows = src.len() / n_cols;
+        let bytes = |k: usize| at.bytes_for(k as u64).expect("whole blocks") as usize;
+        self.n_cols = n_cols;
+        self.used = 1;
+        if self.sets.is_empty() {
+            self.sets.push((at, Vec::new()));
+        }
+        let (t, buf) = &mut self.sets[0];
+        *t = at;
+        buf.resize(n_rows * bytes(n_cols), 0);
+        self.ranges.clear();
+        let mut at_byte = 0;
+        for r in ranges {
+            let len = bytes(r.len());
+            for (tok, dst) in buf[at_byte..at_byte + n_rows * len]
+                .chunks_exact_mut(len)
+                .enumerate()
+            {
+                kernels.quantize_activations(w, &src[tok * n_cols..][r.clone()], dst);
+            }
+            self.ranges.push(at_byte..at_byte + n_rows * len);
+            at_byte += n_rows * len;
+        }
+    }
+
+    /// Range `i` of [`Activations::prepare_ranges`]: `[token][range bytes]`.
+    pub(super) fn range(&self, i: usize) -> &[u8] {
+        &self.sets[0].1[self.ranges[i].clone()]
     }
 
     /// The input quantized for weights of type `w`.

@@ -415,8 +415,9 @@ impl StepState {
                     self.moe
                         .weigh(&self.kernels, model, down, &mut self.gathered, n);
                 } else {
-                    self.acts
-                        .prepare(&self.kernels, &self.gathered, ff, &[down]);
+                    let sums = super::rows::down_sums(program, c);
+                    let h = &self.gathered;
+                    self.acts.prepare_ranges(&self.kernels, h, ff, down, &sums);
                 }
             }
             Phase::FfnDownRows => {

@@ -9,9 +9,12 @@ use super::compute::Work;
 use super::executor::StepState;
 use super::weights::read_slot;
 use crate::model::ops::gated_activation;
+use crate::model::ModelConfig;
 use crate::model::TensorRef;
 use crate::neuron::Phase;
 use crate::quant::{activation_type, Layout, MatRef};
+use crate::schedule::Program;
+use std::ops::Range;
 
 impl StepState {
     /// `AttnOutRows` and `OutputRows`: the rows of one matrix times the phase's input.
@@ -61,10 +64,12 @@ impl StepState {
     }
 
     /// `FfnDownRows`: each output row block is the sum, from zero and in order, of the partial
-    /// down projections over the program's `ffn_sums` (decode's neuron clusters), as decode's
-    /// `FfnNeurons` finish sums its clusters' blocks: the same bits for a position whichever
-    /// step shape computed it. In a mixture of experts only the used experts' ranges add, each
-    /// expert's down block times its weighted h.
+    /// down projections over [`down_sums`] (decode's neuron clusters), as decode's `FfnNeurons`
+    /// finish sums its clusters' blocks: the same bits for a position whichever step shape
+    /// computed it. The quantized h is laid out range by range at the gate-up finish
+    /// (`Activations::prepare_ranges`), so each partial product reads its activations in place.
+    /// In a mixture of experts only the used experts' ranges add, each expert's down block
+    /// times its weighted h.
     pub(super) fn compute_down_rows(&self, w: Work<'_>, buf: &mut Vec<f32>) {
         let Work {
             model,
@@ -82,22 +87,9 @@ impl StepState {
         let at = activation_type(l.down.ty);
         let per_expert = c.ffn_per_expert() as usize;
         let moe = &self.moe;
-        // Each token's quantized h (of one expert in a mixture): `row` bytes.
+        // A mixture's quantized h of one expert per token: `moe.act_row` bytes.
         let bytes = |k: usize| at.bytes_for(k as u64).expect("whole blocks") as usize;
-        let (acts, row) = match c.is_moe() {
-            true => (moe.acts.as_slice(), moe.act_row),
-            false => (self.acts.get(l.down.ty), bytes(c.n_ff as usize)),
-        };
-        // A program made by hand may lack the sums: one range per expert then.
-        let f = per_expert as u32;
-        let whole: Vec<_> = match program.ffn_sums.is_empty() {
-            true => (0..c.n_expert.max(1)).map(|e| e * f..(e + 1) * f).collect(),
-            false => Vec::new(),
-        };
-        let sums = match whole.is_empty() {
-            true => &program.ffn_sums[..],
-            false => &whole[..],
-        };
+        let sums = down_sums(program, c);
         let mut outs = row_blocks(buf, clusters, n, embd);
         runner.run(&mut outs, &|worker, i, out| {
             let mut guard = scratch[worker].lock().unwrap_or_else(|e| e.into_inner());
@@ -106,8 +98,7 @@ impl StepState {
             let m = rows.len();
             out[..n * m].fill(0.0);
             s.partial.resize(n * m, 0.0);
-            for range in sums {
-                let neurons = units(range);
+            for (k, neurons) in sums.iter().enumerate() {
                 let e = neurons.start / per_expert;
                 if c.is_moe() && !moe.used[e] {
                     continue;
@@ -115,13 +106,19 @@ impl StepState {
                 let first = e * embd;
                 let down = model.rows(&l.down, first + rows.start..first + rows.end);
                 let cols = neurons.start - e * per_expert..neurons.end - e * per_expert;
-                let (from, len) = (bytes(cols.start), bytes(cols.len()));
-                s.h_act.clear();
-                for t in 0..n {
-                    let start = (e * n + t) * row + from;
-                    s.h_act.extend_from_slice(&acts[start..start + len]);
-                }
-                cx.project_cols(down, cols, &s.h_act, n, &mut s.partial, m);
+                let h = match c.is_moe() {
+                    false => self.acts.range(k),
+                    true => {
+                        let (from, len) = (bytes(cols.start), bytes(cols.len()));
+                        s.h_act.clear();
+                        for t in 0..n {
+                            let start = (e * n + t) * moe.act_row + from;
+                            s.h_act.extend_from_slice(&moe.acts[start..start + len]);
+                        }
+                        &s.h_act[..]
+                    }
+                };
+                cx.project_cols(down, cols, h, n, &mut s.partial, m);
                 for (o, v) in out[..n * m].iter_mut().zip(&s.partial[..n * m]) {
                     *o += v;
                 }
@@ -166,5 +163,20 @@ impl StepState {
             cx.project(model.rows(&l.up, rows), acts.get(l.up.ty), n, &mut s.up, m);
             gated_activation(c.activation, out, &s.up);
         });
+    }
+}
+
+/// The neuron ranges whose partial down projections prefill's `FfnDownRows` sums, in order:
+/// the program's `ffn_sums` (decode's FFN clusters), or, for a program made by hand without
+/// them, one range per expert (the whole FFN without experts).
+pub(super) fn down_sums(program: &Program, c: &ModelConfig) -> Vec<Range<usize>> {
+    match program.ffn_sums.is_empty() {
+        false => program.ffn_sums.iter().map(units).collect(),
+        true => {
+            let f = c.ffn_per_expert() as usize;
+            (0..c.n_expert.max(1) as usize)
+                .map(|e| e * f..(e + 1) * f)
+                .collect()
+        }
     }
 }

@@ -5,8 +5,9 @@
 //! flash-attention path, f32 query, keys and values widened from the f16 cache, tiles of 64
 //! positions, f32 accumulation. llama.cpp itself takes it for batches of 64 queries or more and
 //! an f16-accumulating vector path below; the tiled one is the more accurate of the two.
-//! The dot and axpy kernels (`Kernels::dot_f32_f16`, `Kernels::axpy_f16`) are bit-identical to
-//! their scalar twins on every ISA.
+//! The tile's products (`Kernels::dot_f32_f16_rows`, `Kernels::axpy_f16_rows`: each output the
+//! bits of the one-row `dot_f32_f16` / `axpy_f16` in row order) are bit-identical to their
+//! scalar twins on every ISA.
 
 use crate::quant::Kernels;
 use half::f16;
@@ -44,12 +45,12 @@ pub fn attend(
     let (mut sum, mut max) = (0.0f32, f32::NEG_INFINITY);
     for tile in (0..n_kv).step_by(KV_TILE) {
         let len = KV_TILE.min(n_kv - tile);
+        let rows = tile * hd..(tile + len) * hd;
+        kernels.dot_f32_f16_rows(q, &keys[rows.clone()], &mut scratch.scores[..len]);
         let mut tile_max = f32::NEG_INFINITY;
-        for j in 0..len {
-            let pos = tile + j;
-            let s = kernels.dot_f32_f16(q, &keys[pos * hd..(pos + 1) * hd]) * scale;
-            scratch.scores[j] = s;
-            tile_max = tile_max.max(s);
+        for s in &mut scratch.scores[..len] {
+            *s *= scale;
+            tile_max = tile_max.max(*s);
         }
         let new_max = max.max(tile_max);
         if new_max > max {
@@ -64,10 +65,7 @@ pub fn attend(
             tile_sum += *s as f64;
         }
         sum += tile_sum as f32;
-        for j in 0..len {
-            let pos = tile + j;
-            kernels.axpy_f16(scratch.scores[j], &values[pos * hd..(pos + 1) * hd], out);
-        }
+        kernels.axpy_f16_rows(&scratch.scores[..len], &values[rows], out);
     }
     let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
     out.iter_mut().for_each(|o| *o *= inv);

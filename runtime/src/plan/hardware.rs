@@ -47,6 +47,11 @@ pub struct CoreClassProfile {
     /// `finish_ns_per_element`.
     #[serde(default)]
     pub activation_ns_per_element: Option<f64>,
+    /// The int8 multiply-add peak of one core, GMAC/s: the widest integer dot product in a loop
+    /// with nothing else (`conductor profile-hw`); what prefill is reported against. Absent:
+    /// not measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub int8_peak_gmacs: Option<f64>,
 }
 
 /// Kernel throughput of one core for one weight type, in multiply-accumulates per second.
@@ -234,6 +239,9 @@ impl HardwareProfile {
             positive(f("finish_ns_per_element"), c.finish_ns_per_element)?;
             if let Some(v) = c.activation_ns_per_element {
                 positive(f("activation_ns_per_element"), v)?;
+            }
+            if let Some(v) = c.int8_peak_gmacs {
+                positive(f("int8_peak_gmacs"), v)?;
             }
             for (k, r) in c.kernels.iter().enumerate() {
                 let g = |name: &str| format!("core_classes[{i}].kernels[{k}].{name}");

@@ -160,12 +160,15 @@ pub(crate) trait WeightBlock: Block {
     /// order, such that sum(w * y) = sum(u * y) + CORR * sum(y).
     unsafe fn unsigned_quants(&self) -> __m256i;
     const CORR: i32;
+    /// The largest of those unsigned quants: how many `vpmaddubsw` sums an i16 lane holds.
+    const UNSIGNED_MAX: i32;
 }
 
 impl WeightBlock for BlockQ4_0 {
     type Act = BlockQ8_0;
     const HAS_MIN: bool = false;
     const CORR: i32 = -8;
+    const UNSIGNED_MAX: i32 = 15;
     #[inline(always)]
     unsafe fn unsigned_quants(&self) -> __m256i {
         unpack_nibbles(&self.qs)
@@ -190,6 +193,7 @@ impl WeightBlock for BlockQ4_1 {
     type Act = BlockQ8_1;
     const HAS_MIN: bool = true;
     const CORR: i32 = 0;
+    const UNSIGNED_MAX: i32 = 15;
     #[inline(always)]
     unsafe fn unsigned_quants(&self) -> __m256i {
         unpack_nibbles(&self.qs)
@@ -212,6 +216,7 @@ impl WeightBlock for BlockQ8_0 {
     type Act = BlockQ8_0;
     const HAS_MIN: bool = false;
     const CORR: i32 = -128;
+    const UNSIGNED_MAX: i32 = 255;
     #[inline(always)]
     unsafe fn unsigned_quants(&self) -> __m256i {
         // w xor 0x80 read as u8 is w + 128.

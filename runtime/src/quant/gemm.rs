@@ -1,4 +1,5 @@
-//! Prefill GEMM for Q4_0 / Q4_1 / Q8_0 with row-interleaved weights (AVX2 and AVX-VNNI).
+//! Prefill GEMM for the 32-element formats with row-interleaved weights (AVX2: 4- and 5-bit
+//! weights; AVX-VNNI: all).
 //!
 //! The 4x4 tile kernel in `avx2.rs` must reduce each (row, token, block) product vector across
 //! its 8 lanes (`vphaddd` trees), which costs more than the multiply itself. Here each group of
@@ -51,24 +52,44 @@ unsafe fn loadw(w: &[u8; 32]) -> __m256i {
     _mm256_loadu_si256(w.as_ptr().cast())
 }
 
-/// AVX2: `vpmaddubsw`, summed in i16 over the 8 groups, then one `vpmaddwd`. Only for 4-bit
-/// weights: each i16 lane then sums 16 products of at most 15 * 128, <= 30720 < 32767.
-pub(crate) struct MaddPacked;
+/// AVX2: `vpmaddubsw`, summed in i16 over G groups at a time, then one `vpmaddwd` per G
+/// groups. Each i16 lane then sums 2G products of an unsigned quant and |y| <= 128, which must
+/// stay <= 32767: G = 8 for 4-bit weights (16 * 15 * 128 = 30720), 4 for 5-bit (8 * 31 * 128 =
+/// 31744); see [`i16_groups`]. 8-bit weights do not fit one `vpmaddubsw` (2 * 255 * 128).
+pub(crate) struct MaddPacked<const G: usize>;
 
-impl PackedDot for MaddPacked {
+/// How many 4-byte groups of unsigned quants <= `max` an i16 lane can sum exactly (0: not one).
+pub(crate) const fn i16_groups(max: i32) -> usize {
+    let g = 32767 / (256 * max);
+    if g >= 8 {
+        8
+    } else if g >= 4 {
+        4
+    } else if g >= 2 {
+        2
+    } else {
+        g as usize
+    }
+}
+
+impl<const G: usize> PackedDot for MaddPacked<G> {
     #[inline(always)]
     unsafe fn block4(w: &[[u8; 32]; 8], y: [&[u8; 32]; 4], corr: [i32; 4]) -> [__m256i; 4] {
-        let mut s = [_mm256_setzero_si256(); 4];
-        for (g, wg) in w.iter().enumerate() {
-            let wg = loadw(wg);
+        let mut s32: [__m256i; 4] = std::array::from_fn(|j| _mm256_set1_epi32(corr[j]));
+        for chunk in 0..8 / G {
+            let mut s = [_mm256_setzero_si256(); 4];
+            for g in chunk * G..(chunk + 1) * G {
+                let wg = loadw(&w[g]);
+                for j in 0..4 {
+                    s[j] = _mm256_add_epi16(s[j], _mm256_maddubs_epi16(wg, bcast4(y[j], g)));
+                }
+            }
             for j in 0..4 {
-                s[j] = _mm256_add_epi16(s[j], _mm256_maddubs_epi16(wg, bcast4(y[j], g)));
+                let p = _mm256_madd_epi16(s[j], _mm256_set1_epi16(1));
+                s32[j] = _mm256_add_epi32(s32[j], p);
             }
         }
-        std::array::from_fn(|j| {
-            let s32 = _mm256_madd_epi16(s[j], _mm256_set1_epi16(1));
-            _mm256_add_epi32(s32, _mm256_set1_epi32(corr[j]))
-        })
+        s32
     }
 }
 
@@ -240,7 +261,8 @@ pub(crate) unsafe fn matmul_packed<W: WeightBlock, P: PackedDot>(
     }
 }
 
-/// AVX2 + FMA + F16C entry (4-bit weights only: see [`MaddPacked`]).
+/// AVX2 + FMA + F16C entry: the packed GEMM for 4- and 5-bit weights (see [`MaddPacked`]), the
+/// 4x4 tile kernel for 8-bit ones.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn matmul_avx2<W: WeightBlock>(
     m: Rows<'_>,
@@ -249,7 +271,11 @@ pub(crate) unsafe fn matmul_avx2<W: WeightBlock>(
     out: &mut [f32],
     out_stride: usize,
 ) {
-    matmul_packed::<W, MaddPacked>(m, acts, n_tokens, out, out_stride)
+    match i16_groups(W::UNSIGNED_MAX) {
+        8 => matmul_packed::<W, MaddPacked<8>>(m, acts, n_tokens, out, out_stride),
+        4 => matmul_packed::<W, MaddPacked<4>>(m, acts, n_tokens, out, out_stride),
+        _ => super::avx2::plain::matmul::<W>(m, acts, n_tokens, out, out_stride),
+    }
 }
 
 /// AVX-VNNI entry (all three formats).

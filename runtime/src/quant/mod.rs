@@ -49,17 +49,16 @@
 //!   (scalar, plain NEON, `matvec_rows`) rows are taken back out of the groups and dotted as
 //!   usual, and the engine does not interleave ([`Kernels::has_interleaved_kernels`]).
 //! * `gemm.rs`: prefill GEMM on row-interleaved repacked weights (8 rows per ymm), used from
-//!   8 tokens on (on plain AVX2 only for the 4-bit Q4_0/Q4_1, whose products fit its i16
-//!   sums). `avx512.rs`: the same with 16 rows per zmm.
-//!
+//!   8 tokens on (on plain AVX2 for the 4- and 5-bit formats, whose products fit its i16
+//!   sums, 4 or 8 groups at a time). `avx512.rs`: the same with 16 rows per zmm.
+//! * `f16_rows.rs`: attention's products over a tile of f16 cache rows (the same bits).
 //! * `neon.rs` (aarch64): activation quantizers (Q8_0, Q8_1, Q8_K); dot, 4-row matvec, sparse
 //!   rows, 4x4 matmul tiles and `axpy_rows` of the 32-element formats; Q2_K, Q3_K, Q4_K, Q5_K,
 //!   Q6_K and IQ4_XS dots (their matvec and matmul are the per-row loop over those dots, but
-//!   for Q4_K and Q6_K interleaved, above); the
-//!   float dots and f16 helpers. Generic over the int8 multiply: plain NEON `smull`/`sadalp`,
-//!   or dotprod `sdot` (inline asm; `vdotq_s32` is not stable); with i8mm the 32-element
-//!   formats' 4x4 matmul tiles are `smmla` 2x2 tiles (inline asm). Float `axpy_rows` stays
-//!   scalar there.
+//!   for Q4_K and Q6_K interleaved, above); the float dots and f16 helpers. Generic over the
+//!   int8 multiply: plain NEON `smull`/`sadalp`, or dotprod `sdot` (inline asm; `vdotq_s32` is
+//!   not stable); with i8mm the 32-element formats' 4x4 matmul tiles are `smmla` 2x2 tiles
+//!   (inline asm). Float `axpy_rows` stays scalar there.
 //!
 //! [`Kernels::best`] picks AVX512-VNNI, else AVX-VNNI, else AVX2, else scalar on x86-64; on
 //! aarch64 NEON+dotprod+i8mm, else NEON+dotprod, else NEON.
@@ -71,6 +70,7 @@
 //! call. No length is ever trusted without a check, so a violation cannot read out of bounds.
 
 mod blocks;
+mod f16_rows;
 mod ggml_type;
 pub mod interleave;
 mod scalar;
@@ -1145,9 +1145,9 @@ impl Kernels {
                             gemm::matmul_vnni(m, blocks_of(acts), n_tokens, out, out_stride)
                         )
                     }
-                    // Without VNNI the packed scheme needs 4-bit weights (i16 accumulation):
-                    // 5-bit and 8-bit weights could overflow it.
-                    Isa::Avx2 if packed && matches!(w.ty, GgmlType::Q4_0 | GgmlType::Q4_1) => {
+                    // Without VNNI the packed scheme sums in i16: 4- and 5-bit weights only
+                    // (`gemm::i16_groups`); 8-bit ones take the 4x4 tiles there.
+                    Isa::Avx2 if packed => {
                         call32!(
                             w.ty,
                             gemm::matmul_avx2(m, blocks_of(acts), n_tokens, out, out_stride)

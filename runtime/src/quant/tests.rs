@@ -11,6 +11,7 @@ use super::*;
 use proptest::prelude::*;
 
 mod dequant_fixture;
+mod gemm;
 mod interleave;
 mod rows;
 

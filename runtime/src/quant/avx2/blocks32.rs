@@ -48,6 +48,7 @@ impl WeightBlock for BlockQ5_0 {
     type Act = BlockQ8_0;
     const HAS_MIN: bool = false;
     const CORR: i32 = -16;
+    const UNSIGNED_MAX: i32 = 31;
     #[inline(always)]
     unsafe fn unsigned_quants(&self) -> __m256i {
         q5_quants(&self.qs, self.qh)
@@ -73,6 +74,7 @@ impl WeightBlock for BlockQ5_1 {
     type Act = BlockQ8_1;
     const HAS_MIN: bool = true;
     const CORR: i32 = 0;
+    const UNSIGNED_MAX: i32 = 31;
     #[inline(always)]
     unsafe fn unsigned_quants(&self) -> __m256i {
         q5_quants(&self.qs, self.qh)
@@ -95,6 +97,7 @@ impl WeightBlock for BlockIQ4NL {
     type Act = BlockQ8_0;
     const HAS_MIN: bool = false;
     const CORR: i32 = -128;
+    const UNSIGNED_MAX: i32 = 255;
     #[inline(always)]
     unsafe fn unsigned_quants(&self) -> __m256i {
         // grid value xor 0x80 read as u8 is the value + 128.
