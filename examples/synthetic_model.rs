@@ -99,6 +99,10 @@ struct Args {
     /// A ReLU model in which about this share of FFN neurons fires per token (e.g. 0.1).
     #[arg(long)]
     relu_active: Option<f32>,
+    /// A sparse shape: the share of each gate row's variance that is noise a low-rank
+    /// predictor cannot learn (default: the one set for ProSparse's operating point).
+    #[arg(long)]
+    gate_noise: Option<f32>,
     /// Threads making chunks (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -193,6 +197,9 @@ fn shape_spec(name: &str, a: &Args) -> Result<SyntheticSpec> {
         },
         relu_active_share: if stats.is_none() { a.relu_active } else { None },
         ffn_frequencies: stats.map(|st| neuron_frequencies(&d, &st)),
+        gate_noise_share: a
+            .gate_noise
+            .unwrap_or(SyntheticSpec::default().gate_noise_share),
         n_expert: d.shape.n_expert,
         n_expert_used: d.shape.n_expert_used,
         seed: a.seed.unwrap_or(7),

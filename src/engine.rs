@@ -9,13 +9,10 @@ use conductor_runtime::exec::{Driver, InlineDriver, Session, StepError};
 use conductor_runtime::model::{Model, ModelError};
 use conductor_runtime::plan::{CachePlan, CachePolicy, ReadPolicy};
 use conductor_runtime::plan::{ExecutionPlan, IoEngine, ModelIdentity, Topology, Verify};
-use conductor_runtime::quant::GgmlType;
 use conductor_runtime::quant::Kernels;
 use conductor_runtime::sample::{Sampler, SamplingError, SamplingParams};
 use conductor_runtime::schedule::ScheduleError;
-use conductor_runtime::sparse::powerinfer::read_powerinfer;
-use conductor_runtime::sparse::profile::ModelProfile;
-use conductor_runtime::sparse::{SparseError, SparseFfn, SparsityMode};
+use conductor_runtime::sparse::{SparseError, SparsityMode};
 use conductor_runtime::tokenizer::{
     fallback_chat_template, ChatTemplate, StreamDecoder, Tokenizer, TokenizerError,
 };
@@ -24,6 +21,13 @@ use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+mod sparsity;
+
+use sparsity::resolve_sparsity;
+pub use sparsity::{
+    SparsitySettings, DEFAULT_SPARSE_DOWN_TYPE, DEFAULT_SPARSITY, DEFAULT_SPARSITY_MODE,
+};
 
 /// Anything that can go wrong while loading or running a model.
 #[derive(Debug, thiserror::Error)]
@@ -120,138 +124,6 @@ fn draw(
     let token = sampler.sample(scratch);
     hook.drawn(token, scratch).map_err(Error::Hook)?;
     Ok(token)
-}
-
-/// Which FFN neurons decode computes ([`EngineBuilder::sparsity`]).
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct SparsitySettings {
-    /// `None`: the shipped default: dense for SwiGLU models; for a ReLU
-    /// model its natural zeros ([`SparsityMode::Predictor`] when its profile has predictors,
-    /// [`DEFAULT_SPARSITY_MODE`] when not), or a PowerInfer file's own predictors.
-    pub mode: Option<SparsityMode>,
-    /// Target share of FFN neurons skipped (default [`DEFAULT_SPARSITY`]).
-    pub target: Option<f32>,
-    /// The activation profile (default: `MODEL.profile` beside the model file).
-    pub profile: Option<PathBuf>,
-    /// Sparse decode for prompt tokens too: every step runs in decode shape (how perplexity
-    /// measures what sparse decode computes). Default: prompts are prefilled densely.
-    pub all_tokens: bool,
-    /// Format of the transposed down projection sparse decode reads (default
-    /// [`DEFAULT_SPARSE_DOWN_TYPE`]).
-    pub down_type: Option<GgmlType>,
-}
-
-/// Format of the transposed down projection: re-quantized from the model's down projection
-/// once at load (see docs/benchmarks.md for what each costs in perplexity).
-pub const DEFAULT_SPARSE_DOWN_TYPE: GgmlType = GgmlType::Q8_0;
-
-/// The sparsity mode `--sparsity default` picks for a ReLU model whose profile has no
-/// predictors (with predictors it is [`SparsityMode::Predictor`]). SwiGLU models decode densely
-/// by default: at the sparsity their quality allows, sparse decode is slower than dense on the
-/// machines measured (docs/benchmarks.md).
-pub const DEFAULT_SPARSITY_MODE: SparsityMode = SparsityMode::Threshold;
-/// The target sparsity of `--sparsity threshold|predictor` on SwiGLU models when none is given:
-/// the most that stays within +3% perplexity on SmolLM2 (docs/benchmarks.md). ReLU models
-/// default to their natural zeros (target 0: lossless).
-pub const DEFAULT_SPARSITY: f32 = 0.3;
-
-/// Resolves `settings` for `model` (loaded from `path`): the sparse-decode data, or `None`
-/// for dense decode.
-fn resolve_sparsity(
-    model: &Model,
-    path: &std::path::Path,
-    settings: &SparsitySettings,
-    say: &mut dyn FnMut(&str),
-) -> Result<Option<SparseFfn>, Error> {
-    // A neuron store shares its source's identity, so the source's profile beside it serves.
-    let profile_path = settings.profile.clone().unwrap_or_else(|| {
-        let own = ModelProfile::default_path(path);
-        match &model.store {
-            Some(store) if !own.exists() => {
-                let source = path.with_file_name(&store.source_name);
-                Some(ModelProfile::default_path(&source))
-                    .filter(|p| p.exists())
-                    .unwrap_or(own)
-            }
-            _ => own,
-        }
-    });
-    let relu = model.config.activation == conductor_runtime::model::FfnActivation::Relu;
-    let target = settings
-        .target
-        .unwrap_or(if relu { 0.0 } else { DEFAULT_SPARSITY });
-    let mode = match settings.mode {
-        Some(SparsityMode::Dense) => return Ok(None),
-        // The router is a mixture of experts' sparsity; neuron-level sparse decode is not
-        // built for it.
-        Some(_) if model.config.is_moe() => return Err(SparseError::MixtureOfExperts.into()),
-        None if model.config.is_moe() => return Ok(None),
-        Some(mode) => mode,
-        None => {
-            // The default: sparse for profiled ReLU models and PowerInfer files, dense (quietly)
-            // otherwise.
-            if !relu {
-                return Ok(None);
-            }
-            DEFAULT_SPARSITY_MODE
-        }
-    };
-    // A PowerInfer file brings its own predictors and transposed down projection.
-    if model.store.is_none() && (mode == SparsityMode::Predictor || settings.mode.is_none()) {
-        let c = &model.config;
-        let pi = read_powerinfer(
-            model.file(),
-            None,
-            c.n_embd as usize,
-            c.n_ff as usize,
-            c.n_layer as usize,
-        )
-        .map_err(SparseError::from)?;
-        if let Some(pi) = pi.filter(|p| p.has_predictors()) {
-            let down_type = settings.down_type.unwrap_or(DEFAULT_SPARSE_DOWN_TYPE);
-            let sparse = SparseFfn::from_powerinfer(model, pi, down_type)?;
-            say(&format!(
-                "sparsity: predictor (the PowerInfer file's own predictors), +{:.1} MiB",
-                sparse.bytes() as f64 / (1 << 20) as f64
-            ));
-            return Ok(Some(sparse));
-        }
-    }
-    if settings.mode.is_none() && !profile_path.exists() {
-        return Ok(None);
-    }
-    if !profile_path.exists() {
-        return Err(Error::NoProfile {
-            mode: mode.name(),
-            path: profile_path,
-        });
-    }
-    let profile =
-        ModelProfile::load(&profile_path, &ModelIdentity::of(model)).map_err(SparseError::from)?;
-    let mode = match (settings.mode, &profile.predictors) {
-        (None, Some(_)) if relu => SparsityMode::Predictor,
-        (None, _) => DEFAULT_SPARSITY_MODE,
-        _ => mode,
-    };
-    if let (SparsityMode::Predictor, Some(p)) = (mode, &profile.predictors) {
-        if target + 1e-6 < p.sparsity {
-            say(&format!(
-                "sparsity: the predictors were trained for {:.0}% sparsity; at {:.0}% they miss more of the neurons the threshold keeps",
-                p.sparsity * 100.0,
-                target * 100.0
-            ));
-        }
-    }
-    let down_type = settings.down_type.unwrap_or(DEFAULT_SPARSE_DOWN_TYPE);
-    let sparse = SparseFfn::build(model, &profile, mode, target, down_type)?;
-    say(&format!(
-        "sparsity: {} at {:.0}% of FFN neurons skipped ({}, +{:.1} MiB for transposed down projections and predictors)",
-        mode.name(),
-        target * 100.0,
-        profile_path.display(),
-        sparse.bytes() as f64 / (1 << 20) as f64
-    ));
-    Ok(Some(sparse))
 }
 
 /// Which driver carries out the scheduler's commands.
@@ -478,6 +350,7 @@ impl EngineBuilder {
         ) {
             sparsity.mode = Some(planned.mode);
             sparsity.target = sparsity.target.or(planned.target);
+            sparsity.predictor_recall = sparsity.predictor_recall.or(planned.predictor_recall);
         }
         let model = match memory {
             // Attention loads only once the budget says it stays resident (below).
@@ -486,7 +359,8 @@ impl EngineBuilder {
             None => Model::load_read(&path).map_err(load)?,
         };
         let mut model = model;
-        model.sparse = resolve_sparsity(&model, &path, &sparsity, &mut *self.say)?;
+        model.sparse =
+            resolve_sparsity(&model, &path, &sparsity, memory.is_some(), &mut *self.say)?;
         let tokenizer = Tokenizer::from_gguf(model.file())?;
         model.release_tokenizer_metadata();
         let topology = self
@@ -701,7 +575,7 @@ fn physical_memory() -> Option<u64> {
 /// Hands the allocator's free pages back to the system: loading parses the GGUF header into
 /// short-lived tables (the tokenizer's metadata) whose freed pages would otherwise stay in the
 /// process's resident set, counted against a memory budget.
-pub(crate) fn release_freed_memory() {
+pub fn release_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only returns free heap pages to the kernel; it touches no memory
     // the program holds and is safe to call at any time from any thread.

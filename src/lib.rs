@@ -23,13 +23,15 @@
 mod engine;
 pub mod faults;
 pub mod fetch;
+pub mod perplexity;
 pub mod profile;
 pub mod serve;
 
 pub use conductor_actors as actors;
 pub use conductor_runtime as runtime;
 pub use engine::{
-    apply_budget, apply_budget_for, reuse_prefix, DriverKind, Engine, EngineBuilder, Error,
-    GenerateOptions, Generation, GenerationStats, Piece, SampleHook, SparsitySettings, StopReason,
-    TokenStream, DEFAULT_SPARSE_DOWN_TYPE, DEFAULT_SPARSITY, DEFAULT_SPARSITY_MODE,
+    apply_budget, apply_budget_for, release_freed_memory, reuse_prefix, DriverKind, Engine,
+    EngineBuilder, Error, GenerateOptions, Generation, GenerationStats, Piece, SampleHook,
+    SparsitySettings, StopReason, TokenStream, DEFAULT_SPARSE_DOWN_TYPE, DEFAULT_SPARSITY,
+    DEFAULT_SPARSITY_MODE,
 };

@@ -281,6 +281,7 @@ fn the_engine_runs_a_moe_store_under_a_memory_budget_and_refuses_sparse_modes() 
             .sparsity(SparsitySettings {
                 mode,
                 target: None,
+                predictor_recall: None,
                 profile: None,
                 all_tokens: false,
                 down_type: None,

@@ -44,6 +44,7 @@ fn profile_of(
         .sparsity(SparsitySettings {
             mode: Some(SparsityMode::Dense),
             target: None,
+            predictor_recall: None,
             profile: None,
             all_tokens: false,
             down_type: None,

@@ -69,6 +69,7 @@ fn settings(mode: SparsityMode, target: f32) -> SparsitySettings {
     SparsitySettings {
         mode: Some(mode),
         target: Some(target),
+        predictor_recall: None,
         profile: None,
         all_tokens: false,
         down_type: None,
@@ -997,5 +998,46 @@ fn check_batched_equals_solo(engine: &mut Engine, name: &str, prompts: &[&str], 
     }
     if let Some(held) = engine.cache_report().map(|r| r.loads) {
         assert!(held > 0, "{name}: nothing read through the cache");
+    }
+}
+
+/// A long prompt decoded sparsely in one step (`all_tokens`, as `conductor perplexity` runs
+/// it: each cluster's gate, up and down products taken for every token at once) gives every
+/// token the bits of its own one-token steps, at 30% in threshold and predictor mode, on one
+/// thread or two.
+#[test]
+fn many_tokens_in_one_sparse_step_give_each_token_its_solo_bits() {
+    let dir = ScratchDir::new("sparse-batched");
+    let model = write_model(&dir, "m.gguf", &spec(9, FfnActivation::Silu));
+    profile(&model);
+    for mode in [SparsityMode::Threshold, SparsityMode::Predictor] {
+        for threads in [1, 2] {
+            let all = SparsitySettings {
+                all_tokens: true,
+                ..settings(mode, 0.3)
+            };
+            let mut batched = build(&model, DriverKind::Inline, threads, all).unwrap();
+            let prompt = batched.tokenize(&text(60));
+            assert!(prompt.len() >= 40, "{}", prompt.len());
+            let prompt = &prompt[..40];
+            let vocab = batched.model().config.n_vocab as usize;
+            let mut session = batched.session(Some(64)).unwrap();
+            let mut rows = Vec::new();
+            batched
+                .eval(&mut session, prompt, 0, &mut |_, r| {
+                    rows.extend_from_slice(r)
+                })
+                .unwrap();
+            assert_eq!(rows.len(), 40 * vocab);
+            let mut solo = build(&model, DriverKind::Inline, 1, settings(mode, 0.3)).unwrap();
+            let mut session = solo.session(Some(64)).unwrap();
+            for (t, &token) in prompt.iter().enumerate() {
+                let logits = solo.eval_last(&mut session, &[token]).unwrap();
+                assert!(
+                    logits == &rows[t * vocab..(t + 1) * vocab],
+                    "{mode:?}, {threads} threads: token {t} differs"
+                );
+            }
+        }
     }
 }

@@ -22,11 +22,14 @@
 //! seed give a bit-identical predictor. Layers are independent; a driver may train several on
 //! its own threads.
 
+mod points;
+
 use conductor_runtime::quant::{GgmlType, Kernels, MatRef};
 use conductor_runtime::sparse::predictor::{
     add_bias, bitset_words, set_bits, Predictor, PredictorError, BLOCK, MIN_CALIB_TOKENS,
     MIN_HELD_OUT_TOKENS, MIN_TRAIN_TOKENS,
 };
+pub use points::operating_points;
 use serde::{Deserialize, Serialize};
 
 /// What one layer's predictor learns from: `T` FFN inputs and their true active sets.

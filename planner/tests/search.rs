@@ -256,6 +256,7 @@ fn with_threshold_sparsity_gate_first_reads_are_scored_and_skipped_where_they_do
         r.sparsity = Some(SparsityPlan {
             mode: SparsityMode::Threshold,
             target: Some(0.3),
+            predictor_recall: None,
             thresholds: Vec::new(),
         });
         r

@@ -27,8 +27,8 @@ pub use faults::{
 pub use replay::{check_trace_model, replay, Mismatch, ReplayError, ReplayReport};
 pub use report::{SimReport, StepTiming, TokenTimes, TrackUse};
 pub use shapes::{
-    activation_stats, named_shape, neuron_frequencies, synthesize_activity, ActivationStats,
-    NAMED_SHAPES,
+    activation_stats, chained, measured_stats, named_shape, neuron_frequencies,
+    synthesize_activity, ActivationStats, NAMED_SHAPES,
 };
 pub use workload::{describe_model_file, DecodeStart, PlannedStep, Workload};
 

@@ -8,6 +8,7 @@
 
 use conductor_runtime::plan::{ModelDescription, ModelShape, WeightTypes};
 use conductor_runtime::quant::GgmlType;
+use conductor_runtime::sparse::profile::{LevelProfile, ModelProfile};
 use conductor_runtime::trace::{ActiveSet, StepActivity};
 
 /// Names [`named_shape`] knows.
@@ -117,8 +118,47 @@ pub struct ActivationStats {
     /// Mixture of experts: how often a token's first-choice expert in a layer is the previous
     /// token's (uniform routing would give 1 / n_expert).
     pub first_expert_repeat: f64,
+    /// The share of a token's active neurons that were active in the token before (LLM in a
+    /// Flash's window of 1); `None`: tokens drawn independently (no paper gives the figure
+    /// for these models).
+    pub reuse: Option<f64>,
     /// Where each figure comes from.
-    pub sources: &'static str,
+    pub sources: String,
+}
+
+/// A model's activation statistics as its activation profile measured them (`conductor
+/// profile`) at the level nearest `sparsity`: means over layers of the active share, the
+/// share of neurons taking 80% of the activations and the next-token reuse. What the
+/// published figures above say for the sparse shapes, measured for a real model.
+pub fn measured_stats(profile: &ModelProfile, sparsity: f32) -> Option<ActivationStats> {
+    let levels: Vec<&LevelProfile> = profile
+        .layers
+        .iter()
+        .map(|l| {
+            l.levels.iter().min_by(|a, b| {
+                (a.target - sparsity)
+                    .abs()
+                    .total_cmp(&(b.target - sparsity).abs())
+            })
+        })
+        .collect::<Option<_>>()?;
+    let n = levels.len() as f64;
+    let mean =
+        |f: &dyn Fn(&LevelProfile) -> f32| levels.iter().map(|l| f64::from(f(l))).sum::<f64>() / n;
+    Some(ActivationStats {
+        active_share: mean(&|l| l.active_share),
+        hot_share: mean(&|l| l.hot_share),
+        hot_mass: HOT_MASS,
+        first_expert_repeat: 0.0,
+        reuse: Some(mean(&|l| l.reuse.first().copied().unwrap_or(0.0))),
+        sources: format!(
+            "measured: `conductor profile` of {} over {} tokens of {}, at {:.0}% sparsity",
+            profile.source,
+            profile.tokens,
+            profile.calibration,
+            levels[0].target * 100.0
+        ),
+    })
 }
 
 /// PowerInfer (arXiv 2312.12456, §3 and its authors' announcement): activations follow a power
@@ -134,29 +174,35 @@ pub fn activation_stats(name: &str) -> Option<ActivationStats> {
             hot_share: HOT_SHARE,
             hot_mass: HOT_MASS,
             first_expert_repeat: 0.0,
+            reuse: None,
             sources: "sparsity: Bamboo-base-v0_1 model card (\"nearly 85% sparsity\"); \
-                      hot 20% of neurons take 80% of activations: PowerInfer (arXiv 2312.12456)",
+                      hot 20% of neurons take 80% of activations: PowerInfer (arXiv 2312.12456)"
+                .into(),
         }),
         "turbosparse-mistral-7b" => Some(ActivationStats {
             active_share: 0.10,
             hot_share: HOT_SHARE,
             hot_mass: HOT_MASS,
             first_expert_repeat: 0.0,
+            reuse: None,
             sources: "sparsity: TurboSparse (arXiv 2406.05955) §6.2, 90% of neurons inactive \
                       per layer on average; hot 20% of neurons take 80% of activations: \
-                      PowerInfer (arXiv 2312.12456)",
+                      PowerInfer (arXiv 2312.12456)"
+                .into(),
         }),
         "turbosparse-mixtral-47b" => Some(ActivationStats {
             active_share: 0.15,
             hot_share: HOT_SHARE,
             hot_mass: HOT_MASS,
             first_expert_repeat: 0.25,
+            reuse: None,
             sources: "sparsity: TurboSparse (arXiv 2406.05955) §6.2, 85% of an expert's \
                       neurons inactive, 2 of 8 experts (3% of a layer's FFN per token); \
                       hot 20% / 80%: PowerInfer (arXiv 2312.12456), assumed to hold within an \
                       expert (no per-expert figure is published); first-choice expert repeated \
                       by consecutive tokens ~25% vs 12.5% uniform: Mixtral of Experts (arXiv \
-                      2401.04088) §5, middle and late layers",
+                      2401.04088) §5, middle and late layers"
+                .into(),
         }),
         _ => None,
     }
@@ -203,13 +249,29 @@ pub fn neuron_frequencies(model: &ModelDescription, stats: &ActivationStats) -> 
         .collect()
 }
 
+/// The probability a neuron of frequency `f` fires given whether it fired in the token before
+/// (`was`), in a two-state chain that keeps an active neuron active with probability `reuse`
+/// (more for a neuron too frequent for that, so that `f` stays its frequency).
+pub fn chained(f: f64, reuse: f64, was: bool) -> f64 {
+    let keep = reuse.max((2.0 * f - 1.0) / f.max(1e-12));
+    if was {
+        keep
+    } else if f < 1.0 {
+        f * (1.0 - keep) / (1.0 - f)
+    } else {
+        1.0
+    }
+}
+
 /// `steps` decode steps of `model` following `stats`, the same for the same `seed`.
 ///
 /// A dense FFN: neuron `i` fires with its [`neuron_frequencies`] probability, independently
 /// per step. A mixture of experts: each layer's router picks `n_expert_used` distinct experts;
 /// each slot keeps the previous token's expert with the probability that makes the first
 /// choice repeat `first_expert_repeat` of the time, else draws uniformly; then the chosen
-/// experts' neurons fire as a dense FFN's do. Returns an empty list for `steps == 0`.
+/// experts' neurons fire as a dense FFN's do. With a measured `reuse`, each neuron's draws
+/// form a chain ([`chained`]) that keeps that share of a token's active neurons active in the
+/// next. Returns an empty list for `steps == 0`.
 pub fn synthesize_activity(
     model: &ModelDescription,
     stats: &ActivationStats,
@@ -233,6 +295,11 @@ pub fn synthesize_activity(
         1.0
     };
     let mut previous: Vec<Vec<u32>> = vec![Vec::new(); s.n_layer as usize];
+    // Per layer, the neurons active in the step before (for `reuse`).
+    let mut was_active: Vec<Vec<bool>> = match stats.reuse {
+        Some(_) => vec![vec![false; s.n_ff as usize]; s.n_layer as usize],
+        None => Vec::new(),
+    };
     let mut out = Vec::with_capacity(steps as usize);
     for step in 0..steps {
         let mut layers = Vec::with_capacity(s.n_layer as usize);
@@ -261,9 +328,20 @@ pub fn synthesize_activity(
             let mut active = Vec::new();
             for &e in &chosen {
                 for i in e * per_expert..(e + 1) * per_expert {
-                    if draw(seed, step + 1, l, i) < f64::from(layer_freq[i as usize]) {
+                    let f = f64::from(layer_freq[i as usize]);
+                    let p = match stats.reuse {
+                        Some(a) if step > 0 => chained(f, a, was_active[l as usize][i as usize]),
+                        _ => f,
+                    };
+                    if draw(seed, step + 1, l, i) < p {
                         active.push(i);
                     }
+                }
+            }
+            if let Some(was) = was_active.get_mut(l as usize) {
+                was.fill(false);
+                for &i in &active {
+                    was[i as usize] = true;
                 }
             }
             layers.push(ActiveSet::Neurons(active));
@@ -389,6 +467,43 @@ mod tests {
             synthesize_activity(&model, &stats, 3, 8),
             steps[..3].to_vec()
         );
+    }
+
+    #[test]
+    fn measured_reuse_carries_into_the_steps() {
+        let model = named_shape("bamboo-7b").unwrap();
+        let stats = ActivationStats {
+            reuse: Some(0.7),
+            ..activation_stats("bamboo-7b").unwrap()
+        };
+        let steps = synthesize_activity(&model, &stats, 6, 3);
+        let (mut kept, mut total, mut active) = (0usize, 0usize, 0usize);
+        for w in steps.windows(2) {
+            for (a, b) in w[0].layers.iter().zip(&w[1].layers) {
+                let (ActiveSet::Neurons(a), ActiveSet::Neurons(b)) = (a, b) else {
+                    panic!("neurons")
+                };
+                kept += b.iter().filter(|n| a.binary_search(n).is_ok()).count();
+                total += b.len();
+                active += b.len();
+            }
+        }
+        let reuse = kept as f64 / total as f64;
+        assert!((reuse - 0.7).abs() < 0.02, "{reuse}");
+        // The frequencies hold: still 15% active.
+        let share = active as f64 / (5.0 * 32.0 * 14336.0);
+        assert!((share - 0.15).abs() < 0.01, "{share}");
+        // Without reuse, tokens are independent: about the frequency-weighted share.
+        let steps = synthesize_activity(&model, &activation_stats("bamboo-7b").unwrap(), 3, 3);
+        let ActiveSet::Neurons(a) = &steps[1].layers[0] else {
+            panic!()
+        };
+        let ActiveSet::Neurons(b) = &steps[2].layers[0] else {
+            panic!()
+        };
+        let independent =
+            b.iter().filter(|n| a.binary_search(n).is_ok()).count() as f64 / b.len() as f64;
+        assert!(independent < 0.5, "{independent}");
     }
 
     #[test]

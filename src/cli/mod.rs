@@ -183,15 +183,23 @@ pub struct EngineArgs {
     /// Which FFN neurons decode computes: `dense` (all), `threshold` (gate rows of all,
     /// up/down of those whose |act(gate)| passes the layer's threshold), `predictor` (gate
     /// rows only of the neurons the layer's predictor names, then the threshold), `default`
-    /// (dense for SwiGLU models such as SmolLM2; for ReLU models (and their neuron stores) with an
-    /// activation profile, their natural zeros with the profile's predictors, or threshold
-    /// without; a PowerInfer file's own predictors).
+    /// (in memory: dense for SwiGLU models such as SmolLM2; for ReLU models (and their neuron
+    /// stores) with an activation profile, their natural zeros with the profile's predictors,
+    /// or threshold without; a PowerInfer file's own predictors. Under --memory: the operating
+    /// point `conductor profile` measured, the fastest within 3% perplexity of dense; dense
+    /// without a profile).
     #[arg(long = "sparsity", value_enum, default_value_t = SparsityArg::Default)]
     pub sparsity: SparsityArg,
     /// Target share of FFN neurons skipped: 0.3 or 30% (default 30% for SwiGLU models, 0 =
     /// the natural zeros for ReLU models).
     #[arg(long = "target-sparsity", value_parser = parse_share)]
     pub target_sparsity: Option<f32>,
+    /// With --sparsity predictor: the recall the predictors' cut is calibrated for at the
+    /// target sparsity (0.8, 0.85, 0.9, 0.92, 0.95, 0.98, 0.99: the points the profile
+    /// tabulates; default: the cut set at training, 0.99 of the trained sparsity's neurons).
+    /// Lower recall, fewer gate rows, more perplexity.
+    #[arg(long = "predictor-recall", value_parser = parse_share)]
+    pub predictor_recall: Option<f32>,
     /// Activation profile (default: MODEL.profile beside the model; `conductor profile`).
     #[arg(long = "sparse-profile")]
     pub sparse_profile: Option<PathBuf>,
@@ -217,8 +225,8 @@ pub enum SparsityArg {
     Dense,
     Threshold,
     Predictor,
-    /// The shipped default: dense for SwiGLU models, sparse for profiled ReLU models and
-    /// PowerInfer files.
+    /// The shipped default: in memory dense for SwiGLU models, sparse for profiled ReLU models
+    /// and PowerInfer files; under --memory the profile's measured operating point.
     #[default]
     Default,
 }
@@ -385,6 +393,7 @@ pub fn load_engine(model: Option<&Path>, threads: usize, engine: &EngineArgs) ->
     builder = builder.sparsity(SparsitySettings {
         mode: engine.sparsity.mode(),
         target: engine.target_sparsity,
+        predictor_recall: engine.predictor_recall,
         profile: engine.sparse_profile.clone(),
         all_tokens: engine.sparse_all_tokens,
         down_type: engine.sparse_down_type,

@@ -1,12 +1,9 @@
-//! `conductor perplexity`: the llama-perplexity method.
-//!
-//! The text is tokenized once and cut into non-overlapping chunks of `c` tokens. Each chunk is
-//! evaluated from an empty context; the second half of each chunk is scored (every position
-//! there has at least `c/2` tokens of context): perplexity = exp(mean negative log-likelihood).
+//! `conductor perplexity`: the llama-perplexity method ([`conductor::perplexity`]).
 
 use super::ModelArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use conductor::perplexity::perplexity;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -26,13 +23,6 @@ pub struct PerplexityArgs {
     chunks: Option<usize>,
 }
 
-/// log p(token) under softmax(logits), as llama-perplexity computes it.
-fn log_prob(logits: &[f32], token: usize) -> f64 {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = logits.iter().map(|&l| (l - max).exp() as f64).sum();
-    (logits[token] - max) as f64 - sum.ln()
-}
-
 pub fn run(args: PerplexityArgs) -> Result<()> {
     let n_ctx = args.ctx_size;
     if n_ctx < 4 {
@@ -50,10 +40,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     // Sparse decode is measured on every token, not only on those a prompt would leave to it.
     model_args.engine.sparse_all_tokens = true;
     let mut engine = model_args.load(model_args.threads())?;
-    let tokenizer = engine.tokenizer();
-    let add_bos = tokenizer.add_bos();
-    let bos = tokenizer.bos();
-    let tokens = tokenizer.encode(&text, true, false);
+    let tokens = engine.tokenizer().encode(&text, true, false);
     if tokens.len() < 2 * n_ctx {
         bail!(
             "{} has {} tokens; perplexity with -c {n_ctx} needs at least {}",
@@ -63,54 +50,37 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
         );
     }
     let n_chunk = (tokens.len() / n_ctx).min(args.chunks.unwrap_or(usize::MAX));
-    let first = n_ctx / 2;
-    let n_vocab = engine.model().config.n_vocab as usize;
     eprintln!(
         "perplexity: {} tokens, {n_chunk} chunks of {n_ctx}, scoring the last {} positions of each",
         tokens.len(),
-        n_ctx - first - 1
+        n_ctx - n_ctx / 2 - 1
     );
     let started = Instant::now();
-    let (mut nll, mut nll2, mut count) = (0.0f64, 0.0f64, 0usize);
-    let mut session = engine.session(Some(n_ctx))?;
     let mut out = std::io::stdout().lock();
-    for i in 0..n_chunk {
-        let mut chunk = tokens[i * n_ctx..(i + 1) * n_ctx].to_vec();
-        if let (true, Some(b)) = (add_bos, bos) {
-            chunk[0] = b;
-        }
-        session.clear();
-        let mut sum = (0.0f64, 0.0f64, 0usize);
-        engine.eval(&mut session, &chunk, first, &mut |start, rows| {
-            for (r, logits) in rows.chunks_exact(n_vocab).enumerate() {
-                let pos = start + r;
-                if pos + 1 < n_ctx {
-                    let lp = log_prob(logits, chunk[pos + 1] as usize);
-                    sum.0 -= lp;
-                    sum.1 += lp * lp;
-                    sum.2 += 1;
-                }
+    let mut failed = None;
+    let result = perplexity(
+        &mut engine,
+        &tokens,
+        n_ctx,
+        Some(n_chunk),
+        &mut |i, running| {
+            if let Err(e) = write!(out, "[{}]{running:.4},", i + 1).and_then(|_| out.flush()) {
+                failed.get_or_insert(e);
             }
-        })?;
-        nll += sum.0;
-        nll2 += sum.1;
-        count += sum.2;
-        write!(out, "[{}]{:.4},", i + 1, (nll / count as f64).exp())?;
-        out.flush()?;
+        },
+    )?;
+    if let Some(e) = failed {
+        return Err(e.into());
     }
     writeln!(out)?;
-    let mean = nll / count as f64;
-    let ppl = mean.exp();
-    let var = nll2 / count as f64 - mean * mean;
-    let err = if var > 0.0 {
-        (var / (count - 1) as f64).sqrt() * ppl
-    } else {
-        0.0
-    };
-    writeln!(out, "Final estimate: PPL = {ppl:.4} +/- {err:.5}")?;
+    writeln!(
+        out,
+        "Final estimate: PPL = {:.4} +/- {:.5}",
+        result.perplexity, result.error
+    )?;
     eprintln!(
         "perplexity: {} tokens scored in {:.1} s ({:.1} tokens/s evaluated)",
-        count,
+        result.scored_tokens,
         started.elapsed().as_secs_f64(),
         (n_chunk * n_ctx) as f64 / started.elapsed().as_secs_f64()
     );

@@ -18,6 +18,7 @@ use conductor::runtime::cache::{MemoryBudget, StoreSizes};
 use conductor::runtime::model::FfnActivation;
 use conductor::runtime::model::Model;
 use conductor::runtime::plan::{HardwareProfile, ModelDescription, ModelIdentity, SparsityPlan};
+use conductor::runtime::sparse::operating::OperatingPoint;
 use conductor::runtime::sparse::profile::ModelProfile;
 use conductor::runtime::sparse::{SparseFfn, SparsityMode};
 use conductor::{DEFAULT_SPARSE_DOWN_TYPE, DEFAULT_SPARSITY};
@@ -71,6 +72,10 @@ pub struct PlanArgs {
     /// zeros for ReLU models).
     #[arg(long = "target-sparsity", value_parser = super::parse_share)]
     target_sparsity: Option<f32>,
+    /// With --sparsity predictor: the recall the predictors' cut is calibrated for (one the
+    /// profile tabulates, as `run --predictor-recall`; default: the trained cut).
+    #[arg(long = "predictor-recall", value_parser = super::parse_share)]
+    predictor_recall: Option<f32>,
     /// Activation profile (default: MODEL.profile beside the model, or beside a store's
     /// source).
     #[arg(long = "sparse-profile")]
@@ -131,10 +136,11 @@ pub fn run(args: PlanArgs) -> Result<()> {
     };
     if let Some(sparse) = loaded.sparse {
         let steps = request.warm_tokens + request.measured_tokens;
-        request.activity = Some(activity_from_profile(&sparse.profile, steps));
+        let target = sparse.plan.target.unwrap_or(DEFAULT_SPARSITY);
+        request.activity = Some(activity_from_profile(&sparse.profile, target, steps));
         if request.store.is_some() {
             request.hot_units =
-                hot_units_from_profile(&sparse.profile, request.model.shape.ffn_bundle);
+                hot_units_from_profile(&sparse.profile, target, request.model.shape.ffn_bundle);
         }
         request.sparsity = Some(sparse.plan);
     }
@@ -260,11 +266,15 @@ fn load_sparse(
     let thresholds = (0..profile.layers.len())
         .map(|l| profile.threshold(l, target))
         .collect::<Result<Vec<f32>, _>>()?;
-    model.sparse = Some(SparseFfn::build(
+    let point = OperatingPoint {
+        mode,
+        sparsity: target,
+        predictor_recall: args.predictor_recall,
+    };
+    model.sparse = Some(SparseFfn::build_at(
         model,
         &profile,
-        mode,
-        target,
+        &point,
         DEFAULT_SPARSE_DOWN_TYPE,
     )?);
     Ok(Sparse {
@@ -272,6 +282,7 @@ fn load_sparse(
         plan: SparsityPlan {
             mode,
             target: Some(target),
+            predictor_recall: args.predictor_recall,
             thresholds,
         },
     })

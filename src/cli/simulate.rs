@@ -12,8 +12,12 @@ use conductor::apply_budget;
 use conductor::fetch;
 use conductor::runtime::cache::MemoryBudget;
 use conductor::runtime::model::Model;
-use conductor::runtime::plan::{ExecutionPlan, HardwareProfile, ModelDescription, Topology};
-use conductor::runtime::trace::Trace;
+use conductor::runtime::plan::{
+    ExecutionPlan, HardwareProfile, ModelDescription, ModelIdentity, Topology,
+};
+use conductor::runtime::sparse::profile::ModelProfile;
+use conductor::runtime::trace::{StepActivity, Trace};
+use conductor_planner::search::activity_from_profile;
 use conductor_simulator::{
     check_trace_model, describe_model_file, named_shape, replay, simulate, SimOptions, SimReport,
     Workload, NAMED_SHAPES,
@@ -60,6 +64,18 @@ pub struct SimulateArgs {
     /// Activation sets from a recorded trace (`--trace-out` of run or bench).
     #[arg(long = "activity")]
     activity: Option<PathBuf>,
+    /// Activation sets synthesized from the model's activation profile (`conductor profile`):
+    /// each neuron at its measured frequency, consecutive tokens reusing active neurons as
+    /// measured, at --target-sparsity (default: the profile's operating point).
+    #[arg(
+        long = "sparse-profile",
+        requires = "model",
+        conflicts_with = "activity"
+    )]
+    sparse_profile: Option<PathBuf>,
+    /// With --sparse-profile: the sparsity whose measured active sets to follow.
+    #[arg(long = "target-sparsity", value_parser = super::parse_share, requires = "sparse_profile")]
+    target_sparsity: Option<f32>,
     /// Print `conductor bench --json` lines instead of a report.
     #[arg(long = "json")]
     json: bool,
@@ -112,13 +128,14 @@ pub fn run(args: SimulateArgs) -> Result<()> {
     if args.n_prompt == 0 && args.n_gen == 0 {
         bail!("nothing to simulate: give a prompt length (-p) or a generation length (-n) above 0");
     }
-    let activity = match &args.activity {
-        Some(path) => {
+    let activity = match (&args.activity, &args.sparse_profile) {
+        (Some(path), _) => {
             let trace = Trace::load(path)?;
             check_trace_model(&trace, &model)?;
             Some(trace.activity)
         }
-        None => None,
+        (None, Some(path)) => Some(profile_activity(&args, path)?),
+        (None, None) => None,
     };
     let threads: Vec<Option<u32>> = match &args.threads {
         Some(list) => {
@@ -155,6 +172,28 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Decode steps following the activation profile at `path` of the model of `args`.
+fn profile_activity(args: &SimulateArgs, path: &Path) -> Result<Vec<StepActivity>> {
+    let model_path = args.model.as_ref().expect("clap requires -m");
+    let model =
+        Model::load(model_path).with_context(|| format!("cannot load {}", model_path.display()))?;
+    let profile = ModelProfile::load_for(path, &ModelIdentity::of(&model), Some(model_path))?;
+    let sparsity = args
+        .target_sparsity
+        .or(profile.operating_point.as_ref().map(|c| c.point.sparsity))
+        .unwrap_or(profile.reference_sparsity);
+    if let Some(stats) = conductor_simulator::measured_stats(&profile, sparsity) {
+        eprintln!(
+            "activity: {:.1}% of neurons active, 80% of activations in {:.1}% of them, {:.0}% of a token's active neurons active in the token before ({})",
+            stats.active_share * 100.0,
+            stats.hot_share * 100.0,
+            stats.reuse.unwrap_or(0.0) * 100.0,
+            stats.sources
+        );
+    }
+    Ok(activity_from_profile(&profile, sparsity, args.n_gen.max(1)))
 }
 
 fn model_description(args: &SimulateArgs) -> Result<ModelDescription> {

@@ -2,19 +2,21 @@
 //! every layer's FFN activations into streaming statistics chunk by chunk, and turns them into
 //! a [`ModelProfile`] (thresholds, neuron frequencies, predictors trained on the first tokens).
 
+pub mod choose;
 mod ffn;
 
 pub use ffn::FfnWeights;
 
 use crate::{Engine, Error};
-use conductor_planner::predictor::{train_layer, PredictorConfig, TrainingSet};
+use conductor_planner::predictor::{operating_points, train_layer, PredictorConfig, TrainingSet};
 use conductor_runtime::model::ops::activate;
 use conductor_runtime::model::Model;
 use conductor_runtime::plan::ModelIdentity;
-use conductor_runtime::quant::Kernels;
-use conductor_runtime::sparse::layer_stats::LayerStats;
+use conductor_runtime::quant::{Kernels, Layout};
+use conductor_runtime::sparse::layer_stats::{LayerStats, LEVELS};
 use conductor_runtime::sparse::profile::{
-    interpolate, sparsity_grid, LayerProfile, ModelProfile, PredictorSet, PROFILE_VERSION,
+    interpolate, sparsity_grid, LayerProfile, ModelProfile, PredictorPoint, PredictorSet,
+    PREDICTOR_RECALLS, PROFILE_VERSION,
 };
 use half::f16;
 use std::sync::{Arc, Mutex};
@@ -196,19 +198,22 @@ pub fn profile_model(
             });
             let mut predictors = Vec::with_capacity(n_layer);
             let mut held_out = Vec::with_capacity(n_layer);
+            let mut points = Vec::with_capacity(n_layer);
             for (l, r) in trained.into_iter().enumerate() {
                 let r = r
                     .into_inner()
                     .unwrap_or_else(|e| e.into_inner())
                     .expect("every layer trained");
-                let (p, figures) = r.map_err(|why| ProfileRunError::Predictor { layer: l, why })?;
-                predictors.push(p);
-                held_out.push(figures);
+                let t = r.map_err(|why| ProfileRunError::Predictor { layer: l, why })?;
+                predictors.push(t.predictor);
+                held_out.push(t.figures);
+                points.push(t.points);
             }
             Some(PredictorSet {
                 sparsity: *sparsity,
                 layers: predictors,
                 held_out,
+                points,
             })
         }
     };
@@ -218,13 +223,37 @@ pub fn profile_model(
     Ok(ModelProfile {
         version: PROFILE_VERSION,
         model: ModelIdentity::of(model),
+        source: describe_source(model, &path),
         calibration: text_name.to_string(),
         tokens: n_tokens as u64,
         grid,
         reference_sparsity: options.reference_sparsity,
         layers,
         predictors: predictor_set,
+        operating_point: None,
     })
+}
+
+/// The model's file name and the layout its FFN weights are in.
+fn describe_source(model: &Model, path: &std::path::Path) -> String {
+    let name = path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    let layout = match (&model.store, model.resident_only) {
+        (Some(_), true) => "a neuron store on storage, under a memory budget",
+        (Some(_), false) => "a neuron store in memory",
+        (None, _)
+            if model
+                .layers
+                .first()
+                .is_some_and(|l| matches!(l.gate.layout, Layout::X8 { .. })) =>
+        {
+            "rows interleaved 8 by 8"
+        }
+        (None, _) => "the file's rows",
+    };
+    format!("{name}, {layout}")
 }
 
 /// Runs `f(l)` for every layer `l` on up to `threads` threads (layers are independent).
@@ -264,11 +293,18 @@ fn gate_and_up(
     (acts, weights.project(kernels, l, true, x))
 }
 
-type Figures = (f32, f32, f32);
-type Trained = (conductor_runtime::sparse::predictor::Predictor, Figures);
+/// One layer's trained predictor and what the held-out samples say of it.
+struct Trained {
+    predictor: conductor_runtime::sparse::predictor::Predictor,
+    /// At its trained cut: (recall, precision, predicted share).
+    figures: (f32, f32, f32),
+    /// At each sparsity of [`LEVELS`] and recall of [`PREDICTOR_RECALLS`].
+    points: Vec<PredictorPoint>,
+}
 
 /// Layer `l`'s predictor of the neurons active at `sparsity`, trained on the sampled FFN
-/// inputs `x` (their active sets from the gate and the layer's final thresholds).
+/// inputs `x` (their active sets from the gate and the layer's final thresholds), and its
+/// operating points at the sparsities of [`LEVELS`].
 #[allow(clippy::too_many_arguments)]
 fn train_predictor(
     model: &Model,
@@ -285,26 +321,52 @@ fn train_predictor(
     let (embd, ff) = (c.n_embd as usize, c.n_ff as usize);
     let n = x.len() / embd;
     let threshold = interpolate(grid, &stats.thresholds, sparsity);
+    // The runtime's thresholds at the levels (on the grid), ascending.
+    let level_thresholds: Vec<f32> = LEVELS
+        .iter()
+        .map(|&s| interpolate(grid, &stats.thresholds, s))
+        .collect();
     let mut acts = weights.project(kernels, l, false, x);
     let words = ff.div_ceil(64);
     let mut active = vec![0u64; n * words];
-    for (row, bits) in acts
+    // Per (token, neuron): at how many levels it is active.
+    let mut fired = vec![0u8; n * ff];
+    for ((row, bits), lv) in acts
         .chunks_exact_mut(ff)
         .zip(active.chunks_exact_mut(words))
+        .zip(fired.chunks_exact_mut(ff))
     {
         for (j, a) in row.iter().enumerate() {
-            if activate(c.activation, *a).abs() * stats.importance[j] > threshold {
+            let score = activate(c.activation, *a).abs() * stats.importance[j];
+            if score > threshold {
                 bits[j / 64] |= 1 << (j % 64);
             }
+            lv[j] = level_thresholds.iter().take_while(|&&t| score > t).count() as u8;
         }
     }
     drop(acts);
     let set = TrainingSet::new(x, &active, embd, ff).map_err(|e| e.to_string())?;
     let trained = train_layer(&set, cfg, &mut |_| {}).map_err(|e| e.to_string())?;
+    drop(active);
     let figures = (
         trained.chosen.recall,
         trained.chosen.precision,
         trained.chosen.predicted_fraction,
     );
-    Ok((trained.predictor, figures))
+    let calibration_start = trained.train_tokens;
+    let held_start = calibration_start + trained.calibration_tokens;
+    let points = operating_points(
+        &trained.predictor,
+        x,
+        calibration_start..held_start,
+        held_start..held_start + trained.held_out_tokens,
+        &LEVELS,
+        &PREDICTOR_RECALLS,
+        |t, j| usize::from(fired[t * ff + j]),
+    );
+    Ok(Trained {
+        predictor: trained.predictor,
+        figures,
+        points,
+    })
 }

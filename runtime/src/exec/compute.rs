@@ -26,6 +26,14 @@ pub(super) struct WorkerScratch {
     pub(super) picked: Vec<f32>,
     /// A bundle's partial down projection before [`Land::Add`] adds it to its cluster's.
     pub(super) partial: Vec<f32>,
+    /// Sparse decode of many tokens at once: the cluster's gate and up values of every token,
+    /// the quantized activations of the tokens whose down projection takes the block-column,
+    /// those tokens, and their outputs.
+    pub(super) tokens_gate: Vec<f32>,
+    pub(super) tokens_up: Vec<f32>,
+    pub(super) tokens_h: Vec<u8>,
+    pub(super) tokens_many: Vec<usize>,
+    pub(super) tokens_out: Vec<f32>,
 }
 
 /// How a bundle's partial down projection lands in its cluster's output block: a store's FFN

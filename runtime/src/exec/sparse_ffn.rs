@@ -26,6 +26,12 @@ enum SparseDown<'a> {
     },
 }
 
+/// Tokens from which a step's sparse FFN computes each matrix of a cluster for all of them at
+/// once (one matrix product, each value the bits of the per-token kernel call it replaces)
+/// rather than token by token: steps this long are prompts evaluated sparsely (`perplexity`),
+/// where the whole cluster's rows are read anyway.
+const BATCH_TOKENS: usize = 16;
+
 /// Sparse decode of FFN neurons `neurons` (one cluster, weights `ffn`) of layer `l` for `n`
 /// tokens: gate rows (all of the cluster, or only those the predictor named), the threshold on
 /// the score, then up rows of the active neurons, and their down columns: an axpy over the
@@ -81,6 +87,15 @@ pub(super) fn sparse_ffn_cluster(
     let words = layer.importance.len().div_ceil(64);
     let mut gate_rows = 0u64;
     s.gate.resize(m, 0.0);
+    // Many tokens, every row at hand: the gate and up values of all of them in two products.
+    let batched = n >= BATCH_TOKENS && gated.is_none() && !rows_only;
+    s.tokens_many.clear();
+    if batched {
+        s.tokens_gate.resize(n * m, 0.0);
+        s.tokens_up.resize(n * m, 0.0);
+        cx.kernels.matmul(gate, gate_all, n, &mut s.tokens_gate, m);
+        cx.kernels.matmul(up, up_all, n, &mut s.tokens_up, m);
+    }
     for t in 0..n {
         let act_gate = &gate_all[t * gate_row..(t + 1) * gate_row];
         let act_up = &up_all[t * up_row..(t + 1) * up_row];
@@ -106,7 +121,11 @@ pub(super) fn sparse_ffn_cluster(
                 }
             }
             (None, None) => {
-                gate_row_values(cx.kernels, gate, act_gate, &mut s.gate);
+                if batched {
+                    s.gate.copy_from_slice(&s.tokens_gate[t * m..(t + 1) * m]);
+                } else {
+                    gate_row_values(cx.kernels, gate, act_gate, &mut s.gate);
+                }
                 gate_rows += m as u64;
                 for j in 0..m {
                     let g = s.gate[j];
@@ -122,15 +141,27 @@ pub(super) fn sparse_ffn_cluster(
                 }));
                 gate_rows += s.picks.len() as u64;
                 s.picked.resize(s.picks.len(), 0.0);
-                cx.kernels
-                    .matvec_rows(gate, &s.picks, act_gate, &mut s.picked);
+                if batched {
+                    let values = &s.tokens_gate[t * m..(t + 1) * m];
+                    for (v, &j) in s.picked.iter_mut().zip(&s.picks) {
+                        *v = values[j as usize];
+                    }
+                } else {
+                    cx.kernels
+                        .matvec_rows(gate, &s.picks, act_gate, &mut s.picked);
+                }
                 for k in 0..s.picks.len() {
                     let (j, g) = (s.picks[k] as usize, s.picked[k]);
                     consider(s, j, g);
                 }
             }
         }
-        if reads_whole_up_rows(s.neurons.len(), m) && !rows_only {
+        if batched {
+            let values = &s.tokens_up[t * m..(t + 1) * m];
+            for (k, &j) in s.neurons.iter().enumerate() {
+                s.coefs[k] *= values[j as usize];
+            }
+        } else if reads_whole_up_rows(s.neurons.len(), m) && !rows_only {
             // Most fire: the multi-row kernel over the whole cluster costs less than a dot
             // product per active row (each the same bits as the row's own dot product). Not
             // where only the predicted neurons' rows were read (`rows_only`).
@@ -169,6 +200,15 @@ pub(super) fn sparse_ffn_cluster(
                 let h_bytes = activation_type(mat.ty)
                     .bytes_for(m as u64)
                     .expect("cluster of whole blocks") as usize;
+                if batched {
+                    // Quantized now, multiplied with the other such tokens after the loop.
+                    let at = s.tokens_many.len() * h_bytes;
+                    s.tokens_h.resize(at + h_bytes, 0);
+                    cx.kernels
+                        .quantize_activations(mat.ty, &s.gate, &mut s.tokens_h[at..]);
+                    s.tokens_many.push(t);
+                    continue;
+                }
                 s.h_act.resize(h_bytes, 0);
                 cx.kernels
                     .quantize_activations(mat.ty, &s.gate, &mut s.h_act);
@@ -179,6 +219,27 @@ pub(super) fn sparse_ffn_cluster(
                 s.partial = partial;
             }
         }
+    }
+    if let (false, SparseDown::Columns { mat, cols, .. }) = (s.tokens_many.is_empty(), &down) {
+        let k = s.tokens_many.len();
+        s.tokens_out.resize(k * embd, 0.0);
+        let h_bytes = s.tokens_h.len() / k;
+        cx.kernels.matmul_cols(
+            *mat,
+            cols.clone(),
+            &s.tokens_h[..k * h_bytes],
+            k,
+            &mut s.tokens_out,
+            embd,
+        );
+        let mut partial = std::mem::take(&mut s.partial);
+        for (i, &t) in s.tokens_many.iter().enumerate() {
+            let value = &s.tokens_out[i * embd..(i + 1) * embd];
+            land.with(&mut partial, &mut out[t * embd..(t + 1) * embd], |o| {
+                o.copy_from_slice(value)
+            });
+        }
+        s.partial = partial;
     }
     sparse
         .stats

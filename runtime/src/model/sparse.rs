@@ -5,6 +5,7 @@
 use super::Model;
 use crate::plan::{ModelIdentity, SparsityMode};
 use crate::quant::{transpose_requantize, GgmlType, MatRef};
+use crate::sparse::operating::OperatingPoint;
 use crate::sparse::powerinfer::PowerInferSparse;
 use crate::sparse::profile::ModelProfile;
 use crate::sparse::{SparseError, SparseFfn, SparseLayer, SparseStats};
@@ -19,6 +20,24 @@ impl SparseFfn {
         sparsity: f32,
         down_type: GgmlType,
     ) -> Result<SparseFfn, SparseError> {
+        let point = OperatingPoint {
+            mode,
+            sparsity,
+            predictor_recall: None,
+        };
+        SparseFfn::build_at(model, profile, &point, down_type)
+    }
+
+    /// [`SparseFfn::build`] at an operating `point`: with a predictor recall, each layer's
+    /// predictor cuts its logits where the profile calibrated that recall at the sparsity
+    /// nearest the point's.
+    pub fn build_at(
+        model: &Model,
+        profile: &ModelProfile,
+        point: &OperatingPoint,
+        down_type: GgmlType,
+    ) -> Result<SparseFfn, SparseError> {
+        let (mode, sparsity) = (point.mode, point.sparsity);
         if model.config.is_moe() {
             return Err(SparseError::MixtureOfExperts);
         }
@@ -47,10 +66,19 @@ impl SparseFfn {
             } else {
                 None
             };
+            let predictor = match (predictors, point.predictor_recall) {
+                (None, _) => None,
+                (Some(set), None) => Some(set.layers[l].clone()),
+                (Some(set), Some(recall)) => {
+                    let mut p = set.layers[l].clone();
+                    p.set_threshold(set.point(l, sparsity, recall)?.cut);
+                    Some(p)
+                }
+            };
             layers.push(SparseLayer {
                 threshold: profile.threshold(l, sparsity)?,
                 importance: profile.layers[l].importance.clone(),
-                predictor: predictors.map(|p| p.layers[l].clone()),
+                predictor,
                 down_t,
             });
         }

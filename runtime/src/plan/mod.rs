@@ -26,8 +26,9 @@ pub use topology::{hosts_of, PlacedGroup, PlacementError, Topology};
 use serde::{Deserialize, Serialize};
 
 /// Version of the plan format; bumped when a field changes meaning or is added. Version 4
-/// replaced the cache's `gate_first` flag by its read policy, `reads`.
-pub const PLAN_FORMAT_VERSION: u32 = 4;
+/// replaced the cache's `gate_first` flag by its read policy, `reads`; version 5 added
+/// `sparsity.predictor_recall` (absent from older plans: the predictors' trained cut).
+pub const PLAN_FORMAT_VERSION: u32 = 5;
 
 /// The oldest plan format this build reads: version 2 lacks `memory` and `sparsity`, which
 /// then take their defaults (no budget of its own, the sparsity the command line asks for);
@@ -278,6 +279,10 @@ pub struct SparsityPlan {
     /// Target share of FFN neurons skipped (`None`: the model's default target).
     #[serde(default)]
     pub target: Option<f32>,
+    /// Predictor mode: the recall its cut is calibrated for (one the activation profile
+    /// tabulates); `None`: the cut set when the predictors were trained.
+    #[serde(default)]
+    pub predictor_recall: Option<f32>,
     /// The per-layer thresholds on |act(gate)| that target gives with the model's activation
     /// profile (for people reading the plan; the engine calibrates them again from the
     /// profile and the target, so both always agree with the profile in use).
@@ -528,6 +533,13 @@ impl ExecutionPlan {
                 )));
             }
         }
+        if let Some(r) = self.sparsity.as_ref().and_then(|s| s.predictor_recall) {
+            if !(r > 0.0 && r <= 1.0) {
+                return Err(PlanError::Parse(format!(
+                    "plan field `sparsity.predictor_recall` is {r}: a share within (0, 1]"
+                )));
+            }
+        }
         self.check_finite()?;
         let mut nonzero = vec![
             ("decode_max_tokens".to_string(), self.decode_max_tokens),
@@ -738,6 +750,7 @@ mod tests {
         let sparsity = |thresholds: Vec<f32>| SparsityPlan {
             mode: SparsityMode::Threshold,
             target: None,
+            predictor_recall: None,
             thresholds,
         };
         let why = refused(&|p| p.sparsity = Some(sparsity(vec![0.5, f32::INFINITY])));
@@ -889,6 +902,7 @@ mod tests {
             sparsity: Some(SparsityPlan {
                 mode: SparsityMode::Threshold,
                 target: Some(1.5),
+                predictor_recall: None,
                 thresholds: Vec::new(),
             }),
             ..ExecutionPlan::default()
@@ -898,6 +912,20 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("sparsity.target"));
+        let plan = ExecutionPlan {
+            sparsity: Some(SparsityPlan {
+                mode: SparsityMode::Predictor,
+                target: Some(0.3),
+                predictor_recall: Some(0.0),
+                thresholds: Vec::new(),
+            }),
+            ..ExecutionPlan::default()
+        };
+        assert!(plan
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("sparsity.predictor_recall"));
 
         let mut plan = ExecutionPlan::default();
         plan.prefill_on[0].group = "gpu".into();
@@ -951,6 +979,7 @@ mod tests {
             sparsity: Some(SparsityPlan {
                 mode: SparsityMode::Threshold,
                 target: Some(0.3),
+                predictor_recall: Some(0.95),
                 thresholds: vec![0.1, 0.2],
             }),
             ..ExecutionPlan::default()

@@ -13,21 +13,76 @@
 //!   in token order.
 //! - *Frequencies* count, per neuron, the tokens whose score is above the reference sparsity's
 //!   threshold within the first chunk (the exact quantile of its scores).
+//! - *Levels*: at each sparsity of [`LEVELS`] (its threshold the exact quantile of the first
+//!   chunk's scores), token by token: how often each neuron fires, how skewed firing is (the
+//!   fewest neurons that take 80% of the activations) and how much consecutive tokens reuse
+//!   active neurons (the share of a token's active neurons that fired in the last k tokens,
+//!   k = 1..[`REUSE_WINDOW`], LLM in a Flash's sliding window). Chunks are separate sequences:
+//!   the window never reaches into the previous chunk, and a chunk's first [`REUSE_WINDOW`]
+//!   tokens, whose window is short, are not counted.
 
-use super::profile::LayerProfile;
+use super::profile::{LayerProfile, LevelProfile};
 
 /// Bits of an `f32` below a histogram bin.
 const BIN_SHIFT: u32 = 16;
 /// Histogram bins over the positive `f32`s (and infinity; NaN falls in the last).
 const BINS: usize = (0x7f80_0000u32 >> BIN_SHIFT) as usize + 1;
 
+/// The sparsities at which active sets are followed token by token ([`LevelProfile`]): the
+/// operating points `conductor profile` chooses among.
+pub const LEVELS: [f32; 9] = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9];
+
+/// Reuse is measured over windows of 1 to this many previous tokens.
+pub const REUSE_WINDOW: usize = 5;
+
+/// The share of activations whose fewest carrying neurons measure skew (PowerInfer's "hot"
+/// neurons take about 80% of activations).
+pub const HOT_MASS: f64 = 0.8;
+
+/// What the first chunk fixes for the rest.
+#[derive(Clone, Debug)]
+struct First {
+    importance: Vec<f32>,
+    /// Threshold of the reference sparsity.
+    reference: f32,
+    /// Thresholds of [`LEVELS`], ascending.
+    levels: Vec<f32>,
+}
+
+impl First {
+    /// From the first chunk's `acts` (`[token][n_ff]`) scored with `importance`: the exact
+    /// quantiles of its scores at the reference sparsity and at [`LEVELS`].
+    fn of(importance: Vec<f32>, acts: &[f32], reference_sparsity: f32) -> First {
+        let n_ff = importance.len().max(1);
+        let scores: Vec<f32> = acts
+            .iter()
+            .enumerate()
+            .map(|(i, a)| a.abs() * importance[i % n_ff])
+            .collect();
+        let mut at = LEVELS.to_vec();
+        at.push(reference_sparsity);
+        let mut order: Vec<usize> = (0..at.len()).collect();
+        order.sort_by(|&a, &b| at[a].total_cmp(&at[b]));
+        let sorted: Vec<f32> = order.iter().map(|&i| at[i]).collect();
+        let mut quantiles = vec![0.0; at.len()];
+        for (&i, v) in order.iter().zip(exact_quantiles(scores, &sorted)) {
+            quantiles[i] = v;
+        }
+        let reference = quantiles.pop().expect("the reference sparsity");
+        First {
+            importance,
+            reference,
+            levels: quantiles,
+        }
+    }
+}
+
 /// The streaming statistics of one layer.
 #[derive(Clone, Debug)]
 pub struct LayerStats {
     down_norms: Vec<f32>,
     reference_sparsity: f32,
-    /// From the first chunk: importance and the reference threshold.
-    first: Option<(Vec<f32>, f32)>,
+    first: Option<First>,
     /// Scores that are exactly zero, and their mass (zero too unless up is infinite).
     zeros: u64,
     counts: Vec<u64>,
@@ -36,6 +91,15 @@ pub struct LayerStats {
     zero_acts: u64,
     active: Vec<u64>,
     sum_abs: Vec<f64>,
+    /// Per neuron: Σ |act(gate) · up|.
+    neuron_mass: Vec<f64>,
+    /// Per level, then neuron: tokens in which the neuron fired.
+    level_active: Vec<u32>,
+    /// Per level, then neuron: 1 + the chunk position of its last firing (0: not yet).
+    last_fired: Vec<u32>,
+    /// Per level: active (token, neuron) pairs past a chunk's first [`REUSE_WINDOW`] tokens by
+    /// how many tokens back the neuron last fired (1..=REUSE_WINDOW; the last: longer or never).
+    reuse_ages: Vec<[u64; REUSE_WINDOW + 1]>,
     tokens: u64,
 }
 
@@ -66,15 +130,48 @@ fn bin_top(b: usize) -> f32 {
     f32::from_bits((((b as u32) + 1) << BIN_SHIFT) - 1)
 }
 
-/// The `k`-th smallest of `values` (1-based; 0 gives 0), exactly.
-fn exact_quantile(mut values: Vec<f32>, sparsity: f32) -> f32 {
-    let k = ((sparsity as f64) * values.len() as f64).floor() as usize;
-    if k == 0 {
+/// The `k`-th smallest of `values` (1-based; 0 gives 0) for `k = ⌊s · n⌋` at each `s` of
+/// `sparsities` (ascending), exactly.
+fn exact_quantiles(mut values: Vec<f32>, sparsities: &[f32]) -> Vec<f32> {
+    let n = values.len();
+    // Each selection leaves everything above its rank after it: the next one selects there.
+    let mut from = 0;
+    sparsities
+        .iter()
+        .map(|&s| {
+            let k = ((s as f64) * n as f64).floor() as usize;
+            if k == 0 || n == 0 {
+                return 0.0;
+            }
+            let at = k.min(n) - 1;
+            let lo = from.min(at);
+            let (_, kth, _) = values[lo..].select_nth_unstable_by(at - lo, f32::total_cmp);
+            let kth = *kth;
+            from = at;
+            kth.max(0.0)
+        })
+        .collect()
+}
+
+/// The fewest neurons whose `counts` (any per-neuron measure of activity) add up to
+/// [`HOT_MASS`] of the total, as a share of the neurons (0 when nothing is active).
+pub fn hot_share(counts: &[f64]) -> f32 {
+    let total: f64 = counts.iter().sum();
+    if total <= 0.0 || counts.is_empty() {
         return 0.0;
     }
-    let at = k.min(values.len()) - 1;
-    let (_, kth, _) = values.select_nth_unstable_by(at, f32::total_cmp);
-    kth.max(0.0)
+    let mut sorted = counts.to_vec();
+    sorted.sort_unstable_by(|a, b| b.total_cmp(a));
+    let mut sum = 0.0;
+    let mut n = 0;
+    for c in sorted {
+        if sum >= HOT_MASS * total {
+            break;
+        }
+        sum += c;
+        n += 1;
+    }
+    n as f32 / counts.len() as f32
 }
 
 impl LayerStats {
@@ -93,13 +190,17 @@ impl LayerStats {
             zero_acts: 0,
             active: vec![0; n_ff],
             sum_abs: vec![0.0; n_ff],
+            neuron_mass: vec![0.0; n_ff],
+            level_active: vec![0; n_ff * LEVELS.len()],
+            last_fired: vec![0; n_ff * LEVELS.len()],
+            reuse_ages: vec![[0; REUSE_WINDOW + 1]; LEVELS.len()],
             tokens: 0,
         }
     }
 
     /// Per neuron: the weight of |act(gate)| in its score (once a chunk was added).
     pub fn importance(&self) -> Option<&[f32]> {
-        self.first.as_ref().map(|(imp, _)| &imp[..])
+        self.first.as_ref().map(|f| &f.importance[..])
     }
 
     /// Adds a chunk of tokens: `acts` (`[token][n_ff]`, act(gate)) and the matching up
@@ -110,23 +211,27 @@ impl LayerStats {
         if n_ff == 0 || acts.is_empty() {
             return;
         }
-        let (importance, reference) = self.first.get_or_insert_with(|| {
-            let importance = importance(ups, &self.down_norms);
-            let scores = acts
-                .iter()
-                .enumerate()
-                .map(|(i, a)| a.abs() * importance[i % n_ff])
-                .collect();
-            let reference = exact_quantile(scores, self.reference_sparsity);
-            (importance, reference)
+        let reference_sparsity = self.reference_sparsity;
+        let first = self.first.get_or_insert_with(|| {
+            First::of(importance(ups, &self.down_norms), acts, reference_sparsity)
         });
-        for (row, up) in acts.chunks_exact(n_ff).zip(ups.chunks_exact(n_ff)) {
+        let (importance, reference, levels) = (&first.importance, first.reference, &first.levels);
+        // A new sequence: nothing fired before its first token.
+        self.last_fired.fill(0);
+        for (pos, (row, up)) in acts
+            .chunks_exact(n_ff)
+            .zip(ups.chunks_exact(n_ff))
+            .enumerate()
+        {
             self.tokens += 1;
+            let counted = pos >= REUSE_WINDOW;
+            let now = pos as u32 + 1;
             for j in 0..n_ff {
                 let (a, u) = (row[j], up[j]);
                 let score = a.abs() * importance[j];
                 let mass = (a * u).abs() as f64;
                 self.total_mass += mass;
+                self.neuron_mass[j] += mass;
                 if score == 0.0 {
                     self.zeros += 1;
                 } else {
@@ -135,8 +240,20 @@ impl LayerStats {
                     self.mass[b] += mass;
                 }
                 self.zero_acts += u64::from(a == 0.0);
-                self.active[j] += u64::from(score > *reference);
+                self.active[j] += u64::from(score > reference);
                 self.sum_abs[j] += a.abs() as f64;
+                // Levels ascend: the neuron is active at the first `fired` of them.
+                let fired = levels.iter().take_while(|&&t| score > t).count();
+                for (i, ages) in self.reuse_ages.iter_mut().enumerate().take(fired) {
+                    let at = i * n_ff + j;
+                    self.level_active[at] += 1;
+                    if counted {
+                        let last = self.last_fired[at];
+                        let age = if last == 0 { u32::MAX } else { now - last };
+                        ages[(age as usize).min(REUSE_WINDOW + 1) - 1] += 1;
+                    }
+                    self.last_fired[at] = now;
+                }
             }
         }
     }
@@ -183,10 +300,50 @@ impl LayerStats {
             })
             .unzip();
         let per = self.tokens.max(1) as f64;
+        let level_thresholds = self
+            .first
+            .as_ref()
+            .map_or_else(|| vec![0.0; LEVELS.len()], |f| f.levels.clone());
+        let levels = LEVELS
+            .iter()
+            .enumerate()
+            .map(|(i, &target)| {
+                let counts = &self.level_active[i * n_ff..(i + 1) * n_ff];
+                let active: u64 = counts.iter().map(|&c| u64::from(c)).sum();
+                let ages = &self.reuse_ages[i];
+                let seen: u64 = ages.iter().sum();
+                let mut within = 0u64;
+                let reuse = ages[..REUSE_WINDOW]
+                    .iter()
+                    .map(|&a| {
+                        within += a;
+                        if seen == 0 {
+                            0.0
+                        } else {
+                            (within as f64 / seen as f64) as f32
+                        }
+                    })
+                    .collect();
+                let as_f64: Vec<f64> = counts.iter().map(|&c| f64::from(c)).collect();
+                LevelProfile {
+                    target,
+                    threshold: level_thresholds[i],
+                    active_share: (active as f64 / values.max(1) as f64) as f32,
+                    hot_share: hot_share(&as_f64),
+                    reuse,
+                    frequency: counts
+                        .iter()
+                        .map(|&c| (f64::from(c) / per) as f32)
+                        .collect(),
+                }
+            })
+            .collect();
         LayerProfile {
+            mass_hot_share: hot_share(&self.neuron_mass),
+            levels,
             importance: self
                 .first
-                .map(|(imp, _)| imp)
+                .map(|f| f.importance)
                 .unwrap_or_else(|| vec![0.0; n_ff]),
             thresholds,
             kept_mass,
@@ -213,13 +370,7 @@ pub fn layer_profile(
 ) -> LayerProfile {
     let n_ff = importance.len();
     let mut stats = LayerStats::new(vec![1.0; n_ff], reference_sparsity);
-    let scores = acts
-        .iter()
-        .enumerate()
-        .map(|(i, a)| a.abs() * importance[i % n_ff])
-        .collect();
-    let reference = exact_quantile(scores, reference_sparsity);
-    stats.first = Some((importance, reference));
+    stats.first = Some(First::of(importance, acts, reference_sparsity));
     stats.add(acts, ups);
     stats.finish(grid)
 }
@@ -278,6 +429,58 @@ mod tests {
         s.add(&acts[100..], &ups[100..]);
         assert_eq!(s.importance().unwrap(), &[3.0, 10.0]);
         assert_eq!(s.tokens(), 100);
+    }
+
+    #[test]
+    fn levels_measure_frequency_skew_and_reuse() {
+        // 10 neurons over two chunks of 40 tokens: neuron j fires (1 + j/100) on the tokens of
+        // its parity, 0 otherwise; neuron 0's up is 100, the rest 1. Half of all values are
+        // zero, so the levels up to 50% keep exactly the firing ones.
+        let n_ff = 10;
+        let chunk = |_: usize| -> (Vec<f32>, Vec<f32>) {
+            let acts = (0..40 * n_ff)
+                .map(|i| {
+                    let (t, j) = (i / n_ff, i % n_ff);
+                    if (t + j) % 2 == 0 {
+                        1.0 + j as f32 / 100.0
+                    } else {
+                        0.0
+                    }
+                })
+                .collect();
+            let ups = (0..40 * n_ff)
+                .map(|i| if i % n_ff == 0 { 100.0 } else { 1.0 })
+                .collect();
+            (acts, ups)
+        };
+        let mut stats = LayerStats::new(vec![1.0; n_ff], 0.5);
+        for c in 0..2 {
+            let (a, u) = chunk(c);
+            stats.add(&a, &u);
+        }
+        let p = stats.finish(&sparsity_grid());
+        assert_eq!(p.levels.len(), LEVELS.len());
+        for level in &p.levels[..5] {
+            assert_eq!(level.threshold, 0.0);
+            assert_eq!(level.active_share, 0.5);
+            assert!(level.frequency.iter().all(|&f| f == 0.5));
+            // Equal counts: 8 of the 10 neurons carry 80% of the activations.
+            assert!((level.hot_share - 0.8).abs() < 1e-6, "{}", level.hot_share);
+            // Never active in the token before, always two tokens before.
+            assert_eq!(level.reuse, vec![0.0, 1.0, 1.0, 1.0, 1.0]);
+        }
+        // Above 50% the threshold rises past some of the firing neurons' scores.
+        assert!(p.levels[8].threshold > 0.0);
+        assert!(p.levels[8].active_share < 0.15);
+        // Neuron 0's up makes it carry most of the mass: 1 of 10 neurons.
+        assert!(
+            (p.mass_hot_share - 0.1).abs() < 1e-6,
+            "{}",
+            p.mass_hot_share
+        );
+        assert_eq!(hot_share(&[]), 0.0);
+        assert_eq!(hot_share(&[0.0, 0.0]), 0.0);
+        assert_eq!(hot_share(&[7.0, 1.0, 1.0, 1.0]), 0.5);
     }
 
     #[test]

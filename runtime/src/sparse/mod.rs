@@ -3,9 +3,12 @@
 //! - [`profile`]: activation statistics of a model over calibration text (`conductor profile`):
 //!   per-layer thresholds for target sparsities (CATS), neuron frequencies, hot ranking.
 //! - [`predictor`]: per-layer low-rank predictors `fc2 · ReLU(fc1 · x)` of the active set.
+//! - [`operating`]: operating points (mode, sparsity, predictor recall), their cost, and the
+//!   choice of the cheapest within a perplexity tolerance of dense.
 //! - [`SparseFfn`]: what the executor holds to skip neurons in decode.
 
 pub mod layer_stats;
+pub mod operating;
 pub mod powerinfer;
 pub mod predictor;
 pub mod profile;

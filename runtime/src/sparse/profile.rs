@@ -13,13 +13,14 @@
 //! neurons carry at each, every neuron's activation frequency and mean magnitude at a reference
 //! sparsity (the hot/cold ranking), and optionally the layers' trained predictors.
 
+use super::operating::ChosenPoint;
 use super::predictor::Predictor;
 use crate::plan::ModelIdentity;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
 /// Format version of profile files; bumped on any change of [`ModelProfile`].
-pub const PROFILE_VERSION: u32 = 2;
+pub const PROFILE_VERSION: u32 = 3;
 const MAGIC: &[u8; 8] = b"CNDPROF\0";
 
 /// Target sparsities at which thresholds are tabulated: 0%, 5%, …, 95%, then 97.5% and 99%.
@@ -48,6 +49,10 @@ pub enum ProfileError {
     OtherModel { profile: String, model: String },
     #[error("sparsity {0} is outside 0..=0.99")]
     Sparsity(f32),
+    #[error("the activation profile has no predictors (run `conductor profile` without --no-predictors)")]
+    NoPredictors,
+    #[error("predictor recall {0} is not one the profile calibrated (0.8, 0.85, 0.9, 0.92, 0.95, 0.98, 0.99)")]
+    Recall(f32),
 }
 
 impl ModelIdentity {
@@ -81,6 +86,33 @@ pub struct LayerProfile {
     pub frequency: Vec<f32>,
     /// Per neuron: mean |act(gate)|.
     pub mean_abs: Vec<f32>,
+    /// The fewest neurons that carry 80% of the FFN output's mass (Σ |act(gate) · up| over
+    /// the calibration tokens), as a share of the layer's neurons: how skewed activation is,
+    /// whatever the threshold.
+    pub mass_hot_share: f32,
+    /// Active sets followed token by token at each sparsity of
+    /// [`super::layer_stats::LEVELS`].
+    pub levels: Vec<LevelProfile>,
+}
+
+/// One layer's active sets at one sparsity, measured token by token.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LevelProfile {
+    /// The sparsity whose threshold (the first chunk's quantile) defines the active sets.
+    pub target: f32,
+    /// That threshold on the score.
+    pub threshold: f32,
+    /// Share of (token, neuron) pairs active over every calibration token.
+    pub active_share: f32,
+    /// The fewest neurons that take 80% of the activations (active pairs), as a share of
+    /// the layer's neurons: 0.2 would be PowerInfer's "20% of neurons, 80% of activations";
+    /// `1 − target` times 0.8 means no skew at all.
+    pub hot_share: f32,
+    /// `reuse[k − 1]`: the share of a token's active neurons that were active in at least one
+    /// of the `k` tokens before it (LLM in a Flash's sliding window), k = 1..=5.
+    pub reuse: Vec<f32>,
+    /// Per neuron: share of tokens in which it is active.
+    pub frequency: Vec<f32>,
 }
 
 /// Trained predictors of every layer, for one target sparsity.
@@ -91,6 +123,56 @@ pub struct PredictorSet {
     pub layers: Vec<Predictor>,
     /// Held-out figures per layer: (recall, precision, predicted fraction).
     pub held_out: Vec<(f32, f32, f32)>,
+    /// Per layer: the predictor's operating points, each a sparsity of
+    /// [`super::layer_stats::LEVELS`] and a recall of [`PREDICTOR_RECALLS`].
+    pub points: Vec<Vec<PredictorPoint>>,
+}
+
+/// The recalls a predictor's operating points are calibrated for.
+pub const PREDICTOR_RECALLS: [f32; 7] = [0.8, 0.85, 0.9, 0.92, 0.95, 0.98, 0.99];
+
+/// A layer's predictor at one operating point: the logit cut that keeps `recall_target` of
+/// the neurons active at `sparsity` on the calibration slice of the samples, and what that
+/// cut gives on the held-out samples.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PredictorPoint {
+    pub sparsity: f32,
+    pub recall_target: f32,
+    /// Neurons whose logit is at least this are predicted active.
+    pub cut: f32,
+    /// Held out: predicted-and-active / active.
+    pub recall: f32,
+    /// Held out: predicted-and-active / predicted.
+    pub precision: f32,
+    /// Held out: share of (token, neuron) pairs predicted active.
+    pub predicted: f32,
+}
+
+impl PredictorSet {
+    /// Layer `l`'s operating point nearest `sparsity` at recall `recall` (one of
+    /// [`PREDICTOR_RECALLS`]).
+    pub fn point(
+        &self,
+        l: usize,
+        sparsity: f32,
+        recall: f32,
+    ) -> Result<PredictorPoint, ProfileError> {
+        if !PREDICTOR_RECALLS.iter().any(|&r| (r - recall).abs() < 1e-4) {
+            return Err(ProfileError::Recall(recall));
+        }
+        self.points
+            .get(l)
+            .into_iter()
+            .flatten()
+            .filter(|p| (p.recall_target - recall).abs() < 1e-4)
+            .min_by(|a, b| {
+                (a.sparsity - sparsity)
+                    .abs()
+                    .total_cmp(&(b.sparsity - sparsity).abs())
+            })
+            .copied()
+            .ok_or(ProfileError::Recall(recall))
+    }
 }
 
 /// A model's activation profile (`conductor profile`).
@@ -98,6 +180,9 @@ pub struct PredictorSet {
 pub struct ModelProfile {
     pub version: u32,
     pub model: ModelIdentity,
+    /// The file it was profiled on and the layout its weights had then ("m.gguf, rows
+    /// interleaved 8 by 8"): named when the profile is refused for another model.
+    pub source: String,
     /// Where the calibration text came from, and how many tokens were profiled.
     pub calibration: String,
     pub tokens: u64,
@@ -106,6 +191,9 @@ pub struct ModelProfile {
     pub reference_sparsity: f32,
     pub layers: Vec<LayerProfile>,
     pub predictors: Option<PredictorSet>,
+    /// The default operating point of sparse decode (`--sparsity default` under `--memory`):
+    /// measured on held-out text, or a published one for random weights. `None`: not chosen.
+    pub operating_point: Option<ChosenPoint>,
 }
 
 impl ModelProfile {
@@ -171,13 +259,35 @@ impl ModelProfile {
 
     /// Reads a profile and checks it belongs to `model`.
     pub fn load(path: &Path, model: &ModelIdentity) -> Result<ModelProfile, ProfileError> {
+        ModelProfile::load_for(path, model, None)
+    }
+
+    /// [`ModelProfile::load`], naming the model's file (`model_file`) beside the profile's own
+    /// when it is refused.
+    pub fn load_for(
+        path: &Path,
+        model: &ModelIdentity,
+        model_file: Option<&Path>,
+    ) -> Result<ModelProfile, ProfileError> {
         let name = path.display().to_string();
         let bytes = std::fs::read(path).map_err(|source| ProfileError::Io {
             path: name.clone(),
             source,
         })?;
         let profile = ModelProfile::decode(&bytes, &name)?;
-        profile.model.check(model)?;
+        if profile.model != *model {
+            return Err(ProfileError::OtherModel {
+                profile: format!(
+                    "{name}: {}, profiled on {}",
+                    profile.model.describe(),
+                    profile.source
+                ),
+                model: match model_file {
+                    Some(file) => format!("{}: {}", file.display(), model.describe()),
+                    None => model.describe(),
+                },
+            });
+        }
         Ok(profile)
     }
 
@@ -232,9 +342,22 @@ impl ModelProfile {
             {
                 return Err(format!("layer {l}: per-neuron tables are not n_ff long"));
             }
+            for level in &p.levels {
+                if level.frequency.len() != m.n_ff as usize
+                    || level.reuse.len() != super::layer_stats::REUSE_WINDOW
+                {
+                    return Err(format!(
+                        "layer {l}: the tables of sparsity {} have the wrong size",
+                        level.target
+                    ));
+                }
+            }
         }
         if let Some(set) = &self.predictors {
-            if set.layers.len() != m.n_layer as usize {
+            if set.layers.len() != m.n_layer as usize
+                || set.held_out.len() != m.n_layer as usize
+                || set.points.len() != m.n_layer as usize
+            {
                 return Err("predictors do not cover every layer".into());
             }
             for (l, p) in set.layers.iter().enumerate() {
@@ -284,12 +407,14 @@ mod tests {
         ModelProfile {
             version: PROFILE_VERSION,
             model: identity(),
+            source: "test.gguf, file rows".into(),
             calibration: "test".into(),
             tokens: 100,
             grid,
             reference_sparsity: 0.5,
             layers: vec![layer.clone(), layer],
             predictors: None,
+            operating_point: None,
         }
     }
 
@@ -336,6 +461,19 @@ mod tests {
         other.norms_crc32 = 8;
         let e = ModelProfile::load(&path, &other).unwrap_err();
         assert!(matches!(e, ProfileError::OtherModel { .. }), "{e}");
+        // Both named: the profile's file and what it was made on, the model's file.
+        let e = ModelProfile::load_for(&path, &other, Some(Path::new("other.gguf")))
+            .unwrap_err()
+            .to_string();
+        for part in [
+            "m.gguf.profile",
+            "test.gguf, file rows",
+            "other.gguf",
+            "00000007",
+            "00000008",
+        ] {
+            assert!(e.contains(part), "{part}: {e}");
+        }
         // A flipped byte, a truncation, another version, not a profile at all.
         let bytes = std::fs::read(&path).unwrap();
         let mut flipped = bytes.clone();
@@ -345,11 +483,12 @@ mod tests {
             Err(ProfileError::Damaged { .. })
         ));
         assert!(ModelProfile::decode(&bytes[..bytes.len() / 2], "x").is_err());
+        // The previous version (no token-by-token statistics, no operating point).
         let mut v2 = bytes.clone();
-        v2[8] = 3;
+        v2[8] = 2;
         assert!(matches!(
             ModelProfile::decode(&v2, "x"),
-            Err(ProfileError::Version { found: 3, .. })
+            Err(ProfileError::Version { found: 2, .. })
         ));
         assert!(matches!(
             ModelProfile::decode(b"GGUF....0123456789", "x"),
@@ -372,6 +511,7 @@ mod tests {
             sparsity: 0.5,
             layers: vec![pred.clone(), pred],
             held_out: vec![(0.99, 0.5, 0.6); 2],
+            points: vec![Vec::new(); 2],
         });
         p
     }
