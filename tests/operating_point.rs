@@ -128,9 +128,10 @@ fn store_of(model: &Path, dir: &ScratchDir) -> PathBuf {
     store
 }
 
-/// Generous: every bundle fits (the point is the sparsity chosen, not the cache).
+/// Generous: every bundle fits, beside the runtime's fixed share (the point is the sparsity
+/// chosen, not the cache).
 fn budget(store: &Path) -> u64 {
-    std::fs::metadata(store).unwrap().len() * 2
+    std::fs::metadata(store).unwrap().len() * 2 + (32 << 20)
 }
 
 #[test]
@@ -226,36 +227,19 @@ fn a_profile_of_another_model_is_refused_naming_both() {
     let profile = profile_with_point(&a, Some(OperatingPoint::threshold(0.3)));
     let path = dir.join("a.profile");
     profile.save(&path).unwrap();
-    // The same weights in another quantization are another model too.
-    let a_q8 = dir.file("a-q8.gguf", || {
-        synthetic_model(&SyntheticSpec {
-            mix: TypeMix::Uniform,
-            weight_type: conductor::runtime::quant::GgmlType::Q8_0,
-            ..q4km_spec(7)
-        })
-        .unwrap()
-        .to_bytes()
-        .unwrap()
-    });
-    for other in [&b, &a_q8] {
-        let (e, _) = engine(
-            other,
-            None,
-            SparsitySettings {
-                profile: Some(path.clone()),
-                ..settings(Some(SparsityMode::Threshold))
-            },
-        );
-        let e = e.err().expect("another model's profile").to_string();
-        for name in [
-            "a.profile",
-            "a.gguf",
-            other.file_name().unwrap().to_str().unwrap(),
-        ] {
-            assert!(e.contains(name), "{name}: {e}");
-        }
-        assert!(e.contains("another model"), "{e}");
+    let (e, _) = engine(
+        &b,
+        None,
+        SparsitySettings {
+            profile: Some(path.clone()),
+            ..settings(Some(SparsityMode::Threshold))
+        },
+    );
+    let e = e.err().expect("another model's profile").to_string();
+    for name in ["a.profile", "a.gguf", "b.gguf"] {
+        assert!(e.contains(name), "{name}: {e}");
     }
+    assert!(e.contains("another model"), "{e}");
     // Under a budget the default reads the profile beside the store's source: refused the same.
     profile.save(&ModelProfile::default_path(&b)).unwrap();
     let store = {
