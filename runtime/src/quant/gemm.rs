@@ -78,8 +78,8 @@ impl<const G: usize> PackedDot for MaddPacked<G> {
         let mut s32: [__m256i; 4] = std::array::from_fn(|j| _mm256_set1_epi32(corr[j]));
         for chunk in 0..8 / G {
             let mut s = [_mm256_setzero_si256(); 4];
-            for g in chunk * G..(chunk + 1) * G {
-                let wg = loadw(&w[g]);
+            for (g, wg) in w.iter().enumerate().skip(chunk * G).take(G) {
+                let wg = loadw(wg);
                 for j in 0..4 {
                     s[j] = _mm256_add_epi16(s[j], _mm256_maddubs_epi16(wg, bcast4(y[j], g)));
                 }
