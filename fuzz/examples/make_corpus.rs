@@ -71,16 +71,27 @@ fn activation_profile_body() -> Vec<u8> {
         "zero_fraction": 0.5,
         "frequency": [0.9, 0.5, 0.1, 0.0],
         "mean_abs": [1.0, 0.5, 0.2, 0.0],
+        "mass_hot_share": 0.5,
+        "levels": [{
+            "target": 0.5,
+            "threshold": 0.5,
+            "active_share": 0.5,
+            "hot_share": 0.25,
+            "reuse": [0.6, 0.7, 0.8, 0.85, 0.9],
+            "frequency": [0.9, 0.5, 0.1, 0.0],
+        }],
     });
     let profile = serde_json::json!({
         "version": conductor_runtime::sparse::profile::PROFILE_VERSION,
         "model": {"arch": "llama", "n_layer": 2, "n_embd": 32, "n_ff": 4, "relu": true, "norms_crc32": 7},
+        "source": "seed.gguf",
         "calibration": "seed",
         "tokens": 16,
         "grid": [0.0, 0.5],
         "reference_sparsity": 0.5,
         "layers": [layer.clone(), layer],
         "predictors": null,
+        "operating_point": null,
     });
     let p: conductor_runtime::sparse::profile::ModelProfile =
         serde_json::from_value(profile).unwrap();
