@@ -35,21 +35,6 @@ fn q4km_spec(seed: u64) -> SyntheticSpec {
     }
 }
 
-fn text(words: usize) -> String {
-    let mut x = 4242u64;
-    let mut out = String::new();
-    for _ in 0..words {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        for k in 0..2 + (x % 6) as usize {
-            out.push((b'a' + ((x >> (8 + 5 * k)) % 26) as u8) as char);
-        }
-        out.push(' ');
-    }
-    out
-}
-
 fn settings(mode: Option<SparsityMode>) -> SparsitySettings {
     SparsitySettings {
         mode,
@@ -101,7 +86,14 @@ fn profile_with_point(model: &Path, point: Option<OperatingPoint>) -> ModelProfi
         )),
         threads: 2,
     };
-    let mut p = profile_model(e, &text(3000), "test", &options, &|_, _| {}).unwrap();
+    let mut p = profile_model(
+        e,
+        &common::random_words(4242, 3000),
+        "test",
+        &options,
+        &|_, _| {},
+    )
+    .unwrap();
     p.operating_point = point.map(|point| ChosenPoint {
         point,
         cost: point_cost(&p, &point).unwrap(),
@@ -325,7 +317,7 @@ fn random_relu_weights_get_the_published_point() {
         .unwrap()
     });
     let out = dir.join("relu.profile");
-    let text = dir.file("text.txt", || text(3000).into_bytes());
+    let text = dir.file("text.txt", || common::random_words(4242, 3000).into_bytes());
     let run = common::conductor()
         .args(["profile", "-t", "2", "--tokens", "1024", "-c", "128"])
         .args(["--predictor-ranks", "32", "-f"])

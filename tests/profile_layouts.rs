@@ -16,21 +16,6 @@ use conductor::runtime::synthetic::{synthetic_model, SyntheticSpec};
 use conductor::{DriverKind, Engine, EngineBuilder, SparsitySettings};
 use std::path::Path;
 
-fn text(words: usize) -> String {
-    let mut x = 99u64;
-    let mut out = String::new();
-    for _ in 0..words {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        for k in 0..2 + (x % 6) as usize {
-            out.push((b'a' + ((x >> (8 + 5 * k)) % 26) as u8) as char);
-        }
-        out.push(' ');
-    }
-    out
-}
-
 /// The profile of the model at `path` loaded by `configure`d builder, and the layout the
 /// engine holds layer 0's gate in.
 fn profile_of(
@@ -64,7 +49,14 @@ fn profile_of(
         predictors: None,
         threads: 2,
     };
-    let p = profile_model(&mut engine, &text(800), "test", &options, &|_, _| {}).unwrap();
+    let p = profile_model(
+        &mut engine,
+        &common::random_words(99, 800),
+        "test",
+        &options,
+        &|_, _| {},
+    )
+    .unwrap();
     (p, layout)
 }
 

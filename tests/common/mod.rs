@@ -153,6 +153,23 @@ pub fn assert_success(out: &std::process::Output) {
     );
 }
 
+/// `words` pseudo-random lowercase words of 2-7 letters (xorshift from `seed`): calibration
+/// text for profiles of random-weight models.
+pub fn random_words(seed: u64, words: usize) -> String {
+    let mut x = seed;
+    let mut out = String::new();
+    for _ in 0..words {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        for k in 0..2 + (x % 6) as usize {
+            out.push((b'a' + ((x >> (8 + 5 * k)) % 26) as u8) as char);
+        }
+        out.push(' ');
+    }
+    out
+}
+
 /// The small generated llama the store and cache tests share: 3 layers, 128 wide, 512 FFN
 /// neurons, grouped-query attention (4 heads, 2 KV heads); weights drawn from `seed`.
 pub fn small_spec(seed: u64) -> SyntheticSpec {
