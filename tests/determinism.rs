@@ -134,12 +134,12 @@ fn logits_are_bit_identical_across_drivers_thread_counts_and_group_splits() {
     );
 }
 
-/// (number of logits, CRC-32 of their bits) of the default model over the first long reference
-/// prompt and 8 greedy tokens, as computed on x86-64 (AVX-512 VNNI and scalar alike). Changed
+/// (number of logits, CRC-32 of their bits) of the default model over the first 100 tokens of
+/// the first long reference prompt and 8 of its greedy tokens, as computed on x86-64 (AVX-512 VNNI and scalar alike). Changed
 /// on purpose for issue 41 (batch-invariant numerics: prefill sums the FFN's down projection
 /// over decode's clusters and every step attends with the f32 tiled path), after
 /// `tests/reference_outputs.rs` passed with the new bits.
-const DEFAULT_MODEL_LOGITS: (usize, u32) = (17_350_656, 0x5714_91CF);
+const DEFAULT_MODEL_LOGITS: (usize, u32) = (5_308_416, 0x4835_E883);
 
 #[test]
 fn default_model_logits_are_bit_identical_on_both_drivers_and_1_and_2_threads() {
@@ -148,9 +148,12 @@ fn default_model_logits_are_bit_identical_on_both_drivers_and_1_and_2_threads() 
         .into_iter()
         .find(|r| r.prompt_ids.len() > 64)
         .expect("a long reference prompt");
-    let mut tokens = r.prompt_ids.clone();
+    // The prompt's first 100 tokens (a prefill with many output rows; the whole 345-token
+    // prompt cost CI a minute and a half more, mostly in the scalar kernels), then 8 tokens
+    // decoded one by one.
+    let n = 100;
+    let mut tokens = r.prompt_ids[..n].to_vec();
     tokens.extend(&r.greedy_ids[..8]);
-    let n = r.prompt_ids.len();
     let plan = ExecutionPlan::default();
     let reference = logit_bits(&mut *inline(&model, 1, &plan), &tokens, n);
     // The same bits on every CPU: every kernel set this one has (scalar, AVX2, AVX-VNNI,

@@ -52,6 +52,15 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
+/// The count is of the whole process: the tests of this file take turns.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// Decode steps measured, after a prompt and warm-up steps.
 const STEPS: u32 = 8;
 
@@ -108,6 +117,7 @@ fn count<D: Driver>(d: &mut D, loads: impl Fn(&D) -> u64) -> (u64, u64) {
 
 #[test]
 fn decode_steps_allocate_nothing_per_load() {
+    let _turn = one_at_a_time();
     let dir = ScratchDir::new("alloc");
     let store = store(&dir);
     for (slots, hot) in [(3, 0), (12, 6)] {
@@ -160,5 +170,44 @@ fn decode_steps_allocate_nothing_per_load() {
         );
         // Measured: about 10 per load (kameo's boxes for three messages, the load's item list).
         assert!(per_load < 16.0, "{per_load:.1} allocations per load");
+    }
+}
+
+/// In memory, with the plan the engine picks for a real file: a decode step allocates nothing.
+/// The output projection is sent as many clusters in one message (24 on SmolLM2, more on
+/// Gemma's 262k vocabulary), which once spilled `Blocks` to the heap every step.
+#[test]
+fn default_in_memory_decode_allocates_nothing() {
+    use conductor::{DriverKind, Engine};
+    let _turn = one_at_a_time();
+    for (name, path) in [
+        ("SmolLM2 (Q4_1)", common::default_model()),
+        ("Gemma-3-270M (Q4_K_M)", common::gemma3_model()),
+    ] {
+        for threads in [1, 2] {
+            let mut engine = Engine::builder()
+                .model(&path)
+                .driver(DriverKind::Inline)
+                .threads(threads)
+                .pin_threads(false)
+                .build()
+                .unwrap();
+            let mut session = engine.session(Some(64)).unwrap();
+            engine.eval_last(&mut session, &[1, 2, 3, 4]).unwrap();
+            for t in 0..3 {
+                engine.eval_last(&mut session, &[10 + t]).unwrap();
+            }
+            let before = ALLOCATIONS.load(Ordering::Relaxed);
+            for t in 0..STEPS {
+                engine.eval_last(&mut session, &[20 + t]).unwrap();
+            }
+            let allocs = ALLOCATIONS.load(Ordering::Relaxed) - before;
+            eprintln!("{name}, {threads} threads: {allocs} allocations in {STEPS} steps");
+            // (The count is of the whole process: the harness's thread may allocate once.)
+            assert!(
+                allocs < u64::from(STEPS),
+                "{name}, {threads} threads: {allocs} allocations in {STEPS} decode steps"
+            );
+        }
     }
 }

@@ -3,8 +3,9 @@
 //! For each reference prompt: feed `prompt_ids` exactly, then teacher-force llama.cpp's greedy
 //! continuation and compare argmaxes position by position. Positions where llama.cpp's own top-1
 //! margin is below 0.5 are reported separately: greedy text is fragile there, even between
-//! llama.cpp configurations. Then decode freely (greedy, through end-of-generation tokens) and
-//! count identical continuations; and compare the first position's top-5 logits.
+//! llama.cpp configurations. Free decoding (greedy, through end-of-generation tokens) gives the same
+//! tokens up to the first miss, so the first miss is where it diverges: continuations identical
+//! to llama.cpp's are counted from that. And the first position's top-5 logits are compared.
 
 use super::ModelArgs;
 use anyhow::{bail, Context, Result};
@@ -56,9 +57,12 @@ pub fn run(args: CheckRefsArgs) -> Result<()> {
     {
         let r: Reference = serde_json::from_str(line)
             .with_context(|| format!("{} line {}", args.refs.display(), i + 1))?;
-        if r.prompt_ids.is_empty() || r.greedy_ids.len() != r.greedy_top1_margin.len() {
+        if r.prompt_ids.is_empty()
+            || r.greedy_ids.is_empty()
+            || r.greedy_ids.len() != r.greedy_top1_margin.len()
+        {
             bail!(
-                "{} line {}: needs prompt ids and one margin per greedy token",
+                "{} line {}: needs prompt ids, greedy ids and one margin per greedy token",
                 args.refs.display(),
                 i + 1
             );
@@ -80,6 +84,7 @@ pub fn run(args: CheckRefsArgs) -> Result<()> {
             .prompt_ids
             .iter()
             .chain(&r.greedy_ids)
+            .chain(r.top5_first.iter().map(|(id, _)| id))
             .find(|&&t| t >= n_vocab)
         {
             bail!(
@@ -87,43 +92,44 @@ pub fn run(args: CheckRefsArgs) -> Result<()> {
                 r.id
             );
         }
+        // Teacher forcing: position k predicts greedy_ids[k] after seeing greedy_ids[..k]. One
+        // evaluation of the prompt and the continuation gives every position's logits, the
+        // bits of decoding them one by one (batch-invariant numerics, tests/batch_invariance.rs).
         let n = r.greedy_ids.len();
-        let mut session = engine.session(Some(r.prompt_ids.len() + n + 1))?;
-        let first = engine.eval_last(&mut session, &r.prompt_ids)?.to_vec();
+        let p = r.prompt_ids.len();
+        let mut tokens = r.prompt_ids.clone();
+        tokens.extend(&r.greedy_ids[..n.saturating_sub(1)]);
+        let mut session = engine.session(Some(tokens.len() + 1))?;
+        let mut first = Vec::new();
+        let mut predicted = Vec::with_capacity(n);
+        engine.eval(&mut session, &tokens, p - 1, &mut |at, rows| {
+            for (i, row) in rows.chunks_exact(n_vocab as usize).enumerate() {
+                if at + i == p - 1 {
+                    first = row.to_vec();
+                }
+                predicted.push(argmax(row));
+            }
+        })?;
         let dlogit = r
             .top5_first
             .iter()
             .map(|&(id, l)| (first[id as usize] - l).abs())
             .fold(0.0f32, f32::max);
-
-        // Teacher forcing: position k predicts greedy_ids[k] after seeing greedy_ids[..k].
         let (mut confident_agree, mut confident, mut agree) = (0, 0, 0);
-        let mut logits = first.clone();
-        for k in 0..n {
-            let hit = argmax(&logits) == r.greedy_ids[k];
+        for (k, &token) in predicted.iter().enumerate() {
+            let hit = token == r.greedy_ids[k];
             agree += hit as usize;
             if r.greedy_top1_margin[k] >= CONFIDENT_MARGIN {
                 confident += 1;
                 confident_agree += hit as usize;
             }
-            if k + 1 < n {
-                logits = engine.eval_last(&mut session, &[r.greedy_ids[k]])?.to_vec();
-            }
         }
-
-        // Free running from the same prompt.
-        session.truncate(r.prompt_ids.len());
-        let mut logits = first;
-        let mut diverged_at = None;
-        for k in 0..n {
-            let token = argmax(&logits);
-            if token != r.greedy_ids[k] && diverged_at.is_none() {
-                diverged_at = Some(k);
-            }
-            if k + 1 < n {
-                logits = engine.eval_last(&mut session, &[token])?.to_vec();
-            }
-        }
+        // Free running from the same prompt follows the reference up to its first miss, with
+        // the same tokens and so the same logits as above: it diverges there.
+        let diverged_at = predicted
+            .iter()
+            .zip(&r.greedy_ids)
+            .position(|(got, want)| got != want);
         let free = match diverged_at {
             None => "identical".to_string(),
             Some(k) => format!("differs@{k}"),

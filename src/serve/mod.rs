@@ -12,6 +12,7 @@ mod constrain;
 mod error;
 mod hook;
 mod limits;
+pub mod local;
 mod metrics;
 mod page;
 mod request;
@@ -75,8 +76,12 @@ pub struct AppState {
     queue_size: usize,
     template: ChatTemplate,
     tokenizer: Arc<Tokenizer>,
-    /// Structured output, or why it is unavailable (this model, or a memory budget).
-    constraints: Result<constrain::Constraints, String>,
+    /// Structured output, or why it is unavailable (this model, or a memory budget): made
+    /// at the start by `serve`, on first use by an embedder ([`local::Local`]), whose load
+    /// time it would otherwise add to (a third of a second for SmolLM2's vocabulary).
+    constraints: std::sync::OnceLock<Result<constrain::Constraints, String>>,
+    /// Under a memory budget: no structured output.
+    budgeted: bool,
     /// How the template's model writes tool calls, or why it takes no tools.
     tool_syntax: Result<tools::Syntax, String>,
     n_ctx: usize,
@@ -131,13 +136,21 @@ fn tool_syntax(template: &ChatTemplate) -> Result<tools::Syntax, String> {
     })
 }
 
-/// Runs the server on `engine` until SIGTERM or Ctrl-C. `on_listening` is called with the
-/// bound address once requests are accepted.
-pub fn serve(
+/// What the server runs on: the handlers' state, what they share with the engine's thread,
+/// and that thread (serving `engine` in its slots until [`worker::Shared::shutdown`] is set
+/// or every sender is gone). [`serve`] puts a listener in front of it; [`local::Local`]
+/// calls the handlers in-process. `lazy_constraints`: structured output is made on first
+/// use rather than now. `say` receives the lines worth telling the user.
+fn start(
     engine: Engine,
-    options: ServeOptions,
-    on_listening: impl FnOnce(SocketAddr),
-) -> anyhow::Result<()> {
+    options: &ServeOptions,
+    lazy_constraints: bool,
+    say: &mut dyn FnMut(&str),
+) -> anyhow::Result<(
+    Arc<AppState>,
+    Arc<worker::Shared>,
+    std::thread::JoinHandle<()>,
+)> {
     use anyhow::Context;
     let tokenizer = engine.shared_tokenizer();
     let template = match &options.chat_template {
@@ -148,14 +161,19 @@ pub fn serve(
         None => {
             let (template, fallback) = engine.chat_template()?;
             if let Some(name) = fallback {
-                eprintln!("serve: the model file has no chat template; using the {name} format");
+                say(&format!(
+                    "serve: the model file has no chat template; using the {name} format"
+                ));
             }
             template
         }
     };
     let tool_syntax = tool_syntax(&template);
     if let Ok(syntax) = &tool_syntax {
-        eprintln!("serve: tool calls in the {} syntax", syntax.name());
+        say(&format!(
+            "serve: tool calls in the {} syntax",
+            syntax.name()
+        ));
     }
     let n_ctx = options
         .context
@@ -170,16 +188,7 @@ pub fn serve(
         .model_path()
         .file_stem()
         .map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned());
-    // llguidance's tables for a vocabulary are large (21 MiB for SmolLM2's 49k tokens) and
-    // not in a memory budget's split: under --memory the server does without them.
-    let constraints = if engine.budget().is_some() {
-        Err("off under --memory (llguidance's tables for the vocabulary would not fit in the budget's split)".to_string())
-    } else {
-        constrain::Constraints::new(tokenizer.clone())
-    };
-    if let Err(e) = &constraints {
-        eprintln!("serve: structured output is unavailable: {e}");
-    }
+    let engine_budgeted = engine.budget().is_some();
     let props = api::Props {
         model: model.clone(),
         n_ctx,
@@ -196,6 +205,7 @@ pub fn serve(
         metrics: metrics::Metrics::new()?,
         shutdown: Default::default(),
         tokenizer: tokenizer.clone(),
+        forget: Default::default(),
     });
     let queue_size = options.queue.max(1);
     let (queue, jobs) = std::sync::mpsc::sync_channel(queue_size);
@@ -211,7 +221,8 @@ pub fn serve(
         queue_size,
         template,
         tokenizer,
-        constraints,
+        constraints: std::sync::OnceLock::new(),
+        budgeted: engine_budgeted,
         tool_syntax,
         n_ctx,
         model,
@@ -220,6 +231,39 @@ pub fn serve(
         api_key: options.api_key.clone(),
         shared: shared.clone(),
     });
+    if !lazy_constraints {
+        if let Err(e) = state.constraints() {
+            say(&format!("serve: structured output is unavailable: {e}"));
+        }
+    }
+    Ok((state, shared, worker))
+}
+
+impl AppState {
+    /// Structured output, or why it is unavailable.
+    fn constraints(&self) -> &Result<constrain::Constraints, String> {
+        self.constraints.get_or_init(|| {
+            // llguidance's tables for a vocabulary are large (21 MiB for SmolLM2's 49k
+            // tokens) and not in a memory budget's split: under --memory the server does
+            // without them.
+            if self.budgeted {
+                Err("off under --memory (llguidance's tables for the vocabulary would not fit in the budget's split)".to_string())
+            } else {
+                constrain::Constraints::new(self.tokenizer.clone())
+            }
+        })
+    }
+}
+
+/// Runs the server on `engine` until SIGTERM or Ctrl-C. `on_listening` is called with the
+/// bound address once requests are accepted.
+pub fn serve(
+    engine: Engine,
+    options: ServeOptions,
+    on_listening: impl FnOnce(SocketAddr),
+) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let (state, shared, worker) = start(engine, &options, false, &mut |line| eprintln!("{line}"))?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -138,7 +138,7 @@ async fn health(State(state): Shared) -> Response {
     Json(serde_json::json!({"status": "ok"})).into_response()
 }
 
-async fn metrics(State(state): Shared) -> Response {
+pub(super) async fn metrics(State(state): Shared) -> Response {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         state.shared.metrics.render(),
@@ -146,7 +146,7 @@ async fn metrics(State(state): Shared) -> Response {
         .into_response()
 }
 
-async fn props(State(state): Shared) -> Json<super::api::Props> {
+pub(super) async fn props(State(state): Shared) -> Json<super::api::Props> {
     Json(state.props.clone())
 }
 
@@ -298,7 +298,7 @@ fn event_stream(
         .into_response()
 }
 
-async fn chat(
+pub(super) async fn chat(
     State(state): Shared,
     body: Result<Json<ChatRequest>, JsonRejection>,
 ) -> Result<Response, ApiError> {
@@ -337,7 +337,7 @@ async fn chat(
         let grammar = offer.as_ref().and_then(|o| o.grammar(&state.tokenizer));
         let matcher = match (grammar, format) {
             (None, None) => None,
-            (grammar, format) => match &state.constraints {
+            (grammar, format) => match state.constraints() {
                 Ok(c) => match grammar {
                     Some(grammar) => Some(c.compile_lark(grammar)?),
                     None => format.map(|f| c.compile(f)).transpose()?.flatten(),
@@ -577,7 +577,7 @@ fn legacy_logprobs(entries: Vec<TokenLogprob>, mut offset: usize) -> CompletionL
     out
 }
 
-async fn completions(
+pub(super) async fn completions(
     State(state): Shared,
     body: Result<Json<CompletionRequest>, JsonRejection>,
 ) -> Result<Response, ApiError> {

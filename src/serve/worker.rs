@@ -62,6 +62,10 @@ pub struct Shared {
     /// Set on SIGTERM / Ctrl-C: the running job is cancelled, queued ones are refused.
     pub shutdown: AtomicBool,
     pub tokenizer: Arc<Tokenizer>,
+    /// Set by an embedder's `reset` ([`super::local::Local::forget`]): the free slots forget
+    /// what their sessions hold before the next request is taken in, which then evaluates its
+    /// whole prompt.
+    pub forget: AtomicBool,
 }
 
 /// How often an idle worker looks at the shutdown flag.
@@ -209,6 +213,11 @@ fn admit(engine: &mut Engine, slots: &mut [Slot], job: Job, shared: &Shared) {
         .metrics
         .queue_time
         .observe(job.received.elapsed().as_secs_f64());
+    if shared.forget.swap(false, Ordering::SeqCst) {
+        for s in slots.iter_mut().filter(|s| s.running.is_none()) {
+            s.session.clear();
+        }
+    }
     let Some(slot) = slots
         .iter_mut()
         .filter(|s| s.running.is_none())

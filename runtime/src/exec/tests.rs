@@ -21,7 +21,11 @@ use std::sync::Mutex;
 #[test]
 fn split_blocks_gives_disjoint_blocks_of_the_asked_lengths() {
     // More blocks than are kept inline, so the spill to the heap is covered too.
-    let lens = [3, 0, 5, 1, 2, 7, 4, 0, 6, 2, 3, 1];
+    let lens: Vec<usize> = [3, 0, 5, 1, 2, 7, 4, 0, 6, 2, 3, 1]
+        .into_iter()
+        .cycle()
+        .take(INLINE_BLOCKS + 5)
+        .collect();
     assert!(lens.len() > INLINE_BLOCKS);
     let total: usize = lens.iter().sum();
     let mut buf: Vec<f32> = (0..total + 4).map(|v| v as f32).collect();
