@@ -39,32 +39,12 @@ pub const DECODE_STEPS: u32 = 64;
 /// Attempts of one step that may carry faults; the next attempt is always clean.
 pub const FAULTY_ATTEMPTS: u32 = 3;
 
-/// A small deterministic generator (SplitMix64): the schedule depends on the seed only.
-#[derive(Clone, Debug)]
-pub struct SplitMix(u64);
+/// The schedule depends on the seed only.
+type SplitMix = conductor_runtime::sample::SplitMix64;
 
-impl SplitMix {
-    pub fn new(seed: u64) -> SplitMix {
-        SplitMix(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (`n > 0`).
-    pub fn below(&mut self, n: u64) -> u64 {
-        ((u128::from(self.next_u64()) * u128::from(n)) >> 64) as u64
-    }
-
-    /// True with probability `p` in 1/1000ths.
-    pub fn chance(&mut self, per_mille: u64) -> bool {
-        self.below(1000) < per_mille
-    }
+/// True with probability `per_mille` in 1/1000ths.
+fn chance(rng: &mut SplitMix, per_mille: u64) -> bool {
+    rng.below(1000) < per_mille
 }
 
 /// What a fault does.
@@ -164,7 +144,7 @@ impl Schedule {
             push_event(&mut rng, step, n_reads, &mut faults);
         }
         let mut prompt = SplitMix::new(seed ^ PROMPT_STREAM);
-        if prompt.chance(250) {
+        if chance(&mut prompt, 250) {
             for _ in 0..1 + prompt.below(2) {
                 let n_reads = reads.first().copied().unwrap_or(0);
                 push_event(&mut prompt, 0, n_reads, &mut faults);
@@ -216,7 +196,7 @@ fn push_event(rng: &mut SplitMix, step: u32, n_reads: u32, faults: &mut Vec<Faul
         let double = matches!(
             kind,
             FaultKind::ReadError | FaultKind::ShortRead(_) | FaultKind::BitFlip(_)
-        ) && rng.chance(333);
+        ) && chance(rng, 333);
         if double {
             let kind = match rng.below(3) {
                 0 => FaultKind::ReadError,
@@ -231,7 +211,7 @@ fn push_event(rng: &mut SplitMix, step: u32, n_reads: u32, faults: &mut Vec<Faul
             });
         }
         attempt += 1;
-        if attempt >= FAULTY_ATTEMPTS || !rng.chance(250) {
+        if attempt >= FAULTY_ATTEMPTS || !chance(rng, 250) {
             break;
         }
     }

@@ -135,8 +135,9 @@ fn logits_are_bit_identical_across_drivers_thread_counts_and_group_splits() {
 }
 
 /// (number of logits, CRC-32 of their bits) of the default model over the first 100 tokens of
-/// the first long reference prompt and 8 of its greedy tokens, as computed on x86-64 (AVX-512 VNNI and scalar alike). Changed
-/// on purpose for issue 41 (batch-invariant numerics: prefill sums the FFN's down projection
+/// the first long reference prompt and 8 of its greedy tokens, as computed on x86-64 (AVX2 and
+/// scalar alike, 2026-12-05; the digest of the whole prompt before it was stored from AVX-512
+/// VNNI, and AVX2 matched it). Changed on purpose for issue 41 (batch-invariant numerics: prefill sums the FFN's down projection
 /// over decode's clusters and every step attends with the f32 tiled path), after
 /// `tests/reference_outputs.rs` passed with the new bits.
 const DEFAULT_MODEL_LOGITS: (usize, u32) = (5_308_416, 0x4835_E883);

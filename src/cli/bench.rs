@@ -117,14 +117,9 @@ fn ratio(a: f64, b: f64) -> f64 {
 
 /// Deterministic pseudo-random token ids (the content does not change the work done).
 fn random_tokens(n: usize, n_vocab: u32, seed: u64) -> Vec<u32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut rng = conductor::runtime::sample::SplitMix64::new(seed);
     (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s % n_vocab as u64) as u32
-        })
+        .map(|_| rng.below(u64::from(n_vocab)) as u32)
         .collect()
 }
 

@@ -10,6 +10,7 @@
 
 use super::api::{NamedToolChoice, Tool, ToolChoice};
 use super::error::ApiError;
+use conductor_runtime::sample::SplitMix64;
 use conductor_runtime::tokenizer::Tokenizer;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -450,25 +451,20 @@ pub fn call_id(syntax: Syntax) -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
-    let mut state = nanos
-        ^ NEXT
-            .fetch_add(1, Ordering::Relaxed)
-            .wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    // splitmix64: ids need to differ, not to be secret.
-    let mut next = || {
-        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    };
+    // Ids need to differ, not to be secret.
+    let mut rng = SplitMix64::new(
+        nanos
+            ^ NEXT
+                .fetch_add(1, Ordering::Relaxed)
+                .wrapping_mul(0x9E37_79B9_7F4A_7C15),
+    );
     let (prefix, n) = match syntax {
         Syntax::Mistral => ("", 9),
         Syntax::Hermes | Syntax::Llama3 => ("call_", 24),
     };
     let mut id = String::from(prefix);
     for _ in 0..n {
-        id.push(ALPHABET[(next() % ALPHABET.len() as u64) as usize] as char);
+        id.push(ALPHABET[rng.below(ALPHABET.len() as u64) as usize] as char);
     }
     id
 }

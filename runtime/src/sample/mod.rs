@@ -4,6 +4,9 @@
 //! → draw), so the same settings mean the same thing to someone coming from `llama-cli`.
 //! Filters see untempered probabilities; temperature only shapes the final draw.
 
+mod rng;
+
+pub use rng::SplitMix64;
 use std::collections::VecDeque;
 
 /// Sampling settings. The defaults are llama.cpp's.
@@ -93,7 +96,7 @@ impl Sampler {
     pub fn new(params: SamplingParams) -> Result<Sampler, SamplingError> {
         params.validate()?;
         Ok(Sampler {
-            rng: SplitMix64(params.seed),
+            rng: SplitMix64::new(params.seed),
             recent: VecDeque::with_capacity(params.repeat_last_n),
             candidates: Vec::new(),
             params,
@@ -239,25 +242,6 @@ pub fn argmax(logits: &[f32]) -> u32 {
         }
     }
     best as u32
-}
-
-/// A small, fast, seedable generator (SplitMix64): the same seed gives the same tokens on every
-/// platform and every build.
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [0, 1).
-    fn next_f64(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
 }
 
 #[cfg(test)]
