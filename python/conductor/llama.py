@@ -366,9 +366,7 @@ class Llama:
         call, first = self._start("/v1/completions", body)
         name = model or self.model_path
         if not stream:
-            call.close()
-            answer = json.loads(first)
-            answer["model"] = name
+            answer = _whole_answer(call, first, name)
             if echo:
                 answer["choices"][0]["text"] = prompt + answer["choices"][0]["text"]
             return answer
@@ -451,10 +449,7 @@ class Llama:
         call, first = self._start("/v1/chat/completions", body)
         name = model or self.model_path
         if not stream:
-            call.close()
-            answer = json.loads(first)
-            answer["model"] = name
-            return answer
+            return _whole_answer(call, first, name)
         return self._chat_chunks(call, first, name)
 
     def _chat_chunks(self, call, first, name):
@@ -464,6 +459,14 @@ class Llama:
             chunk["model"] = name
             chunk.pop("timings", None)
             yield chunk
+
+
+def _whole_answer(call: Any, body: str, name: str) -> Dict[str, Any]:
+    """A non-streamed answer: the server's JSON body, named after the model the caller gave."""
+    call.close()
+    answer = json.loads(body)
+    answer["model"] = name
+    return answer
 
 
 def _response_format(fmt: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
