@@ -10,23 +10,31 @@ use conductor_runtime::model::{Model, ModelError};
 use conductor_runtime::plan::{CachePlan, CachePolicy, ReadPolicy};
 use conductor_runtime::plan::{ExecutionPlan, IoEngine, ModelIdentity, Topology, Verify};
 use conductor_runtime::quant::Kernels;
-use conductor_runtime::sample::{Sampler, SamplingError, SamplingParams};
+use conductor_runtime::sample::SamplingError;
 use conductor_runtime::schedule::ScheduleError;
 use conductor_runtime::sparse::{SparseError, SparsityMode};
 use conductor_runtime::tokenizer::{
-    fallback_chat_template, ChatTemplate, StreamDecoder, Tokenizer, TokenizerError,
+    fallback_chat_template, ChatTemplate, Tokenizer, TokenizerError,
 };
 use conductor_runtime::trace::Trace;
-use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod generation;
 mod sparsity;
+mod speculative;
 
+pub use generation::{
+    GenerateOptions, Generation, GenerationStats, Piece, SampleHook, StopReason, TokenStream,
+};
 use sparsity::resolve_sparsity;
 pub use sparsity::{
     SparsitySettings, DEFAULT_SPARSE_DOWN_TYPE, DEFAULT_SPARSITY, DEFAULT_SPARSITY_MODE,
+};
+pub use speculative::{
+    BadDraftLimits, DraftLimits, Drafter, ModelDrafter, NgramDrafter, Speculation,
+    DEFAULT_DRAFT_P_MIN,
 };
 
 /// Anything that can go wrong while loading or running a model.
@@ -67,6 +75,16 @@ pub enum Error {
     GateFirst(&'static str),
     #[error("cannot make a session: {0}")]
     Session(ModelError),
+    #[error("the draft model's vocabulary is not the target's ({why}): the target has {target} tokens, the draft {draft}")]
+    DraftVocabulary {
+        target: usize,
+        draft: usize,
+        why: String,
+    },
+    #[error("speculative decoding needs dense decode (a step of several tokens computes every FFN neuron, so sparse decode's bits could not be kept): run with --sparsity dense")]
+    DraftNeedsDense,
+    #[error("speculative decoding under a memory budget needs room in it for the drafted tokens' logits: build the engine with EngineBuilder::step_logits (the drafts' length and one)")]
+    DraftNoRoom,
     /// A [`SampleHook`] refused to go on (a constraint that cannot continue).
     #[error("{0}")]
     Hook(String),
@@ -87,45 +105,6 @@ pub fn reuse_prefix(session: &mut Session, prompt: &[u32]) -> usize {
     kept
 }
 
-/// Sees each step's logits before a token is drawn from them, and the token drawn from them:
-/// where constrained decoding masks tokens out and where a server reads log-probabilities
-/// ([`Engine::stream_with`]). The generation loop stays [`TokenStream`]'s.
-pub trait SampleHook {
-    /// Changes `logits` before the draw (a token set to `f32::NEG_INFINITY` is never drawn).
-    fn adjust(&mut self, logits: &mut [f32]) -> Result<(), String>;
-    /// `token` was drawn from `logits` (as [`SampleHook::adjust`] left them).
-    fn drawn(&mut self, token: u32, logits: &[f32]) -> Result<(), String>;
-}
-
-impl<T: SampleHook + ?Sized> SampleHook for &mut T {
-    fn adjust(&mut self, logits: &mut [f32]) -> Result<(), String> {
-        (**self).adjust(logits)
-    }
-
-    fn drawn(&mut self, token: u32, logits: &[f32]) -> Result<(), String> {
-        (**self).drawn(token, logits)
-    }
-}
-
-/// Draws the next token from `logits`, through `hook` when there is one (which then works on
-/// a copy in `scratch`: the driver's logits are read-only).
-fn draw(
-    sampler: &mut Sampler,
-    hook: &mut Option<Box<dyn SampleHook + '_>>,
-    scratch: &mut Vec<f32>,
-    logits: &[f32],
-) -> Result<u32, Error> {
-    let Some(hook) = hook else {
-        return Ok(sampler.sample(logits));
-    };
-    scratch.clear();
-    scratch.extend_from_slice(logits);
-    hook.adjust(scratch).map_err(Error::Hook)?;
-    let token = sampler.sample(scratch);
-    hook.drawn(token, scratch).map_err(Error::Hook)?;
-    Ok(token)
-}
-
 /// Which driver carries out the scheduler's commands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum DriverKind {
@@ -142,6 +121,7 @@ pub struct EngineBuilder {
     memory: Option<MemoryBudget>,
     context: Option<usize>,
     sequences: usize,
+    step_logits: usize,
     io_threads: Option<u32>,
     io_engine: Option<IoEngine>,
     verify: Option<Verify>,
@@ -184,6 +164,32 @@ impl EngineBuilder {
     pub fn context(mut self, n_ctx: usize) -> Self {
         self.context = Some(n_ctx.max(1));
         self
+    }
+
+    /// The most tokens one step returns logits for (default 1; speculative decoding verifies
+    /// drafted tokens with a step that returns theirs and the pending token's). Under a memory
+    /// budget the rows beyond the first are held out of the budget before it is split.
+    pub fn step_logits(mut self, rows: usize) -> Self {
+        self.step_logits = rows.max(1);
+        self
+    }
+
+    /// The budget less what steps returning `step_logits` rows of logits need beyond one row
+    /// (measured on Qwen2.5-Coder-1.5B's store: 4.2 MiB of peak RSS a further row of its
+    /// 151,936 logits, about [`LOGIT_ROW_COPIES`] copies of the row along the dispatch).
+    fn hold_step_logits(&mut self, memory: MemoryBudget, model: &Model) -> MemoryBudget {
+        let rows = self.step_logits.saturating_sub(1) as u64;
+        if rows == 0 {
+            return memory;
+        }
+        let held = rows * u64::from(model.config.n_vocab) * 4 * LOGIT_ROW_COPIES;
+        let bytes = memory.bytes(model.file().file_len());
+        (self.say)(&format!(
+            "memory: {:.1} MiB of the budget held for the logits of {} more tokens a step",
+            held as f64 / f64::from(1 << 20),
+            rows
+        ));
+        MemoryBudget::Bytes(bytes.saturating_sub(held))
     }
 
     /// Sessions generated at once (a server's `--parallel` slots; default 1). Under a memory
@@ -408,6 +414,7 @@ impl EngineBuilder {
         }
         let mut budget = None;
         if let Some(memory) = memory {
+            let memory = self.hold_step_logits(memory, &model);
             let n_ctx = self.context.unwrap_or(1024);
             if let Some(policy) = self.cache_policy {
                 plan.cache.get_or_insert_with(CachePlan::default).policy = policy;
@@ -518,6 +525,7 @@ impl EngineBuilder {
             load_time: started.elapsed(),
             budget,
             default_ctx,
+            step_logits: self.step_logits,
         })
     }
 }
@@ -617,43 +625,13 @@ pub fn apply_budget_for(
     fit_plan_to_budget_for(&sizes, plan, memory.bytes(file_len), n_ctx, sessions)
 }
 
+/// Copies of a row of logits a step makes on its way out (the groups' output blocks, the
+/// phase's collected logits, the driver's, the spare step's): what each further row a step
+/// returns costs ([`EngineBuilder::step_logits`]).
+const LOGIT_ROW_COPIES: u64 = 7;
+
 /// The shortest context [`EngineBuilder::sequences`] cuts sessions to under a budget.
 const MIN_SHARED_CONTEXT: usize = 128;
-
-/// Generation settings.
-#[derive(Clone, Debug)]
-pub struct GenerateOptions {
-    /// Tokens to generate at most (≥ 1).
-    pub max_tokens: usize,
-    pub sampling: SamplingParams,
-    /// Keep going past end-of-generation tokens.
-    pub ignore_eos: bool,
-}
-
-/// Why generation stopped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StopReason {
-    /// The model produced an end-of-generation token.
-    EndOfGeneration,
-    /// `max_tokens` were generated.
-    Length,
-    /// The callback asked to stop.
-    Cancelled,
-}
-
-/// What a generation cost, in the terms llama.cpp reports.
-#[derive(Clone, Debug)]
-pub struct GenerationStats {
-    pub prompt_tokens: usize,
-    pub prompt_time: Duration,
-    /// Single-token evaluations after the prompt.
-    pub decode_evals: usize,
-    pub decode_time: Duration,
-    pub generated: Vec<u32>,
-    /// From the call to the first generated token.
-    pub time_to_first_token: Duration,
-    pub stop: StopReason,
-}
 
 enum AnyDriver {
     Inline(Box<InlineDriver<WorkerPool>>),
@@ -681,6 +659,9 @@ pub struct Engine {
     load_time: Duration,
     /// How the memory budget was split, and the context it reserved.
     budget: Option<(BudgetSplit, usize)>,
+    /// The most tokens a step may return logits for within the budget
+    /// ([`EngineBuilder::step_logits`]); without a budget, any.
+    step_logits: usize,
     /// Tokens a session holds when none is asked for: the budget's context, else the model's
     /// training context cut to what the machine holds.
     default_ctx: usize,
@@ -693,6 +674,7 @@ impl Engine {
             memory: None,
             context: None,
             sequences: 1,
+            step_logits: 1,
             io_threads: None,
             io_engine: None,
             verify: None,
@@ -836,6 +818,15 @@ impl Engine {
         Session::new(&self.model, n_ctx.max(1)).map_err(Error::Session)
     }
 
+    /// The most tokens one step may return logits for: [`Engine::max_step_tokens`] without a
+    /// budget; under one, what [`EngineBuilder::step_logits`] held room for.
+    pub fn max_step_logits(&self) -> usize {
+        match self.budget {
+            Some(_) => self.step_logits,
+            None => self.max_step_tokens(),
+        }
+    }
+
     /// The most tokens one step may hold: also the most sequences one multi-sequence step
     /// ([`Engine::step_sequences`]) may hold.
     pub fn max_step_tokens(&self) -> usize {
@@ -915,241 +906,6 @@ impl Engine {
     /// special tokens written in the text (`<|im_start|>`) parsed as such.
     pub fn tokenize(&self, text: &str) -> Vec<u32> {
         self.tokenizer.encode(text, true, true)
-    }
-
-    /// Evaluates `prompt` after what `session` holds and returns an iterator over the
-    /// generated tokens, each with the text it completes. Evaluation is lazy: each `next`
-    /// computes one token, so dropping the iterator cancels generation.
-    pub fn stream<'a>(
-        &'a mut self,
-        session: &'a mut Session,
-        prompt: &[u32],
-        options: &GenerateOptions,
-    ) -> Result<TokenStream<'a>, Error> {
-        self.stream_with(session, prompt, options, None)
-    }
-
-    /// [`Engine::stream`], with `hook` seeing every draw: it may mask logits (constrained
-    /// decoding) and read the distribution each token came from (log-probabilities).
-    pub fn stream_with<'a>(
-        &'a mut self,
-        session: &'a mut Session,
-        prompt: &[u32],
-        options: &GenerateOptions,
-        hook: Option<&'a mut dyn SampleHook>,
-    ) -> Result<TokenStream<'a>, Error> {
-        let hook = hook.map(|h| Box::new(h) as Box<dyn SampleHook + 'a>);
-        let generation = self.start_generation(session, prompt, options, hook)?;
-        Ok(TokenStream {
-            engine: self,
-            session,
-            generation,
-        })
-    }
-
-    /// Evaluates `prompt` after what `session` holds and draws the first token: a
-    /// [`Generation`] that continues apart from the engine, so that a server can step many at
-    /// once ([`Engine::step_sequences`]). [`Engine::stream_with`] is this and one-token steps.
-    pub fn start_generation<'h>(
-        &mut self,
-        session: &mut Session,
-        prompt: &[u32],
-        options: &GenerateOptions,
-        mut hook: Option<Box<dyn SampleHook + 'h>>,
-    ) -> Result<Generation<'h>, Error> {
-        if prompt.is_empty() {
-            return Err(Error::EmptyPrompt);
-        }
-        if options.max_tokens == 0 {
-            return Err(Error::NothingToGenerate);
-        }
-        let mut sampler = Sampler::new(options.sampling.clone())?;
-        let started = Instant::now();
-        self.check_model_file()?;
-        let logits = self.driver.get().eval_last(session, prompt)?;
-        let prompt_time = started.elapsed();
-        for &t in session.tokens() {
-            sampler.accept(t);
-        }
-        let mut scratch = Vec::new();
-        let first = draw(&mut sampler, &mut hook, &mut scratch, logits)?;
-        let time_to_first_token = started.elapsed();
-        Ok(Generation {
-            sampler,
-            hook,
-            scratch,
-            decoder: StreamDecoder::new(false),
-            options: options.clone(),
-            next: Some(first),
-            to_eval: None,
-            stats: GenerationStats {
-                prompt_tokens: prompt.len(),
-                prompt_time,
-                decode_evals: 0,
-                decode_time: Duration::ZERO,
-                generated: Vec::new(),
-                time_to_first_token,
-                stop: StopReason::Length,
-            },
-        })
-    }
-
-    /// Generates from `prompt` after what `session` holds, calling `on_text` with each piece
-    /// of text as soon as it is complete UTF-8. Return `ControlFlow::Break` to stop.
-    pub fn generate(
-        &mut self,
-        session: &mut Session,
-        prompt: &[u32],
-        options: &GenerateOptions,
-        on_text: &mut dyn FnMut(&str) -> ControlFlow<()>,
-    ) -> Result<GenerationStats, Error> {
-        let mut stream = self.stream(session, prompt, options)?;
-        while let Some(piece) = stream.next() {
-            let piece = piece?;
-            if !piece.text.is_empty() && on_text(&piece.text).is_break() {
-                stream.generation.stats.stop = StopReason::Cancelled;
-                break;
-            }
-        }
-        Ok(stream.into_stats())
-    }
-}
-
-/// One generated token and the text it completes (empty while a UTF-8 character is still
-/// incomplete). The last piece of a stream may carry no token: the flush of bytes that never
-/// completed a character.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Piece {
-    pub token: Option<u32>,
-    pub text: String,
-}
-
-/// Generated tokens, one per `next`; see [`Engine::stream`].
-pub struct TokenStream<'a> {
-    engine: &'a mut Engine,
-    session: &'a mut Session,
-    generation: Generation<'a>,
-}
-
-/// One generation's state (sampler, hook, text decoder, counts) apart from the engine and the
-/// session: [`TokenStream`] steps one with one-token steps; a server steps many in one
-/// multi-sequence step ([`Engine::step_sequences`]). Either way the same code samples, stops
-/// and decodes text.
-pub struct Generation<'h> {
-    sampler: Sampler,
-    hook: Option<Box<dyn SampleHook + 'h>>,
-    /// The logits a hook works on.
-    scratch: Vec<f32>,
-    decoder: StreamDecoder,
-    options: GenerateOptions,
-    /// The sampled token to hand out next.
-    next: Option<u32>,
-    /// The token handed out last, evaluated at the next call (so its text comes out first).
-    to_eval: Option<u32>,
-    stats: GenerationStats,
-}
-
-impl TokenStream<'_> {
-    /// What the generation cost so far.
-    pub fn stats(&self) -> &GenerationStats {
-        &self.generation.stats
-    }
-
-    pub fn into_stats(self) -> GenerationStats {
-        self.generation.stats
-    }
-
-    fn advance(&mut self) -> Result<Option<Piece>, Error> {
-        if let Some(token) = self.generation.pending() {
-            let t0 = Instant::now();
-            self.engine.check_model_file()?;
-            let logits = self.engine.driver.get().eval_last(self.session, &[token])?;
-            self.generation.evaluated(logits, t0.elapsed())?;
-        }
-        Ok(self.generation.piece(&self.engine.tokenizer))
-    }
-}
-
-impl Generation<'_> {
-    /// What the generation cost so far.
-    pub fn stats(&self) -> &GenerationStats {
-        &self.stats
-    }
-
-    pub fn into_stats(self) -> GenerationStats {
-        self.stats
-    }
-
-    /// The token handed out last, which must be evaluated (its logits given to
-    /// [`Generation::evaluated`]) before the next [`Generation::piece`]; `None` once the
-    /// generation has ended.
-    pub fn pending(&self) -> Option<u32> {
-        self.to_eval
-    }
-
-    /// The pending token's logits (computed in `took`): draws the next token.
-    pub fn evaluated(&mut self, logits: &[f32], took: Duration) -> Result<(), Error> {
-        self.to_eval = None;
-        self.stats.decode_time += took;
-        self.stats.decode_evals += 1;
-        self.next = Some(draw(
-            &mut self.sampler,
-            &mut self.hook,
-            &mut self.scratch,
-            logits,
-        )?);
-        Ok(())
-    }
-
-    /// The next generated token and its text; `None` at the end. After a token,
-    /// [`Generation::pending`] names it until its logits are in.
-    pub fn piece(&mut self, tokenizer: &Tokenizer) -> Option<Piece> {
-        if self.to_eval.is_some() {
-            return None;
-        }
-        let token = self.next.take()?;
-        if !self.options.ignore_eos && tokenizer.is_eog(token) {
-            self.stats.stop = StopReason::EndOfGeneration;
-            let rest = self.decoder.finish();
-            return (!rest.is_empty()).then_some(Piece {
-                token: None,
-                text: rest,
-            });
-        }
-        self.stats.generated.push(token);
-        self.sampler.accept(token);
-        let mut text = self.decoder.push(tokenizer, token);
-        if self.stats.generated.len() == self.options.max_tokens {
-            self.stats.stop = StopReason::Length;
-            text.push_str(&self.decoder.finish());
-        } else {
-            self.to_eval = Some(token);
-        }
-        Some(Piece {
-            token: Some(token),
-            text,
-        })
-    }
-
-    /// Ends the generation (after an error): no more pieces.
-    pub fn end(&mut self) {
-        self.next = None;
-        self.to_eval = None;
-    }
-}
-
-impl Iterator for TokenStream<'_> {
-    type Item = Result<Piece, Error>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        match self.advance() {
-            Ok(piece) => piece.map(Ok),
-            Err(e) => {
-                // The stream ends with its error.
-                self.generation.end();
-                Some(Err(e))
-            }
-        }
     }
 }
 

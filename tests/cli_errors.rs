@@ -349,3 +349,55 @@ fn plans_that_do_not_parse_or_do_not_fit_the_machine_name_the_field() {
         .unwrap();
     common::assert_success(&out);
 }
+
+#[test]
+fn nonsense_draft_settings() {
+    let model = small_model();
+    let run = |extra: &[&str], expected: &[&str]| {
+        let mut args = vec!["-p", "hello", "-n", "4", "--draft"];
+        args.extend_from_slice(extra);
+        fails_with(&run_args(&model, &args), expected);
+    };
+    run(
+        &["ngram", "--draft-max", "0"],
+        &["--draft-max", "at least 1"],
+    );
+    run(&["ngram", "--draft-max", "-2"], &["--draft-max", "-2"]);
+    run(&["ngram", "--draft-min", "-1"], &["--draft-min", "-1"]);
+    run(
+        &["ngram", "--draft-max", "2", "--draft-min", "3"],
+        &["--draft-min 3", "--draft-max 2"],
+    );
+    run(&["self"], &["--draft self"]);
+    run(&["/nonexistent/draft.gguf"], &["/nonexistent/draft.gguf"]);
+    // A draft model with another vocabulary: both sizes named.
+    let other = temp_path("other-vocab.gguf");
+    let spec = SyntheticSpec {
+        n_vocab: SyntheticSpec::default().n_vocab + 8,
+        ..SyntheticSpec::default()
+    };
+    synthetic_model(&spec)
+        .unwrap()
+        .write_file_atomic(&other)
+        .unwrap();
+    let n = SyntheticSpec::default().n_vocab;
+    run(
+        &[other.to_str().unwrap()],
+        &["vocabulary", &n.to_string(), &(n + 8).to_string()],
+    );
+    // Drafts guess from text: a benchmark of random tokens has none.
+    fails_with(
+        &[
+            "bench",
+            "-m",
+            model.to_str().unwrap(),
+            "-p",
+            "0",
+            "-n",
+            "4",
+            "--draft",
+            "ngram",
+        ],
+        &["--prompt-file"],
+    );
+}

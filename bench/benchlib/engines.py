@@ -94,6 +94,23 @@ def llama_decode_cmd(bin_dir: Path, model: Path, prompt: str, n_gen: int, thread
             "-t", str(threads), "--temp", "0", "-s", "42", "--ignore-eos", "-no-cnv", "-c", str(ctx)]
 
 
+def llama_prompted_cmd(bin_dir: Path, model: Path, prompt_file: Path, n_gen: int, threads: int, ctx: int,
+                       extra: list[str] | None = None) -> list[str]:
+    """Greedy generation after a prompt file's text: the decode speed of real text."""
+    return [str(bin_dir / "llama-completion"), "-m", str(model), "-f", str(prompt_file), "-n", str(n_gen),
+            "-t", str(threads), "--temp", "0", "-s", "42", "--ignore-eos", "-no-cnv", "-c", str(ctx),
+            *(extra or [])]
+
+
+def parse_llama_prompted(stderr: str, n_gen: int, threads: int) -> list[Throughput]:
+    """The decode speed `llama-completion` reports (its "eval time" line), as a tgN result."""
+    perf = parse_llama_completion_perf(stderr)
+    if "decode_tok_s" not in perf:
+        raise BenchError(f"llama-completion printed no eval time; it printed:\n{stderr[-2000:]}")
+    tok_s = perf["decode_tok_s"]
+    return [Throughput(test=f"tg{n_gen}", threads=threads, samples=[tok_s], low=tok_s, high=tok_s, extra=perf)]
+
+
 def llama_flash_attn_probe_cmd(bin_dir: Path, model: Path, threads: int, ctx: int) -> list[str]:
     """A 1-token verbose run whose log says what `-fa auto` resolved to on this machine."""
     return [str(bin_dir / "llama-completion"), "-m", str(model), "-p", "Hello", "-n", "1", "-t", str(threads),

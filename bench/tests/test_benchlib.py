@@ -84,6 +84,14 @@ class LlamaCompletionLog(unittest.TestCase):
             "resolve_fused_ops: Flash Attention not supported, set to disabled"), "disabled")
         self.assertIsNone(engines.parse_flash_attn_resolution("llama_context: flash_attn = auto"))
 
+    def test_prompted_generation_is_a_tg_result_and_no_eval_line_an_error(self):
+        log = "common_perf_print:        eval time =    2000.00 ms /    47 runs   (   42.55 ms per token)\n"
+        [r] = engines.parse_llama_prompted(log, 48, 2)
+        self.assertEqual((r.test, r.threads), ("tg48", 2))
+        self.assertAlmostEqual(r.samples[0], 23.5)
+        with self.assertRaises(BenchError):
+            engines.parse_llama_prompted("llama_model_load: error\n", 48, 2)
+
 
 class Summaries(unittest.TestCase):
     def records(self):

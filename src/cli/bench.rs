@@ -6,12 +6,17 @@
 //! its weights' multiply-adds per second as a share of the int8 peak (`profile-hw`'s loop,
 //! measured here once on one core, times the thread count).
 
+use super::draft::DraftArgs;
 use super::{parse_list, EngineArgs, ModelArgs, NumList};
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use conductor::runtime::cache::CacheReport;
+use conductor::runtime::exec::Session;
+use conductor::runtime::gguf::GgufFile;
 use conductor::runtime::model::Model;
-use conductor::Engine;
+use conductor::runtime::sample::SamplingParams;
+use conductor::runtime::tokenizer::Tokenizer;
+use conductor::{Engine, GenerateOptions, Speculation};
 use conductor_planner::hardware::{measure_int8_peak, Int8Peak};
 use serde_json::json;
 use std::time::Instant;
@@ -42,6 +47,12 @@ pub struct BenchArgs {
     /// Chrome-trace timeline beside it (.json). With several thread counts, the last one's.
     #[arg(long = "trace-out")]
     trace_out: Option<std::path::PathBuf>,
+    /// tgN generates N tokens greedily after this file's text (evaluated once, kept in the
+    /// context) instead of evaluating random tokens: real text, as drafts need.
+    #[arg(long = "prompt-file", value_name = "FILE")]
+    prompt_file: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    draft: DraftArgs,
 }
 
 struct Measured {
@@ -55,6 +66,17 @@ struct Measured {
     /// Sparse decode over the measured runs: (share of FFN gate rows computed, share of
     /// neurons active).
     sparsity: Option<(f64, f64)>,
+    /// Speculative decoding over the measured runs: (verification steps, drafted tokens,
+    /// drafted tokens kept).
+    drafts: Option<(usize, usize, usize)>,
+}
+
+/// Drafting's figures: (share of drafted tokens kept, mean tokens kept a verification step).
+fn draft_rates((steps, drafted, kept): (usize, usize, usize)) -> (f64, f64) {
+    (
+        ratio(kept as f64, drafted as f64),
+        ratio(kept as f64, steps as f64),
+    )
 }
 
 /// The cache counters over the measured repetitions, per token.
@@ -141,6 +163,41 @@ fn generation_speed(engine: &mut Engine, n: usize, seed: u64) -> Result<f64> {
     Ok(n as f64 / t0.elapsed().as_secs_f64())
 }
 
+/// What a tgN test generates from when it has a prompt: the prompt's tokens, a session
+/// holding all of them but the last, and the drafter.
+struct PromptedGeneration {
+    prompt: Vec<u32>,
+    session: Session,
+    speculation: Option<Speculation>,
+    /// Drafting over the measured runs: (verification steps, drafted, kept).
+    drafts: (usize, usize, usize),
+}
+
+impl PromptedGeneration {
+    /// Greedy generation of `n` tokens after the prompt; tokens per second over the steps
+    /// that made them (the first from the prompt's last token).
+    fn speed(&mut self, engine: &mut Engine, n: usize) -> Result<f64> {
+        let kept = self.prompt.len() - 1;
+        self.session.truncate(kept);
+        let options = GenerateOptions {
+            max_tokens: n,
+            sampling: SamplingParams::greedy(),
+            ignore_eos: true,
+        };
+        let stats = engine.generate_with_draft(
+            &mut self.session,
+            &self.prompt[kept..],
+            &options,
+            self.speculation.as_mut(),
+            &mut |_| std::ops::ControlFlow::Continue(()),
+        )?;
+        self.drafts.0 += stats.draft_steps;
+        self.drafts.1 += stats.drafted;
+        self.drafts.2 += stats.draft_accepted;
+        Ok(n as f64 / (stats.prompt_time + stats.decode_time).as_secs_f64())
+    }
+}
+
 fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
@@ -188,16 +245,50 @@ pub fn run(args: BenchArgs) -> Result<()> {
         true => measure_int8_peak(false),
         false => None,
     };
+    let prompt_text = match &args.prompt_file {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .with_context(|| format!("reading the prompt {}", path.display()))?,
+        ),
+        None if args.draft.draft.is_some() => {
+            bail!("--draft needs --prompt-file: drafts guess from real text, and random tokens have none")
+        }
+        None => None,
+    };
+    // The prompt's tokens, from the file's own tokenizer: the context (which a budget
+    // reserves at load) must hold them and the longest generation.
+    let prompt = match &prompt_text {
+        Some(text) => {
+            let path = conductor::fetch::resolve_model(args.model.as_deref(), &mut |line| {
+                eprintln!("{line}")
+            })?;
+            let file = GgufFile::open(&path)
+                .with_context(|| format!("reading model file {}", path.display()))?;
+            let tokens = Tokenizer::from_gguf(&file)?.encode(text, true, true);
+            if tokens.len() < 2 {
+                bail!(
+                    "the prompt file holds {} token(s): give it some text",
+                    tokens.len()
+                );
+            }
+            Some(tokens)
+        }
+        None => None,
+    };
     let mut printed_header = false;
     for &t in &threads {
         let mut engine_args = args.engine.clone();
         let longest = tests.iter().map(|&(p, g)| p.max(g)).max().unwrap_or(1);
-        engine_args.context.get_or_insert(longest);
-        let model = ModelArgs {
+        let draft_room = args.draft.draft_max.max(0) as usize;
+        engine_args
+            .context
+            .get_or_insert(longest + prompt.as_ref().map_or(0, |p| p.len() + draft_room));
+        let mut model = ModelArgs {
             model: args.model.clone(),
             threads: Some(t),
             engine: engine_args,
         };
+        args.draft.prepare(&mut model)?;
         let mut engine = model.load(t)?;
         if args.trace_out.is_some() {
             engine.start_trace()?;
@@ -209,21 +300,42 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 p.max(g)
             );
         }
+        let mut prompted = match &prompt {
+            Some(tokens) => {
+                let mut session = engine.session(None)?;
+                engine.eval_last(&mut session, &tokens[..tokens.len() - 1])?;
+                let speculation = args.draft.speculation(&model, &engine, session.n_ctx())?;
+                Some(PromptedGeneration {
+                    prompt: tokens.clone(),
+                    session,
+                    speculation,
+                    drafts: (0, 0, 0),
+                })
+            }
+            None => None,
+        };
         for &(p, g) in &tests {
-            let measure = |engine: &mut Engine, rep: u64| {
-                if p > 0 {
-                    prompt_speed(engine, p, rep)
-                } else {
-                    generation_speed(engine, g, rep)
-                }
-            };
-            measure(&mut engine, 0)?; // warm-up
+            let measure =
+                |engine: &mut Engine, prompted: Option<&mut PromptedGeneration>, rep| match (
+                    p, prompted,
+                ) {
+                    (0, Some(prompted)) => prompted.speed(engine, g),
+                    (0, None) => generation_speed(engine, g, rep),
+                    _ => prompt_speed(engine, p, rep),
+                };
+            measure(&mut engine, prompted.as_mut(), 0)?; // warm-up
             let before = engine.cache_report();
+            let drafts_before = prompted.as_ref().map(|pg| pg.drafts);
             engine.take_sparsity_stats();
             let mut samples = Vec::with_capacity(args.repetitions);
             for rep in 0..args.repetitions {
-                samples.push(measure(&mut engine, rep as u64 + 1)?);
+                samples.push(measure(&mut engine, prompted.as_mut(), rep as u64 + 1)?);
             }
+            let drafts = prompted
+                .as_ref()
+                .zip(drafts_before)
+                .filter(|(pg, _)| pg.speculation.is_some() && p == 0)
+                .map(|(pg, b)| (pg.drafts.0 - b.0, pg.drafts.1 - b.1, pg.drafts.2 - b.2));
             let tokens = ((p + g) * args.repetitions) as f64;
             let cache = match (before, engine.cache_report()) {
                 (Some(b), Some(a)) => Some(CacheDelta::between(&b, &a, tokens)),
@@ -241,6 +353,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 samples,
                 cache,
                 sparsity: engine.take_sparsity_stats(),
+                drafts,
             };
             report(&args, &engine, &m, peak.as_ref(), &mut printed_header);
         }
@@ -333,6 +446,13 @@ fn report(
                 "peak_gmacs_per_core": peak.map(|p| p.gmacs),
                 "peak_instruction": peak.map(|p| p.how),
             })),
+            "draft": m.drafts.map(|d| json!({
+                "steps": d.0,
+                "drafted": d.1,
+                "accepted": d.2,
+                "acceptance_rate": draft_rates(d).0,
+                "mean_accepted_per_step": draft_rates(d).1,
+            })),
             "sparsity": m.sparsity.map(|(gate, active)| json!({
                 "mode": model.sparse.as_ref().map(|s| s.mode.name()),
                 "target": model.sparse.as_ref().map(|s| s.sparsity),
@@ -377,6 +497,17 @@ fn report(
             sparse.sparsity * 100.0,
             gate * 100.0,
             active * 100.0
+        );
+    }
+    if let Some(d) = m.drafts {
+        let (acceptance, per_step) = draft_rates(d);
+        println!(
+            "|   draft | {} verification steps | {} drafted, {} kept ({:.1}%) | {:.2} kept a step |",
+            d.0,
+            d.1,
+            d.2,
+            acceptance * 100.0,
+            per_step
         );
     }
     if let Some(c) = &m.cache {

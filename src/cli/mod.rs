@@ -5,6 +5,7 @@ mod chart;
 mod chat;
 mod check_refs;
 mod convert;
+mod draft;
 mod explore;
 mod logits;
 mod perplexity;
@@ -213,6 +214,10 @@ pub struct EngineArgs {
     /// Context the budget reserves KV cache for (set by each command from its own sizes).
     #[arg(skip)]
     pub context: Option<usize>,
+    /// The most tokens a step returns logits for (set by `--draft`: the drafted tokens and
+    /// one); 0 or 1: one.
+    #[arg(skip)]
+    pub step_logits: usize,
     /// Sessions generated at once whose KV caches the budget holds (set by `serve` from
     /// `--parallel`).
     #[arg(skip)]
@@ -326,7 +331,8 @@ pub fn load_engine(model: Option<&Path>, threads: usize, engine: &EngineArgs) ->
     let mut builder = Engine::builder()
         .model(model)
         .threads(threads)
-        .driver(engine.driver.into());
+        .driver(engine.driver.into())
+        .step_logits(engine.step_logits);
     if let Some(plan) = engine.plan()? {
         builder = builder.plan(plan);
     }

@@ -1,5 +1,6 @@
 //! `conductor run`: generate from a prompt, streamed, with llama.cpp-style timings at the end.
 
+use super::draft::DraftArgs;
 use super::ModelArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -68,6 +69,8 @@ pub struct RunArgs {
     ctx_size: Option<usize>,
     #[command(flatten)]
     sampling: SamplingArgs,
+    #[command(flatten)]
+    draft: DraftArgs,
     /// Wrap the prompt in the model's chat template as a user message.
     #[arg(long = "chat")]
     chat: bool,
@@ -106,6 +109,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     if model_args.engine.context.is_none() {
         model_args.engine.context = args.ctx_size;
     }
+    args.draft.prepare(&mut model_args)?;
     let mut engine = model_args.load(model_args.threads())?;
     let load_time = started.elapsed();
     let text = if args.chat {
@@ -156,16 +160,25 @@ pub fn run(args: RunArgs) -> Result<()> {
         out.flush()?;
     }
     let mut write_error = None;
-    let stats = engine.generate(&mut session, &prompt, &options, &mut |piece| {
-        match write!(out, "{piece}").and_then(|_| out.flush()) {
-            Ok(()) => ControlFlow::Continue(()),
-            Err(e) => {
-                // Closed pipe (`| head`): stop generating, report nothing more.
-                write_error = Some(e);
-                ControlFlow::Break(())
+    let mut speculation = args
+        .draft
+        .speculation(&model_args, &engine, session.n_ctx())?;
+    let stats = engine.generate_with_draft(
+        &mut session,
+        &prompt,
+        &options,
+        speculation.as_mut(),
+        &mut |piece| {
+            match write!(out, "{piece}").and_then(|_| out.flush()) {
+                Ok(()) => ControlFlow::Continue(()),
+                Err(e) => {
+                    // Closed pipe (`| head`): stop generating, report nothing more.
+                    write_error = Some(e);
+                    ControlFlow::Break(())
+                }
             }
-        }
-    })?;
+        },
+    )?;
     if write_error.is_none() {
         writeln!(out)?;
     }
@@ -191,7 +204,7 @@ fn rate(d: Duration, n: usize) -> (f64, f64) {
 
 fn print_timings(load: Duration, s: &GenerationStats, total: Duration) {
     let (pp_per, pp_rate) = rate(s.prompt_time, s.prompt_tokens);
-    let (tg_per, tg_rate) = rate(s.decode_time, s.decode_evals);
+    let (tg_per, tg_rate) = rate(s.decode_time, s.decoded_tokens());
     eprintln!();
     eprintln!("conductor:          load time = {:10.2} ms", ms(load));
     eprintln!(
@@ -208,6 +221,16 @@ fn print_timings(load: Duration, s: &GenerationStats, total: Duration) {
         tg_per,
         tg_rate
     );
+    if s.draft_steps > 0 {
+        eprintln!(
+            "conductor:              draft = {:5} steps verified {:5} drafted tokens, kept {:5} ({:.1}% accepted, {:.2} tokens an evaluation)",
+            s.draft_steps,
+            s.drafted,
+            s.draft_accepted,
+            100.0 * s.draft_accepted as f64 / s.drafted.max(1) as f64,
+            s.decoded_tokens() as f64 / s.decode_evals.max(1) as f64,
+        );
+    }
     eprintln!(
         "conductor: time to first token = {:9.2} ms",
         ms(s.time_to_first_token)

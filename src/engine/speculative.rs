@@ -1,0 +1,395 @@
+//! Speculative decoding: a drafter guesses the next few tokens, the target evaluates the pending
+//! token and the guesses in one step, and the generation keeps the guesses its own draws confirm.
+//!
+//! Why the output cannot change: a position's logits are the same bits whether its tokens were
+//! evaluated one by one or in one step (batch invariance, docs/architecture.md), and each
+//! position's token is drawn by the same sampler, in the same order, with one draw per token,
+//! as without a draft ([`super::Generation::verified`]). So greedy output is the target's own,
+//! and sampled output is too for a given seed. What a draft changes is how many weight passes
+//! the tokens cost: one per step instead of one per token.
+//!
+//! A step of several tokens runs in the prefill shape, which computes every FFN neuron: sparse
+//! decode would give other bits, so speculation needs dense decode ([`check_dense`]).
+
+use super::{reuse_prefix, Engine, Error};
+use conductor_runtime::exec::Session;
+use conductor_runtime::sample::argmax;
+use std::fmt;
+use std::time::Duration;
+
+/// Guesses tokens likely to follow a context.
+pub trait Drafter {
+    /// Appends to `out` up to `max` tokens likely to follow `context` (every token so far: the
+    /// target has evaluated all but the last).
+    fn draft(&mut self, context: &[u32], max: usize, out: &mut Vec<u32>) -> Result<(), Error>;
+}
+
+/// Prompt lookup (llama.cpp's `llama-lookup`): finds the latest earlier occurrence of the
+/// context's last few tokens and proposes what followed it. Reads no weights, holds no memory:
+/// the draft for a model larger than memory. Pays where text repeats (code, quotes, edits).
+#[derive(Clone, Copy, Debug)]
+pub struct NgramDrafter {
+    /// Longest suffix of the context looked up first; shorter ones down to `min_n` after.
+    pub max_n: usize,
+    pub min_n: usize,
+}
+
+impl Default for NgramDrafter {
+    fn default() -> Self {
+        NgramDrafter { max_n: 4, min_n: 2 }
+    }
+}
+
+impl Drafter for NgramDrafter {
+    fn draft(&mut self, context: &[u32], max: usize, out: &mut Vec<u32>) -> Result<(), Error> {
+        for n in (self.min_n.max(1)..=self.max_n).rev() {
+            if context.len() <= n {
+                continue;
+            }
+            let key = &context[context.len() - n..];
+            // Latest match first: recent text predicts best. The match must end before the
+            // key itself, so that something follows it.
+            let found = (0..context.len() - n)
+                .rev()
+                .find(|&at| &context[at..at + n] == key);
+            if let Some(at) = found {
+                let follows = &context[at + n..];
+                out.extend_from_slice(&follows[..follows.len().min(max)]);
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A smaller model with the target's vocabulary, decoding greedily in its own session. It
+/// stops drafting where its own most likely token falls under `p_min`, as llama.cpp's does.
+pub struct ModelDrafter {
+    engine: Engine,
+    session: Session,
+    p_min: f32,
+}
+
+/// llama.cpp's default `--draft-p-min`.
+pub const DEFAULT_DRAFT_P_MIN: f32 = 0.75;
+
+impl ModelDrafter {
+    /// `draft` must share `target`'s vocabulary; its session gets `n_ctx` positions.
+    pub fn new(target: &Engine, draft: Engine, n_ctx: usize) -> Result<ModelDrafter, Error> {
+        let (ours, theirs) = (target.tokenizer(), draft.tokenizer());
+        let differ = |why: String| {
+            Err(Error::DraftVocabulary {
+                target: ours.n_vocab(),
+                draft: theirs.n_vocab(),
+                why,
+            })
+        };
+        if ours.n_vocab() != theirs.n_vocab() {
+            return differ("the sizes differ".into());
+        }
+        if let Some(id) =
+            (0..ours.n_vocab() as u32).find(|&t| ours.token_text(t) != theirs.token_text(t))
+        {
+            return differ(format!("token {id} differs"));
+        }
+        check_dense(target)?;
+        let session = draft.session(Some(n_ctx))?;
+        Ok(ModelDrafter {
+            engine: draft,
+            session,
+            p_min: DEFAULT_DRAFT_P_MIN,
+        })
+    }
+}
+
+/// The probability softmax gives the largest of `logits`.
+fn top_probability(logits: &[f32], top: u32) -> f32 {
+    let max = logits[top as usize];
+    1.0 / logits.iter().map(|&l| (l - max).exp()).sum::<f32>()
+}
+
+impl Drafter for ModelDrafter {
+    fn draft(&mut self, context: &[u32], max: usize, out: &mut Vec<u32>) -> Result<(), Error> {
+        let kept = reuse_prefix(&mut self.session, context);
+        let room = self.session.n_ctx() - self.session.n_past();
+        let max = max.min(room.saturating_sub(context.len() - kept));
+        if max == 0 {
+            return Ok(());
+        }
+        let mut logits = self.engine.eval_last(&mut self.session, &context[kept..])?;
+        loop {
+            let token = argmax(logits);
+            if top_probability(logits, token) < self.p_min {
+                return Ok(());
+            }
+            out.push(token);
+            if out.len() == max {
+                return Ok(());
+            }
+            logits = self.engine.eval_last(&mut self.session, &[token])?;
+        }
+    }
+}
+
+/// How many tokens to draft: `--draft-max` and `--draft-min`, as in llama.cpp.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DraftLimits {
+    /// The most tokens drafted for one step (≥ 1).
+    pub max: usize,
+    /// Drafts shorter than this are not verified: the step decodes one token.
+    pub min: usize,
+}
+
+impl Default for DraftLimits {
+    fn default() -> Self {
+        DraftLimits { max: 8, min: 1 }
+    }
+}
+
+/// What [`DraftLimits`] cannot be.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BadDraftLimits(String);
+
+impl fmt::Display for BadDraftLimits {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for BadDraftLimits {}
+
+impl DraftLimits {
+    pub fn new(max: usize, min: usize) -> Result<DraftLimits, BadDraftLimits> {
+        if max == 0 {
+            return Err(BadDraftLimits(
+                "--draft-max must be at least 1 (the most tokens drafted a step)".into(),
+            ));
+        }
+        if min > max {
+            return Err(BadDraftLimits(format!(
+                "--draft-min {min} is above --draft-max {max}"
+            )));
+        }
+        Ok(DraftLimits { max, min })
+    }
+}
+
+/// A drafter and how much to ask of it. The draft length follows what the target keeps:
+/// it doubles while every drafted token is kept and falls back to one more than were kept.
+/// And drafting must pay: where the tokens a second of drafted steps (drafting included) fall
+/// below those of one-token steps — in memory a step of nine tokens can cost several one-token
+/// steps, since it is compute-bound where one token is bound by memory — the length halves, and
+/// at one drafting pauses for a while before it is tried again. The length never changes the
+/// output, only how many steps make it.
+pub struct Speculation {
+    drafter: Box<dyn Drafter>,
+    limits: DraftLimits,
+    /// Tokens to ask for next step.
+    length: usize,
+    /// Tokens a second of one-token steps, and of drafted steps (moving averages).
+    plain_rate: Option<f64>,
+    drafted_rate: Option<f64>,
+    /// Steps left without drafting, after drafting did not pay.
+    pause: u32,
+    /// Drafted steps since the last one-token step.
+    since_plain: u32,
+    /// Whether timing paces drafting (the default); unpaced, the length follows what is kept
+    /// alone, so that which steps draft does not depend on timing.
+    paced: bool,
+    /// The context handed to the drafter (the session's tokens and the pending one).
+    context: Vec<u32>,
+}
+
+fn average(old: Option<f64>, new: f64) -> Option<f64> {
+    Some(old.map_or(new, |old| 0.75 * old + 0.25 * new))
+}
+
+/// One-token steps taken after drafting did not pay, before it is tried again.
+const PAUSE_STEPS: u32 = 16;
+/// Drafted steps after which a one-token step times the rate to beat again (the first one
+/// after a prompt is slower than the rest).
+const RETIME_AFTER: u32 = 8;
+
+impl Speculation {
+    pub fn new(drafter: Box<dyn Drafter>, limits: DraftLimits) -> Speculation {
+        Speculation {
+            drafter,
+            length: limits.max.min(4),
+            limits,
+            plain_rate: None,
+            drafted_rate: None,
+            pause: 0,
+            since_plain: 0,
+            paced: true,
+            context: Vec::new(),
+        }
+    }
+
+    /// Drafting that does not look at the clock: the length follows what is kept alone. The
+    /// output is the same either way; tests that count drafts use this.
+    pub fn unpaced(mut self) -> Speculation {
+        self.paced = false;
+        self
+    }
+
+    /// The tokens to verify after `pending`, which follows `history` (what the session
+    /// holds): at most `room` of them; empty while drafting pauses or when the drafter has
+    /// fewer than the minimum.
+    pub(super) fn propose(
+        &mut self,
+        history: &[u32],
+        pending: u32,
+        room: usize,
+        out: &mut Vec<u32>,
+    ) -> Result<(), Error> {
+        out.clear();
+        let max = self.length.min(room);
+        // A one-token step first, and again now and then: the rate drafted steps must beat.
+        let retime = self.paced && (self.plain_rate.is_none() || self.since_plain >= RETIME_AFTER);
+        if retime || self.pause > 0 || max == 0 || max < self.limits.min {
+            self.pause = self.pause.saturating_sub(1);
+            return Ok(());
+        }
+        self.context.clear();
+        self.context.extend_from_slice(history);
+        self.context.push(pending);
+        self.drafter.draft(&self.context, max, out)?;
+        out.truncate(max);
+        if out.len() < self.limits.min {
+            out.clear();
+        }
+        Ok(())
+    }
+
+    /// A one-token step (drafting that found nothing included) took `took`.
+    pub(super) fn stepped(&mut self, took: Duration) {
+        self.since_plain = 0;
+        self.plain_rate = average(self.plain_rate, 1.0 / took.as_secs_f64().max(1e-9));
+    }
+
+    /// `kept` of `drafted` tokens survived a step that took `took`, drafting included.
+    pub(super) fn verified(&mut self, drafted: usize, kept: usize, took: Duration) {
+        self.since_plain += 1;
+        let rate = (kept + 1) as f64 / took.as_secs_f64().max(1e-9);
+        self.drafted_rate = average(self.drafted_rate, rate);
+        let pays = match (self.paced, self.plain_rate, self.drafted_rate) {
+            (true, Some(plain), Some(drafted)) => drafted >= plain,
+            _ => true,
+        };
+        self.length = if !pays {
+            if self.length <= 1 {
+                self.pause = PAUSE_STEPS;
+                self.drafted_rate = None;
+            }
+            (self.length / 2).max(1)
+        } else if kept == drafted {
+            (self.length * 2).min(self.limits.max)
+        } else {
+            kept + 1
+        }
+        .max(self.limits.min)
+        .min(self.limits.max);
+    }
+}
+
+/// Speculation needs the FFN that one-token steps compute to be the dense one a multi-token
+/// step computes.
+pub(super) fn check_dense(engine: &Engine) -> Result<(), Error> {
+    match engine.model().sparse {
+        Some(_) => Err(Error::DraftNeedsDense),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lookup(context: &[u32], max: usize) -> Vec<u32> {
+        let mut out = Vec::new();
+        NgramDrafter::default()
+            .draft(context, max, &mut out)
+            .unwrap();
+        out
+    }
+
+    #[test]
+    fn ngram_lookup_proposes_what_followed_the_latest_match() {
+        // "7 8" occurred twice; the latest occurrence is followed by 5 6.
+        let context = [7, 8, 1, 2, 3, 7, 8, 5, 6, 9, 7, 8];
+        assert_eq!(lookup(&context, 8), vec![5, 6, 9, 7, 8]);
+        assert_eq!(lookup(&context, 2), vec![5, 6]);
+        // The longest suffix wins: "3 7 8" occurred once, followed by 5 6 …
+        let context = [3, 7, 8, 5, 6, 1, 7, 8, 4, 3, 7, 8];
+        assert_eq!(lookup(&context, 3), vec![5, 6, 1]);
+        // Nothing repeats: nothing to propose.
+        assert!(lookup(&[1, 2, 3, 4, 5], 4).is_empty());
+        assert!(lookup(&[], 4).is_empty());
+        assert!(lookup(&[1], 4).is_empty());
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn the_draft_length_follows_what_is_kept_while_drafting_pays() {
+        let limits = DraftLimits::new(8, 1).unwrap();
+        let mut s = Speculation::new(Box::new(NgramDrafter::default()), limits);
+        assert_eq!(s.length, 4);
+        // No draft before a one-token step has been timed, though the text repeats.
+        let mut out = Vec::new();
+        s.propose(&[1, 2, 3, 1, 2], 3, 8, &mut out).unwrap();
+        assert!(out.is_empty());
+        s.stepped(ms(100));
+        s.propose(&[1, 2, 3, 1, 2], 3, 8, &mut out).unwrap();
+        assert_eq!(out, [1, 2, 3]);
+        s.stepped(ms(100)); // 10 tokens a second without drafts
+                            // Bound by reads: 4 drafts kept for 140 ms, 36 tokens a second: longer.
+        s.verified(4, 4, ms(140));
+        assert_eq!(s.length, 8);
+        s.verified(8, 8, ms(200));
+        assert_eq!(s.length, 8);
+        s.verified(8, 2, ms(150));
+        assert_eq!(s.length, 3);
+        // Bound by compute: steps that make fewer tokens a second than one-token steps
+        // shorten the draft, then pause drafting.
+        let mut t = Speculation::new(Box::new(NgramDrafter::default()), limits);
+        t.stepped(ms(100));
+        t.verified(4, 4, ms(1000)); // every draft kept, but 5 tokens a second
+        assert_eq!(t.length, 2);
+        t.verified(2, 0, ms(300));
+        assert_eq!((t.length, t.pause), (1, 0));
+        t.verified(1, 0, ms(300));
+        assert_eq!((t.length, t.pause), (1, PAUSE_STEPS));
+        let mut out = Vec::new();
+        t.propose(&[1, 2, 3, 1, 2], 3, 8, &mut out).unwrap();
+        assert!(out.is_empty());
+        assert_eq!(t.pause, PAUSE_STEPS - 1);
+        // Unpaced, neither the first step nor slow steps stop drafting.
+        let mut v = Speculation::new(Box::new(NgramDrafter::default()), limits).unpaced();
+        v.propose(&[1, 2, 3, 1, 2], 3, 8, &mut out).unwrap();
+        assert_eq!(out, [1, 2, 3]);
+        v.stepped(ms(100));
+        v.verified(4, 4, ms(1000));
+        assert_eq!((v.length, v.pause), (8, 0));
+        // The minimum holds.
+        let strict = DraftLimits::new(8, 6).unwrap();
+        let mut u = Speculation::new(Box::new(NgramDrafter::default()), strict);
+        u.verified(8, 2, ms(100));
+        assert_eq!(u.length, 6);
+    }
+
+    #[test]
+    fn nonsense_limits_are_refused() {
+        assert!(DraftLimits::new(0, 0)
+            .unwrap_err()
+            .0
+            .contains("--draft-max"));
+        assert!(DraftLimits::new(2, 3)
+            .unwrap_err()
+            .0
+            .contains("--draft-min 3"));
+        assert!(DraftLimits::new(3, 0).is_ok());
+    }
+}

@@ -1,0 +1,230 @@
+//! Speculative decoding (issue 43): drafted tokens verified in one step give exactly the tokens
+//! of plain decoding, greedy and sampled, on both drivers, on the default model (Q4_1) and a
+//! Q4_K_M file, in memory and under a budget; and the drafts really are used (each test checks
+//! that tokens were drafted and kept, so a drafter that silently never drafts fails it).
+
+mod common;
+
+use common::ScratchDir;
+use conductor::profile::{profile_model, ProfileOptions};
+use conductor::runtime::cache::MemoryBudget;
+use conductor::runtime::convert::ConvertOptions;
+use conductor::runtime::sample::SamplingParams;
+use conductor::runtime::sparse::profile::ModelProfile;
+use conductor::runtime::sparse::SparsityMode;
+use conductor::{
+    DraftLimits, DriverKind, Engine, Error, GenerateOptions, GenerationStats, ModelDrafter,
+    NgramDrafter, SparsitySettings, Speculation,
+};
+use std::ops::ControlFlow;
+use std::path::Path;
+
+/// Code that repeats itself, as code does: prompt lookup finds continuations in it.
+const PROMPT: &str = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n    return a * b\n\ndef div(a, b):\n";
+
+fn engine(path: &Path, driver: DriverKind, memory: Option<MemoryBudget>) -> Engine {
+    let mut builder = Engine::builder()
+        .model(path)
+        .threads(2)
+        .driver(driver)
+        // A step verifies up to 8 drafted tokens (under a budget their logits are held out).
+        .step_logits(9)
+        .on_progress(|_| {});
+    if let Some(memory) = memory {
+        builder = builder.memory(memory);
+    }
+    builder.build().unwrap()
+}
+
+/// Sampling at llama.cpp's defaults, with a repetition penalty or without (which discourages
+/// the repeats prompt lookup finds).
+fn sampled(repeat_penalty: f32) -> SamplingParams {
+    SamplingParams {
+        temperature: 0.8,
+        repeat_penalty,
+        seed: 7,
+        ..SamplingParams::default()
+    }
+}
+
+/// The tokens `engine` generates for `PROMPT`, with `draft` if any.
+fn generate(
+    engine: &mut Engine,
+    sampling: &SamplingParams,
+    n: usize,
+    draft: Option<&mut Speculation>,
+) -> (Vec<u32>, GenerationStats) {
+    let prompt = engine.tokenize(PROMPT);
+    let mut session = engine.session(Some(512)).unwrap();
+    let options = GenerateOptions {
+        max_tokens: n,
+        sampling: sampling.clone(),
+        ignore_eos: true,
+    };
+    let stats = engine
+        .generate_with_draft(&mut session, &prompt, &options, draft, &mut |_| {
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+    (stats.generated.clone(), stats)
+}
+
+/// Prompt lookup, unpaced: which steps draft does not depend on timing, so the counts of
+/// drafts below are the same on any machine.
+fn ngram(max: usize) -> Speculation {
+    Speculation::new(
+        Box::new(NgramDrafter::default()),
+        DraftLimits::new(max, 1).unwrap(),
+    )
+    .unpaced()
+}
+
+/// Plain decoding and decoding with prompt-lookup drafts of `path` give the same tokens.
+fn ngram_keeps_the_tokens(
+    path: &Path,
+    driver: DriverKind,
+    memory: Option<MemoryBudget>,
+    draft_maxes: &[usize],
+) {
+    let mut engine = engine(path, driver, memory);
+    for sampling in [SamplingParams::greedy(), sampled(1.0)] {
+        let (plain, plain_stats) = generate(&mut engine, &sampling, 48, None);
+        assert_eq!(plain_stats.draft_steps, 0);
+        let mut verified = 0;
+        for &max in draft_maxes {
+            let mut draft = ngram(max);
+            let (drafted, stats) = generate(&mut engine, &sampling, 48, Some(&mut draft));
+            let what = format!("{} {driver:?} draft-max {max} {sampling:?}", path.display());
+            assert_eq!(drafted, plain, "{what}");
+            verified += stats.drafted;
+            assert_eq!(
+                stats.decoded_tokens(),
+                drafted.len() - 1,
+                "{what}: {stats:?}"
+            );
+            if sampling.temperature == 0.0 {
+                // Greedy on repeating code: some drafts must be right.
+                assert!(stats.draft_accepted > 0, "{what}: {stats:?}");
+                assert!(
+                    stats.decode_evals < plain_stats.decode_evals,
+                    "{what}: {stats:?}"
+                );
+            }
+        }
+        // Paced by the clock (the CLI's drafts): other steps may draft, the same tokens.
+        let mut paced = Speculation::new(Box::new(NgramDrafter::default()), DraftLimits::default());
+        let (drafted, _) = generate(&mut engine, &sampling, 48, Some(&mut paced));
+        assert_eq!(drafted, plain, "{} {driver:?} paced", path.display());
+        // Sampled text repeats less, but some drafts must have been verified.
+        assert!(verified > 0, "{} {driver:?} {sampling:?}", path.display());
+    }
+}
+
+#[test]
+fn ngram_drafts_keep_the_default_models_tokens_on_both_drivers() {
+    for driver in [DriverKind::Actors, DriverKind::Inline] {
+        ngram_keeps_the_tokens(&common::default_model(), driver, None, &[1, 3, 8]);
+    }
+}
+
+#[test]
+fn ngram_drafts_keep_a_q4_k_m_models_tokens() {
+    ngram_keeps_the_tokens(&common::gemma3_model(), DriverKind::Actors, None, &[1, 8]);
+}
+
+#[test]
+fn ngram_drafts_keep_the_tokens_under_a_memory_budget() {
+    let dir = ScratchDir::new("speculative-budget");
+    let store = dir.store(&common::default_model(), &ConvertOptions::default());
+    let budget = Some(MemoryBudget::PercentOfModel(50.0));
+    ngram_keeps_the_tokens(&store, DriverKind::Actors, budget, &[8]);
+    // Under a budget the drafted tokens' logits need room held in it: an engine built
+    // without any refuses a draft rather than go over its budget.
+    let mut engine = Engine::builder()
+        .model(&store)
+        .threads(1)
+        .memory(MemoryBudget::PercentOfModel(50.0))
+        .on_progress(|_| {})
+        .build()
+        .unwrap();
+    let err = draft_refused(&mut engine);
+    assert!(matches!(err, Error::DraftNoRoom), "{err}");
+}
+
+/// Why `engine` refuses prompt-lookup drafts for a stream.
+fn draft_refused(engine: &mut Engine) -> Error {
+    let prompt = engine.tokenize(PROMPT);
+    let mut session = engine.session(Some(128)).unwrap();
+    let options = GenerateOptions {
+        max_tokens: 4,
+        sampling: SamplingParams::greedy(),
+        ignore_eos: true,
+    };
+    let mut draft = ngram(4);
+    let stream = engine.stream(&mut session, &prompt, &options).unwrap();
+    stream.with_draft(&mut draft).err().unwrap()
+}
+
+/// A draft model decoding greedily: the default model drafting for itself agrees with itself
+/// on every greedy token, so nearly every draft is kept, and the tokens are the target's.
+#[test]
+fn a_draft_model_keeps_the_targets_tokens() {
+    let path = common::default_model();
+    let mut target = engine(&path, DriverKind::Actors, None);
+    for sampling in [SamplingParams::greedy(), sampled(1.1)] {
+        let (plain, _) = generate(&mut target, &sampling, 40, None);
+        let draft = engine(&path, DriverKind::Inline, None);
+        let drafter = ModelDrafter::new(&target, draft, 512).unwrap();
+        let mut speculation = Speculation::new(Box::new(drafter), DraftLimits::default()).unpaced();
+        let (drafted, stats) = generate(&mut target, &sampling, 40, Some(&mut speculation));
+        assert_eq!(drafted, plain, "{sampling:?}");
+        assert!(stats.draft_accepted > 0, "{stats:?}");
+        if sampling.temperature == 0.0 {
+            // The draft is the target: every drafted token it was confident of is right.
+            assert_eq!(stats.draft_accepted, stats.drafted, "{stats:?}");
+        }
+    }
+}
+
+#[test]
+fn a_draft_with_another_vocabulary_is_refused_naming_both_sizes() {
+    let target = engine(&common::default_model(), DriverKind::Inline, None);
+    let draft = engine(&common::gemma3_model(), DriverKind::Inline, None);
+    let err = ModelDrafter::new(&target, draft, 512).err().unwrap();
+    let text = err.to_string();
+    assert!(matches!(err, Error::DraftVocabulary { .. }), "{text}");
+    assert!(text.contains("49152") && text.contains("262144"), "{text}");
+}
+
+/// A step of several tokens computes every FFN neuron; sparse decode would not keep its bits,
+/// so a sparse engine refuses a draft rather than change its output.
+#[test]
+fn sparse_decode_refuses_a_draft() {
+    let dir = ScratchDir::new("speculative-sparse");
+    let model = dir.small_model(3);
+    let mut dense = engine(&model, DriverKind::Inline, None);
+    let options = ProfileOptions {
+        ctx: 64,
+        max_tokens: 512,
+        reference_sparsity: 0.3,
+        predictors: None,
+        threads: 1,
+    };
+    let text = common::random_words(5, 600);
+    let profile = profile_model(&mut dense, &text, "test", &options, &|_, _| {}).unwrap();
+    profile.save(&ModelProfile::default_path(&model)).unwrap();
+    let mut engine = Engine::builder()
+        .model(&model)
+        .threads(1)
+        .sparsity(SparsitySettings {
+            mode: Some(SparsityMode::Threshold),
+            target: Some(0.3),
+            ..SparsitySettings::default()
+        })
+        .on_progress(|_| {})
+        .build()
+        .unwrap();
+    assert!(engine.model().sparse.is_some());
+    let err = draft_refused(&mut engine);
+    assert!(matches!(err, Error::DraftNeedsDense), "{err}");
+}
