@@ -14,7 +14,6 @@
 use super::{reuse_prefix, Engine, Error};
 use conductor_runtime::exec::Session;
 use conductor_runtime::sample::argmax;
-use std::fmt;
 use std::time::Duration;
 
 /// Guesses tokens likely to follow a context.
@@ -147,16 +146,9 @@ impl Default for DraftLimits {
 }
 
 /// What [`DraftLimits`] cannot be.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
 pub struct BadDraftLimits(String);
-
-impl fmt::Display for BadDraftLimits {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for BadDraftLimits {}
 
 impl DraftLimits {
     pub fn new(max: usize, min: usize) -> Result<DraftLimits, BadDraftLimits> {
