@@ -400,4 +400,26 @@ fn nonsense_draft_settings() {
         ],
         &["--prompt-file"],
     );
+    // The server checks the same flags before it listens, and a draft model with another
+    // vocabulary the same way.
+    let serve = |extra: &[&str], expected: &[&str]| {
+        let mut args = vec![
+            "serve",
+            "--port",
+            "0",
+            "-m",
+            model.to_str().unwrap(),
+            "--draft",
+        ];
+        args.extend_from_slice(extra);
+        fails_with(&args, expected);
+    };
+    serve(
+        &["ngram", "--draft-max", "0"],
+        &["--draft-max", "at least 1"],
+    );
+    serve(
+        &[other.to_str().unwrap()],
+        &["vocabulary", &n.to_string(), &(n + 8).to_string()],
+    );
 }

@@ -228,3 +228,62 @@ fn sparse_decode_refuses_a_draft() {
     let err = draft_refused(&mut engine);
     assert!(matches!(err, Error::DraftNeedsDense), "{err}");
 }
+
+/// `serve --draft ngram`: a request running alone verifies drafts; answers are what
+/// `conductor run` prints without a draft, plainly, streamed, and with a second request
+/// running beside it (whose steps are shared, undrafted); `/metrics` and the answer's
+/// `timings` count the drafted and kept tokens.
+#[test]
+fn a_server_with_ngram_drafts_answers_as_run_without_and_counts_them() {
+    use common::server::{chat, exchange, metric, run_greedy, Server};
+    let model = common::default_model();
+    let server = Server::start_with(
+        &model,
+        &["-c", "1024", "--parallel", "2", "--draft", "ngram"],
+    );
+    let copy = "Copy this Python function exactly:\ndef add_numbers(first, second):\n    total = first + second\n    return total";
+    let other = "List three fruits.";
+    let want = run_greedy(&model, &["-c", "1024"], copy, "48");
+    assert!(!want.is_empty());
+    assert_eq!(chat(&server, copy, 48, false), want, "not streamed");
+    assert_eq!(chat(&server, copy, 48, true), want, "streamed");
+    let (steps, drafted, kept) = (
+        metric(&server, "conductor_draft_steps_total"),
+        metric(&server, "conductor_draft_tokens_total"),
+        metric(&server, "conductor_draft_accepted_tokens_total"),
+    );
+    assert!(
+        steps > 0.0 && kept > 0.0 && kept <= drafted,
+        "{steps} {drafted} {kept}"
+    );
+
+    // Beside another request: the steps they share decode one token each.
+    let want_other = run_greedy(&model, &["-c", "1024"], other, "24");
+    let answers = std::thread::scope(|s| {
+        let a = s.spawn(|| chat(&server, copy, 48, false));
+        let b = s.spawn(|| chat(&server, other, 24, true));
+        (a.join().expect("a"), b.join().expect("b"))
+    });
+    assert_eq!(answers, (want.clone(), want_other));
+
+    // A non-streamed answer carries its figures too.
+    let body = serde_json::json!({
+        "messages": [{"role": "user", "content": copy}],
+        "temperature": 0,
+        "max_tokens": 48,
+    })
+    .to_string();
+    let (status, _, reply) = exchange(&server, "POST", "/v1/chat/completions", None, &body);
+    assert_eq!(status, 200, "{reply}");
+    let reply: serde_json::Value = serde_json::from_str(&reply).expect("JSON");
+    assert_eq!(reply["choices"][0]["message"]["content"], want.as_str());
+    let draft = &reply["timings"]["draft"];
+    let (drafted, kept) = (draft["drafted"].as_f64(), draft["accepted"].as_f64());
+    let (drafted, kept) = (drafted.expect("drafted"), kept.expect("accepted"));
+    assert!(kept <= drafted, "{draft}");
+    let rate = draft["acceptance_rate"].as_f64().expect("acceptance_rate");
+    assert!(
+        (rate - if drafted > 0.0 { kept / drafted } else { 0.0 }).abs() < 1e-9,
+        "{draft}"
+    );
+}

@@ -1,5 +1,5 @@
 //! `--draft`, `--draft-max`, `--draft-min`: speculative decoding's flags, as in llama.cpp
-//! (`run`, `bench`).
+//! (`run`, `bench`, `serve`).
 
 use super::{ModelArgs, SparsityArg};
 use anyhow::{bail, Result};

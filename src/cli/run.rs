@@ -227,7 +227,7 @@ fn print_timings(load: Duration, s: &GenerationStats, total: Duration) {
             s.draft_steps,
             s.drafted,
             s.draft_accepted,
-            100.0 * s.draft_accepted as f64 / s.drafted.max(1) as f64,
+            100.0 * s.draft_acceptance(),
             s.decoded_tokens() as f64 / s.decode_evals.max(1) as f64,
         );
     }

@@ -1,5 +1,6 @@
 //! `conductor serve`: the OpenAI-compatible server (src/serve/, docs/serve.md).
 
+use super::draft::DraftArgs;
 use super::ModelArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -11,6 +12,9 @@ use std::time::Duration;
 pub struct ServeArgs {
     #[command(flatten)]
     model: ModelArgs,
+    /// Speculative decoding (a request running alone verifies drafted tokens in one step).
+    #[command(flatten)]
+    draft: DraftArgs,
     /// Address to listen on. The default, loopback, keeps the server to this machine.
     #[arg(long = "host", default_value = "127.0.0.1")]
     host: String,
@@ -74,7 +78,16 @@ pub fn run(args: ServeArgs) -> Result<()> {
     }
     // Under --memory the budget holds every slot's KV cache.
     model_args.engine.sequences = Some(args.parallel);
+    args.draft.prepare(&mut model_args)?;
     let engine = model_args.load(model_args.threads())?;
+    let n_ctx = args.ctx_size.unwrap_or_else(|| engine.default_context());
+    let speculation = args.draft.speculation(&model_args, &engine, n_ctx)?;
+    if let Some(draft) = speculation.as_ref().and(args.draft.draft.as_deref()) {
+        eprintln!(
+            "serve: drafting with {draft} (up to {} tokens a step) while a request runs alone",
+            args.draft.draft_max
+        );
+    }
     let options = ServeOptions {
         host: args.host,
         port: args.port,
@@ -88,7 +101,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         shutdown_grace: Duration::from_secs_f64(args.shutdown_grace),
         chat_template,
     };
-    conductor::serve::serve(engine, options, |addr| {
+    conductor::serve::serve(engine, speculation, options, |addr| {
         // Scripts and tests read this line for the port.
         println!("listening on http://{addr}");
         let _ = std::io::stdout().flush();

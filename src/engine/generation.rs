@@ -1,7 +1,7 @@
 //! The generation loop: drawing tokens from logits, one at a time or several per step
 //! (speculative decoding), with the text each completes.
 
-use super::speculative::{check_dense, Speculation};
+use super::speculative::Speculation;
 use super::{Engine, Error};
 use conductor_runtime::exec::Session;
 use conductor_runtime::sample::{Sampler, SamplingParams};
@@ -102,6 +102,14 @@ impl GenerationStats {
     pub fn decoded_tokens(&self) -> usize {
         self.decode_evals + self.draft_accepted
     }
+
+    /// The share of drafted tokens kept (0 when nothing was drafted).
+    pub fn draft_acceptance(&self) -> f64 {
+        if self.drafted == 0 {
+            return 0.0;
+        }
+        self.draft_accepted as f64 / self.drafted as f64
+    }
 }
 
 impl Engine {
@@ -133,8 +141,6 @@ impl Engine {
             session,
             generation,
             speculation: None,
-            drafted: Vec::new(),
-            tokens: Vec::new(),
         })
     }
 
@@ -240,10 +246,8 @@ pub struct TokenStream<'a> {
     engine: &'a mut Engine,
     session: &'a mut Session,
     generation: Generation<'a>,
-    /// Speculative decoding: the drafter, the drafted tokens and a step's tokens.
+    /// Speculative decoding's drafter.
     speculation: Option<&'a mut Speculation>,
-    drafted: Vec<u32>,
-    tokens: Vec<u32>,
 }
 
 /// One generation's state (sampler, hook, text decoder, counts) apart from the engine and the
@@ -282,68 +286,21 @@ impl<'a> TokenStream<'a> {
     /// memory budget, drafts are as long as [`super::EngineBuilder::step_logits`] held room
     /// for (build the engine with the drafts' length and one: without, a draft is refused).
     pub fn with_draft(mut self, speculation: &'a mut Speculation) -> Result<Self, Error> {
-        check_dense(self.engine)?;
-        if self.engine.max_step_logits() < 2 {
-            return Err(Error::DraftNoRoom);
-        }
+        self.engine.check_can_draft()?;
         self.speculation = Some(speculation);
         Ok(self)
     }
 
     fn advance(&mut self) -> Result<Option<Piece>, Error> {
-        if let Some(token) = self.generation.pending() {
-            let t0 = Instant::now();
+        if self.generation.pending().is_some() {
             self.engine.check_model_file()?;
-            self.draft(token)?;
-            if self.drafted.is_empty() {
-                let logits = self.engine.driver.get().eval_last(self.session, &[token])?;
-                if let Some(speculation) = self.speculation.as_deref_mut() {
-                    speculation.stepped(t0.elapsed());
-                }
-                self.generation.evaluated(logits, t0.elapsed())?;
-            } else {
-                self.verify(token, t0)?;
-            }
+            self.engine.step_generation(
+                self.session,
+                &mut self.generation,
+                self.speculation.as_deref_mut(),
+            )?;
         }
         Ok(self.generation.piece(&self.engine.tokenizer))
-    }
-
-    /// Fills `drafted` with the tokens to verify after `pending` (none without a drafter).
-    fn draft(&mut self, pending: u32) -> Result<(), Error> {
-        self.drafted.clear();
-        let Some(speculation) = self.speculation.as_deref_mut() else {
-            return Ok(());
-        };
-        // Room for the drafted tokens: in the context, in one step, and in what the
-        // generation may still hand out after the pending token's successor.
-        let room = (self.session.n_ctx() - self.session.n_past())
-            .saturating_sub(1)
-            .min(self.engine.max_step_tokens().saturating_sub(1))
-            .min(self.engine.max_step_logits().saturating_sub(1))
-            .min(self.generation.room().saturating_sub(1));
-        speculation.propose(self.session.tokens(), pending, room, &mut self.drafted)
-    }
-
-    /// One step over `pending` and the drafted tokens; keeps what the draws confirm.
-    fn verify(&mut self, pending: u32, t0: Instant) -> Result<(), Error> {
-        let n_past = self.session.n_past();
-        self.tokens.clear();
-        self.tokens.push(pending);
-        self.tokens.extend_from_slice(&self.drafted);
-        // One step (`draft` keeps the tokens within one), whose logits cover every token.
-        let driver = self.engine.driver.get();
-        driver.eval(self.session, &self.tokens, 0, &mut |_, _| {})?;
-        let kept = self.generation.verified(
-            driver.logits(),
-            &self.drafted,
-            t0.elapsed(),
-            &self.engine.tokenizer,
-        )?;
-        self.session.truncate(n_past + 1 + kept);
-        if let Some(speculation) = self.speculation.as_deref_mut() {
-            speculation.verified(self.drafted.len(), kept, t0.elapsed());
-        }
-        Ok(())
     }
 }
 
@@ -365,7 +322,7 @@ impl Generation<'_> {
     }
 
     /// Tokens this generation may still hand out.
-    fn room(&self) -> usize {
+    pub(super) fn room(&self) -> usize {
         self.options.max_tokens - self.stats.generated.len()
     }
 

@@ -9,15 +9,16 @@
 //! the tokens cost: one per step instead of one per token.
 //!
 //! A step of several tokens runs in the prefill shape, which computes every FFN neuron: sparse
-//! decode would give other bits, so speculation needs dense decode ([`check_dense`]).
+//! decode would give other bits, so speculation needs dense decode ([`Engine::check_can_draft`]).
 
-use super::{reuse_prefix, Engine, Error};
+use super::{reuse_prefix, Engine, Error, Generation};
 use conductor_runtime::exec::Session;
 use conductor_runtime::sample::argmax;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-/// Guesses tokens likely to follow a context.
-pub trait Drafter {
+/// Guesses tokens likely to follow a context. `Send`, so that a server's engine thread can
+/// own one.
+pub trait Drafter: Send {
     /// Appends to `out` up to `max` tokens likely to follow `context` (every token so far: the
     /// target has evaluated all but the last).
     fn draft(&mut self, context: &[u32], max: usize, out: &mut Vec<u32>) -> Result<(), Error>;
@@ -176,6 +177,9 @@ impl DraftLimits {
 pub struct Speculation {
     drafter: Box<dyn Drafter>,
     limits: DraftLimits,
+    /// A step's drafted tokens, and the pending token followed by them.
+    drafted: Vec<u32>,
+    tokens: Vec<u32>,
     /// Tokens to ask for next step.
     length: usize,
     /// Tokens a second of one-token steps, and of drafted steps (moving averages).
@@ -214,6 +218,8 @@ impl Speculation {
             since_plain: 0,
             paced: true,
             context: Vec::new(),
+            drafted: Vec::new(),
+            tokens: Vec::new(),
         }
     }
 
@@ -284,9 +290,84 @@ impl Speculation {
     }
 }
 
+impl Engine {
+    /// Evaluates `generation`'s pending token in `session` and hands the generation its
+    /// logits: in one step with `speculation`'s drafted tokens after it when the drafter has
+    /// some (keeping what the generation's draws confirm), alone otherwise. Check the engine
+    /// with [`Engine::check_can_draft`] before stepping with a `speculation`.
+    pub fn step_generation(
+        &mut self,
+        session: &mut Session,
+        generation: &mut Generation,
+        speculation: Option<&mut Speculation>,
+    ) -> Result<(), Error> {
+        let Some(pending) = generation.pending() else {
+            return Ok(());
+        };
+        let t0 = Instant::now();
+        let Some(speculation) = speculation else {
+            let logits = self.driver.get().eval_last(session, &[pending])?;
+            return generation.evaluated(logits, t0.elapsed());
+        };
+        // Room for the drafted tokens: in the context, in one step, and in what the
+        // generation may still hand out after the pending token's successor.
+        let room = (session.n_ctx() - session.n_past())
+            .saturating_sub(1)
+            .min(self.max_step_tokens().saturating_sub(1))
+            .min(self.max_step_logits().saturating_sub(1))
+            .min(generation.room().saturating_sub(1));
+        let mut drafted = std::mem::take(&mut speculation.drafted);
+        speculation.propose(session.tokens(), pending, room, &mut drafted)?;
+        let result = if drafted.is_empty() {
+            let logits = self.driver.get().eval_last(session, &[pending])?;
+            speculation.stepped(t0.elapsed());
+            generation.evaluated(logits, t0.elapsed())
+        } else {
+            self.verify(session, generation, speculation, pending, &drafted, t0)
+        };
+        speculation.drafted = drafted;
+        result
+    }
+
+    /// One step over `pending` and `drafted`; the session keeps what the draws confirm.
+    fn verify(
+        &mut self,
+        session: &mut Session,
+        generation: &mut Generation,
+        speculation: &mut Speculation,
+        pending: u32,
+        drafted: &[u32],
+        t0: Instant,
+    ) -> Result<(), Error> {
+        let n_past = session.n_past();
+        let tokens = &mut speculation.tokens;
+        tokens.clear();
+        tokens.push(pending);
+        tokens.extend_from_slice(drafted);
+        // One step (the room kept the tokens within one), whose logits cover every token.
+        let driver = self.driver.get();
+        driver.eval(session, tokens, 0, &mut |_, _| {})?;
+        let kept = generation.verified(driver.logits(), drafted, t0.elapsed(), &self.tokenizer)?;
+        session.truncate(n_past + 1 + kept);
+        speculation.verified(drafted.len(), kept, t0.elapsed());
+        Ok(())
+    }
+
+    /// Whether this engine can verify drafts: dense decode (the FFN a one-token step computes
+    /// must be the dense one a multi-token step computes) and room for the drafted tokens'
+    /// logits ([`super::EngineBuilder::step_logits`]).
+    pub fn check_can_draft(&self) -> Result<(), Error> {
+        check_dense(self)?;
+        if self.max_step_logits() < 2 {
+            return Err(Error::DraftNoRoom);
+        }
+        Ok(())
+    }
+}
+
 /// Speculation needs the FFN that one-token steps compute to be the dense one a multi-token
 /// step computes.
-pub(super) fn check_dense(engine: &Engine) -> Result<(), Error> {
+fn check_dense(engine: &Engine) -> Result<(), Error> {
     match engine.model().sparse {
         Some(_) => Err(Error::DraftNeedsDense),
         None => Ok(()),

@@ -302,6 +302,8 @@ pub struct ChatResponse {
     pub model: String,
     pub choices: Vec<ChatChoice>,
     pub usage: Usage,
+    /// The server's own figures for the answer (as on a stream's last chunk).
+    pub timings: Timings,
 }
 
 #[derive(Serialize, Debug, Default)]
@@ -350,6 +352,24 @@ pub struct Timings {
     /// Under `--memory`: the neuron cache while this answer ran.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub neuron_cache: Option<CacheTimings>,
+    /// With `--draft`: speculative decoding in this answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub draft: Option<DraftTimings>,
+}
+
+/// Speculative decoding over one answer (`serve --draft`). Drafts are verified while a request
+/// runs alone; steps shared with other requests decode one token each.
+#[derive(Serialize, Debug, Clone, Copy, Default, PartialEq)]
+pub struct DraftTimings {
+    /// Decode steps that verified drafted tokens.
+    pub steps: usize,
+    pub drafted: usize,
+    /// Drafted tokens the target's own draws kept.
+    pub accepted: usize,
+    /// accepted / drafted (0 when nothing was drafted).
+    pub acceptance_rate: f64,
+    /// accepted / steps: tokens each verifying step added beyond its one.
+    pub mean_accepted_per_step: f64,
 }
 
 /// The neuron cache's counters over one answer's life. They are the engine's: under
@@ -391,6 +411,9 @@ pub struct CompletionResponse {
     pub choices: Vec<CompletionChoice>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    /// Not streamed: the server's own figures for the answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timings: Option<Timings>,
 }
 
 #[derive(Serialize, Debug)]

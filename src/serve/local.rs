@@ -52,7 +52,7 @@ impl Local {
             .thread_name("conductor-local")
             .enable_time()
             .build()?;
-        let (state, shared, worker) = super::start(engine, &options, true, say)?;
+        let (state, shared, worker) = super::start(engine, None, &options, true, say)?;
         Ok(Local {
             tokenizer: state.tokenizer.clone(),
             n_ctx: state.n_ctx,

@@ -31,6 +31,11 @@ pub struct Metrics {
     /// Decode steps, and the sequences they computed (their ratio is the mean batch).
     pub decode_steps: IntCounter,
     pub decode_sequences: IntCounter,
+    /// Speculative decoding (`--draft`): steps that verified drafted tokens, the tokens
+    /// drafted, and those the target kept.
+    pub draft_steps: IntCounter,
+    pub drafted_tokens: IntCounter,
+    pub draft_accepted_tokens: IntCounter,
     /// The neuron cache under `--memory`: units found in the cache, units read, bytes read.
     cache_hits: IntCounter,
     cache_misses: IntCounter,
@@ -82,6 +87,18 @@ impl Metrics {
                 "decode_sequences_total",
                 "Sequences computed by decode steps (over decode_steps_total: the mean batch)",
             )?,
+            draft_steps: counter(
+                "draft_steps_total",
+                "Decode steps that verified drafted tokens (--draft)",
+            )?,
+            drafted_tokens: counter(
+                "draft_tokens_total",
+                "Tokens drafted for verification (--draft)",
+            )?,
+            draft_accepted_tokens: counter(
+                "draft_accepted_tokens_total",
+                "Drafted tokens the target's own draws kept (over draft_tokens_total: the acceptance rate)",
+            )?,
             cache_hits: counter(
                 "neuron_cache_hits_total",
                 "Neuron-cache units found in memory (under --memory)",
@@ -105,6 +122,9 @@ impl Metrics {
             &m.rejected,
             &m.decode_steps,
             &m.decode_sequences,
+            &m.draft_steps,
+            &m.drafted_tokens,
+            &m.draft_accepted_tokens,
             &m.cache_hits,
             &m.cache_misses,
             &m.cache_bytes_read,

@@ -23,7 +23,7 @@ mod worker;
 
 pub use limits::DEFAULT_MAX_BODY;
 
-use crate::Engine;
+use crate::{Engine, Speculation};
 use conductor_runtime::tokenizer::{ChatTemplate, Tokenizer};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -140,9 +140,11 @@ fn tool_syntax(template: &ChatTemplate) -> Result<tools::Syntax, String> {
 /// and that thread (serving `engine` in its slots until [`worker::Shared::shutdown`] is set
 /// or every sender is gone). [`serve`] puts a listener in front of it; [`local::Local`]
 /// calls the handlers in-process. `lazy_constraints`: structured output is made on first
-/// use rather than now. `say` receives the lines worth telling the user.
+/// use rather than now. `say` receives the lines worth telling the user. With `speculation`
+/// a request running alone decodes with its drafts.
 fn start(
     engine: Engine,
+    speculation: Option<Speculation>,
     options: &ServeOptions,
     lazy_constraints: bool,
     say: &mut dyn FnMut(&str),
@@ -168,6 +170,9 @@ fn start(
             template
         }
     };
+    if speculation.is_some() {
+        engine.check_can_draft()?;
+    }
     let tool_syntax = tool_syntax(&template);
     if let Ok(syntax) = &tool_syntax {
         say(&format!(
@@ -213,7 +218,7 @@ fn start(
         let shared = shared.clone();
         std::thread::Builder::new()
             .name("serve-engine".into())
-            .spawn(move || worker::run(engine, sessions, jobs, &shared))
+            .spawn(move || worker::run(engine, sessions, jobs, &shared, speculation))
             .context("starting the engine thread")?
     };
     let state = Arc::new(AppState {
@@ -255,15 +260,19 @@ impl AppState {
     }
 }
 
-/// Runs the server on `engine` until SIGTERM or Ctrl-C. `on_listening` is called with the
-/// bound address once requests are accepted.
+/// Runs the server on `engine` until SIGTERM or Ctrl-C; with `speculation`, a request running
+/// alone decodes with its drafts. `on_listening` is called with the bound address once
+/// requests are accepted.
 pub fn serve(
     engine: Engine,
+    speculation: Option<Speculation>,
     options: ServeOptions,
     on_listening: impl FnOnce(SocketAddr),
 ) -> anyhow::Result<()> {
     use anyhow::Context;
-    let (state, shared, worker) = start(engine, &options, false, &mut |line| eprintln!("{line}"))?;
+    let (state, shared, worker) = start(engine, speculation, &options, false, &mut |line| {
+        eprintln!("{line}")
+    })?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

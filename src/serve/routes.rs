@@ -242,6 +242,7 @@ struct Collected {
     logprobs: Vec<TokenLogprob>,
     finish_reason: &'static str,
     usage: Usage,
+    timings: Timings,
 }
 
 async fn collect(mut events: UnboundedReceiver<Event>) -> Result<Collected, ApiError> {
@@ -259,13 +260,14 @@ async fn collect(mut events: UnboundedReceiver<Event>) -> Result<Collected, ApiE
             Event::Done {
                 finish_reason,
                 usage,
-                ..
+                timings,
             } => {
                 return Ok(Collected {
                     text,
                     logprobs,
                     finish_reason,
                     usage,
+                    timings,
                 })
             }
             Event::Failed(e) => return Err(e),
@@ -412,6 +414,7 @@ pub(super) async fn chat(
                 finish_reason,
             }],
             usage: done.usage,
+            timings: done.timings,
         })
         .into_response());
     }
@@ -622,10 +625,11 @@ pub(super) async fn completions(
             model: model.clone(),
             choices: choice.into_iter().collect(),
             usage,
+            timings: None,
         };
     if !stream {
         let done = collect(events).await?;
-        return Ok(Json(response(
+        let mut answer = response(
             Some(CompletionChoice {
                 index: 0,
                 text: done.text,
@@ -633,8 +637,9 @@ pub(super) async fn completions(
                 finish_reason: Some(done.finish_reason),
             }),
             Some(done.usage),
-        ))
-        .into_response());
+        );
+        answer.timings = Some(done.timings);
+        return Ok(Json(answer).into_response());
     }
     let mut offset = 0;
     Ok(event_stream(None, events, move |event| match event {

@@ -7,15 +7,20 @@
 //! client gone) leaves its slot at once. Generation itself — sampling, the hook, text — is
 //! [`crate::Generation`], the state `conductor run`'s stream steps too.
 //!
+//! With `--draft` ([`crate::Speculation`]), a request that runs alone decodes with drafts: the
+//! drafted tokens are verified in one step of its own ([`Engine::step_generation`]). While
+//! several run, their one-token multi-sequence steps already share each weight read, and no
+//! request drafts.
+//!
 //! A slot keeps its session after a request: a request whose prompt begins with tokens a free
 //! slot holds (a conversation's next turn) goes to that slot and evaluates only the rest.
 
-use super::api::{CacheTimings, Timings, TokenLogprob, Usage};
+use super::api::{CacheTimings, DraftTimings, Timings, TokenLogprob, Usage};
 use super::error::ApiError;
 use super::hook::RequestHook;
 use super::metrics::Metrics;
 use super::stop::StopMatcher;
-use crate::{Engine, GenerateOptions, Generation, StopReason};
+use crate::{Engine, GenerateOptions, Generation, GenerationStats, Speculation, StopReason};
 use conductor_runtime::exec::Session;
 use conductor_runtime::tokenizer::Tokenizer;
 use llguidance::Matcher;
@@ -90,6 +95,8 @@ struct Running {
     first_at: Option<Instant>,
     /// The neuron cache's counters when it was admitted, under `--memory`.
     cache_at_start: Option<CacheCounters>,
+    /// Whether the server drafts (`--draft`): its figures then say how drafting went.
+    drafting: bool,
 }
 
 /// The neuron cache's counters (the engine's, from its start).
@@ -120,8 +127,15 @@ enum End {
 }
 
 /// Serves jobs from `queue` in `sessions.len()` slots until shutdown, or until every sender is
-/// gone and nothing runs.
-pub fn run(mut engine: Engine, sessions: Vec<Session>, queue: Receiver<Job>, shared: &Shared) {
+/// gone and nothing runs; a request running alone drafts with `speculation` when there is one
+/// (the engine checked with [`Engine::check_can_draft`]).
+pub fn run(
+    mut engine: Engine,
+    sessions: Vec<Session>,
+    queue: Receiver<Job>,
+    shared: &Shared,
+    mut speculation: Option<Speculation>,
+) {
     let mut slots: Vec<Slot> = sessions
         .into_iter()
         .map(|session| Slot {
@@ -159,7 +173,7 @@ pub fn run(mut engine: Engine, sessions: Vec<Session>, queue: Receiver<Job>, sha
                     }
                 }
             };
-            admit(&mut engine, &mut slots, job, shared);
+            admit(&mut engine, &mut slots, job, shared, speculation.is_some());
         }
         if slots.iter().all(|s| s.running.is_none()) {
             if gone {
@@ -167,7 +181,12 @@ pub fn run(mut engine: Engine, sessions: Vec<Session>, queue: Receiver<Job>, sha
             }
             continue;
         }
-        step(&mut engine, &mut slots, &mut order, &mut tokens, shared);
+        match speculation.as_mut() {
+            Some(speculation) if running(&slots).count() == 1 => {
+                step_alone(&mut engine, &mut slots, speculation, shared)
+            }
+            _ => step(&mut engine, &mut slots, &mut order, &mut tokens, shared),
+        }
     }
 }
 
@@ -201,8 +220,8 @@ fn common_prefix(session: &Session, prompt: &[u32]) -> usize {
 }
 
 /// Takes `job` into a free slot (the one holding most of its prompt), evaluates its prompt
-/// and hands out its first token.
-fn admit(engine: &mut Engine, slots: &mut [Slot], job: Job, shared: &Shared) {
+/// and hands out its first token. `drafting`: the server drafts (`--draft`).
+fn admit(engine: &mut Engine, slots: &mut [Slot], job: Job, shared: &Shared, drafting: bool) {
     shared.metrics.queued.dec();
     if job.events.is_closed() {
         // Its client left while it waited.
@@ -264,8 +283,41 @@ fn admit(engine: &mut Engine, slots: &mut [Slot], job: Job, shared: &Shared) {
         prompt_len: job.prompt.len(),
         first_at: None,
         cache_at_start,
+        drafting,
     });
     hand_out(engine, slot, shared);
+}
+
+/// The slots whose request waits for a step.
+fn running(slots: &[Slot]) -> impl Iterator<Item = usize> + '_ {
+    slots.iter().enumerate().filter_map(|(i, s)| {
+        s.running
+            .as_ref()
+            .and_then(|r| r.generation.pending())
+            .map(|_| i)
+    })
+}
+
+/// The one running request's next step, with drafted tokens when the drafter has some; then
+/// its text handed out.
+fn step_alone(
+    engine: &mut Engine,
+    slots: &mut [Slot],
+    speculation: &mut Speculation,
+    shared: &Shared,
+) {
+    let Some(i) = running(slots).next() else {
+        return;
+    };
+    let slot = &mut slots[i];
+    let r = slot.running.as_mut().expect("a running slot");
+    let result = engine.step_generation(&mut slot.session, &mut r.generation, Some(speculation));
+    shared.metrics.decode_steps.inc();
+    shared.metrics.decode_sequences.inc();
+    match result {
+        Ok(()) => hand_out(engine, slot, shared),
+        Err(e) => fail(slot, ApiError::internal(format!("{e:#}")), shared),
+    }
 }
 
 /// One decode step over every running request: each one's next token in one multi-sequence
@@ -279,11 +331,14 @@ fn step(
 ) {
     order.clear();
     tokens.clear();
-    for (i, slot) in slots.iter().enumerate() {
-        if let Some(token) = slot.running.as_ref().and_then(|r| r.generation.pending()) {
-            order.push(i);
-            tokens.push(token);
-        }
+    for i in running(slots) {
+        order.push(i);
+        tokens.extend(
+            slots[i]
+                .running
+                .as_ref()
+                .and_then(|r| r.generation.pending()),
+        );
     }
     if order.is_empty() {
         return;
@@ -391,6 +446,12 @@ fn finish(engine: &Engine, mut r: Running, end: End, shared: &Shared) {
         .metrics
         .completion_tokens
         .inc_by(stats.generated.len() as u64);
+    shared.metrics.draft_steps.inc_by(stats.draft_steps as u64);
+    shared.metrics.drafted_tokens.inc_by(stats.drafted as u64);
+    shared
+        .metrics
+        .draft_accepted_tokens
+        .inc_by(stats.draft_accepted as u64);
     if let Some(report) = engine.cache_report() {
         shared.metrics.record_cache(&report);
     }
@@ -415,15 +476,19 @@ fn finish(engine: &Engine, mut r: Running, end: End, shared: &Shared) {
         }
     };
     let generated = stats.generated.len();
+    let mut timings = timings(
+        r.received,
+        r.first_at,
+        r.cache_at_start.zip(cache_counters(engine)),
+        generated,
+    );
+    if r.drafting {
+        timings.draft = Some(draft_timings(&stats));
+    }
     let _ = r.events.send(Event::Done {
         finish_reason,
         usage: Usage::new(r.prompt_len, generated),
-        timings: timings(
-            r.received,
-            r.first_at,
-            r.cache_at_start.zip(cache_counters(engine)),
-            generated,
-        ),
+        timings,
     });
 }
 
@@ -467,5 +532,21 @@ fn timings(
         generated_tokens: generated,
         tokens_per_second,
         neuron_cache,
+        draft: None,
+    }
+}
+
+/// Speculative decoding's figures for an answer.
+fn draft_timings(stats: &GenerationStats) -> DraftTimings {
+    DraftTimings {
+        steps: stats.draft_steps,
+        drafted: stats.drafted,
+        accepted: stats.draft_accepted,
+        acceptance_rate: stats.draft_acceptance(),
+        mean_accepted_per_step: if stats.draft_steps == 0 {
+            0.0
+        } else {
+            stats.draft_accepted as f64 / stats.draft_steps as f64
+        },
     }
 }

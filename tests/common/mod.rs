@@ -1,6 +1,8 @@
 //! Shared helpers of the end-to-end tests.
 #![allow(dead_code)]
 
+pub mod server;
+
 use conductor::runtime::convert::{convert, ConvertOptions};
 use conductor::runtime::synthetic::{synthetic_model, SyntheticSpec};
 use serde::Deserialize;
