@@ -185,7 +185,7 @@ impl EngineBuilder {
         if rows == 0 {
             return memory;
         }
-        let held = rows * u64::from(model.config.n_vocab) * 4 * LOGIT_ROW_COPIES;
+        let held = step_logits_bytes(model, self.step_logits);
         let bytes = memory.bytes(model.file().file_len());
         (self.say)(&format!(
             "memory: {:.1} MiB of the budget held for the logits of {} more tokens a step",
@@ -564,6 +564,12 @@ pub fn apply_budget_for(
     let sessions = u32::try_from(sessions).unwrap_or(u32::MAX);
     let n_ctx = u32::try_from(n_ctx).unwrap_or(u32::MAX);
     fit_plan_to_budget_for(&sizes, plan, memory.bytes(file_len), n_ctx, sessions)
+}
+
+/// What a budget holds for steps returning `rows` rows of logits beyond the one every step
+/// returns ([`EngineBuilder::step_logits`]; `conductor simulate --draft-tokens` holds it too).
+pub fn step_logits_bytes(model: &Model, rows: usize) -> u64 {
+    rows.saturating_sub(1) as u64 * u64::from(model.config.n_vocab) * 4 * LOGIT_ROW_COPIES
 }
 
 /// Copies of a row of logits a step makes on its way out (the groups' output blocks, the

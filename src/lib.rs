@@ -30,9 +30,9 @@ pub mod serve;
 pub use conductor_actors as actors;
 pub use conductor_runtime as runtime;
 pub use engine::{
-    apply_budget, apply_budget_for, release_freed_memory, reuse_prefix, BadDraftLimits,
-    DraftLimits, Drafter, DriverKind, Engine, EngineBuilder, Error, GenerateOptions, Generation,
-    GenerationStats, ModelDrafter, NgramDrafter, Piece, SampleHook, SparsitySettings, Speculation,
-    StopReason, TokenStream, DEFAULT_DRAFT_P_MIN, DEFAULT_SPARSE_DOWN_TYPE, DEFAULT_SPARSITY,
-    DEFAULT_SPARSITY_MODE,
+    apply_budget, apply_budget_for, release_freed_memory, reuse_prefix, step_logits_bytes,
+    BadDraftLimits, DraftLimits, Drafter, DriverKind, Engine, EngineBuilder, Error,
+    GenerateOptions, Generation, GenerationStats, ModelDrafter, NgramDrafter, Piece, SampleHook,
+    SparsitySettings, Speculation, StopReason, TokenStream, DEFAULT_DRAFT_P_MIN,
+    DEFAULT_SPARSE_DOWN_TYPE, DEFAULT_SPARSITY, DEFAULT_SPARSITY_MODE,
 };

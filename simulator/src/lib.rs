@@ -30,7 +30,7 @@ pub use shapes::{
     activation_stats, chained, measured_stats, named_shape, neuron_frequencies,
     synthesize_activity, ActivationStats, NAMED_SHAPES,
 };
-pub use workload::{describe_model_file, DecodeStart, PlannedStep, Workload};
+pub use workload::{describe_model_file, DecodeStart, DraftWorkload, PlannedStep, Workload};
 
 use backend::{Machine, SCHEDULER_TRACK};
 use conductor_runtime::plan::{hosts_of, ExecutionPlan, HardwareProfile, Topology};
@@ -156,6 +156,11 @@ pub fn simulate(
 ) -> Result<SimReport, SimError> {
     let (scheduler, machine) = build(profile, plan, workload)?;
     let modes = scheduler.modes();
+    let decode_steps = workload
+        .steps(scheduler.max_step_tokens())
+        .iter()
+        .filter(|s| s.decode_index.is_some())
+        .count() as u32;
     let sched_group = plan
         .group_index(&plan.decode_on[0].group)
         .expect("a validated plan names known groups");
@@ -209,6 +214,7 @@ pub fn simulate(
         model: workload.model.name.clone(),
         n_prompt: workload.n_prompt,
         n_gen: workload.n_gen,
+        decode_steps,
         threads,
         steps: outcome.timings,
         ttft_ns: 0,

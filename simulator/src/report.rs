@@ -85,6 +85,8 @@ pub struct SimReport {
     pub model: String,
     pub n_prompt: u32,
     pub n_gen: u32,
+    /// Decode steps that made the `n_gen` tokens (`n_gen` without a draft).
+    pub decode_steps: u32,
     /// Threads of the scheduler's group (what `conductor bench` reports as threads).
     pub threads: u32,
     /// Every step in order: prefill steps, then decode steps.
@@ -94,9 +96,11 @@ pub struct SimReport {
     pub ttft_ns: u64,
     /// From the first prefill step's start to the last one's end (0 without a prompt).
     pub prefill_ns: u64,
-    /// Mean decode step time (0 without generation).
+    /// Decode time over the tokens it made (0 without generation): the mean step time, but with
+    /// a draft, whose steps make several tokens each.
     pub decode_ns_per_token: f64,
-    /// Decode step times: steps run back to back, so these are the times between tokens.
+    /// Decode step times: steps run back to back, so these are the times between tokens (with
+    /// a draft, between verifying steps).
     pub time_between_tokens: TokenTimes,
     pub utilisation: Vec<TrackUse>,
     /// Time at least one storage read was in flight (the `storage` track's busy time counts
@@ -130,12 +134,16 @@ impl SimReport {
             self.prefill_ns
         };
         self.time_between_tokens = TokenTimes::of(&decode);
-        self.decode_ns_per_token = self.time_between_tokens.mean_ns;
+        self.decode_ns_per_token = if self.decode_steps == self.n_gen {
+            self.time_between_tokens.mean_ns
+        } else {
+            decode.iter().map(|&x| x as f64).sum::<f64>() / f64::from(self.n_gen.max(1))
+        };
     }
 
     /// Steps the prompt took (every step before the first decode step).
     fn steps_in_prompt(&self) -> u32 {
-        (self.steps.len() as u32).saturating_sub(self.n_gen)
+        (self.steps.len() as u32).saturating_sub(self.decode_steps)
     }
 
     /// Predicted prompt-processing speed, tokens per second (`None` without a prompt).

@@ -52,6 +52,33 @@ pub struct Workload {
     /// (dense, or threshold mode, which needs each gate). The predictor's own compute is not
     /// modelled.
     pub predicted: bool,
+    /// Speculative decoding: each decode step verifies drafted tokens (`None`: one token a
+    /// step).
+    pub draft: Option<DraftWorkload>,
+}
+
+/// Speculative decoding in a simulated run (`conductor simulate --draft-tokens K
+/// --draft-acceptance A`). Each decode step evaluates the pending token and `tokens` drafted
+/// ones in one step, with logits for every one (what `Engine::step_generation` runs), and
+/// yields the expected number of tokens: the drafted tokens are kept, in order, each with
+/// probability `acceptance` while the ones before it were. The drafter's own cost is not
+/// modelled (prompt lookup costs next to nothing; a draft model does not).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DraftWorkload {
+    /// Drafted tokens a step verifies (≥ 1).
+    pub tokens: u32,
+    /// The chance a drafted token is kept, given the ones before it were (0..=1).
+    pub acceptance: f64,
+}
+
+impl DraftWorkload {
+    /// Tokens a verifying step yields on average: its own and the kept prefix of the drafts,
+    /// 1 + a + a² + … + a^k = (1 − a^(k+1)) / (1 − a).
+    pub fn tokens_per_step(&self) -> f64 {
+        (0..=self.tokens)
+            .map(|i| self.acceptance.powi(i as i32))
+            .sum()
+    }
 }
 
 impl Workload {
@@ -68,6 +95,7 @@ impl Workload {
             bundled: true,
             warm_cache: false,
             predicted: false,
+            draft: None,
         }
     }
 
@@ -81,6 +109,29 @@ impl Workload {
         }
         let (n_layer, n_ff) = (self.model.shape.n_layer, self.model.shape.n_ff);
         let no_activity = self.activity.as_ref().is_none_or(|a| a.is_empty());
+        if let Some(d) = &self.draft {
+            let why = if d.tokens == 0 {
+                Some("a draft of 0 tokens verifies nothing: give 1 or more".to_string())
+            } else if !(0.0..=1.0).contains(&d.acceptance) {
+                Some(format!(
+                    "the acceptance {} is not a probability (0 to 1)",
+                    d.acceptance
+                ))
+            } else if !no_activity || self.predicted {
+                Some(
+                    "drafts are verified by dense steps (every neuron): drop the sparse activity"
+                        .into(),
+                )
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(SimError::Workload {
+                    field: "draft".into(),
+                    why,
+                });
+            }
+        }
         if self.model.shape.is_moe() && self.n_gen > 0 && no_activity {
             return Err(SimError::Workload {
                 field: "activity".into(),
@@ -126,7 +177,10 @@ impl Workload {
 
     /// The steps of the run, in order: prefill steps split exactly as `InlineDriver::eval`
     /// splits a prompt (chunks of `max_step_tokens`, logits for the last token only), then the
-    /// decode steps (one token each, with logits).
+    /// decode steps (one token each, with logits; with a draft, the pending token and the
+    /// drafted ones, with logits for each, until `n_gen` tokens are made: step `i` makes the
+    /// tokens that take the running expectation `(i + 1) · tokens_per_step` past a whole
+    /// number).
     pub fn steps(&self, max_step_tokens: u32) -> Vec<PlannedStep> {
         let mut out = Vec::new();
         let max = max_step_tokens.max(1);
@@ -151,17 +205,25 @@ impl Workload {
             DecodeStart::Fresh => 0,
             DecodeStart::AfterPrompt => p,
         };
-        for i in 0..self.n_gen {
+        let (n_tokens, per_step) = match self.draft {
+            Some(d) => ((d.tokens + 1).min(max), d.tokens_per_step()),
+            None => (1, 1.0),
+        };
+        let expected = |i: u32| (f64::from(i) * per_step).floor() as u32;
+        let (mut made, mut i) = (0, 0);
+        while made < self.n_gen {
             out.push(PlannedStep {
                 request: StepRequest {
                     step: out.len() as u64,
-                    n_tokens: 1,
-                    n_past: first_pos + i,
+                    n_tokens,
+                    n_past: first_pos + made,
                     logits_from: 0,
                     sequences: 1,
                 },
                 decode_index: Some(i),
             });
+            made += (expected(i + 1) - expected(i)).clamp(1, self.n_gen - made);
+            i += 1;
         }
         out
     }
@@ -196,6 +258,39 @@ pub fn describe_model_file(path: &Path) -> Result<ModelDescription, SimError> {
 mod tests {
     use super::*;
     use crate::named_shape;
+
+    #[test]
+    fn drafted_decode_steps_make_the_expected_tokens() {
+        let mut w = Workload::new(named_shape("smollm2-135m").unwrap(), 0, 10);
+        w.draft = Some(DraftWorkload {
+            tokens: 3,
+            acceptance: 0.5,
+        });
+        // 1 + 0.5 + 0.25 + 0.125 = 1.875 tokens a step: the running expectation passes
+        // 1, 3, 5, 7, 9 and 10 (cut to n_gen) after steps 1..=6.
+        let steps = w.steps(512);
+        let got: Vec<_> = steps
+            .iter()
+            .map(|s| (s.request.n_tokens, s.request.n_past, s.decode_index))
+            .collect();
+        let want: Vec<_> = [0, 1, 3, 5, 7, 9]
+            .iter()
+            .enumerate()
+            .map(|(i, &past)| (4, past, Some(i as u32)))
+            .collect();
+        assert_eq!(got, want);
+        // Never kept: one token a step; always kept: four.
+        w.draft = Some(DraftWorkload {
+            tokens: 3,
+            acceptance: 0.0,
+        });
+        assert_eq!(w.steps(512).len(), 10);
+        w.draft = Some(DraftWorkload {
+            tokens: 3,
+            acceptance: 1.0,
+        });
+        assert_eq!(w.steps(512).len(), 3);
+    }
 
     #[test]
     fn prompts_split_like_the_inline_driver() {

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{pc, phone, phone_plan, run, workload};
+use common::{cache_plan, pc, phone, phone_plan, run, store_workload, workload};
 use conductor_runtime::plan::ExecutionPlan;
 use conductor_runtime::schedule::{Command, Event, StepShape};
 use conductor_runtime::trace::{write_chrome_trace, ActiveSet, StepActivity, Trace};
@@ -359,43 +359,11 @@ fn a_group_listed_twice_is_refused_naming_the_field() {
 
 #[test]
 fn a_neuron_store_under_a_cache_reads_what_it_misses_and_waits_for_it() {
-    use conductor_runtime::plan::{CachePlan, CachePolicy};
-    let mut w = workload("smollm2-135m", 8, 6);
-    w.model.shape.ffn_bundle = 256; // a neuron store: 6 bundles per layer, 180 units
-    let t = &w.model.types;
-    w.model.shape.ffn_bundle_stride = conductor_runtime::store::BundleLayout::new(
-        w.model.shape.n_embd,
-        w.model.shape.n_ff,
-        [
-            t.ffn_gate,
-            t.ffn_up,
-            conductor_runtime::quant::GgmlType::Q8_0,
-        ],
-        conductor_runtime::store::DownLayout::NeuronColumns,
-        256,
-    )
-    .unwrap()
-    .stride;
+    let w = store_workload("smollm2-135m", 8, 6);
     let in_memory = run(&pc(), &ExecutionPlan::default(), &w);
     assert_eq!(in_memory.bytes_read, 0);
-    let mut plan = ExecutionPlan::default();
-    let mut report = |slots: u32, hot: u32| {
-        plan.cache = Some(CachePlan {
-            slots,
-            hot_slots: hot,
-            policy: CachePolicy::Segmented,
-            max_loads: 4,
-            stream_output: false,
-            stream_attention: false,
-            coalesce: 1,
-            hot_units: Vec::new(),
-            reads: conductor_runtime::plan::ReadPolicy::Bundles,
-            gate_first_gap: 0,
-        });
-        run(&pc(), &plan, &w)
-    };
-    let all = report(180, 180);
-    let half = report(90, 82);
+    let all = run(&pc(), &cache_plan(180, 180), &w);
+    let half = run(&pc(), &cache_plan(90, 82), &w);
     // Everything fits: each unit is read once (the first step), then hits.
     assert_eq!(all.cache_misses, 180);
     assert_eq!(all.cache_hits, 180 * 6);

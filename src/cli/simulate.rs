@@ -8,7 +8,6 @@
 use super::{parse_list, NumList};
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use conductor::apply_budget;
 use conductor::fetch;
 use conductor::runtime::cache::MemoryBudget;
 use conductor::runtime::model::Model;
@@ -17,10 +16,11 @@ use conductor::runtime::plan::{
 };
 use conductor::runtime::sparse::profile::ModelProfile;
 use conductor::runtime::trace::{StepActivity, Trace};
+use conductor::{apply_budget, step_logits_bytes};
 use conductor_planner::search::activity_from_profile;
 use conductor_simulator::{
-    check_trace_model, describe_model_file, named_shape, replay, simulate, SimOptions, SimReport,
-    Workload, NAMED_SHAPES,
+    check_trace_model, describe_model_file, named_shape, replay, simulate, DraftWorkload,
+    SimOptions, SimReport, Workload, NAMED_SHAPES,
 };
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -76,6 +76,14 @@ pub struct SimulateArgs {
     /// With --sparse-profile: the sparsity whose measured active sets to follow.
     #[arg(long = "target-sparsity", value_parser = super::parse_share, requires = "sparse_profile")]
     target_sparsity: Option<f32>,
+    /// Speculative decoding: each decode step verifies this many drafted tokens (what `run
+    /// --draft` verifies at most with `--draft-max`), dense.
+    #[arg(long = "draft-tokens", value_name = "K", requires = "draft_acceptance")]
+    draft_tokens: Option<u32>,
+    /// With --draft-tokens: the chance a drafted token is kept, given the ones before it were
+    /// (what `run --draft` reports as accepted, e.g. 0.8); the prediction's tokens a step follow.
+    #[arg(long = "draft-acceptance", value_name = "A", value_parser = super::parse_share, requires = "draft_tokens")]
+    draft_acceptance: Option<f32>,
     /// Print `conductor bench --json` lines instead of a report.
     #[arg(long = "json")]
     json: bool,
@@ -112,10 +120,25 @@ pub fn run(args: SimulateArgs) -> Result<()> {
             cache.gate_first_gap = gap;
         }
     }
+    let draft = match (args.draft_tokens, args.draft_acceptance) {
+        (Some(tokens), Some(acceptance)) => Some(DraftWorkload {
+            tokens,
+            acceptance: f64::from(acceptance),
+        }),
+        _ => None,
+    };
     if let (Some(memory), Some(path)) = (args.memory, &args.model) {
         let store = Model::load_resident(path, true)
             .with_context(|| format!("cannot load {}", path.display()))?;
         let n_ctx = args.n_prompt.max(args.n_gen).max(1);
+        // A draft's steps return logits for each drafted token: the engine holds them out of
+        // the budget, and so does the prediction.
+        let rows = draft.map_or(1, |d| d.tokens as usize + 1);
+        let memory = MemoryBudget::Bytes(
+            memory
+                .bytes(store.file().file_len())
+                .saturating_sub(step_logits_bytes(&store, rows)),
+        );
         let split = apply_budget(&store, &mut plan, memory, n_ctx as usize)?;
         eprintln!(
             "memory: budget {:.1} MiB: {} cache slots ({} hot), output in clusters of {} rows",
@@ -150,6 +173,7 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         let workload = Workload {
             threads: t,
             activity: activity.clone(),
+            draft,
             ..Workload::new(model.clone(), args.n_prompt, args.n_gen)
         };
         let options = if args.trace_out.is_some() {
@@ -263,6 +287,13 @@ fn print_report(r: &SimReport, wall: std::time::Duration) {
             ms(t.median_ns as f64),
             ms(t.p90_ns as f64)
         );
+        if r.decode_steps != r.n_gen {
+            println!(
+                "  draft        {} verifying steps, {:.2} tokens a step",
+                r.decode_steps,
+                f64::from(r.n_gen) / f64::from(r.decode_steps.max(1))
+            );
+        }
     }
     println!("  busy:");
     for u in &r.utilisation {

@@ -6,7 +6,7 @@ use super::timing::{secs_per_call, Effort, Rng};
 use conductor_runtime::model::attention::{attend, AttnScratch};
 use conductor_runtime::model::ops::{gated_activation, rms_norm};
 use conductor_runtime::model::FfnActivation;
-use conductor_runtime::plan::KernelRates;
+use conductor_runtime::plan::{KernelRates, FEW_TOKENS};
 use conductor_runtime::quant::{activation_type, quantize_row, GgmlType, Kernels, MatRef};
 use half::f16;
 use std::hint::black_box;
@@ -122,7 +122,6 @@ pub fn kernel_rates(k: &Kernels, ty: GgmlType, stream_bytes: u64, effort: &Effor
         k.matvec(m, 0..cols, black_box(&act), &mut out);
         black_box(&out);
     });
-    drop(copies_buf);
 
     // As the executor calls it in prefill: one cluster of rows against one launch of tokens,
     // the clusters of the whole matrix in turn (so the weight repacking per call is counted).
@@ -138,12 +137,26 @@ pub fn kernel_rates(k: &Kernels, ty: GgmlType, stream_bytes: u64, effort: &Effor
         black_box(&outs);
     });
 
+    // A verified draft: a few tokens against the whole matrix, streamed (the copies again).
+    let few_acts = activations(k, ty, cols, FEW_TOKENS, 4);
+    let mut few_out = vec![0f32; rows * FEW_TOKENS];
+    let mut i = 0;
+    let few = secs_per_call(effort, || {
+        i = (i + 1) % copies;
+        let data = &copies_buf[i * w.len()..(i + 1) * w.len()];
+        let m = MatRef::new(ty, data, rows, cols).expect("valid geometry");
+        k.matmul(m, black_box(&few_acts), FEW_TOKENS, &mut few_out, rows);
+        black_box(&few_out);
+    });
+    drop(copies_buf);
+
     KernelRates {
         ty,
         matvec_gmacs: macs / hot / 1e9,
         matvec_stream_gmacs: macs / stream / 1e9,
         matmul_gmacs: (MATMUL_ROWS * cols * MATMUL_TOKENS) as f64 / matmul / 1e9,
         ffn_cluster_stream_gmacs: ffn_cluster_rate(k, ty, stream_bytes, effort),
+        matmul_few_gmacs: Some(macs * FEW_TOKENS as f64 / few / 1e9),
     }
 }
 
@@ -313,10 +326,11 @@ pub fn measure_core(
         let r = kernel_rates(k, ty, stream_bytes, effort);
         let (rows, cols) = shape(ty);
         say(format!(
-            "  {ty:<5} {rows}x{cols}: matvec {:.1} GMAC/s in cache, {:.1} streamed; matmul x{MATMUL_TOKENS} {:.1} GMAC/s; FFN cluster streamed {}",
+            "  {ty:<5} {rows}x{cols}: matvec {:.1} GMAC/s in cache, {:.1} streamed; matmul x{MATMUL_TOKENS} {:.1} GMAC/s, x{FEW_TOKENS} streamed {:.1}; FFN cluster streamed {}",
             r.matvec_gmacs,
             r.matvec_stream_gmacs,
             r.matmul_gmacs,
+            r.matmul_few_gmacs.unwrap_or(0.0),
             r.ffn_cluster_stream_gmacs.map_or("-".into(), |v| format!("{v:.1} GMAC/s"))
         ));
         kernels.push(r);

@@ -151,6 +151,7 @@ fn round_profile(p: &mut HardwareProfile) {
             k.matvec_gmacs = round4(k.matvec_gmacs);
             k.matvec_stream_gmacs = round4(k.matvec_stream_gmacs);
             k.matmul_gmacs = round4(k.matmul_gmacs);
+            k.matmul_few_gmacs = k.matmul_few_gmacs.map(round4);
         }
     }
     p.memory.bandwidth_gbs = round4(p.memory.bandwidth_gbs);

@@ -3,7 +3,7 @@
 //! trained for one sparsity; its logits still rank neurons at the others, so one network
 //! serves every point, and the cut is the setting (`--predictor-recall`).
 
-use super::recall_threshold;
+use super::threshold::recall_threshold;
 use conductor_runtime::quant::Kernels;
 use conductor_runtime::sparse::predictor::Predictor;
 use conductor_runtime::sparse::profile::PredictorPoint;

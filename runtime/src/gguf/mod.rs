@@ -7,6 +7,7 @@
 //! out-of-bounds read later.
 
 mod error;
+mod parse;
 mod reader;
 mod tensor;
 mod value;

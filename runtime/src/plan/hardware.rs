@@ -71,7 +71,16 @@ pub struct KernelRates {
     /// in memory out at load). Absent: the cluster's work runs at `matvec_stream_gmacs`.
     #[serde(default)]
     pub ffn_cluster_stream_gmacs: Option<f64>,
+    /// A step of a few tokens (`FEW_TOKENS`: a verified draft of 8) over the whole matrix,
+    /// the weights streamed from DRAM, GMAC/s over all its tokens: the prefill rate does not
+    /// hold for so few. Absent: such steps run at `matmul_gmacs`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub matmul_few_gmacs: Option<f64>,
 }
+
+/// Tokens of the step `KernelRates::matmul_few_gmacs` measures: a pending token and 8 drafted
+/// ones, `--draft-max`'s default.
+pub const FEW_TOKENS: usize = 9;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct MemoryProfile {
@@ -250,6 +259,9 @@ impl HardwareProfile {
                 positive(g("matmul_gmacs"), r.matmul_gmacs)?;
                 if let Some(v) = r.ffn_cluster_stream_gmacs {
                     positive(g("ffn_cluster_stream_gmacs"), v)?;
+                }
+                if let Some(v) = r.matmul_few_gmacs {
+                    positive(g("matmul_few_gmacs"), v)?;
                 }
             }
         }

@@ -4,7 +4,7 @@
 //! order); on x86-64 the sum keeps its outputs in registers across the rows instead of storing
 //! and reloading them after every row, and the dots make one call for the tile.
 
-use super::{Isa, Kernels};
+use super::Kernels;
 use half::f16;
 
 impl Kernels {
@@ -17,7 +17,7 @@ impl Kernels {
         let n = q.len();
         assert_eq!(rows.len(), out.len() * n, "dot_f32_f16_rows lengths");
         #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
-        if self.isa() != Isa::Scalar {
+        if self.isa() != super::Isa::Scalar {
             // SAFETY: a SIMD `Kernels` exists only where AVX2+FMA+F16C were detected; the
             // lengths were checked above.
             return unsafe { avx2_dots(q, rows, out) };
@@ -36,7 +36,7 @@ impl Kernels {
         let n = y.len();
         assert_eq!(rows.len(), coefs.len() * n, "axpy_f16_rows lengths");
         #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
-        if self.isa() != Isa::Scalar {
+        if self.isa() != super::Isa::Scalar {
             // SAFETY: as above.
             return unsafe { avx2_axpys(coefs, rows, y) };
         }

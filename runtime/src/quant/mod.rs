@@ -25,7 +25,10 @@
 //! `format.rs`: the format API (`quantize_row`, `dequantize_row`, `row_bytes`,
 //! [`activation_type`], `transpose_requantize`). `matrix.rs`: [`MatRef`] and its [`Layout`].
 //! `isa.rs`: [`Isa`] and its detection. This file: [`Kernels`], which dispatches each operation
-//! to the kernel of its ISA and type.
+//! to the kernel of its ISA and type: the decode dots here, the rest in `dispatch/` (prefill's
+//! `matmul`, the interleaved layout's products, sparse rows' `axpy_rows`, the f16 helpers).
+//! `audit.rs`: where dispatch fell back to a generic path, held to a table by
+//! `tests/coverage.rs`.
 //!
 //! # ISA paths (files)
 //! * `scalar.rs`: portable reference; the only path on targets other than x86-64 and aarch64
@@ -160,6 +163,8 @@ macro_rules! callk {
 #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
 const PACKED_MIN_TOKENS: usize = 8;
 
+mod audit;
+mod dispatch;
 #[cfg(test)]
 mod tests;
 
@@ -353,7 +358,12 @@ impl Kernels {
                 // SAFETY: as above (src.len()/256 blocks).
                 unsafe { neon::plain::quantize_q8_k(src, blocks_of_mut(dst)) }
             }
-            _ => quantize_row(at, src, dst).unwrap_or_else(|e| panic!("{e}")),
+            _ => {
+                if at != GgmlType::F32 {
+                    audit::fallback(self.isa, "quantize_activations", weight);
+                }
+                quantize_row(at, src, dst).unwrap_or_else(|e| panic!("{e}"))
+            }
         }
     }
 
@@ -424,6 +434,7 @@ impl Kernels {
                 }
             }
         }
+        audit::fallback(self.isa, "vec_dot", weight);
         match weight {
             GgmlType::Q4_0 => scalar::dot_q4_0_q8_0(blocks_of(w), blocks_of(act)),
             GgmlType::Q4_1 => scalar::dot_q4_1_q8_1(blocks_of(w), blocks_of(act)),
@@ -517,6 +528,7 @@ impl Kernels {
                 call32!(w.ty, plain::matvec(m, blocks_of(act), out));
             }
         }
+        audit::fallback(self.isa, "matvec", w.ty);
         for (r, o) in out.iter_mut().enumerate() {
             *o = self.dot_dispatch(w.ty, g.ncols, g.row(r), act);
         }
@@ -576,462 +588,9 @@ impl Kernels {
                 call32!(w.ty, plain::matvec_rows(m, pick, blocks_of(act), out));
             }
         }
+        audit::fallback(self.isa, "matvec_rows", w.ty);
         for (&r, o) in pick.iter().zip(out.iter_mut()) {
             *o = self.dot_dispatch(w.ty, g.ncols, g.row(r as usize), act);
         }
-    }
-
-    /// Prefill: `out[t * out_stride + r]` = dot(row r of `w`, token t of `acts`), where `acts`
-    /// holds `n_tokens` activation rows of `w.cols` elements back to back.
-    ///
-    /// # Panics
-    /// On a malformed `w`, `acts.len()` not `n_tokens` activation rows, `out_stride < w.rows`, or
-    /// `out` too short for the last token's rows.
-    pub fn matmul(
-        &self,
-        w: MatRef<'_>,
-        acts: &[u8],
-        n_tokens: usize,
-        out: &mut [f32],
-        out_stride: usize,
-    ) {
-        self.matmul_cols(w, 0..w.cols, acts, n_tokens, out, out_stride)
-    }
-
-    /// [`Kernels::matmul`] over the columns `cols` of `w` (block aligned): `acts` holds
-    /// `n_tokens` activation rows of `cols.len()` elements. Each output is the bits
-    /// [`Kernels::matvec`] of the same columns gives: prefill's partial down projections over
-    /// decode's neuron clusters (`exec/rows.rs`).
-    ///
-    /// # Panics
-    /// As [`Kernels::matmul`], and on an unaligned or out-of-range `cols`.
-    pub fn matmul_cols(
-        &self,
-        w: MatRef<'_>,
-        cols: Range<usize>,
-        acts: &[u8],
-        n_tokens: usize,
-        out: &mut [f32],
-        out_stride: usize,
-    ) {
-        let at = activation_type(w.ty);
-        let arow = row_bytes(at, cols.len()).unwrap_or_else(|e| panic!("{e}"));
-        let total = arow
-            .checked_mul(n_tokens)
-            .expect("activation size overflows");
-        assert_eq!(acts.len(), total, "matmul activation bytes");
-        assert!(
-            out_stride >= w.rows,
-            "out_stride {out_stride} < rows {}",
-            w.rows
-        );
-        if n_tokens == 0 {
-            return;
-        }
-        let need = (n_tokens - 1)
-            .checked_mul(out_stride)
-            .and_then(|v| v.checked_add(w.rows))
-            .expect("output size overflows");
-        assert!(
-            out.len() >= need,
-            "matmul output holds {} < {need}",
-            out.len()
-        );
-        if let Layout::X8 { .. } = w.layout {
-            return self.matmul_x8(w, cols, acts, n_tokens, out, out_stride);
-        }
-        let g = Self::geometry(&w, cols);
-        #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
-        {
-            use avx2::kquants::entry as kq;
-            use avx2::{plain, vnni};
-            use avx512::narrow;
-            let m = g.rows();
-            let packed = n_tokens >= PACKED_MIN_TOKENS;
-            // SAFETY: ISA detected at construction; geometry validated above, `acts` has
-            // n_tokens * nb blocks and `out` covers every (t, r) written (checked above).
-            unsafe {
-                if self.isa != Isa::Scalar {
-                    callk!(
-                        w.ty,
-                        kq::matmul(m, blocks_of(acts), n_tokens, out, out_stride)
-                    );
-                }
-                match self.isa {
-                    Isa::Scalar => {}
-                    Isa::Avx512Vnni if packed => {
-                        call32!(
-                            w.ty,
-                            avx512::matmul_packed16(m, blocks_of(acts), n_tokens, out, out_stride)
-                        )
-                    }
-                    Isa::AvxVnni if packed => {
-                        call32!(
-                            w.ty,
-                            gemm::matmul_vnni(m, blocks_of(acts), n_tokens, out, out_stride)
-                        )
-                    }
-                    // Without VNNI the packed scheme sums in i16: 4- and 5-bit weights only
-                    // (`gemm::i16_groups`); 8-bit ones take the 4x4 tiles there.
-                    Isa::Avx2 if packed => {
-                        call32!(
-                            w.ty,
-                            gemm::matmul_avx2(m, blocks_of(acts), n_tokens, out, out_stride)
-                        )
-                    }
-                    Isa::Avx2 => call32!(
-                        w.ty,
-                        plain::matmul(m, blocks_of(acts), n_tokens, out, out_stride)
-                    ),
-                    Isa::AvxVnni => call32!(
-                        w.ty,
-                        vnni::matmul(m, blocks_of(acts), n_tokens, out, out_stride)
-                    ),
-                    Isa::Avx512Vnni => {
-                        call32!(
-                            w.ty,
-                            narrow::matmul(m, blocks_of(acts), n_tokens, out, out_stride)
-                        )
-                    }
-                }
-            }
-        }
-        #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
-        if self.isa != Isa::Scalar {
-            use neon::kquants::{dot as kq_dot, mm as kq_mm, plain as kq_plain};
-            use neon::{dot, mm, plain};
-            let m = g.neon_rows();
-            // SAFETY: ISA detected at construction (NeonI8mm implies dotprod and i8mm);
-            // geometry validated above, `acts` has n_tokens * nb blocks and `out` covers every
-            // (t, r) written (checked above).
-            unsafe {
-                if self.isa == Isa::NeonI8mm {
-                    call32!(
-                        w.ty,
-                        mm::matmul(m, blocks_of(acts), n_tokens, out, out_stride)
-                    );
-                    callk!(
-                        w.ty,
-                        kq_mm::matmul(m, blocks_of(acts), n_tokens, out, out_stride)
-                    );
-                }
-                if matches!(self.isa, Isa::NeonDot | Isa::NeonI8mm) {
-                    call32!(
-                        w.ty,
-                        dot::matmul(m, blocks_of(acts), n_tokens, out, out_stride)
-                    );
-                    callk!(
-                        w.ty,
-                        kq_dot::matmul(m, blocks_of(acts), n_tokens, out, out_stride)
-                    );
-                }
-                call32!(
-                    w.ty,
-                    plain::matmul(m, blocks_of(acts), n_tokens, out, out_stride)
-                );
-                callk!(
-                    w.ty,
-                    kq_plain::matmul(m, blocks_of(acts), n_tokens, out, out_stride)
-                );
-            }
-        }
-        for t in 0..n_tokens {
-            let a = &acts[t * arow..(t + 1) * arow];
-            for r in 0..w.rows {
-                out[t * out_stride + r] = self.dot_dispatch(w.ty, g.ncols, g.row(r), a);
-            }
-        }
-    }
-
-    /// Checks an interleaved `w` and a column range of it; the range's super-blocks
-    /// `(off, nb)`.
-    fn x8_cols(w: &MatRef<'_>, cols: &Range<usize>) -> (usize, usize) {
-        w.validate_any().unwrap_or_else(|e| panic!("{e}"));
-        assert!(
-            cols.start <= cols.end && cols.end <= w.cols,
-            "column range {cols:?} outside 0..{}",
-            w.cols
-        );
-        assert!(
-            cols.start.is_multiple_of(256) && cols.end.is_multiple_of(256),
-            "column range {cols:?} not aligned to {} blocks of 256",
-            w.ty
-        );
-        (cols.start / 256, cols.len() / 256)
-    }
-
-    /// `out[i]` = row `rows[i]` of an interleaved `w` (super-blocks `off..off + nb`) dotted with
-    /// `act`, each row taken back out of its group: the paths without an interleaved kernel.
-    fn x8_row_dots(
-        &self,
-        w: &MatRef<'_>,
-        (off, nb): (usize, usize),
-        rows: impl Iterator<Item = usize>,
-        act: &[u8],
-        out: &mut [f32],
-    ) {
-        fn go<G: interleave::Group>(
-            k: &Kernels,
-            m: interleave::X8<'_, G>,
-            ty: GgmlType,
-            rows: impl Iterator<Item = usize>,
-            act: &[u8],
-            out: &mut [f32],
-        ) {
-            let mut row = Vec::with_capacity(m.nb);
-            for (r, o) in rows.zip(out.iter_mut()) {
-                assert!(r < m.rows, "row {r} outside 0..{}", m.rows);
-                m.row_blocks(r, &mut row);
-                *o = k.dot_dispatch(ty, m.nb * 256, as_bytes(&row), act);
-            }
-        }
-        match w.ty {
-            GgmlType::Q4_K => {
-                go::<BlockQ4Kx8>(self, interleave::x8_of(w, off, nb), w.ty, rows, act, out)
-            }
-            GgmlType::Q6_K => {
-                go::<BlockQ6Kx8>(self, interleave::x8_of(w, off, nb), w.ty, rows, act, out)
-            }
-            ty => unreachable!("validated: {ty} has no interleaved layout"),
-        }
-    }
-
-    /// [`Kernels::matvec`] of an interleaved matrix ([`Layout::X8`]): the interleaved kernel on
-    /// x86-64 SIMD and NEON with dotprod, elsewhere each row taken out and dotted (the same bits
-    /// either way).
-    fn matvec_x8(&self, w: MatRef<'_>, cols: Range<usize>, act: &[u8], out: &mut [f32]) {
-        let (off, nb) = Self::x8_cols(&w, &cols);
-        let ab = row_bytes(GgmlType::Q8_K, cols.len()).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(act.len(), ab, "matvec activation bytes");
-        assert_eq!(out.len(), w.rows, "matvec output length");
-        #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
-        if self.has_interleaved_kernels() {
-            use avx2::x8::entry;
-            // SAFETY: ISA detected at construction (every SIMD ISA implies AVX2+FMA+F16C); the
-            // geometry was validated (its groups are bounds-checked slices), `act` has exactly
-            // `nb` activation blocks and `out` `rows` elements.
-            unsafe { call_x8!(w, (off, nb), entry::matvec(blocks_of(act), out)) }
-        }
-        #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
-        if self.has_interleaved_kernels() {
-            use neon::x8::entry;
-            // SAFETY: dotprod detected at construction; the geometry was validated (its groups
-            // are bounds-checked slices), `act` has exactly `nb` activation blocks and `out`
-            // `rows` elements.
-            unsafe { call_x8!(w, (off, nb), entry::matvec(blocks_of(act), out)) }
-        }
-        self.x8_row_dots(&w, (off, nb), 0..w.rows, act, out);
-    }
-
-    /// [`Kernels::matvec_rows`] of an interleaved matrix: each picked row taken out and dotted.
-    fn matvec_rows_x8(&self, w: MatRef<'_>, pick: &[u32], act: &[u8], out: &mut [f32]) {
-        let (off, nb) = Self::x8_cols(&w, &(0..w.cols));
-        let ab = row_bytes(GgmlType::Q8_K, w.cols).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(act.len(), ab, "matvec_rows activation bytes");
-        assert_eq!(out.len(), pick.len(), "matvec_rows output length");
-        let rows = pick.iter().map(|&r| r as usize);
-        self.x8_row_dots(&w, (off, nb), rows, act, out);
-    }
-
-    /// [`Kernels::matmul`] of an interleaved matrix (its sizes checked there): the weights of
-    /// each group read once for several tokens on x86-64 SIMD and NEON with dotprod, elsewhere
-    /// token by token.
-    fn matmul_x8(
-        &self,
-        w: MatRef<'_>,
-        cols: Range<usize>,
-        acts: &[u8],
-        n_tokens: usize,
-        out: &mut [f32],
-        out_stride: usize,
-    ) {
-        let arow = row_bytes(GgmlType::Q8_K, cols.len()).unwrap_or_else(|e| panic!("{e}"));
-        #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
-        if self.has_interleaved_kernels() {
-            use avx2::x8::entry;
-            let (off, nb) = Self::x8_cols(&w, &cols);
-            let a = blocks_of(acts);
-            // SAFETY: ISA detected at construction; the geometry validated, `acts` has
-            // n_tokens * nb blocks and `out` covers every (t, r) written (checked in `matmul`).
-            unsafe { call_x8!(w, (off, nb), entry::matmul(a, n_tokens, out, out_stride)) }
-        }
-        #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
-        if self.has_interleaved_kernels() {
-            use neon::x8::entry;
-            let (off, nb) = Self::x8_cols(&w, &cols);
-            let a = blocks_of(acts);
-            // SAFETY: dotprod detected at construction; the geometry validated, `acts` has
-            // n_tokens * nb blocks and `out` covers every (t, r) written (checked in `matmul`).
-            unsafe { call_x8!(w, (off, nb), entry::matmul(a, n_tokens, out, out_stride)) }
-        }
-        for t in 0..n_tokens {
-            let o = &mut out[t * out_stride..t * out_stride + w.rows];
-            self.matvec_x8(w, cols.clone(), &acts[t * arow..(t + 1) * arow], o);
-        }
-    }
-
-    /// f32 to f16, round to nearest even (NaN payloads may differ between ISAs).
-    ///
-    /// # Panics
-    /// If the lengths differ.
-    pub fn f32_to_f16(&self, src: &[f32], dst: &mut [f16]) {
-        assert_eq!(src.len(), dst.len(), "f32_to_f16 lengths");
-        #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
-        if self.isa != Isa::Scalar {
-            // SAFETY: F16C/AVX detected at construction; lengths equal.
-            return unsafe { avx2::plain::f32_to_f16_row(src, dst) };
-        }
-        #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
-        if self.isa != Isa::Scalar {
-            // SAFETY: NEON detected at construction (the aarch64 baseline); lengths checked.
-            return unsafe { neon::plain::f32_to_f16_row(src, dst) };
-        }
-        scalar::f32_to_f16_row(src, dst)
-    }
-
-    /// f16 to f32 (exact).
-    ///
-    /// # Panics
-    /// If the lengths differ.
-    pub fn f16_to_f32(&self, src: &[f16], dst: &mut [f32]) {
-        assert_eq!(src.len(), dst.len(), "f16_to_f32 lengths");
-        #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
-        if self.isa != Isa::Scalar {
-            // SAFETY: F16C/AVX detected at construction; lengths equal.
-            return unsafe { avx2::plain::f16_to_f32_row(src, dst) };
-        }
-        #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
-        if self.isa != Isa::Scalar {
-            // SAFETY: NEON detected at construction (the aarch64 baseline); lengths checked.
-            return unsafe { neon::plain::f16_to_f32_row(src, dst) };
-        }
-        scalar::f16_to_f32_row(src, dst)
-    }
-
-    /// Dot of an f32 vector with an f16 row (attention scores over an f16 K cache).
-    ///
-    /// # Panics
-    /// If the lengths differ.
-    pub fn dot_f32_f16(&self, x: &[f32], y: &[f16]) -> f32 {
-        assert_eq!(x.len(), y.len(), "dot_f32_f16 lengths");
-        #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
-        if self.isa != Isa::Scalar {
-            // SAFETY: AVX2/FMA/F16C detected at construction; lengths equal.
-            return unsafe { avx2::plain::dot_f32_f16(x, y) };
-        }
-        #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
-        if self.isa != Isa::Scalar {
-            // SAFETY: NEON detected at construction (the aarch64 baseline); lengths checked.
-            return unsafe { neon::plain::dot_f32_f16(x, y) };
-        }
-        scalar::dot_f32_f16(x, y)
-    }
-
-    /// Sparse FFN decode: `out = Σ_k coefs[k] · row(neurons[k]) of w` (rows dequantized),
-    /// accumulated in k order; `out` is overwritten (the sum starts from +0.0). `w` is typically
-    /// a transposed down projection (one row of `n_embd` columns per FFN neuron, see
-    /// [`transpose_requantize`]). Supported types: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, F16,
-    /// BF16, F32. A neuron may repeat (each occurrence adds its term).
-    ///
-    /// Numerics (`scalar::axpy_rows`): per output element, `acc = fma(coefs[k], x, acc)` for k in
-    /// order, x exactly [`dequantize_row`]'s value of that weight; bit-identical across ISAs.
-    ///
-    /// # Panics
-    /// On a malformed `w` or an unsupported type, `coefs.len() != neurons.len()`, a neuron
-    /// `>= w.rows`, or `out.len() != w.cols`. (The neuron check is O(neurons); the work is
-    /// O(neurons * cols).)
-    pub fn axpy_rows(&self, w: MatRef<'_>, neurons: &[u32], coefs: &[f32], out: &mut [f32]) {
-        out.fill(0.0);
-        self.axpy_rows_add(w, neurons, coefs, out);
-    }
-
-    /// [`Kernels::axpy_rows`] added to what `out` holds (`acc` starts from `out[i]`): a compute
-    /// cluster of several store bundles sums its bundles' neurons into one output, in order, as
-    /// one call over all of them would (the same fmas in the same order).
-    ///
-    /// # Panics
-    /// As [`Kernels::axpy_rows`].
-    pub fn axpy_rows_add(&self, w: MatRef<'_>, neurons: &[u32], coefs: &[f32], out: &mut [f32]) {
-        let stride = w.validate().unwrap_or_else(|e| panic!("{e}"));
-        assert!(axpy_type(w.ty), "axpy_rows: {} is not supported", w.ty);
-        assert_eq!(
-            coefs.len(),
-            neurons.len(),
-            "axpy_rows coefs/neurons lengths"
-        );
-        assert_eq!(out.len(), w.cols, "axpy_rows output length");
-        if let Some(&max) = neurons.iter().max() {
-            assert!(
-                (max as usize) < w.rows,
-                "axpy_rows: neuron {max} out of range 0..{}",
-                w.rows
-            );
-        }
-        #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
-        if self.isa != Isa::Scalar {
-            use avx2::plain;
-            let m = avx2::Rows {
-                data: w.data,
-                stride,
-                off: 0,
-                nb: w.cols / w.ty.block_size(),
-                rows: w.rows,
-            };
-            // SAFETY: the ISA was detected at construction (every SIMD ISA implies AVX2+FMA+F16C,
-            // and Avx512Vnni the AVX-512 features); `m` describes the validated matrix (rows are
-            // bounds-checked slices), `out` has `cols` elements and coefs match neurons.
-            unsafe {
-                if self.isa == Isa::Avx512Vnni {
-                    call32!(w.ty, avx512::axpy_rows(m, neurons, coefs, out));
-                }
-                call32!(w.ty, plain::axpy_rows(m, neurons, coefs, out));
-                match w.ty {
-                    GgmlType::F32 => {
-                        return plain::axpy_rows_f32(w.data, stride, neurons, coefs, out)
-                    }
-                    GgmlType::F16 => {
-                        return plain::axpy_rows_f16(w.data, stride, neurons, coefs, out)
-                    }
-                    GgmlType::BF16 => {
-                        return plain::axpy_rows_bf16(w.data, stride, neurons, coefs, out)
-                    }
-                    _ => {}
-                }
-            }
-        }
-        #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
-        if self.isa != Isa::Scalar {
-            let m = neon::Rows {
-                data: w.data,
-                stride,
-                off: 0,
-                nb: w.cols / w.ty.block_size(),
-                rows: w.rows,
-            };
-            use neon::plain;
-            // SAFETY: NEON detected at construction; `m` describes the validated matrix (rows
-            // are bounds-checked slices), `out` has `cols` elements and coefs match neurons.
-            unsafe { call32!(w.ty, plain::axpy_rows(m, neurons, coefs, out)) }
-        }
-        scalar::axpy_rows(w.ty, w.data, stride, neurons, coefs, out)
-    }
-
-    /// `y[i] += a * x[i]` (one fma each) for an f16 row `x` (attention over an f16 V cache).
-    ///
-    /// # Panics
-    /// If the lengths differ.
-    pub fn axpy_f16(&self, a: f32, x: &[f16], y: &mut [f32]) {
-        assert_eq!(x.len(), y.len(), "axpy_f16 lengths");
-        #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
-        if self.isa != Isa::Scalar {
-            // SAFETY: AVX2/FMA/F16C detected at construction; lengths equal.
-            return unsafe { avx2::plain::axpy_f16(a, x, y) };
-        }
-        #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
-        if self.isa != Isa::Scalar {
-            // SAFETY: NEON detected at construction (the aarch64 baseline); lengths checked.
-            return unsafe { neon::plain::axpy_f16(a, x, y) };
-        }
-        scalar::axpy_f16(a, x, y)
     }
 }

@@ -10,6 +10,7 @@ use super::blocks::*;
 use super::*;
 use proptest::prelude::*;
 
+mod coverage;
 mod dequant_fixture;
 mod gemm;
 mod interleave;

@@ -2,6 +2,9 @@
 //! Streaming and planted frequencies are tested through the public API, in
 //! `tests/synthetic_models.rs` (a forward pass needs `exec`, which sits above this module).
 
+use super::layout::llama3_rope_factors;
+use super::noise::{normal_quantile, Jumps, Noise};
+use super::types::{fallback_type, more_bits};
 use super::*;
 
 #[test]

@@ -29,7 +29,9 @@
 use super::{role_types, ActiveCursor, Load, ModelCosts, StepCtx, ROLES};
 use crate::SimError;
 use conductor_runtime::neuron::Phase;
-use conductor_runtime::plan::{HardwareProfile, ModelDescription, PlacedGroup, Topology};
+use conductor_runtime::plan::{
+    HardwareProfile, ModelDescription, PlacedGroup, Topology, FEW_TOKENS,
+};
 use conductor_runtime::schedule::StepShape;
 use std::ops::Range;
 
@@ -40,6 +42,8 @@ struct ClassRates {
     matvec_ns: [f64; ROLES],
     /// ns per MAC of a multi-token matmul, by role.
     matmul_ns: [f64; ROLES],
+    /// ns per MAC of a step of at most `FEW_TOKENS` tokens (a verified draft), by role.
+    matmul_few_ns: [f64; ROLES],
     attn_decode_ns_per_head_pos: f64,
     /// ns per flop of prefill attention.
     attn_prefill_ns_per_flop: f64,
@@ -51,16 +55,24 @@ struct ClassRates {
 
 impl ClassRates {
     fn cluster_ns(&self, load: &Load, tokens: f64, attn_per_head: f64) -> f64 {
-        let per_mac = if tokens == 1.0 {
-            &self.matvec_ns
-        } else {
-            &self.matmul_ns
+        let priced = |per_mac: &[f64; ROLES]| -> f64 {
+            load.macs
+                .iter()
+                .zip(per_mac)
+                .map(|(macs, per)| macs * per)
+                .sum()
         };
-        let mut ns = 0.0;
-        for (macs, per) in load.macs.iter().zip(per_mac) {
-            ns += macs * per;
-        }
-        ns * tokens
+        let one_token = priced(&self.matvec_ns);
+        // Several tokens at the matmul rate (a few at the rate measured for a verified draft's
+        // step), but never below one token's matvec: every weight is read once either way.
+        let matrices = if tokens == 1.0 {
+            one_token
+        } else if tokens <= FEW_TOKENS as f64 {
+            (priced(&self.matmul_few_ns) * tokens).max(one_token)
+        } else {
+            (priced(&self.matmul_ns) * tokens).max(one_token)
+        };
+        matrices
             + load.heads * attn_per_head
             + (load.activations * self.activation_ns + load.rotated * self.rope_ns) * tokens
     }
@@ -121,6 +133,7 @@ impl CpuGroup {
                         .expect("the topology comes from the profile");
                     let mut matvec_ns = [0.0; ROLES];
                     let mut matmul_ns = [0.0; ROLES];
+                    let mut matmul_few_ns = [0.0; ROLES];
                     for (r, &ty) in types.iter().enumerate() {
                         let rates =
                             profile_class
@@ -140,10 +153,13 @@ impl CpuGroup {
                         };
                         matvec_ns[r] = 1.0 / matvec;
                         matmul_ns[r] = 1.0 / rates.matmul_gmacs;
+                        matmul_few_ns[r] =
+                            1.0 / rates.matmul_few_gmacs.unwrap_or(rates.matmul_gmacs);
                     }
                     classes.push(ClassRates {
                         matvec_ns,
                         matmul_ns,
+                        matmul_few_ns,
                         attn_decode_ns_per_head_pos: profile_class.attn_decode_ns_per_head_pos,
                         attn_prefill_ns_per_flop: 1.0 / profile_class.attn_prefill_gflops,
                         activation_ns: profile_class

@@ -1,0 +1,81 @@
+//! f16 conversions and attention's products over an f16 KV cache.
+
+use crate::quant::*;
+
+impl Kernels {
+    /// f32 to f16, round to nearest even (NaN payloads may differ between ISAs).
+    ///
+    /// # Panics
+    /// If the lengths differ.
+    pub fn f32_to_f16(&self, src: &[f32], dst: &mut [f16]) {
+        assert_eq!(src.len(), dst.len(), "f32_to_f16 lengths");
+        #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
+        if self.isa != Isa::Scalar {
+            // SAFETY: F16C/AVX detected at construction; lengths equal.
+            return unsafe { avx2::plain::f32_to_f16_row(src, dst) };
+        }
+        #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
+        if self.isa != Isa::Scalar {
+            // SAFETY: NEON detected at construction (the aarch64 baseline); lengths checked.
+            return unsafe { neon::plain::f32_to_f16_row(src, dst) };
+        }
+        scalar::f32_to_f16_row(src, dst)
+    }
+
+    /// f16 to f32 (exact).
+    ///
+    /// # Panics
+    /// If the lengths differ.
+    pub fn f16_to_f32(&self, src: &[f16], dst: &mut [f32]) {
+        assert_eq!(src.len(), dst.len(), "f16_to_f32 lengths");
+        #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
+        if self.isa != Isa::Scalar {
+            // SAFETY: F16C/AVX detected at construction; lengths equal.
+            return unsafe { avx2::plain::f16_to_f32_row(src, dst) };
+        }
+        #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
+        if self.isa != Isa::Scalar {
+            // SAFETY: NEON detected at construction (the aarch64 baseline); lengths checked.
+            return unsafe { neon::plain::f16_to_f32_row(src, dst) };
+        }
+        scalar::f16_to_f32_row(src, dst)
+    }
+
+    /// Dot of an f32 vector with an f16 row (attention scores over an f16 K cache).
+    ///
+    /// # Panics
+    /// If the lengths differ.
+    pub fn dot_f32_f16(&self, x: &[f32], y: &[f16]) -> f32 {
+        assert_eq!(x.len(), y.len(), "dot_f32_f16 lengths");
+        #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
+        if self.isa != Isa::Scalar {
+            // SAFETY: AVX2/FMA/F16C detected at construction; lengths equal.
+            return unsafe { avx2::plain::dot_f32_f16(x, y) };
+        }
+        #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
+        if self.isa != Isa::Scalar {
+            // SAFETY: NEON detected at construction (the aarch64 baseline); lengths checked.
+            return unsafe { neon::plain::dot_f32_f16(x, y) };
+        }
+        scalar::dot_f32_f16(x, y)
+    }
+
+    /// `y[i] += a * x[i]` (one fma each) for an f16 row `x` (attention over an f16 V cache).
+    ///
+    /// # Panics
+    /// If the lengths differ.
+    pub fn axpy_f16(&self, a: f32, x: &[f16], y: &mut [f32]) {
+        assert_eq!(x.len(), y.len(), "axpy_f16 lengths");
+        #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
+        if self.isa != Isa::Scalar {
+            // SAFETY: AVX2/FMA/F16C detected at construction; lengths equal.
+            return unsafe { avx2::plain::axpy_f16(a, x, y) };
+        }
+        #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
+        if self.isa != Isa::Scalar {
+            // SAFETY: NEON detected at construction (the aarch64 baseline); lengths checked.
+            return unsafe { neon::plain::axpy_f16(a, x, y) };
+        }
+        scalar::axpy_f16(a, x, y)
+    }
+}
