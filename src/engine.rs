@@ -88,6 +88,8 @@ pub enum Error {
     DraftNeedsDense,
     #[error("speculative decoding under a memory budget needs room in it for the drafted tokens' logits: build the engine with EngineBuilder::step_logits (the drafts' length and one)")]
     DraftNoRoom,
+    #[error("the memory budget holds {what} ({held} MiB) besides the model, which then lacks room: give at least {need} MiB for both")]
+    BudgetWithReserved { what: String, held: u64, need: u64 },
     /// A [`SampleHook`] refused to go on (a constraint that cannot continue).
     #[error("{0}")]
     Hook(String),
@@ -125,6 +127,8 @@ pub struct EngineBuilder {
     context: Option<usize>,
     sequences: usize,
     step_logits: usize,
+    /// Bytes of the budget held for something else in the process, and what.
+    reserved: Option<(u64, String)>,
     io_threads: Option<u32>,
     io_engine: Option<IoEngine>,
     verify: Option<Verify>,
@@ -177,6 +181,14 @@ impl EngineBuilder {
         self
     }
 
+    /// Holds `bytes` of the memory budget for `what` (e.g. "the draft model X"), something
+    /// else the process keeps in memory beside this engine: the engine's split gets the rest,
+    /// and a budget too small for both says how much both need.
+    pub fn reserve(mut self, bytes: u64, what: impl Into<String>) -> Self {
+        self.reserved = (bytes > 0).then(|| (bytes, what.into()));
+        self
+    }
+
     /// The budget less what steps returning `step_logits` rows of logits need beyond one row
     /// (measured on Qwen2.5-Coder-1.5B's store: 4.2 MiB of peak RSS a further row of its
     /// 151,936 logits, about [`LOGIT_ROW_COPIES`] copies of the row along the dispatch).
@@ -193,6 +205,19 @@ impl EngineBuilder {
             rows
         ));
         MemoryBudget::Bytes(bytes.saturating_sub(held))
+    }
+
+    /// The budget less what [`EngineBuilder::reserve`] holds.
+    fn hold_reserved(&mut self, memory: MemoryBudget, model: &Model) -> MemoryBudget {
+        let Some((held, what)) = &self.reserved else {
+            return memory;
+        };
+        (self.say)(&format!(
+            "memory: {:.1} MiB of the budget held for {what}",
+            *held as f64 / f64::from(1 << 20)
+        ));
+        let bytes = memory.bytes(model.file().file_len());
+        MemoryBudget::Bytes(bytes.saturating_sub(*held))
     }
 
     /// Sessions generated at once (a server's `--parallel` slots; default 1). Under a memory
@@ -418,7 +443,8 @@ impl EngineBuilder {
         let mut budget = None;
         if let Some(memory) = memory {
             let memory = self.hold_step_logits(memory, &model);
-            let n_ctx = self.context.unwrap_or(1024);
+            let memory = self.hold_reserved(memory, &model);
+            let n_ctx = self.context.unwrap_or(BUDGET_CONTEXT);
             if let Some(policy) = self.cache_policy {
                 plan.cache.get_or_insert_with(CachePlan::default).policy = policy;
             }
@@ -472,7 +498,17 @@ impl EngineBuilder {
                     ));
                 }
             }
-            let split = split?;
+            let split = match (split, &self.reserved) {
+                (Err(BudgetError::TooSmall { fixed, slots, .. }), Some((held, what))) => {
+                    let need = step_logits_bytes(&model, self.step_logits) + held + fixed + slots;
+                    return Err(Error::BudgetWithReserved {
+                        what: what.clone(),
+                        held: held.div_ceil(1 << 20),
+                        need: need.div_ceil(1 << 20),
+                    });
+                }
+                (split, _) => split?,
+            };
             if !split.plan.stream_attention {
                 // The budget keeps attention resident: load the store again with it, keeping
                 // what was resolved from the first load (which held only the header and norms,
@@ -577,6 +613,9 @@ pub fn step_logits_bytes(model: &Model, rows: usize) -> u64 {
 /// returns costs ([`EngineBuilder::step_logits`]).
 const LOGIT_ROW_COPIES: u64 = 7;
 
+/// The context a budget holds KV cache for when none is given ([`EngineBuilder::context`]).
+pub const BUDGET_CONTEXT: usize = 1024;
+
 /// The shortest context [`EngineBuilder::sequences`] cuts sessions to under a budget.
 const MIN_SHARED_CONTEXT: usize = 128;
 
@@ -622,6 +661,7 @@ impl Engine {
             context: None,
             sequences: 1,
             step_logits: 1,
+            reserved: None,
             io_threads: None,
             io_engine: None,
             verify: None,

@@ -33,6 +33,6 @@ pub use engine::{
     apply_budget, apply_budget_for, release_freed_memory, reuse_prefix, step_logits_bytes,
     BadDraftLimits, DraftLimits, Drafter, DriverKind, Engine, EngineBuilder, Error,
     GenerateOptions, Generation, GenerationStats, ModelDrafter, NgramDrafter, Piece, SampleHook,
-    SparsitySettings, Speculation, StopReason, TokenStream, DEFAULT_DRAFT_P_MIN,
+    SparsitySettings, Speculation, StopReason, TokenStream, BUDGET_CONTEXT, DEFAULT_DRAFT_P_MIN,
     DEFAULT_SPARSE_DOWN_TYPE, DEFAULT_SPARSITY, DEFAULT_SPARSITY_MODE,
 };

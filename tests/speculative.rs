@@ -19,6 +19,9 @@ use conductor::{
 use std::ops::ControlFlow;
 use std::path::Path;
 
+/// A chat request the model answers by copying: drafts find their continuations in it.
+const COPY_PROMPT: &str = "Copy this Python function exactly:\ndef add_numbers(first, second):\n    total = first + second\n    return total";
+
 /// Code that repeats itself, as code does: prompt lookup finds continuations in it.
 const PROMPT: &str = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n    return a * b\n\ndef div(a, b):\n";
 
@@ -241,7 +244,7 @@ fn a_server_with_ngram_drafts_answers_as_run_without_and_counts_them() {
         &model,
         &["-c", "1024", "--parallel", "2", "--draft", "ngram"],
     );
-    let copy = "Copy this Python function exactly:\ndef add_numbers(first, second):\n    total = first + second\n    return total";
+    let copy = COPY_PROMPT;
     let other = "List three fruits.";
     let want = run_greedy(&model, &["-c", "1024"], copy, "48");
     assert!(!want.is_empty());
@@ -286,4 +289,53 @@ fn a_server_with_ngram_drafts_answers_as_run_without_and_counts_them() {
         (rate - if drafted > 0.0 { kept / drafted } else { 0.0 }).abs() < 1e-9,
         "{draft}"
     );
+}
+
+/// `--draft MODEL` under `--memory`: the draft model is held in memory beside the target, out
+/// of the budget. A budget too small for both says how much both need, to the MiB: with that
+/// much the run goes, and prints what the target prints alone under the same budget.
+#[test]
+fn a_draft_model_under_a_budget_takes_its_share_and_a_short_budget_says_how_much() {
+    let dir = ScratchDir::new("spec-draft-budget");
+    let source = common::default_model();
+    let store = dir.store(&source, &ConvertOptions::default());
+    let run = |memory: &str, draft: bool| {
+        let mut cmd = common::conductor();
+        cmd.args([
+            "run", "--chat", "--temp", "0", "-t", "2", "-n", "24", "-c", "256",
+        ])
+        .args(["--memory", memory, "-p", COPY_PROMPT, "-m"])
+        .arg(&store);
+        if draft {
+            cmd.arg("--draft").arg(&source);
+        }
+        let out = cmd.output().expect("conductor run");
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr,
+        )
+    };
+    let (ok, _, stderr) = run("50%", true);
+    assert!(!ok, "{stderr}");
+    let need: u64 = stderr
+        .split("give at least ")
+        .nth(1)
+        .and_then(|rest| rest.split(" MiB").next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no amount in: {stderr}"));
+    assert!(stderr.contains("the draft model"), "{stderr}");
+    let short = format!("{}MiB", need - 1);
+    let (ok, _, stderr) = run(&short, true);
+    assert!(!ok, "{short}: {stderr}");
+    let enough = format!("{need}MiB");
+    let (ok, drafted, stderr) = run(&enough, true);
+    assert!(ok, "{enough}: {stderr}");
+    assert!(stderr.contains("held for the draft model"), "{stderr}");
+    assert!(stderr.contains("draft = "), "no drafted steps: {stderr}");
+    let (ok, alone, stderr) = run(&enough, false);
+    assert!(ok, "{stderr}");
+    assert_eq!(drafted, alone);
 }

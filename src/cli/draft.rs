@@ -2,10 +2,13 @@
 //! (`run`, `bench`, `serve`).
 
 use super::{ModelArgs, SparsityArg};
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
-use conductor::{DraftLimits, Engine, ModelDrafter, NgramDrafter, Speculation};
-use std::path::PathBuf;
+use conductor::runtime::cache::RUNTIME_BASE;
+use conductor::runtime::gguf::GgufFile;
+use conductor::runtime::model::{kv_bytes_per_position, ModelConfig};
+use conductor::{fetch, DraftLimits, Engine, ModelDrafter, NgramDrafter, Speculation};
+use std::path::{Path, PathBuf};
 
 #[derive(Args, Clone, Debug, Default)]
 pub struct DraftArgs {
@@ -44,7 +47,25 @@ impl DraftArgs {
             model.engine.sparsity = SparsityArg::Dense;
         }
         model.engine.step_logits = max as usize + 1;
-        Ok(Some(DraftLimits::new(max as usize, min as usize)?))
+        let limits = DraftLimits::new(max as usize, min as usize)?;
+        if let (Some(path), Some(_)) = (self.draft_model(), model.engine.memory) {
+            // The draft model is held in memory beside the target: out of the budget.
+            let n_ctx = model.engine.context.unwrap_or(conductor::BUDGET_CONTEXT);
+            let bytes = draft_footprint(&path, n_ctx)?;
+            model.engine.reserve = Some((bytes, format!("the draft model {}", path.display())));
+        }
+        Ok(Some(limits))
+    }
+
+    /// The draft model's file, fetched if it is a known name (`None`: no draft, or `ngram`).
+    fn draft_model(&self) -> Option<PathBuf> {
+        match self.draft.as_deref() {
+            None | Some("ngram") => None,
+            Some(name) => Some(
+                fetch::resolve_model(Some(Path::new(name)), &mut |line| eprintln!("{line}"))
+                    .unwrap_or_else(|_| PathBuf::from(name)),
+            ),
+        }
     }
 
     /// The drafter for `target` (loaded from `model`), or `None` without `--draft`.
@@ -58,25 +79,39 @@ impl DraftArgs {
         let Some(limits) = self.prepare(&mut model)? else {
             return Ok(None);
         };
-        let drafter: Box<dyn conductor::Drafter> = match self.draft.as_deref() {
-            Some("ngram") => Box::new(NgramDrafter::default()),
+        let drafter: Box<dyn conductor::Drafter> = match self.draft_model() {
+            None => Box::new(NgramDrafter::default()),
             Some(path) => {
-                if model.engine.memory.is_some() {
-                    bail!(
-                        "a draft model under --memory is not supported yet (it would take the \
-                         budget's memory): use --draft ngram"
-                    );
-                }
                 let mut draft = model.clone();
-                draft.model = Some(PathBuf::from(path));
-                // The target's plan names the target; the draft's steps are one token.
+                draft.model = Some(path);
+                // The target's plan names the target; the draft's steps are one token, in
+                // memory (under --memory the target's budget held the draft's share).
                 draft.engine.plan = None;
                 draft.engine.step_logits = 1;
+                draft.engine.memory = None;
+                draft.engine.reserve = None;
+                draft.engine.sequences = None;
                 let engine = draft.load(model.threads())?;
                 Box::new(ModelDrafter::new(target, engine, n_ctx)?)
             }
-            None => return Ok(None),
         };
         Ok(Some(Speculation::new(drafter, limits)))
     }
+}
+
+/// What a draft model takes in memory beside the target: its weights (read whole), the KV
+/// cache of a session of `n_ctx` tokens, and the runtime's base.
+fn draft_footprint(path: &Path, n_ctx: usize) -> Result<u64> {
+    let read = || format!("reading the draft model {}", path.display());
+    let file = GgufFile::open(path).with_context(read)?;
+    let c = ModelConfig::from_gguf(&file).with_context(read)?;
+    let kv = kv_bytes_per_position(
+        c.n_layer as usize,
+        c.n_head_kv as usize,
+        c.head_dim as usize,
+    )
+    .and_then(|p| p.checked_mul(n_ctx as u64))
+    .context("the draft model's KV cache size overflows")?;
+    let weights = std::fs::metadata(path).with_context(read)?.len();
+    Ok(weights + kv + RUNTIME_BASE)
 }

@@ -222,6 +222,10 @@ pub struct EngineArgs {
     /// `--parallel`).
     #[arg(skip)]
     pub sequences: Option<usize>,
+    /// Bytes of --memory held for something else the command keeps in memory, and what (set
+    /// by `--draft MODEL`: the draft model).
+    #[arg(skip)]
+    pub reserve: Option<(u64, String)>,
 }
 
 /// Which FFN neurons decode computes.
@@ -338,6 +342,9 @@ pub fn load_engine(model: Option<&Path>, threads: usize, engine: &EngineArgs) ->
     }
     if let Some(memory) = engine.memory {
         builder = builder.memory(memory);
+    }
+    if let Some((bytes, what)) = &engine.reserve {
+        builder = builder.reserve(*bytes, what.clone());
     }
     if let Some(policy) = engine.cache_policy {
         builder = builder.cache_policy(match policy {
