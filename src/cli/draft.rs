@@ -48,7 +48,7 @@ impl DraftArgs {
         }
         model.engine.step_logits = max as usize + 1;
         let limits = DraftLimits::new(max as usize, min as usize)?;
-        if let (Some(path), Some(_)) = (self.draft_model(), model.engine.memory) {
+        if let (Some(path), Some(_)) = (self.draft_model()?, model.engine.memory) {
             // The draft model is held in memory beside the target: out of the budget.
             let n_ctx = model.engine.context.unwrap_or(conductor::BUDGET_CONTEXT);
             let bytes = draft_footprint(&path, n_ctx)?;
@@ -58,13 +58,15 @@ impl DraftArgs {
     }
 
     /// The draft model's file, fetched if it is a known name (`None`: no draft, or `ngram`).
-    fn draft_model(&self) -> Option<PathBuf> {
+    fn draft_model(&self) -> Result<Option<PathBuf>> {
         match self.draft.as_deref() {
-            None | Some("ngram") => None,
-            Some(name) => Some(
-                fetch::resolve_model(Some(Path::new(name)), &mut |line| eprintln!("{line}"))
-                    .unwrap_or_else(|_| PathBuf::from(name)),
-            ),
+            None | Some("ngram") => Ok(None),
+            Some(name) => {
+                let path =
+                    fetch::resolve_model(Some(Path::new(name)), &mut |line| eprintln!("{line}"))
+                        .with_context(|| format!("the draft model {name}"))?;
+                Ok(Some(path))
+            }
         }
     }
 
@@ -79,7 +81,7 @@ impl DraftArgs {
         let Some(limits) = self.prepare(&mut model)? else {
             return Ok(None);
         };
-        let drafter: Box<dyn conductor::Drafter> = match self.draft_model() {
+        let drafter: Box<dyn conductor::Drafter> = match self.draft_model()? {
             None => Box::new(NgramDrafter::default()),
             Some(path) => {
                 let mut draft = model.clone();
