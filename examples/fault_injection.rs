@@ -16,11 +16,11 @@
 //! 1 if any seed broke an invariant, after printing each such seed with its schedule (run it
 //! alone again with `--first SEED --seeds 1`).
 
-use conductor::faults::{
-    quiet_injected_panics, sim_profile, Fixture, Schedule, Totals, Watchdog, Which,
-};
 use conductor::runtime::cache::MemoryBudget;
 use conductor::runtime::plan::IoEngine;
+use conductor_testkit::faults::{
+    quiet_injected_panics, sim_profile, Fixture, Schedule, Totals, Watchdog, Which,
+};
 use std::path::PathBuf;
 use std::time::Instant;
 

@@ -8,11 +8,11 @@
 //! One test in this file: it counts the process's threads, which another test running beside
 //! it would change.
 
-use conductor::faults::{
+use conductor::runtime::plan::{IoEngine, Verify};
+use conductor_testkit::faults::{
     quiet_injected_panics, sim_profile, FaultKind, Fixture, KindCounts, Schedule, SeedReport,
     Totals, Watchdog, Which, KIND_NAMES,
 };
-use conductor::runtime::plan::{IoEngine, Verify};
 
 mod common;
 

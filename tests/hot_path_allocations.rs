@@ -2,7 +2,8 @@
 //! allocated once, a load reads into one, eviction only drops it. Counted with a global
 //! allocator that counts, over decode steps that load hundreds of clusters.
 //!
-//! The inline driver allocates nothing at all per step. The actor driver sends kameo messages,
+//! The inline driver allocates nothing at all per step, under a budget or in memory, at real
+//! models' and at a 7B model's cluster counts. The actor driver sends kameo messages,
 //! and kameo boxes each message and its handler's future: a few allocations per message
 //! (a load, its `ClusterLoaded`, the cluster's `Compute`) are the price of the actors, bounded
 //! here so that none creeps in per neuron.
@@ -18,6 +19,7 @@ use conductor::runtime::plan::{CachePlan, CachePolicy};
 use conductor::runtime::plan::{ExecutionPlan, Topology};
 use conductor::runtime::quant::Kernels;
 use conductor::runtime::synthetic::synthetic_model;
+use conductor::{DriverKind, Engine};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -173,41 +175,106 @@ fn decode_steps_allocate_nothing_per_load() {
     }
 }
 
-/// In memory, with the plan the engine picks for a real file: a decode step allocates nothing.
-/// The output projection is sent as many clusters in one message (24 on SmolLM2, more on
-/// Gemma's 262k vocabulary), which once spilled `Blocks` to the heap every step.
+/// Allocations in [`STEPS`] in-memory decode steps of `path` with the plan the engine picks,
+/// after a prompt and warm-up steps.
+fn in_memory_decode_allocations(path: &std::path::Path, driver: DriverKind, threads: usize) -> u64 {
+    let mut engine = Engine::builder()
+        .model(path)
+        .driver(driver)
+        .threads(threads)
+        .pin_threads(false)
+        .build()
+        .unwrap();
+    let mut session = engine.session(Some(64)).unwrap();
+    engine.eval_last(&mut session, &[1, 2, 3, 4]).unwrap();
+    for t in 0..3 {
+        engine.eval_last(&mut session, &[10 + t]).unwrap();
+    }
+    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    for t in 0..STEPS {
+        engine.eval_last(&mut session, &[20 + t]).unwrap();
+    }
+    ALLOCATIONS.load(Ordering::Relaxed) - before
+}
+
+/// What a decode step of the actor driver may allocate: kameo boxes each message and its
+/// handler's future, a few allocations a message, and a step sends a group a few messages a
+/// layer (one per phase), however many clusters each carries. Measured (2026-12-06): 7 to 8 a
+/// layer and group on SmolLM2, Gemma-3 and the 7B cluster counts; the bound, 12, is below
+/// what one allocation per cluster would add at the 7B counts (86 FFN clusters a layer).
+fn actor_step_allocation_bound(n_layer: u64, groups: u64) -> u64 {
+    const PER_LAYER_AND_GROUP: u64 = 12;
+    PER_LAYER_AND_GROUP * (n_layer + 1) * groups
+}
+
+/// In memory, with the plan the engine picks for a real file: a decode step of the inline
+/// driver allocates nothing, and one of the actor driver a bounded number a message, never
+/// one per cluster. The output projection is sent as many clusters in one message (24 on
+/// SmolLM2, more on Gemma's 262k vocabulary), which once spilled `Blocks` to the heap every
+/// step.
 #[test]
 fn default_in_memory_decode_allocates_nothing() {
-    use conductor::{DriverKind, Engine};
     let _turn = one_at_a_time();
-    for (name, path) in [
-        ("SmolLM2 (Q4_1)", common::default_model()),
-        ("Gemma-3-270M (Q4_K_M)", common::gemma3_model()),
+    for (name, path, n_layer) in [
+        ("SmolLM2 (Q4_1)", common::default_model(), 30),
+        ("Gemma-3-270M (Q4_K_M)", common::gemma3_model(), 18),
     ] {
         for threads in [1, 2] {
-            let mut engine = Engine::builder()
-                .model(&path)
-                .driver(DriverKind::Inline)
-                .threads(threads)
-                .pin_threads(false)
-                .build()
-                .unwrap();
-            let mut session = engine.session(Some(64)).unwrap();
-            engine.eval_last(&mut session, &[1, 2, 3, 4]).unwrap();
-            for t in 0..3 {
-                engine.eval_last(&mut session, &[10 + t]).unwrap();
-            }
-            let before = ALLOCATIONS.load(Ordering::Relaxed);
-            for t in 0..STEPS {
-                engine.eval_last(&mut session, &[20 + t]).unwrap();
-            }
-            let allocs = ALLOCATIONS.load(Ordering::Relaxed) - before;
-            eprintln!("{name}, {threads} threads: {allocs} allocations in {STEPS} steps");
+            let allocs = in_memory_decode_allocations(&path, DriverKind::Inline, threads);
+            eprintln!("{name}, inline, {threads} threads: {allocs} allocations in {STEPS} steps");
             // (The count is of the whole process: the harness's thread may allocate once.)
             assert!(
                 allocs < u64::from(STEPS),
                 "{name}, {threads} threads: {allocs} allocations in {STEPS} decode steps"
             );
         }
+        let threads = 2;
+        let allocs = in_memory_decode_allocations(&path, DriverKind::Actors, threads);
+        let bound = u64::from(STEPS) * actor_step_allocation_bound(n_layer, threads as u64);
+        eprintln!("{name}, actors, {threads} threads: {allocs} allocations in {STEPS} steps (bound {bound})");
+        assert!(
+            allocs <= bound,
+            "{name}, actors: {allocs} allocations in {STEPS} decode steps, above {bound}"
+        );
     }
+}
+
+/// The cluster counts of a 7B model's decode step (Llama-2-7B's FFN width: 86 clusters of 128
+/// neurons in one message a layer; a 32k vocabulary: 16 output clusters), in memory, random
+/// weights: the inline driver allocates nothing per step, the actor driver no more than the
+/// messages' bound, however many clusters a message carries.
+#[test]
+fn decode_at_seven_billion_cluster_counts_allocates_nothing_per_cluster() {
+    let _turn = one_at_a_time();
+    let dir = ScratchDir::new("alloc-7b-clusters");
+    let n_layer = 2;
+    let path = dir.file("wide.gguf", || {
+        let spec = conductor::runtime::synthetic::SyntheticSpec {
+            n_layer,
+            n_embd: 256,
+            n_ff: 11008,
+            n_head: 4,
+            n_head_kv: 2,
+            n_vocab: 32000,
+            seed: 7,
+            ..conductor::runtime::synthetic::SyntheticSpec::default()
+        };
+        synthetic_model(&spec).unwrap().to_bytes().unwrap()
+    });
+    for threads in [1, 2] {
+        let allocs = in_memory_decode_allocations(&path, DriverKind::Inline, threads);
+        eprintln!("7B clusters, inline, {threads} threads: {allocs} allocations in {STEPS} steps");
+        assert!(
+            allocs < u64::from(STEPS),
+            "inline, {threads} threads: {allocs} allocations in {STEPS} decode steps"
+        );
+    }
+    let threads = 2;
+    let allocs = in_memory_decode_allocations(&path, DriverKind::Actors, threads);
+    let bound = u64::from(STEPS) * actor_step_allocation_bound(u64::from(n_layer), threads as u64);
+    eprintln!("7B clusters, actors: {allocs} allocations in {STEPS} steps (bound {bound})");
+    assert!(
+        allocs <= bound,
+        "actors: {allocs} allocations in {STEPS} decode steps, above {bound}"
+    );
 }

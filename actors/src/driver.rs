@@ -294,29 +294,29 @@ impl ActorDriver {
         if options.read_faults.is_some() {
             model.set_read_faults(options.read_faults.clone());
         }
+        let cache = open_cache(&model, plan, scheduler.unit_map())?.map(|(arena, mut file)| {
+            file.set_faults(options.read_faults.clone());
+            (arena, Arc::new(file))
+        });
+        let state = StepState::reading(
+            kernels,
+            cache.as_ref().map(|(arena, _)| Arc::clone(arena)),
+            scheduler.modes().reads,
+        );
         let shared = Arc::new(StepShared {
             model: Arc::clone(&model),
             decode: Arc::clone(scheduler.program(StepShape::Decode)),
             prefill: Arc::clone(scheduler.program(StepShape::Prefill)),
-            state: RwLock::new(StepState::new(kernels)),
+            state: RwLock::new(state),
             kv: RwLock::new(vec![KvCache::default()]),
             outputs: (0..placed.len())
                 .map(|_| Mutex::new(GroupOutput::default()))
                 .collect(),
             epoch: Instant::now(),
             recording: AtomicBool::new(false),
-            cache: open_cache(&model, plan, scheduler.unit_map())?.map(|(arena, mut file)| {
-                file.set_faults(options.read_faults.clone());
-                (arena, Arc::new(file))
-            }),
+            cache,
             counters: Counters::new(model.config.n_layer),
         });
-        if let Some((arena, _)) = &shared.cache {
-            write(&shared.state).set_cache(Some(Arc::clone(arena)));
-        }
-        write(&shared.state).set_page_reads(
-            scheduler.modes().reads == conductor_runtime::plan::ReadPolicy::PredictedPages,
-        );
         let storage_path = options.model_path.clone();
         let actors = start_actors(
             scheduler,

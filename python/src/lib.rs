@@ -1,5 +1,5 @@
 //! `conductor._native`: the Python package's native half. It loads an engine and serves it
-//! in-process ([`conductor::serve::local::Local`]): requests are the OpenAI API's JSON, handled
+//! in-process ([`conductor_server::local::Local`]): requests are the OpenAI API's JSON, handled
 //! by `conductor serve`'s own code (chat template, constrained decoding, tool calls, stop
 //! sequences, log-probabilities), so the Python `Llama` class (conductor/llama.py) only
 //! translates llama-cpp-python's arguments into requests and answers into its dicts.
@@ -13,9 +13,9 @@ use conductor::runtime::convert::{convert as convert_model, ConvertOptions};
 use conductor::runtime::plan::ExecutionPlan;
 use conductor::runtime::sparse::SparsityMode;
 use conductor::runtime::store::{DownLayout, DEFAULT_BUNDLE_NEURONS, DEFAULT_DOWN_TYPE};
-use conductor::serve::local::{self, Local};
-use conductor::serve::ServeOptions;
 use conductor::{Engine, SparsitySettings};
+use conductor_server::local::{self, Local};
+use conductor_server::ServeOptions;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;

@@ -69,8 +69,7 @@ impl ReplayReport {
 pub fn replay(trace: &Trace) -> Result<ReplayReport, ReplayError> {
     let header = &trace.header;
     let scheduler = Scheduler::with_modes(&header.model.shape, &header.plan, header.modes)?;
-    let mut dispatcher = Dispatcher::new(scheduler);
-    dispatcher.set_completions(Completions::Replayed);
+    let mut dispatcher = Dispatcher::with_completions(scheduler, Completions::Replayed);
     let mut backend = ReplayBackend {
         trace,
         layout: header

@@ -288,7 +288,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             threads: Some(t),
             engine: engine_args,
         };
-        args.draft.prepare(&mut model)?;
+        let draft = args.draft.prepare(&mut model)?;
         let mut engine = model.load(t)?;
         if args.trace_out.is_some() {
             engine.start_trace()?;
@@ -304,7 +304,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
             Some(tokens) => {
                 let mut session = engine.session(None)?;
                 engine.eval_last(&mut session, &tokens[..tokens.len() - 1])?;
-                let speculation = args.draft.speculation(&model, &engine, session.n_ctx())?;
+                let speculation = match &draft {
+                    Some(draft) => Some(draft.speculation(&model, &engine, session.n_ctx())?),
+                    None => None,
+                };
                 Some(PromptedGeneration {
                     prompt: tokens.clone(),
                     session,

@@ -27,9 +27,20 @@ pub struct DraftArgs {
     pub draft_min: i64,
 }
 
+/// What [`DraftArgs::prepare`] resolved, for [`Draft::speculation`]: the limits and the
+/// draft model's file.
+#[derive(Clone, Debug)]
+pub struct Draft {
+    limits: DraftLimits,
+    /// `None`: `ngram`.
+    model: Option<PathBuf>,
+}
+
 impl DraftArgs {
-    /// Checks the flags before anything loads; dense decode unless `--sparsity` was given.
-    pub fn prepare(&self, model: &mut ModelArgs) -> Result<Option<DraftLimits>> {
+    /// Checks the flags and finds the draft model (fetching a known name) before anything
+    /// loads; sets the target's engine up for drafts (dense decode unless `--sparsity` was
+    /// given, logits for a whole draft, the draft model's memory out of a budget).
+    pub fn prepare(&self, model: &mut ModelArgs) -> Result<Option<Draft>> {
         if self.draft.is_none() {
             return Ok(None);
         }
@@ -48,13 +59,17 @@ impl DraftArgs {
         }
         model.engine.step_logits = max as usize + 1;
         let limits = DraftLimits::new(max as usize, min as usize)?;
-        if let (Some(path), Some(_)) = (self.draft_model()?, model.engine.memory) {
+        let draft_model = self.draft_model()?;
+        if let (Some(path), Some(_)) = (&draft_model, model.engine.memory) {
             // The draft model is held in memory beside the target: out of the budget.
             let n_ctx = model.engine.context.unwrap_or(conductor::BUDGET_CONTEXT);
-            let bytes = draft_footprint(&path, n_ctx)?;
+            let bytes = draft_footprint(path, n_ctx)?;
             model.engine.reserve = Some((bytes, format!("the draft model {}", path.display())));
         }
-        Ok(Some(limits))
+        Ok(Some(Draft {
+            limits,
+            model: draft_model,
+        }))
     }
 
     /// The draft model's file, fetched if it is a known name (`None`: no draft, or `ngram`).
@@ -69,23 +84,23 @@ impl DraftArgs {
             }
         }
     }
+}
 
-    /// The drafter for `target` (loaded from `model`), or `None` without `--draft`.
+impl Draft {
+    /// The drafter and its limits for `target`, whose engine was loaded from `model` (the
+    /// arguments [`DraftArgs::prepare`] set up): a draft model loads here, in memory, with the
+    /// target's threads, for sessions of `n_ctx` tokens.
     pub fn speculation(
         &self,
         model: &ModelArgs,
         target: &Engine,
         n_ctx: usize,
-    ) -> Result<Option<Speculation>> {
-        let mut model = model.clone();
-        let Some(limits) = self.prepare(&mut model)? else {
-            return Ok(None);
-        };
-        let drafter: Box<dyn conductor::Drafter> = match self.draft_model()? {
+    ) -> Result<Speculation> {
+        let drafter: Box<dyn conductor::Drafter> = match &self.model {
             None => Box::new(NgramDrafter::default()),
             Some(path) => {
                 let mut draft = model.clone();
-                draft.model = Some(path);
+                draft.model = Some(path.clone());
                 // The target's plan names the target; the draft's steps are one token, in
                 // memory (under --memory the target's budget held the draft's share).
                 draft.engine.plan = None;
@@ -97,7 +112,7 @@ impl DraftArgs {
                 Box::new(ModelDrafter::new(target, engine, n_ctx)?)
             }
         };
-        Ok(Some(Speculation::new(drafter, limits)))
+        Ok(Speculation::new(drafter, self.limits))
     }
 }
 

@@ -109,7 +109,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     if model_args.engine.context.is_none() {
         model_args.engine.context = args.ctx_size;
     }
-    args.draft.prepare(&mut model_args)?;
+    let draft = args.draft.prepare(&mut model_args)?;
     let mut engine = model_args.load(model_args.threads())?;
     let load_time = started.elapsed();
     let text = if args.chat {
@@ -154,15 +154,17 @@ pub fn run(args: RunArgs) -> Result<()> {
     if args.trace_out.is_some() {
         engine.start_trace()?;
     }
+    // Before the prompt is printed: a draft model that cannot load says so first.
+    let mut speculation = match &draft {
+        Some(draft) => Some(draft.speculation(&model_args, &engine, session.n_ctx())?),
+        None => None,
+    };
     let mut out = std::io::stdout().lock();
     if !args.no_display_prompt && !args.chat {
         write!(out, "{text}")?;
         out.flush()?;
     }
     let mut write_error = None;
-    let mut speculation = args
-        .draft
-        .speculation(&model_args, &engine, session.n_ctx())?;
     let stats = engine.generate_with_draft(
         &mut session,
         &prompt,

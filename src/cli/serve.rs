@@ -1,10 +1,10 @@
-//! `conductor serve`: the OpenAI-compatible server (src/serve/, docs/serve.md).
+//! `conductor serve`: the OpenAI-compatible server (server/src/, docs/serve.md).
 
 use super::draft::DraftArgs;
 use super::ModelArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use conductor::serve::{ServeOptions, DEFAULT_MAX_BODY};
+use conductor_server::{ServeOptions, DEFAULT_MAX_BODY};
 use std::io::Write;
 use std::time::Duration;
 
@@ -78,10 +78,13 @@ pub fn run(args: ServeArgs) -> Result<()> {
     }
     // Under --memory the budget holds every slot's KV cache.
     model_args.engine.sequences = Some(args.parallel);
-    args.draft.prepare(&mut model_args)?;
+    let draft = args.draft.prepare(&mut model_args)?;
     let engine = model_args.load(model_args.threads())?;
     let n_ctx = args.ctx_size.unwrap_or_else(|| engine.default_context());
-    let speculation = args.draft.speculation(&model_args, &engine, n_ctx)?;
+    let speculation = match &draft {
+        Some(draft) => Some(draft.speculation(&model_args, &engine, n_ctx)?),
+        None => None,
+    };
     if let Some(draft) = speculation.as_ref().and(args.draft.draft.as_deref()) {
         eprintln!(
             "serve: drafting with {draft} (up to {} tokens a step) while a request runs alone",
@@ -101,7 +104,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         shutdown_grace: Duration::from_secs_f64(args.shutdown_grace),
         chat_template,
     };
-    conductor::serve::serve(engine, speculation, options, |addr| {
+    conductor_server::serve(engine, speculation, options, |addr| {
         // Scripts and tests read this line for the port.
         println!("listening on http://{addr}");
         let _ = std::io::stdout().flush();

@@ -126,14 +126,21 @@ pub struct Dispatcher {
 }
 
 impl Dispatcher {
+    /// A dispatch core whose completions come from its backend.
     pub fn new(scheduler: Scheduler) -> Dispatcher {
+        Dispatcher::with_completions(scheduler, Completions::Backend)
+    }
+
+    /// A dispatch core whose completions come from where `mode` says (a trace's replay feeds
+    /// the recorded ones: [`Completions::Replayed`]).
+    pub fn with_completions(scheduler: Scheduler, mode: Completions) -> Dispatcher {
         Dispatcher {
             scheduler,
             buffers: Vec::new(),
             run: Vec::new(),
             run_step: 0,
             completions: VecDeque::new(),
-            mode: Completions::Backend,
+            mode,
             activity: Activity::default(),
             scratch: Vec::new(),
             recorder: None,
@@ -150,9 +157,18 @@ impl Dispatcher {
         self.scheduler
     }
 
-    /// Where completions come from (default: the backend).
-    pub fn set_completions(&mut self, mode: Completions) {
-        self.mode = mode;
+    /// Starts replaying a recorded trace through the backend: completions come from the
+    /// trace (the backend's own are dropped) and what the core sends is recorded, until
+    /// [`Dispatcher::end_replay`].
+    pub fn begin_replay(&mut self, n_layer: u32) {
+        self.mode = Completions::Replayed;
+        self.start_recording(n_layer);
+    }
+
+    /// Ends a replay: completions come from the backend again; returns what was recorded.
+    pub fn end_replay(&mut self) -> Recording {
+        self.mode = Completions::Backend;
+        self.take_recording()
     }
 
     /// Starts recording (clears what was recorded). `n_layer` sizes the decode steps'

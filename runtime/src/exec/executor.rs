@@ -90,9 +90,10 @@ pub struct StepState {
     /// `FfnGateRows`) and the neurons whose gate fires, token by token.
     pub(super) gated: Vec<f32>,
     pub(super) gated_activity: Activity,
-    /// Decode with predictors reads only the predicted neurons' pages: up rows one by one,
-    /// since only the predicted rows are in a cluster's slot.
-    pub(super) page_reads: bool,
+    /// How the scheduler reads the FFN (its [`crate::plan::ReadPolicy`]): with
+    /// `PredictedPages`, decode with predictors finds only the predicted neurons' pages in a
+    /// cluster's slot, so up rows are computed one by one.
+    pub(super) reads: crate::plan::ReadPolicy,
 }
 
 /// Receives intermediate tensors by llama.cpp's names (`attn_norm-3`, `ffn_out-3`, `l_out-3`,
@@ -101,7 +102,19 @@ pub struct StepState {
 pub type Probe = Box<dyn FnMut(&str, &[f32], usize) + Send + Sync>;
 
 impl StepState {
+    /// A step state for a model with an FFN in memory, read as the plan's default.
     pub fn new(kernels: Kernels) -> StepState {
+        StepState::reading(kernels, None, crate::plan::ReadPolicy::default())
+    }
+
+    /// A step state whose FFN clusters come from `cache`'s slots (a neuron store read through
+    /// the neuron cache; `None`: from the model in memory), read as the scheduler's `reads`
+    /// says. Fixed for the state's life: a driver builds it once, from its scheduler.
+    pub fn reading(
+        kernels: Kernels,
+        cache: Option<std::sync::Arc<crate::cache::SlotArena>>,
+        reads: crate::plan::ReadPolicy,
+    ) -> StepState {
         StepState {
             kernels,
             request: StepRequest {
@@ -124,29 +137,20 @@ impl StepState {
             delta: Vec::new(),
             logits: Vec::new(),
             probe: None,
-            cache: None,
+            cache,
             predicted: Vec::new(),
             predictor_scratch: PredictorScratch::default(),
             moe: MoeState::default(),
             needed: Vec::new(),
             gated: Vec::new(),
             gated_activity: Activity::default(),
-            page_reads: false,
+            reads,
         }
     }
 
-    /// Reads a store's FFN clusters from these cache slots (instead of the file in memory).
-    pub fn set_cache(&mut self, cache: Option<std::sync::Arc<crate::cache::SlotArena>>) {
-        self.cache = cache;
-    }
-
-    /// Decode with predictors reads only the predicted neurons' pages
-    /// ([`crate::schedule::ReadPolicy::PredictedPages`]).
-    pub fn set_page_reads(&mut self, on: bool) {
-        self.page_reads = on;
-    }
-
-    /// Installs (or removes) a [`Probe`].
+    /// Installs (or removes) a [`Probe`]: an observer of intermediate tensors, not a mode
+    /// (the bits computed are the same with or without one), so it may come and go between
+    /// steps (the profiler installs one for its pass and removes it).
     pub fn set_probe(&mut self, probe: Option<Probe>) {
         self.probe = probe;
     }

@@ -57,9 +57,11 @@ impl<R: ClusterRunner> InlineDriver<R> {
     ) -> Result<Self, ScheduleError> {
         let scheduler = super::scheduler_for(&model, plan)?;
         let cache = open_cache(&model, plan, scheduler.unit_map())?;
-        let mut state = StepState::new(kernels);
-        state.set_cache(cache.as_ref().map(|(arena, _)| Arc::clone(arena)));
-        state.set_page_reads(scheduler.modes().reads == crate::plan::ReadPolicy::PredictedPages);
+        let state = StepState::reading(
+            kernels,
+            cache.as_ref().map(|(arena, _)| Arc::clone(arena)),
+            scheduler.modes().reads,
+        );
         Ok(InlineDriver {
             plan: plan.clone(),
             cache,
@@ -249,13 +251,9 @@ impl<R: ClusterRunner> InlineDriver<R> {
         tokens: &[&[u32]],
         records: &[crate::trace::TraceRecord],
     ) -> Result<crate::dispatch::Recording, StepError> {
-        self.dispatcher
-            .set_completions(crate::dispatch::Completions::Replayed);
-        self.dispatcher.start_recording(self.model.config.n_layer);
+        self.dispatcher.begin_replay(self.model.config.n_layer);
         let result = self.replay_records(session, tokens, records);
-        self.dispatcher
-            .set_completions(crate::dispatch::Completions::Backend);
-        let recording = self.dispatcher.take_recording();
+        let recording = self.dispatcher.end_replay();
         result.map(|()| recording)
     }
 

@@ -141,7 +141,8 @@ impl StepState {
             .filter(|sp| sp.mode == SparsityMode::Predictor)
             .and_then(|_| self.predictions(program.shape));
         let gated = program.is_gate_first().then_some(self.gated.as_slice());
-        let rows_only = self.page_reads && predicted.is_some();
+        let rows_only =
+            self.reads == crate::plan::ReadPolicy::PredictedPages && predicted.is_some();
         let moe = &self.moe;
         runner.run(&mut outs, &|worker, i, out| {
             let mut guard = scratch[worker].lock().unwrap_or_else(|e| e.into_inner());

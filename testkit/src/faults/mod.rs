@@ -17,7 +17,7 @@
 //! `cargo run --release --example fault_injection -- --seeds 1000` runs the figure of
 //! `docs/reliability.md`; `tests/fault_injection.rs` runs a few seeds and the regressions.
 //!
-//! [`BundleFile`]: crate::runtime::cache::BundleFile
+//! [`BundleFile`]: conductor::runtime::cache::BundleFile
 
 mod fixture;
 mod injector;

@@ -5,7 +5,7 @@ use super::api::{ChatRequest, MessageContent, RequestMessage, SamplingFields};
 use super::error::ApiError;
 use super::worker::Job;
 use super::AppState;
-use crate::GenerateOptions;
+use conductor::GenerateOptions;
 use conductor_runtime::sample::SamplingParams;
 use conductor_runtime::tokenizer::{ChatMessage, ChatTemplate, FunctionCall, ToolCall};
 use serde_json::Value;

@@ -18,14 +18,13 @@
 //! ```
 //!
 //! The numeric core, the scheduler and the file formats live in [`runtime`]; the worker threads
-//! in [`actors`].
+//! in [`actors`]. The OpenAI server is the `conductor-server` crate and the command line
+//! `conductor-cli`, both on top of this one; the fault harness is `conductor-testkit`.
 
 mod engine;
-pub mod faults;
 pub mod fetch;
 pub mod perplexity;
 pub mod profile;
-pub mod serve;
 
 pub use conductor_actors as actors;
 pub use conductor_runtime as runtime;

@@ -6,12 +6,12 @@
 //! gets the server's behaviour without a second implementation of it.
 
 use super::{routes, worker, AppState, ServeOptions};
-use crate::Engine;
 use axum::body::BodyDataStream;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use conductor::Engine;
 use conductor_runtime::tokenizer::Tokenizer;
 use futures_util::StreamExt;
 use std::future::Future;

@@ -23,7 +23,7 @@ mod worker;
 
 pub use limits::DEFAULT_MAX_BODY;
 
-use crate::{Engine, Speculation};
+use conductor::{Engine, Speculation};
 use conductor_runtime::tokenizer::{ChatTemplate, Tokenizer};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -101,7 +101,7 @@ fn unix_now() -> u64 {
 
 /// How many sequences the server generates at once for `--parallel` `asked`: that many, up to
 /// the most one step holds ([`Engine::max_step_tokens`]). Under a memory budget the engine was
-/// built for them ([`crate::EngineBuilder::sequences`]: their KV caches come out of the budget,
+/// built for them ([`conductor::EngineBuilder::sequences`]: their KV caches come out of the budget,
 /// and their multi-sequence steps share the one neuron cache); with sparse decode each
 /// sequence computes its own active neurons and the step reads their union (docs/serve.md,
 /// "Limits of batching").

@@ -5,7 +5,7 @@ use super::{
     bits, count_threads, Fault, FaultKind, Fixture, Injector, Schedule, SeedReport, Watchdog,
     DECODE_STEPS, FAULTY_ATTEMPTS, STUCK_MAX,
 };
-use crate::runtime::exec::{Driver, InlineDriver, Serial, Session};
+use conductor::runtime::exec::{Driver, InlineDriver, Serial, Session};
 use conductor_actors::ActorDriver;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -592,7 +592,7 @@ mod tests {
     fn the_syntax_comes_from_the_template() {
         let dir = concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/runtime/tests/data/chat-templates/"
+            "/../runtime/tests/data/chat-templates/"
         );
         let read = |n: &str| std::fs::read_to_string(format!("{dir}{n}.jinja")).unwrap();
         for (name, want) in [

@@ -2,7 +2,7 @@
 //! the ones the schedule names.
 
 use super::{FaultKind, KindCounts};
-use crate::runtime::cache::{ReadFault, ReadFaults};
+use conductor::runtime::cache::{ReadFault, ReadFaults};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};

@@ -61,9 +61,9 @@ impl conductor_simulator::SimFaults for SimInjector<'_> {
 }
 
 /// The hardware profile the simulator runs the seeds on (this repository's build machine).
-pub fn sim_profile() -> crate::runtime::plan::HardwareProfile {
-    crate::runtime::plan::HardwareProfile::from_toml(include_str!(
-        "../../profiles/build-machine.toml"
+pub fn sim_profile() -> conductor::runtime::plan::HardwareProfile {
+    conductor::runtime::plan::HardwareProfile::from_toml(include_str!(
+        "../../../profiles/build-machine.toml"
     ))
     .expect("the repository's build-machine profile parses")
 }
@@ -74,7 +74,7 @@ impl Fixture {
     /// be the same run.
     pub fn simulate(
         &self,
-        profile: &crate::runtime::plan::HardwareProfile,
+        profile: &conductor::runtime::plan::HardwareProfile,
         schedule: &Schedule,
     ) -> SeedReport {
         let mut report = SeedReport {

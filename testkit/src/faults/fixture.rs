@@ -2,14 +2,14 @@
 //! checked against; and the drivers made for it, with the injector set on their reads.
 
 use super::{bits, Injector, DEADLINE, DECODE_STEPS};
-use crate::runtime::cache::ReadFaults;
-use crate::runtime::convert::{convert, ConvertOptions};
-use crate::runtime::exec::{Driver, InlineDriver, Serial, Session, StepError};
-use crate::runtime::model::Model;
-use crate::runtime::plan::{CachePlan, CachePolicy, ExecutionPlan, IoEngine, Topology};
-use crate::runtime::quant::Kernels;
-use crate::runtime::sample::argmax;
-use crate::runtime::synthetic::{synthetic_model, SyntheticSpec};
+use conductor::runtime::cache::ReadFaults;
+use conductor::runtime::convert::{convert, ConvertOptions};
+use conductor::runtime::exec::{Driver, InlineDriver, Serial, Session, StepError};
+use conductor::runtime::model::Model;
+use conductor::runtime::plan::{CachePlan, CachePolicy, ExecutionPlan, IoEngine, Topology};
+use conductor::runtime::quant::Kernels;
+use conductor::runtime::sample::argmax;
+use conductor::runtime::synthetic::{synthetic_model, SyntheticSpec};
 use conductor_actors::{ActorDriver, ActorOptions};
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -106,10 +106,10 @@ impl Fixture {
         Fixture::with(store, model, plan, describe)
     }
 
-    /// A neuron store run under `budget` (what `--memory` gives it: `crate::apply_budget`).
+    /// A neuron store run under `budget` (what `--memory` gives it: `conductor::apply_budget`).
     pub fn store(
         path: &Path,
-        budget: crate::runtime::cache::MemoryBudget,
+        budget: conductor::runtime::cache::MemoryBudget,
     ) -> Result<Fixture, String> {
         let err = |e: &dyn fmt::Display| e.to_string();
         let mut model = Model::load_resident_with(path, true, true).map_err(|e| err(&e))?;
@@ -118,7 +118,8 @@ impl Fixture {
             ..ExecutionPlan::default()
         };
         let n_ctx = 256;
-        let split = crate::apply_budget(&model, &mut plan, budget, n_ctx).map_err(|e| err(&e))?;
+        let split =
+            conductor::apply_budget(&model, &mut plan, budget, n_ctx).map_err(|e| err(&e))?;
         if !split.plan.stream_attention {
             model = Model::load_resident_with(path, true, false).map_err(|e| err(&e))?;
         }

@@ -5,9 +5,9 @@
 //! ([`Engine::step_sequences`]) computes the next token of every running request at once,
 //! sharing each weight read. A request that ends (its end, `max_tokens`, a stop sequence, its
 //! client gone) leaves its slot at once. Generation itself — sampling, the hook, text — is
-//! [`crate::Generation`], the state `conductor run`'s stream steps too.
+//! [`conductor::Generation`], the state `conductor run`'s stream steps too.
 //!
-//! With `--draft` ([`crate::Speculation`]), a request that runs alone decodes with drafts: the
+//! With `--draft` ([`conductor::Speculation`]), a request that runs alone decodes with drafts: the
 //! drafted tokens are verified in one step of its own ([`Engine::step_generation`]). While
 //! several run, their one-token multi-sequence steps already share each weight read, and no
 //! request drafts.
@@ -20,7 +20,7 @@ use super::error::ApiError;
 use super::hook::RequestHook;
 use super::metrics::Metrics;
 use super::stop::StopMatcher;
-use crate::{Engine, GenerateOptions, Generation, GenerationStats, Speculation, StopReason};
+use conductor::{Engine, GenerateOptions, Generation, GenerationStats, Speculation, StopReason};
 use conductor_runtime::exec::Session;
 use conductor_runtime::tokenizer::Tokenizer;
 use llguidance::Matcher;
@@ -246,7 +246,7 @@ fn admit(engine: &mut Engine, slots: &mut [Slot], job: Job, shared: &Shared, dra
     };
     shared.metrics.running.inc();
     let cache_at_start = cache_counters(engine);
-    let reuse = crate::reuse_prefix(&mut slot.session, &job.prompt);
+    let reuse = conductor::reuse_prefix(&mut slot.session, &job.prompt);
     shared.metrics.prompt_tokens_cached.inc_by(reuse as u64);
     shared.metrics.prompt_tokens.inc_by(job.prompt.len() as u64);
     let drawn = Rc::new(RefCell::new(VecDeque::new()));

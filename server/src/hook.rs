@@ -3,7 +3,7 @@
 
 use super::api::{TokenLogprob, TopLogprob};
 use super::constrain;
-use crate::SampleHook;
+use conductor::SampleHook;
 use conductor_runtime::tokenizer::Tokenizer;
 use llguidance::Matcher;
 use std::cell::RefCell;
