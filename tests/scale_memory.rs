@@ -216,13 +216,10 @@ fn a_cache_of_tens_of_thousands_of_slots() {
         // A million acquisitions over every unit, in a scattered order: loads, hits and, once
         // the slots are full, evictions, each least recently used first.
         let (mut loads, mut hits, mut evictions) = (0u64, 0u64, 0u64);
-        let mut x = 12345u64;
+        let mut rng = conductor::runtime::sample::SplitMix64::new(12345);
         for i in 0..1_000_000u64 {
             // Half the time a unit among the first 30,000 (the repeats hit), else any.
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            let u = ((x >> 33) % if i % 2 == 0 { 30_000 } else { u64::from(units) }) as u32;
+            let u = rng.below(if i % 2 == 0 { 30_000 } else { u64::from(units) }) as u32;
             let (l, c) = (u / map.ffn_clusters, u % map.ffn_clusters);
             match d.acquire(l, c) {
                 Acquired::Load { evicted, .. } => {

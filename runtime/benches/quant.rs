@@ -13,19 +13,13 @@
 
 use conductor_runtime::quant::interleave::interleave;
 use conductor_runtime::quant::{activation_type, GgmlType, Kernels, Layout, MatRef};
+use conductor_runtime::sample::SplitMix64;
 use std::hint::black_box;
 use std::time::Duration;
 
 fn data(seed: u64, n: usize) -> Vec<f32> {
-    let mut s = seed | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-        })
-        .collect()
+    let mut rng = SplitMix64::new(seed);
+    (0..n).map(|_| rng.signed_unit()).collect()
 }
 
 fn quantized(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
@@ -340,13 +334,10 @@ fn sparse_down(kernels: &[Kernels], want: &dyn Fn(&str) -> bool) {
         "sparse down (per call)", "isa", "us median", "GB/s", "GB/s@p10"
     );
     // A sorted random half of the neurons (as a predictor's top-k would give).
-    let mut s = 0x9E37_79B9_7F4A_7C15u64;
+    let mut rng = SplitMix64::new(1);
     let mut idx: Vec<u32> = (0..n_ff as u32).collect();
     for i in (1..idx.len()).rev() {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        idx.swap(i, (s % (i as u64 + 1)) as usize);
+        idx.swap(i, rng.below(i as u64 + 1) as usize);
     }
     let mut neurons = idx[..active].to_vec();
     neurons.sort_unstable();

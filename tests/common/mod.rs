@@ -155,17 +155,14 @@ pub fn assert_success(out: &std::process::Output) {
     );
 }
 
-/// `words` pseudo-random lowercase words of 2-7 letters (xorshift from `seed`): calibration
+/// `words` pseudo-random lowercase words of 2-7 letters (drawn from `seed`): calibration
 /// text for profiles of random-weight models.
 pub fn random_words(seed: u64, words: usize) -> String {
-    let mut x = seed;
+    let mut rng = conductor::runtime::sample::SplitMix64::new(seed);
     let mut out = String::new();
     for _ in 0..words {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        for k in 0..2 + (x % 6) as usize {
-            out.push((b'a' + ((x >> (8 + 5 * k)) % 26) as u8) as char);
+        for _ in 0..2 + rng.below(6) {
+            out.push((b'a' + rng.below(26) as u8) as char);
         }
         out.push(' ');
     }

@@ -187,6 +187,10 @@ pub struct Speculation {
     drafted_rate: Option<f64>,
     /// Steps left without drafting, after drafting did not pay.
     pause: u32,
+    /// How long the next pause lasts: [`PAUSE_STEPS`], doubled each time drafting fails to pay
+    /// again after one (a draft model catches up on the text it missed when it resumes, a
+    /// prefill that costs several steps), back to [`PAUSE_STEPS`] once it pays.
+    next_pause: u32,
     /// Drafted steps since the last one-token step.
     since_plain: u32,
     /// Whether timing paces drafting (the default); unpaced, the length follows what is kept
@@ -200,8 +204,11 @@ fn average(old: Option<f64>, new: f64) -> Option<f64> {
     Some(old.map_or(new, |old| 0.75 * old + 0.25 * new))
 }
 
-/// One-token steps taken after drafting did not pay, before it is tried again.
+/// One-token steps taken after drafting did not pay, before it is tried again (the first
+/// time; see [`Speculation::next_pause`]).
 const PAUSE_STEPS: u32 = 16;
+/// The longest pause.
+const MAX_PAUSE_STEPS: u32 = 1024;
 /// Drafted steps after which a one-token step times the rate to beat again (the first one
 /// after a prompt is slower than the rest).
 const RETIME_AFTER: u32 = 8;
@@ -215,6 +222,7 @@ impl Speculation {
             plain_rate: None,
             drafted_rate: None,
             pause: 0,
+            next_pause: PAUSE_STEPS,
             since_plain: 0,
             paced: true,
             context: Vec::new(),
@@ -232,21 +240,22 @@ impl Speculation {
 
     /// The tokens to verify after `pending`, which follows `history` (what the session
     /// holds): at most `room` of them; empty while drafting pauses or when the drafter has
-    /// fewer than the minimum.
+    /// fewer than the minimum. Returns whether the drafter was asked: a step after a draft
+    /// that found nothing still paid for the drafting, and is timed as a drafted step.
     pub(super) fn propose(
         &mut self,
         history: &[u32],
         pending: u32,
         room: usize,
         out: &mut Vec<u32>,
-    ) -> Result<(), Error> {
+    ) -> Result<bool, Error> {
         out.clear();
         let max = self.length.min(room);
         // A one-token step first, and again now and then: the rate drafted steps must beat.
         let retime = self.paced && (self.plain_rate.is_none() || self.since_plain >= RETIME_AFTER);
         if retime || self.pause > 0 || max == 0 || max < self.limits.min {
             self.pause = self.pause.saturating_sub(1);
-            return Ok(());
+            return Ok(false);
         }
         self.context.clear();
         self.context.extend_from_slice(history);
@@ -256,16 +265,17 @@ impl Speculation {
         if out.len() < self.limits.min {
             out.clear();
         }
-        Ok(())
+        Ok(true)
     }
 
-    /// A one-token step (drafting that found nothing included) took `took`.
+    /// A one-token step without drafting took `took`.
     pub(super) fn stepped(&mut self, took: Duration) {
         self.since_plain = 0;
         self.plain_rate = average(self.plain_rate, 1.0 / took.as_secs_f64().max(1e-9));
     }
 
-    /// `kept` of `drafted` tokens survived a step that took `took`, drafting included.
+    /// `kept` of `drafted` tokens survived a step that took `took`, drafting included (no
+    /// tokens drafted: the drafter found none worth verifying, and the step was one token).
     pub(super) fn verified(&mut self, drafted: usize, kept: usize, took: Duration) {
         self.since_plain += 1;
         let rate = (kept + 1) as f64 / took.as_secs_f64().max(1e-9);
@@ -274,9 +284,15 @@ impl Speculation {
             (true, Some(plain), Some(drafted)) => drafted >= plain,
             _ => true,
         };
-        self.length = if !pays {
+        if pays && drafted > 0 {
+            self.next_pause = PAUSE_STEPS;
+        }
+        self.length = if pays && drafted == 0 {
+            self.length
+        } else if !pays {
             if self.length <= 1 {
-                self.pause = PAUSE_STEPS;
+                self.pause = self.next_pause;
+                self.next_pause = (self.next_pause * 2).min(MAX_PAUSE_STEPS);
                 self.drafted_rate = None;
             }
             (self.length / 2).max(1)
@@ -317,10 +333,15 @@ impl Engine {
             .min(self.max_step_logits().saturating_sub(1))
             .min(generation.room().saturating_sub(1));
         let mut drafted = std::mem::take(&mut speculation.drafted);
-        speculation.propose(session.tokens(), pending, room, &mut drafted)?;
+        let asked = speculation.propose(session.tokens(), pending, room, &mut drafted)?;
         let result = if drafted.is_empty() {
             let logits = self.driver.get().eval_last(session, &[pending])?;
-            speculation.stepped(t0.elapsed());
+            if asked {
+                // Drafting cost this step and found nothing: it counts against drafting.
+                speculation.verified(0, 0, t0.elapsed());
+            } else {
+                speculation.stepped(t0.elapsed());
+            }
             generation.evaluated(logits, t0.elapsed())
         } else {
             self.verify(session, generation, speculation, pending, &drafted, t0)
@@ -439,6 +460,33 @@ mod tests {
         t.propose(&[1, 2, 3, 1, 2], 3, 8, &mut out).unwrap();
         assert!(out.is_empty());
         assert_eq!(t.pause, PAUSE_STEPS - 1);
+        // A drafter that finds nothing, slowly (a draft model unsure of its next token), also
+        // pauses drafting: its steps are one token, and slower than those without it.
+        let mut w = Speculation::new(Box::new(NgramDrafter::default()), limits);
+        w.stepped(ms(100));
+        w.verified(0, 0, ms(110));
+        assert_eq!((w.length, w.pause), (2, 0));
+        w.verified(0, 0, ms(110));
+        w.verified(0, 0, ms(110));
+        assert_eq!((w.length, w.pause), (1, PAUSE_STEPS));
+        // Failing again after the pause pauses twice as long; a step that pays resets it.
+        w.pause = 0;
+        w.verified(0, 0, ms(110));
+        assert_eq!((w.length, w.pause), (1, 2 * PAUSE_STEPS));
+        w.pause = 0;
+        w.verified(1, 1, ms(100));
+        assert_eq!((w.length, w.pause), (2, 0));
+        for _ in 0..8 {
+            if w.pause == 0 {
+                w.verified(0, 0, ms(400));
+            }
+        }
+        assert_eq!((w.length, w.pause), (1, PAUSE_STEPS));
+        // One that finds nothing but costs nothing keeps its length.
+        let mut z = Speculation::new(Box::new(NgramDrafter::default()), limits);
+        z.stepped(ms(100));
+        z.verified(0, 0, ms(90));
+        assert_eq!((z.length, z.pause), (4, 0));
         // Unpaced, neither the first step nor slow steps stop drafting.
         let mut v = Speculation::new(Box::new(NgramDrafter::default()), limits).unpaced();
         v.propose(&[1, 2, 3, 1, 2], 3, 8, &mut out).unwrap();

@@ -2,12 +2,13 @@
 //! cache and streamed from DRAM), matmul, attention, and the per-element "finish" work.
 
 use super::peak::{int8_peak, Int8Peak};
-use super::timing::{secs_per_call, Effort, Rng};
+use super::timing::{secs_per_call, signed_units, Effort};
 use conductor_runtime::model::attention::{attend, AttnScratch};
 use conductor_runtime::model::ops::{gated_activation, rms_norm};
 use conductor_runtime::model::FfnActivation;
 use conductor_runtime::plan::{KernelRates, FEW_TOKENS};
 use conductor_runtime::quant::{activation_type, quantize_row, GgmlType, Kernels, MatRef};
+use conductor_runtime::sample::SplitMix64;
 use half::f16;
 use std::hint::black_box;
 
@@ -67,7 +68,7 @@ pub struct CoreRates {
 
 /// `rows × cols` weights of type `ty` in the file layout, from pseudo-random values.
 fn quantized(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
-    let mut rng = Rng::new(seed);
+    let mut rng = SplitMix64::new(seed);
     let rb = ty
         .bytes_for(cols as u64)
         .expect("profiled shapes are whole blocks") as usize;
@@ -85,10 +86,10 @@ fn activations(k: &Kernels, ty: GgmlType, cols: usize, n: usize, seed: u64) -> V
     let arow = activation_type(ty)
         .bytes_for(cols as u64)
         .expect("whole blocks") as usize;
-    let mut rng = Rng::new(seed);
+    let mut rng = SplitMix64::new(seed);
     let mut acts = vec![0u8; arow * n];
     for dst in acts.chunks_mut(arow) {
-        k.quantize_activations(ty, &rng.vec(cols), dst);
+        k.quantize_activations(ty, &signed_units(&mut rng, cols), dst);
     }
     acts
 }
@@ -217,7 +218,7 @@ fn ffn_cluster_rate(k: &Kernels, ty: GgmlType, stream_bytes: u64, effort: &Effor
     Some((3 * ff * embd) as f64 / secs / 1e9)
 }
 
-fn f16_bits(rng: &mut Rng, n: usize) -> Vec<u16> {
+fn f16_bits(rng: &mut SplitMix64, n: usize) -> Vec<u16> {
     (0..n)
         .map(|_| f16::from_f32(rng.signed_unit()).to_bits())
         .collect()
@@ -227,10 +228,10 @@ fn f16_bits(rng: &mut Rng, n: usize) -> Vec<u16> {
 /// (GFLOP/s, `attend` causally, 4·head_dim flops per query·key pair), over an f16 KV cache:
 /// one attention for every step.
 pub fn attention_rates(k: &Kernels, effort: &Effort) -> (f64, f64) {
-    let mut rng = Rng::new(11);
+    let mut rng = SplitMix64::new(11);
     let keys = f16_bits(&mut rng, HEAD_DIM * CACHED_POSITIONS);
     let values = f16_bits(&mut rng, HEAD_DIM * CACHED_POSITIONS);
-    let q = rng.vec(HEAD_DIM);
+    let q = signed_units(&mut rng, HEAD_DIM);
     let scale = 1.0 / (HEAD_DIM as f32).sqrt();
     let mut scratch = AttnScratch::default();
     let mut out = vec![0f32; HEAD_DIM];
@@ -273,10 +274,10 @@ pub fn attention_rates(k: &Kernels, effort: &Effort) -> (f64, f64) {
 /// for the next matvec (Q8_1, the activations of the default model's Q4_1 weights).
 pub fn finish_ns_per_element(k: &Kernels, effort: &Effort) -> f64 {
     let (rows, n) = (effort.finish_rows, FINISH_WIDTH);
-    let mut rng = Rng::new(13);
-    let x = rng.vec(rows * n);
-    let residual = rng.vec(rows * n);
-    let weight = rng.vec(n);
+    let mut rng = SplitMix64::new(13);
+    let x = signed_units(&mut rng, rows * n);
+    let residual = signed_units(&mut rng, rows * n);
+    let weight = signed_units(&mut rng, n);
     let ty = GgmlType::Q4_1;
     let arow = activation_type(ty)
         .bytes_for(n as u64)
@@ -302,9 +303,9 @@ pub fn finish_ns_per_element(k: &Kernels, effort: &Effort) -> f64 {
 /// nanoseconds per element.
 pub fn activation_ns_per_element(effort: &Effort) -> f64 {
     let n = 128 * 256;
-    let mut rng = Rng::new(17);
-    let gate = rng.vec(n);
-    let up = rng.vec(n);
+    let mut rng = SplitMix64::new(17);
+    let gate = signed_units(&mut rng, n);
+    let up = signed_units(&mut rng, n);
     let mut work = gate.clone();
     let secs = secs_per_call(effort, || {
         work.copy_from_slice(&gate);

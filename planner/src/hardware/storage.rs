@@ -7,10 +7,11 @@
 //! blocking `pread` in flight: N reads outstanding, as an asynchronous queue of depth N would
 //! keep, without io_uring (which Android apps cannot use).
 
-use super::timing::{median, Effort, Rng};
+use super::timing::{median, Effort};
 use super::MeasureError;
 use conductor_runtime::cache::read_full;
 use conductor_runtime::plan::{StorageProfile, StorageRate};
+use conductor_runtime::sample::SplitMix64;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::FileExt;
@@ -123,7 +124,7 @@ impl AlignedBuf {
 /// Writes `len` bytes of incompressible data, every 4 KiB block different (so neither a
 /// compressing nor a deduplicating device or host can shortcut the reads).
 fn write_data(file: &mut File, len: u64) -> std::io::Result<()> {
-    let mut rng = Rng::new(42);
+    let mut rng = SplitMix64::new(42);
     let mut chunk = vec![0u8; MIB as usize];
     for w in chunk.chunks_exact_mut(8) {
         w.copy_from_slice(&rng.next_u64().to_le_bytes());
@@ -237,7 +238,7 @@ fn random_rep(
             .map(|t| {
                 s.spawn(move || -> Thread {
                     let mut buf = AlignedBuf::new(size as usize);
-                    let mut rng = Rng::new(seed * 64 + t as u64);
+                    let mut rng = SplitMix64::new(seed * 64 + t as u64);
                     let mut latencies = Vec::new();
                     let mut bytes = 0;
                     let start = Instant::now();

@@ -1,5 +1,6 @@
 //! Timing: medians over repetitions of batches sized to a target duration.
 
+use conductor_runtime::sample::SplitMix64;
 use std::time::{Duration, Instant};
 
 /// How long and how often to measure: a full run or `--quick`.
@@ -73,34 +74,9 @@ pub fn secs_per_call(effort: &Effort, mut f: impl FnMut()) -> f64 {
     median(&mut per_call).max(1e-12)
 }
 
-/// Deterministic pseudo-random numbers (xorshift64), for test data and read offsets.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    /// Uniform in `0..n` (n > 0; the modulo bias is irrelevant here).
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
-    }
-
-    /// Uniform in [-1, 1).
-    pub fn signed_unit(&mut self) -> f32 {
-        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-    }
-
-    pub fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.signed_unit()).collect()
-    }
+/// Test data: `n` values uniform in [-1, 1).
+pub fn signed_units(rng: &mut SplitMix64, n: usize) -> Vec<f32> {
+    (0..n).map(|_| rng.signed_unit()).collect()
 }
 
 #[cfg(test)]
@@ -121,12 +97,9 @@ mod tests {
     }
 
     #[test]
-    fn random_numbers_stay_in_range() {
-        let mut r = Rng::new(7);
-        for _ in 0..1000 {
-            assert!(r.below(10) < 10);
-            let x = r.signed_unit();
-            assert!((-1.0..1.0).contains(&x));
-        }
+    fn test_data_stays_in_range() {
+        let data = signed_units(&mut SplitMix64::new(7), 1000);
+        assert!(data.iter().all(|x| (-1.0..1.0).contains(x)));
+        assert!(data.iter().any(|&x| x < -0.5) && data.iter().any(|&x| x > 0.5));
     }
 }

@@ -4,30 +4,12 @@
 
 use super::TrainingSet;
 use conductor_runtime::quant::{GgmlType, Kernels, MatRef};
+use conductor_runtime::sample::SplitMix64;
 use conductor_runtime::sparse::predictor::{add_bias, bitset_words};
 
-/// Deterministic generator for initialisation and shuffling.
-pub(super) struct SplitMix64(pub(super) u64);
-
-impl SplitMix64 {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `[-a, a)`.
-    pub(super) fn uniform(&mut self, a: f32) -> f32 {
-        let u = (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32;
-        (2.0 * u - 1.0) * a
-    }
-
-    /// Uniform in `0..n` (n > 0; the modulo bias is irrelevant here).
-    pub(super) fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n as u64) as usize
-    }
+/// Uniform in `[-a, a)` (the bits of `(2u - 1) · a`, u from the top 24 bits).
+pub(super) fn uniform(rng: &mut SplitMix64, a: f32) -> f32 {
+    rng.signed_unit() * a
 }
 
 /// The f32 network's geometry; its parameters live in one vector `[w1 | b1 | w2 | b2]` so Adam
@@ -165,14 +147,14 @@ impl<'s, 'a> Trainer<'s, 'a> {
         let (d, f) = (set.n_embd, set.n_ff);
         let net = Net { r, d, f };
         let mut params = vec![0f32; net.len()];
-        let mut rng = SplitMix64(seed ^ (r as u64).wrapping_mul(0x2545_f491_4f6c_dd1d));
+        let mut rng = SplitMix64::new(seed ^ (r as u64).wrapping_mul(0x2545_f491_4f6c_dd1d));
         {
             let [w1, b1, w2, b2] = net.parts_mut(&mut params);
             let a1 = 1.0 / (d as f32).sqrt();
-            w1.iter_mut().for_each(|w| *w = rng.uniform(a1));
-            b1.iter_mut().for_each(|b| *b = rng.uniform(0.1));
+            w1.iter_mut().for_each(|w| *w = uniform(&mut rng, a1));
+            b1.iter_mut().for_each(|b| *b = uniform(&mut rng, 0.1));
             let a2 = 1.0 / (r as f32).sqrt();
-            w2.iter_mut().for_each(|w| *w = rng.uniform(a2));
+            w2.iter_mut().for_each(|w| *w = uniform(&mut rng, a2));
             // Start every neuron at its base rate.
             for (b, &p) in b2.iter_mut().zip(prior) {
                 let p = p.clamp(1e-3, 1.0 - 1e-3);

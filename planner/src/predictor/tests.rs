@@ -1,10 +1,11 @@
 //! Tests of predictor training: synthetic layers with a known low-rank rule, checked for what
 //! `train_layer` reports, its determinism, its errors and the threshold choice.
 
-use super::net::SplitMix64;
+use super::net::uniform;
 use super::threshold::{calibrate, recall_threshold};
 use super::*;
 use conductor_runtime::quant::Kernels;
+use conductor_runtime::sample::SplitMix64;
 use conductor_runtime::sparse::predictor::{bitset_words, PredictorScratch};
 
 /// Synthetic layer: x Gaussian-ish with `n_embd` dims, active_j = (A·x)_j > c_j for a random
@@ -17,9 +18,9 @@ fn synthetic(
     share: f32,
     seed: u64,
 ) -> (Vec<f32>, Vec<u64>) {
-    let mut rng = SplitMix64(seed);
+    let mut rng = SplitMix64::new(seed);
     let gauss = |rng: &mut SplitMix64| {
-        (0..4).map(|_| rng.uniform(1.0)).sum::<f32>() * (3.0f32 / 4.0).sqrt()
+        (0..4).map(|_| uniform(rng, 1.0)).sum::<f32>() * (3.0f32 / 4.0).sqrt()
     };
     let u: Vec<f32> = (0..n_ff * k).map(|_| gauss(&mut rng)).collect();
     let v: Vec<f32> = (0..k * n_embd).map(|_| gauss(&mut rng)).collect();
@@ -113,10 +114,10 @@ fn stops_once_a_larger_rank_does_not_pay() {
     // are not trained.
     let (d, f) = (128, 256);
     let (x, mut active) = synthetic(1500, d, f, 4, 0.3, 11);
-    let mut rng = SplitMix64(5);
+    let mut rng = SplitMix64::new(5);
     for w in active.iter_mut() {
         for _ in 0..6 {
-            *w |= 1 << rng.below(64);
+            *w |= 1 << (rng.next_u64() % 64);
         }
     }
     let set = TrainingSet::new(&x, &active, d, f).unwrap();

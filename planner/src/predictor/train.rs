@@ -2,10 +2,11 @@
 //! (`net.rs`), quantizes and calibrates it (`threshold.rs`), measures it on the held-out tokens
 //! and keeps the cheapest predictor meeting the target.
 
-use super::net::{SplitMix64, Trainer};
+use super::net::Trainer;
 use super::threshold::calibrate;
 use super::{PredictorConfig, RankReport, TrainedPredictor, TrainingSet};
 use conductor_runtime::quant::Kernels;
+use conductor_runtime::sample::SplitMix64;
 use conductor_runtime::sparse::predictor::{
     bitset_words, set_bits, Predictor, PredictorError, MIN_CALIB_TOKENS, MIN_HELD_OUT_TOKENS,
     MIN_TRAIN_TOKENS,
@@ -101,12 +102,13 @@ pub fn train_layer(
             continue;
         }
         let mut tr = Trainer::new(set, r, batch, &prior, cfg.seed);
-        let mut rng = SplitMix64(cfg.seed.wrapping_add(0x0bad_5eed));
+        let mut rng = SplitMix64::new(cfg.seed.wrapping_add(0x0bad_5eed));
         let mut order: Vec<usize> = train.clone().collect();
         let total_steps = (cfg.epochs * steps_per_epoch) as f32;
         for _ in 0..cfg.epochs {
             for i in (1..order.len()).rev() {
-                order.swap(i, rng.below(i + 1));
+                // (A modulo, as the shuffles were first drawn: the trained predictors keep their bits.)
+                order.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
             }
             for idx in order.chunks(batch) {
                 let lr = cfg.learning_rate * (1.0 - 0.9 * tr.step as f32 / total_steps);

@@ -531,12 +531,10 @@ fn ffn_needed_marks_exactly_the_clusters_holding_predicted_neurons() {
     };
     assert_eq!(derived, found);
     // Pseudo-random predictions.
-    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let mut rng = crate::sample::SplitMix64::new(1);
     for _ in 0..50 {
         for b in bits.iter_mut() {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            let x = rng.next_u64();
             // Sparse: about one neuron in 16 of each word.
             *b = x & (x >> 1) & (x >> 2) & (x >> 3);
         }

@@ -120,15 +120,9 @@ fn arb_spec(max_kv: usize, max_tensors: usize) -> impl Strategy<Value = Spec> {
         })
 }
 
-fn pseudo_random(mut x: u64, n: usize) -> Vec<u8> {
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+fn pseudo_random(seed: u64, n: usize) -> Vec<u8> {
+    let mut rng = crate::sample::SplitMix64::new(seed);
+    (0..n).map(|_| rng.next_u64() as u8).collect()
 }
 
 fn build(spec: &Spec) -> GgufWriter {

@@ -115,13 +115,8 @@ mod tests {
             n_rows in 0usize..70,
             seed in any::<u64>(),
         ) {
-            let mut s = seed | 1;
-            let mut next = |scale: f32| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-            };
+            let mut rng = crate::sample::SplitMix64::new(seed);
+            let mut next = |scale: f32| rng.signed_unit() * scale;
             let q: Vec<f32> = (0..n).map(|_| next(3.0)).collect();
             let rows: Vec<f16> = (0..n * n_rows).map(|_| f16::from_f32(next(70000.0))).collect();
             let coefs: Vec<f32> = (0..n_rows).map(|_| next(1.0)).collect();

@@ -327,7 +327,10 @@ pub(crate) unsafe fn matvec_groups<G: Kernel8>(m: X8<'_, G>, act: &[BlockQ8K], o
 }
 
 /// `out[t * out_stride + r]` = row r of `m` times token t of `acts` (`nb` blocks per token):
-/// P tokens per pass over a group (as many as the ISA's registers hold), then one at a time.
+/// P tokens per pass over a group (as many as the ISA's registers hold), then the rest in one
+/// pass of 3 or 2 where P is larger, and one token at a time last. A few tokens (a draft's
+/// verification, a short prompt) thus read and unpack each group's weights once, not once a
+/// token; every lane is its row's scalar dot whatever the pass, so the bits are the same.
 #[cfg(all(
     any(target_arch = "x86_64", target_arch = "aarch64"),
     not(conductor_portable)
@@ -341,24 +344,46 @@ pub(crate) unsafe fn matmul_groups<G: Kernel8, const P: usize>(
     out_stride: usize,
 ) {
     assert!(acts.len() >= n_tokens * m.nb);
-    let tok = |t: usize| &acts[t * m.nb..(t + 1) * m.nb];
     for g in 0..m.groups() {
-        let w = m.group(g);
         let mut t = 0;
         while t + P <= n_tokens {
-            let v = G::group_dot::<P>(w, std::array::from_fn(|j| tok(t + j)));
-            for (j, v) in v.into_iter().enumerate() {
-                let o = (t + j) * out_stride;
-                m.scatter(g, &v.to_array(), &mut out[o..o + m.rows]);
-            }
+            group_pass::<G, P>(&m, g, acts, t, out, out_stride);
             t += P;
         }
+        if P > 3 && t + 3 <= n_tokens {
+            group_pass::<G, 3>(&m, g, acts, t, out, out_stride);
+            t += 3;
+        }
+        if P > 2 && t + 2 <= n_tokens {
+            group_pass::<G, 2>(&m, g, acts, t, out, out_stride);
+            t += 2;
+        }
         while t < n_tokens {
-            let [v] = G::group_dot::<1>(w, [tok(t)]);
-            let o = t * out_stride;
-            m.scatter(g, &v.to_array(), &mut out[o..o + m.rows]);
+            group_pass::<G, 1>(&m, g, acts, t, out, out_stride);
             t += 1;
         }
+    }
+}
+
+/// Group `g`'s rows times tokens `t..t + T` of `acts`, into their rows of `out`.
+#[cfg(all(
+    any(target_arch = "x86_64", target_arch = "aarch64"),
+    not(conductor_portable)
+))]
+#[inline(always)]
+unsafe fn group_pass<G: Kernel8, const T: usize>(
+    m: &X8<'_, G>,
+    g: usize,
+    acts: &[BlockQ8K],
+    t: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    let tok = |j: usize| &acts[(t + j) * m.nb..(t + j + 1) * m.nb];
+    let v = G::group_dot::<T>(m.group(g), std::array::from_fn(tok));
+    for (j, v) in v.into_iter().enumerate() {
+        let o = (t + j) * out_stride;
+        m.scatter(g, &v.to_array(), &mut out[o..o + m.rows]);
     }
 }
 

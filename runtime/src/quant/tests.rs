@@ -58,17 +58,10 @@ fn same(a: f32, b: f32) -> bool {
     a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
 }
 
-/// Deterministic pseudo-random data (xorshift), for the non-proptest tests.
-fn lcg_data(seed: u64, n: usize, scale: f32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-        })
-        .collect()
+/// Deterministic pseudo-random data in [-scale, scale), for the non-proptest tests.
+fn random_data(seed: u64, n: usize, scale: f32) -> Vec<f32> {
+    let mut rng = crate::sample::SplitMix64::new(seed);
+    (0..n).map(|_| rng.signed_unit() * scale).collect()
 }
 
 /// ggml test-quantize-fns data: 0.1 + 2 cos(i + offset).
@@ -175,11 +168,11 @@ fn matvec_matches_vec_dot_on_rows_longer_than_a_pass() {
             (32, 261)
         };
         let (rows, cols) = (6, nb * bs);
-        let w = lcg_data(ty as u64, rows * cols, 1.0);
+        let w = random_data(ty as u64, rows * cols, 1.0);
         let wq: Vec<u8> = w.chunks(cols).flat_map(|r| quant(ty, r)).collect();
         let m = MatRef::new(ty, &wq, rows, cols).unwrap();
         let s = Kernels::scalar();
-        let x = lcg_data(11, cols - bs, 2.0);
+        let x = random_data(11, cols - bs, 2.0);
         let a = act(&s, ty, &x);
         let (stride, off) = (m.stride(), ty.bytes_for(bs as u64).unwrap() as usize);
         let want: Vec<f32> = (0..rows)
@@ -192,7 +185,7 @@ fn matvec_matches_vec_dot_on_rows_longer_than_a_pass() {
             for r in 0..rows {
                 assert!(same(out[r], want[r]), "{} {ty} row {r}", k.isa());
             }
-            let a_full = act(&s, ty, &lcg_data(12, cols, 2.0));
+            let a_full = act(&s, ty, &random_data(12, cols, 2.0));
             let mut picked = vec![f32::NAN; pick.len()];
             k.matvec_rows(m, &pick, &a_full, &mut picked);
             for (i, &r) in pick.iter().enumerate() {
@@ -213,7 +206,7 @@ fn matmul_tiles_with_remainders_match_vec_dot() {
     let (rows, nb, n_tokens) = (7, 5, 11);
     for ty in WEIGHT_TYPES {
         let cols = nb * ty.block_size().max(32);
-        let mut w = lcg_data(ty as u64 + 40, rows * cols, 1.0);
+        let mut w = random_data(ty as u64 + 40, rows * cols, 1.0);
         // Saturate some blocks (extreme quants: -8/7, 0/15, -127/127, ...).
         for (i, v) in w.iter_mut().enumerate() {
             if i % 97 < 32 {
@@ -223,7 +216,7 @@ fn matmul_tiles_with_remainders_match_vec_dot() {
         let wq: Vec<u8> = w.chunks(cols).flat_map(|r| quant(ty, r)).collect();
         let m = MatRef::new(ty, &wq, rows, cols).unwrap();
         let s = Kernels::scalar();
-        let x = lcg_data(ty as u64 + 41, n_tokens * cols, 2.0);
+        let x = random_data(ty as u64 + 41, n_tokens * cols, 2.0);
         let acts: Vec<u8> = x.chunks(cols).flat_map(|t| act(&s, ty, t)).collect();
         let arow = acts.len() / n_tokens;
         let stride = m.stride();
@@ -686,7 +679,7 @@ fn q4_1_min_term_correction(ty: GgmlType, w: &[u8], a: &[u8]) -> f64 {
 fn data(bs: usize, max_blocks: usize) -> impl Strategy<Value = Vec<f32>> {
     (1..=max_blocks, 0u8..7, any::<u64>()).prop_map(move |(nb, kind, seed)| {
         let n = nb * bs;
-        let base = lcg_data(seed, n, 1.0);
+        let base = random_data(seed, n, 1.0);
         match kind {
             0 => vec![0.0; n],
             1 => base.iter().map(|v| v * 1e-6).collect(),
@@ -785,7 +778,7 @@ proptest! {
         scale in prop_oneof![Just(0.0f32), Just(1e-3f32), Just(1.0f32), Just(50.0f32)],
     ) {
         let n = w.len();
-        let x = lcg_data(seed, n, scale);
+        let x = random_data(seed, n, scale);
         let s = Kernels::scalar();
         for ty in WEIGHT_TYPES {
             let wq = quant(ty, &w);
@@ -836,10 +829,10 @@ proptest! {
             let cols = nb * bs * 2;
             let c0 = (lo % (2 * nb)) * bs;
             let c1 = (c0 + len * bs).min(cols);
-            let w = lcg_data(seed, rows * cols, 1.0);
+            let w = random_data(seed, rows * cols, 1.0);
             let wq: Vec<u8> = w.chunks(cols).flat_map(|r| quant(ty, r)).collect();
             let m = MatRef::new(ty, &wq, rows, cols).unwrap();
-            let x = lcg_data(seed ^ 7, c1 - c0, 2.0);
+            let x = random_data(seed ^ 7, c1 - c0, 2.0);
             let s = Kernels::scalar();
             let a = act(&s, ty, &x);
             let stride = m.stride();
@@ -879,11 +872,11 @@ proptest! {
         for ty in WEIGHT_TYPES {
             let bs = if ty.block_size() == 256 { 256 } else { 32 };
             let cols = nb * bs;
-            let w = lcg_data(seed, rows * cols, 1.0);
+            let w = random_data(seed, rows * cols, 1.0);
             let wq: Vec<u8> = w.chunks(cols).flat_map(|r| quant(ty, r)).collect();
             let m = MatRef::new(ty, &wq, rows, cols).unwrap();
             let s = Kernels::scalar();
-            let a = act(&s, ty, &lcg_data(seed ^ 7, cols, 2.0));
+            let a = act(&s, ty, &random_data(seed ^ 7, cols, 2.0));
             // Any order, repeats allowed (the kernel groups picks four at a time).
             let pick: Vec<u32> = picks.iter().map(|p| p % rows as u32).collect();
             let stride = m.stride();
@@ -911,11 +904,11 @@ proptest! {
     ) {
         for ty in WEIGHT_TYPES {
             let cols = nb * if ty.block_size() == 256 { 256 } else { 32 };
-            let w = lcg_data(seed, rows * cols, 1.0);
+            let w = random_data(seed, rows * cols, 1.0);
             let wq: Vec<u8> = w.chunks(cols).flat_map(|r| quant(ty, r)).collect();
             let m = MatRef::new(ty, &wq, rows, cols).unwrap();
             let s = Kernels::scalar();
-            let x = lcg_data(seed ^ 3, n_tokens * cols, 1.5);
+            let x = random_data(seed ^ 3, n_tokens * cols, 1.5);
             let acts: Vec<u8> = x.chunks(cols).flat_map(|t| act(&s, ty, t)).collect();
             let arow = acts.len() / n_tokens;
             let stride = m.stride();
@@ -962,11 +955,11 @@ proptest! {
             let cols = (nb + 3) * bs;
             let c0 = (lo % (nb + 3)) * bs;
             let c1 = (c0 + nb * bs).min(cols);
-            let w = lcg_data(seed, rows * cols, 1.0);
+            let w = random_data(seed, rows * cols, 1.0);
             let wq: Vec<u8> = w.chunks(cols).flat_map(|r| quant(ty, r)).collect();
             let m = MatRef::new(ty, &wq, rows, cols).unwrap();
             let s = Kernels::scalar();
-            let x = lcg_data(seed ^ 5, n_tokens * (c1 - c0), 1.5);
+            let x = random_data(seed ^ 5, n_tokens * (c1 - c0), 1.5);
             let acts: Vec<u8> = x.chunks(c1 - c0).flat_map(|t| act(&s, ty, t)).collect();
             let arow = acts.len() / n_tokens;
             for k in Kernels::available() {
@@ -988,8 +981,8 @@ proptest! {
     #[test]
     fn f16_helpers_bit_identical(n in 0usize..100, seed in any::<u64>(), a in -4f32..4.0) {
         let s = Kernels::scalar();
-        let x = lcg_data(seed, n, 3.0);
-        let yf = lcg_data(seed ^ 1, n, 70000.0); // includes values that overflow f16
+        let x = random_data(seed, n, 3.0);
+        let yf = random_data(seed ^ 1, n, 70000.0); // includes values that overflow f16
         let mut h_ref = vec![half::f16::ZERO; n];
         s.f32_to_f16(&yf, &mut h_ref);
         for (v, hv) in yf.iter().zip(&h_ref) {
@@ -1022,7 +1015,7 @@ proptest! {
 #[test]
 fn huge_values_do_not_panic_and_agree() {
     // Scales overflow f16 here (amax / 127 > 65504): results are inf/NaN, identically per ISA.
-    let x = lcg_data(9, 512, 1e30);
+    let x = random_data(9, 512, 1e30);
     let s = Kernels::scalar();
     for ty in WEIGHT_TYPES {
         let wq = quant(ty, &x);
@@ -1039,8 +1032,8 @@ fn huge_values_do_not_panic_and_agree() {
 fn unaligned_rows_are_fine() {
     // A matrix starting at an odd address (as inside a GGUF mmap) gives the same results.
     let (rows, cols) = (5, 64);
-    let w = lcg_data(1, rows * cols, 1.0);
-    let x = lcg_data(2, cols, 1.0);
+    let w = random_data(1, rows * cols, 1.0);
+    let x = random_data(2, cols, 1.0);
     for ty in WEIGHT_TYPES {
         if ty.block_size() > cols {
             continue;

@@ -1,5 +1,7 @@
-//! The project's one seeded generator, SplitMix64: the sampler's draws, fault schedules and
-//! tool-call ids. The same seed gives the same numbers on every platform and build.
+//! The project's one seeded generator, SplitMix64: the sampler's draws, fault schedules,
+//! tool-call ids, the predictors' initialisation and shuffles, and the hardware profiler's test
+//! data and read offsets. (Random-weight models use a generator that can jump ahead,
+//! `synthetic/noise.rs`.) The same seed gives the same numbers on every platform and build.
 
 /// SplitMix64 (Steele, Lea and Flood): small, fast, and statistically good enough for sampling
 /// and test schedules. Not for secrets.
@@ -22,6 +24,11 @@ impl SplitMix64 {
     /// Uniform in [0, 1).
     pub fn next_f64(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Uniform in [-1, 1), from the top 24 bits (every value an f32 holds exactly).
+    pub fn signed_unit(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
     }
 
     /// Uniform in `0..n` (`n > 0`), by multiplying rather than by a biased modulo.

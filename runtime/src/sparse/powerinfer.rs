@@ -422,18 +422,16 @@ pub struct PowerInferTestFiles {
     pub down_t: Vec<(GgmlType, Vec<u8>)>,
 }
 
-/// Deterministic noise (xorshift, sum of uniforms).
-struct Noise(u64);
+/// Deterministic noise: a sum of four uniforms, about normal.
+struct Noise(crate::sample::SplitMix64);
 
 impl Noise {
+    fn new(seed: u64) -> Noise {
+        Noise(crate::sample::SplitMix64::new(seed))
+    }
+
     fn normal(&mut self, std: f32) -> f32 {
-        let mut s = 0.0;
-        for _ in 0..4 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            s += (self.0 >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
-        }
+        let s: f32 = (0..4).map(|_| 0.5 * self.0.signed_unit()).sum();
         s * std * 1.732
     }
 }
@@ -492,7 +490,7 @@ pub fn powerinfer_test_files(
         t @ (GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::F16 | GgmlType::F32) => t,
         _ => GgmlType::F16,
     };
-    let mut noise = Noise(spec.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut noise = Noise::new(spec.seed);
     let mut out = PowerInferTestFiles {
         model: Vec::new(),
         predictor: Vec::new(),

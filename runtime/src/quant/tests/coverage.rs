@@ -16,10 +16,10 @@ const COLS: usize = 512;
 /// and `>inner` where an operation inside it fell back (`matmul_x8_3>matvec_x8`).
 fn fallbacks(k: &Kernels, ty: GgmlType) -> BTreeSet<String> {
     let data: Vec<u8> = (0..ROWS)
-        .flat_map(|r| quant(ty, &lcg_data(r as u64 + 1, COLS, 1.0)))
+        .flat_map(|r| quant(ty, &random_data(r as u64 + 1, COLS, 1.0)))
         .collect();
     let w = MatRef::new(ty, &data, ROWS, COLS).expect("a matrix");
-    let x = lcg_data(99, COLS, 1.0);
+    let x = random_data(99, COLS, 1.0);
     let mut fell = BTreeSet::new();
     let mut note = |run: &str| {
         for (op, t) in audit::take() {
@@ -43,7 +43,7 @@ fn fallbacks(k: &Kernels, ty: GgmlType) -> BTreeSet<String> {
     note("matvec_rows");
     for n_tokens in [3, 16] {
         let acts: Vec<u8> = (0..n_tokens)
-            .flat_map(|t| act(k, ty, &lcg_data(t as u64 + 7, COLS, 1.0)))
+            .flat_map(|t| act(k, ty, &random_data(t as u64 + 7, COLS, 1.0)))
             .collect();
         audit::take();
         let mut out = vec![0f32; ROWS * n_tokens];

@@ -15,7 +15,7 @@ fn kq_rows(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
         .flat_map(|r| {
             let scale = [1.0f32, 1e-3, 40.0, 0.0, 3.0][r % 5] * (1.0 + r as f32 * 0.1);
             let shift = [0.0f32, 0.5, -2.0][r % 3];
-            let x: Vec<f32> = lcg_data(seed ^ (r as u64 * 977), cols, scale)
+            let x: Vec<f32> = random_data(seed ^ (r as u64 * 977), cols, scale)
                 .iter()
                 .map(|v| v + shift * scale)
                 .collect();
@@ -40,17 +40,10 @@ fn x8(ty: GgmlType, data: &[u8], rows: usize, cols: usize) -> MatRef<'_> {
 fn activations(ty: GgmlType, cols: usize, raw: Option<u64>) -> Vec<u8> {
     let bytes = GgmlType::Q8_K.bytes_for(cols as u64).unwrap() as usize;
     match raw {
-        None => act(&Kernels::scalar(), ty, &lcg_data(7, cols, 2.0)),
+        None => act(&Kernels::scalar(), ty, &random_data(7, cols, 2.0)),
         Some(seed) => {
-            let mut s = seed | 1;
-            let mut a: Vec<u8> = (0..bytes)
-                .map(|_| {
-                    s ^= s << 13;
-                    s ^= s >> 7;
-                    s ^= s << 17;
-                    (s >> 32) as u8
-                })
-                .collect();
+            let mut rng = crate::sample::SplitMix64::new(seed);
+            let mut a: Vec<u8> = (0..bytes).map(|_| (rng.next_u64() >> 32) as u8).collect();
             for b in a.chunks_exact_mut(292) {
                 b[..4].copy_from_slice(&0.37f32.to_le_bytes());
                 if ty == GgmlType::Q6_K {
@@ -102,7 +95,7 @@ fn interleave_round_trips_and_in_place_is_the_same_bytes() {
         assert!(transpose_requantize(x8(ty, &packed, 8, 256), GgmlType::Q8_0).is_err());
     }
     // Other types are refused, and have no interleaved view.
-    let q5 = quant(GgmlType::Q5_K, &lcg_data(1, 256, 1.0));
+    let q5 = quant(GgmlType::Q5_K, &random_data(1, 256, 1.0));
     assert!(interleave(MatRef::new(GgmlType::Q5_K, &q5, 1, 256).unwrap()).is_err());
     let mut q5x = q5.repeat(8);
     assert!(interleave_in_place(GgmlType::Q5_K, &mut q5x, 8, 256).is_err());
@@ -188,7 +181,7 @@ fn interleaved_column_ranges_and_matmul_match_the_file_layout() {
             let isa = k.isa();
             for (c0, c1) in [(0, 1), (1, 3), (3, 4), (0, 4)] {
                 let range = c0 * 256..c1 * 256;
-                let a = act(&s, ty, &lcg_data(c0 as u64, range.len(), 1.0));
+                let a = act(&s, ty, &random_data(c0 as u64, range.len(), 1.0));
                 let mut want = vec![f32::NAN; rows];
                 s.matvec(file, range.clone(), &a, &mut want);
                 // The whole matrix and a row range starting mid-group.
@@ -204,7 +197,7 @@ fn interleaved_column_ranges_and_matmul_match_the_file_layout() {
                     }
                 }
                 // Prefill's partial down projections: a GEMM over the column range.
-                for n in [1, 5, 9] {
+                for n in [1, 2, 3, 5, 7, 9] {
                     let acts = a.repeat(n);
                     let w = x8(ty, &packed, rows, cols);
                     let mut got = vec![f32::NAN; n * rows];
@@ -219,11 +212,11 @@ fn interleaved_column_ranges_and_matmul_match_the_file_layout() {
                     }
                 }
             }
-            for n in [1, 2, 4, 5, 9] {
+            for n in [1, 2, 3, 4, 5, 6, 7, 9] {
                 let arow = GgmlType::Q8_K.bytes_for(cols as u64).unwrap() as usize;
                 let mut acts = vec![0u8; n * arow];
                 for t in 0..n {
-                    let x = lcg_data(100 + t as u64, cols, 1.5);
+                    let x = random_data(100 + t as u64, cols, 1.5);
                     k.quantize_activations(ty, &x, &mut acts[t * arow..(t + 1) * arow]);
                 }
                 let stride = rows + 3;

@@ -121,7 +121,7 @@ fn axpy_rows_known_answer() {
 #[test]
 fn axpy_rows_empty_neuron_list_gives_zeros() {
     let (rows, cols) = (3, 64);
-    let w = lcg_data(3, rows * cols, 1.0);
+    let w = random_data(3, rows * cols, 1.0);
     for ty in AXPY_TYPES {
         let wq = quant_rows(ty, &w, cols);
         let m = MatRef::new(ty, &wq, rows, cols).unwrap();
@@ -138,16 +138,10 @@ fn axpy_rows_decode_shape_bit_identical() {
     // The expected case: n_embd = 576, n_ff = 1536, ~half the neurons active, unsorted with
     // repeats; 771 neurons so the groups of 4 leave a remainder.
     let (rows, cols) = (1536, 576);
-    let w = lcg_data(11, rows * cols, 0.2);
-    let mut s = 0x1234_5678_9abc_def1u64;
-    let mut next = || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        s
-    };
-    let neurons: Vec<u32> = (0..771).map(|_| (next() % rows as u64) as u32).collect();
-    let coefs = lcg_data(12, neurons.len(), 3.0);
+    let w = random_data(11, rows * cols, 0.2);
+    let mut rng = crate::sample::SplitMix64::new(0x1234_5678_9abc_def1);
+    let neurons: Vec<u32> = (0..771).map(|_| rng.below(rows as u64) as u32).collect();
+    let coefs = random_data(12, neurons.len(), 3.0);
     for ty in AXPY_TYPES {
         let wq = quant_rows(ty, &w, cols);
         let m = MatRef::new(ty, &wq, rows, cols).unwrap();
@@ -159,7 +153,7 @@ fn axpy_rows_decode_shape_bit_identical() {
 fn axpy_rows_non_finite_agree() {
     // Scales that overflow f16 (inf), and inf/NaN coefficients: identical bits (NaNs as NaN).
     let (rows, cols) = (6, 96);
-    let mut w = lcg_data(5, rows * cols, 1.0);
+    let mut w = random_data(5, rows * cols, 1.0);
     for v in &mut w[cols..2 * cols] {
         *v *= 1e30;
     }
@@ -211,7 +205,7 @@ fn axpy_rows_rejects_unsupported_type() {
 #[test]
 fn transpose_requantize_f32_is_exact_and_quantized_within_bounds() {
     let (rows, cols) = (64, 96);
-    let w = lcg_data(21, rows * cols, 1.5);
+    let w = random_data(21, rows * cols, 1.5);
     for src_ty in [GgmlType::F32, GgmlType::Q4_1, GgmlType::Q8_0] {
         let wq = quant_rows(src_ty, &w, cols);
         let m = MatRef::new(src_ty, &wq, rows, cols).unwrap();
@@ -255,7 +249,7 @@ fn transpose_requantize_f32_is_exact_and_quantized_within_bounds() {
 fn transpose_requantize_k_quant_source_and_errors() {
     // A Q4_K source (block 256) goes through strips of 256 columns.
     let (rows, cols) = (32, 512);
-    let w = lcg_data(22, rows * cols, 1.0);
+    let w = random_data(22, rows * cols, 1.0);
     let wq = quant_rows(GgmlType::Q4_K, &w, cols);
     let m = MatRef::new(GgmlType::Q4_K, &wq, rows, cols).unwrap();
     let wd = deq(GgmlType::Q4_K, &wq, rows * cols);
@@ -267,7 +261,7 @@ fn transpose_requantize_k_quant_source_and_errors() {
         }
     }
     // 48 rows are not whole Q8_0 blocks; F16 rows may have any length.
-    let w48 = quant_rows(GgmlType::F32, &lcg_data(1, 48 * 32, 1.0), 32);
+    let w48 = quant_rows(GgmlType::F32, &random_data(1, 48 * 32, 1.0), 32);
     let m48 = MatRef::new(GgmlType::F32, &w48, 48, 32).unwrap();
     assert!(matches!(
         transpose_requantize(m48, GgmlType::Q8_0),
@@ -303,11 +297,11 @@ proptest! {
             let vals: Vec<f32> = (0..rows * cols).map(|i| w[i % w.len()] * (1.0 + (i / w.len()) as f32 * 0.01)).collect();
             let wq = quant_rows(ty, &vals, cols);
             let m = MatRef::new(ty, &wq, rows, cols).unwrap();
-            let neurons: Vec<u32> = lcg_data(seed, n, 1.0)
+            let neurons: Vec<u32> = random_data(seed, n, 1.0)
                 .iter()
                 .map(|v| ((v.abs() * 1000.0) as usize % rows) as u32)
                 .collect();
-            let coefs = lcg_data(seed ^ 5, n, cscale);
+            let coefs = random_data(seed ^ 5, n, cscale);
             if let Err(e) = check_axpy_rows(m, &neurons, &coefs) {
                 prop_assert!(false, "{} (rows {rows} cols {cols} n {n})", e);
             }

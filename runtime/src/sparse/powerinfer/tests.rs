@@ -67,7 +67,7 @@ fn reference(fc1: &[f32], fc2: &[f32], x: &[f32], rank: usize) -> (Vec<f32>, Vec
 }
 
 fn inputs(n: usize, d: usize) -> Vec<Vec<f32>> {
-    let mut noise = Noise(12345);
+    let mut noise = Noise::new(12345);
     (0..n)
         .map(|_| (0..d).map(|_| noise.normal(1.0)).collect())
         .collect()
@@ -201,7 +201,7 @@ fn powerinfer_absent_gives_none() {
 #[test]
 fn powerinfer_rank_padding_keeps_logits() {
     let (d, f, r) = (64, 96, 40);
-    let mut noise = Noise(99);
+    let mut noise = Noise::new(99);
     let fc1: Vec<f32> = (0..r * d).map(|_| noise.normal(0.2)).collect();
     let fc2: Vec<f32> = (0..f * r).map(|_| noise.normal(0.2)).collect();
     let b1: Vec<f32> = (0..r).map(|_| noise.normal(0.1)).collect();
