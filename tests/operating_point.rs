@@ -141,7 +141,7 @@ fn under_a_budget_the_default_is_the_profiles_point_and_in_memory_dense() {
     // calibrated recall 0.95 at 30%.
     let (e, said) = engine(&store, Some(budget(&store)), settings(None));
     let e = e.unwrap();
-    let sparse = e.model().sparse.as_ref().expect("sparse under --memory");
+    let sparse = e.model().sparse().expect("sparse under --memory");
     assert_eq!(
         (sparse.mode, sparse.sparsity),
         (SparsityMode::Predictor, 0.3)
@@ -166,23 +166,23 @@ fn under_a_budget_the_default_is_the_profiles_point_and_in_memory_dense() {
             ..settings(None)
         },
     );
-    assert_eq!(e.unwrap().model().sparse.as_ref().unwrap().sparsity, 0.5);
+    assert_eq!(e.unwrap().model().sparse().unwrap().sparsity, 0.5);
     let (e, _) = engine(
         &store,
         Some(budget(&store)),
         settings(Some(SparsityMode::Dense)),
     );
-    assert!(e.unwrap().model().sparse.is_none());
+    assert!(e.unwrap().model().sparse().is_none());
     // In memory the default stays dense for SwiGLU models (sparse decode is slower there).
     let (e, _) = engine(&model, None, settings(None));
-    assert!(e.unwrap().model().sparse.is_none());
+    assert!(e.unwrap().model().sparse().is_none());
 
     // A threshold point.
     let profile = profile_with_point(&model, Some(OperatingPoint::threshold(0.2)));
     profile.save(&ModelProfile::default_path(&model)).unwrap();
     let (e, _) = engine(&store, Some(budget(&store)), settings(None));
     let e = e.unwrap();
-    let sparse = e.model().sparse.as_ref().unwrap();
+    let sparse = e.model().sparse().unwrap();
     assert_eq!(
         (sparse.mode, sparse.sparsity),
         (SparsityMode::Threshold, 0.2)
@@ -196,14 +196,14 @@ fn under_a_budget_the_default_is_the_profiles_point_and_in_memory_dense() {
         let p = profile_with_point(&model, point);
         p.save(&ModelProfile::default_path(&model)).unwrap();
         let (e, said) = engine(&store, Some(budget(&store)), settings(None));
-        assert!(e.unwrap().model().sparse.is_none());
+        assert!(e.unwrap().model().sparse().is_none());
         assert!(said.contains(why), "{said}");
     }
 
     // No profile: dense, and how to get one.
     std::fs::remove_file(ModelProfile::default_path(&model)).unwrap();
     let (e, said) = engine(&store, Some(budget(&store)), settings(None));
-    assert!(e.unwrap().model().sparse.is_none());
+    assert!(e.unwrap().model().sparse().is_none());
     assert!(said.contains("conductor profile"), "{said}");
 }
 

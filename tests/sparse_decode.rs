@@ -304,7 +304,7 @@ fn sparse_decode_end_to_end() {
     // slower than dense (docs/benchmarks.md), so sparsity is asked for explicitly.
     let default = build(&model, DriverKind::Inline, 1, SparsitySettings::default()).unwrap();
     assert!(
-        default.model().sparse.is_none(),
+        default.model().sparse().is_none(),
         "a SwiGLU model is dense by default"
     );
 }
@@ -327,7 +327,7 @@ fn bad_profiles_and_texts_are_clear_errors() {
     assert!(matches!(e, Error::NoProfile { .. }), "{e}");
     assert!(e.to_string().contains("a.gguf.profile"), "{e}");
     let dense = build(&model, DriverKind::Inline, 1, SparsitySettings::default()).unwrap();
-    assert!(dense.model().sparse.is_none());
+    assert!(dense.model().sparse().is_none());
 
     // Empty text, text shorter than one context.
     let mut engine = build(
@@ -450,7 +450,7 @@ fn sparse_decode_of_a_neuron_store_through_the_cache() {
             + split.kv_cache
             + split.scratch
             + split.runtime_overhead
-            + in_memory.model().sparse.as_ref().unwrap().bytes() as u64;
+            + in_memory.model().sparse().unwrap().bytes() as u64;
         let slot = resident.store.as_ref().unwrap().layout.stride + 4096;
         if mode == SparsityMode::Threshold {
             (sparse_fixed, sparse_slot) = (fixed, slot);
@@ -553,7 +553,7 @@ fn relu_model_natural_sparsity_and_predictors() {
     }
     // The default for a ReLU model with predictors: the predictors at the natural zeros.
     let mut engine = build(&model, DriverKind::Inline, 2, SparsitySettings::default()).unwrap();
-    let sparse = engine.model().sparse.as_ref().expect("sparse by default");
+    let sparse = engine.model().sparse().expect("sparse by default");
     assert_eq!(
         (sparse.mode, sparse.sparsity),
         (SparsityMode::Predictor, 0.0)
@@ -617,8 +617,7 @@ fn powerinfer_files_run_with_their_own_predictors() {
     let mut engine = build(&model, DriverKind::Inline, 2, SparsitySettings::default()).unwrap();
     let sparse = engine
         .model()
-        .sparse
-        .as_ref()
+        .sparse()
         .expect("a PowerInfer file is sparse by default");
     assert_eq!(sparse.mode, SparsityMode::Predictor);
     let first = decode_logits(&mut engine);
@@ -638,7 +637,7 @@ fn powerinfer_files_run_with_their_own_predictors() {
         settings(SparsityMode::Dense, 0.0),
     )
     .unwrap();
-    assert!(dense.model().sparse.is_none());
+    assert!(dense.model().sparse().is_none());
 }
 
 #[test]
@@ -862,7 +861,7 @@ fn multi_sequence_steps_under_a_budget_give_each_sequence_its_solo_bits() {
         // The fixed segment of three sessions' KV caches (and the predictors), then a few
         // slots: a small cache the sequences contend for.
         let in_memory = build(&store, DriverKind::Inline, 1, settings(mode, 0.5)).unwrap();
-        let predictors = in_memory.model().sparse.as_ref().map_or(0, |s| s.bytes()) as u64;
+        let predictors = in_memory.model().sparse().map_or(0, |s| s.bytes()) as u64;
         let sizes = conductor::runtime::cache::StoreSizes::of_store(&resident).unwrap();
         let split = conductor::runtime::cache::split_sizes_for(
             &sizes,

@@ -227,7 +227,7 @@ fn sparse_decode_refuses_a_draft() {
         .on_progress(|_| {})
         .build()
         .unwrap();
-    assert!(engine.model().sparse.is_some());
+    assert!(engine.model().sparse().is_some());
     let err = draft_refused(&mut engine);
     assert!(matches!(err, Error::DraftNeedsDense), "{err}");
 }
@@ -287,6 +287,14 @@ fn a_server_with_ngram_drafts_answers_as_run_without_and_counts_them() {
     let rate = draft["acceptance_rate"].as_f64().expect("acceptance_rate");
     assert!(
         (rate - if drafted > 0.0 { kept / drafted } else { 0.0 }).abs() < 1e-9,
+        "{draft}"
+    );
+    let steps = draft["steps"].as_f64().expect("steps");
+    let per_step = draft["mean_accepted_per_step"]
+        .as_f64()
+        .expect("mean_accepted_per_step");
+    assert!(
+        (per_step - if steps > 0.0 { kept / steps } else { 0.0 }).abs() < 1e-9,
         "{draft}"
     );
 }

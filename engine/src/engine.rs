@@ -392,9 +392,8 @@ impl EngineBuilder {
             None if self.mmap => Model::load(&path).map_err(load)?,
             None => Model::load_read(&path).map_err(load)?,
         };
-        let mut model = model;
-        model.sparse =
-            resolve_sparsity(&model, &path, &sparsity, memory.is_some(), &mut *self.say)?;
+        let sparse = resolve_sparsity(&model, &path, &sparsity, memory.is_some(), &mut *self.say)?;
+        let mut model = model.with_sparse(sparse);
         let tokenizer = Tokenizer::from_gguf(model.file())?;
         model.release_tokenizer_metadata();
         let topology = self
@@ -432,7 +431,7 @@ impl EngineBuilder {
         if let Some(verify) = self.verify {
             plan.storage.verify = verify;
         }
-        if model.sparse.is_some() && sparsity.all_tokens {
+        if model.sparse().is_some() && sparsity.all_tokens {
             plan.decode_max_tokens = plan.decode_max_tokens.max(plan.prefill_max_tokens);
         }
         if memory.is_none() && self.gate_first == Some(true) {
@@ -452,8 +451,7 @@ impl EngineBuilder {
                 plan.cache.get_or_insert_with(CachePlan::default).max_loads = n;
             }
             let predicts = model
-                .sparse
-                .as_ref()
+                .sparse()
                 .is_some_and(|s| s.mode == SparsityMode::Predictor);
             if let Some(on) = self.gate_first {
                 plan.cache.get_or_insert_with(CachePlan::default).reads = if on {
@@ -469,7 +467,7 @@ impl EngineBuilder {
             }
             // Threshold: the gate decides which neurons' pages are read; predictor: the
             // predictions do, and the predicted neurons' pages are read in one phase.
-            let decides = model.sparse.as_ref().is_some_and(|s| {
+            let decides = model.sparse().is_some_and(|s| {
                 matches!(s.mode, SparsityMode::Threshold | SparsityMode::Predictor)
             });
             if plan.cache.as_ref().is_some_and(|c| c.reads.reads_pages()) && !decides {
@@ -513,10 +511,11 @@ impl EngineBuilder {
                 // The budget keeps attention resident: load the store again with it, keeping
                 // what was resolved from the first load (which held only the header and norms,
                 // so a budget too small for attention never holds it).
-                let sparse = model.sparse.take();
+                let sparse = model.take_sparse();
                 drop(model);
-                model = Model::load_resident_with(&path, true, false).map_err(load)?;
-                model.sparse = sparse;
+                model = Model::load_resident_with(&path, true, false)
+                    .map_err(load)?
+                    .with_sparse(sparse);
                 model.release_tokenizer_metadata();
             }
             release_freed_memory();
@@ -753,7 +752,7 @@ impl Engine {
     /// Sparse decode's counters since the last call: (share of FFN gate rows computed, share
     /// of neurons active); `None` when decode is dense or nothing ran.
     pub fn take_sparsity_stats(&self) -> Option<(f64, f64)> {
-        let sparse = self.model.sparse.as_ref()?;
+        let sparse = self.model.sparse()?;
         sparse.stats.take()
     }
 

@@ -543,10 +543,6 @@ fn draft_timings(stats: &GenerationStats) -> DraftTimings {
         drafted: stats.drafted,
         accepted: stats.draft_accepted,
         acceptance_rate: stats.draft_acceptance(),
-        mean_accepted_per_step: if stats.draft_steps == 0 {
-            0.0
-        } else {
-            stats.draft_accepted as f64 / stats.draft_steps as f64
-        },
+        mean_accepted_per_step: stats.draft_accepted_per_step(),
     }
 }

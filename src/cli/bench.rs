@@ -457,8 +457,8 @@ fn report(
                 "mean_accepted_per_step": draft_rates(d).1,
             })),
             "sparsity": m.sparsity.map(|(gate, active)| json!({
-                "mode": model.sparse.as_ref().map(|s| s.mode.name()),
-                "target": model.sparse.as_ref().map(|s| s.sparsity),
+                "mode": model.sparse().map(|s| s.mode.name()),
+                "target": model.sparse().map(|s| s.sparsity),
                 "gate_rows_computed": gate,
                 "neurons_active": active,
             })),
@@ -493,7 +493,7 @@ fn report(
             p.how
         );
     }
-    if let (Some((gate, active)), Some(sparse)) = (m.sparsity, model.sparse.as_ref()) {
+    if let (Some((gate, active)), Some(sparse)) = (m.sparsity, model.sparse()) {
         println!(
             "|   sparsity | {} at {:.0}% | gate rows computed {:.1}% | neurons active {:.1}% (decode steps) |",
             sparse.mode.name(),

@@ -209,11 +209,13 @@ fn load_model(args: &PlanArgs) -> Result<Loaded> {
     let path = fetch::resolve_model(args.model.as_deref(), &mut |line| eprintln!("{line}"))?;
     std::fs::metadata(&path)
         .with_context(|| format!("cannot read model file {}", path.display()))?;
-    let mut model =
-        Model::load(&path).with_context(|| format!("cannot load {}", path.display()))?;
-    let sparse = match args.sparsity {
-        PlanSparsity::Dense => None,
-        mode => Some(load_sparse(args, &path, &mut model, mode)?),
+    let model = Model::load(&path).with_context(|| format!("cannot load {}", path.display()))?;
+    let (model, sparse) = match args.sparsity {
+        PlanSparsity::Dense => (model, None),
+        mode => {
+            let (sparse, ffn) = load_sparse(args, &path, &model, mode)?;
+            (model.with_sparse(Some(ffn)), Some(sparse))
+        }
     };
     let store = model
         .store
@@ -235,9 +237,9 @@ fn load_model(args: &PlanArgs) -> Result<Loaded> {
 fn load_sparse(
     args: &PlanArgs,
     path: &Path,
-    model: &mut Model,
+    model: &Model,
     mode: PlanSparsity,
-) -> Result<Sparse> {
+) -> Result<(Sparse, SparseFfn)> {
     let beside = ModelProfile::default_path(path);
     let profile_path = args.sparse_profile.clone().unwrap_or_else(|| {
         match &model.store {
@@ -271,13 +273,8 @@ fn load_sparse(
         sparsity: target,
         predictor_recall: args.predictor_recall,
     };
-    model.sparse = Some(SparseFfn::build_at(
-        model,
-        &profile,
-        &point,
-        DEFAULT_SPARSE_DOWN_TYPE,
-    )?);
-    Ok(Sparse {
+    let ffn = SparseFfn::build_at(model, &profile, &point, DEFAULT_SPARSE_DOWN_TYPE)?;
+    let sparse = Sparse {
         profile,
         plan: SparsityPlan {
             mode,
@@ -285,7 +282,8 @@ fn load_sparse(
             predictor_recall: args.predictor_recall,
             thresholds,
         },
-    })
+    };
+    Ok((sparse, ffn))
 }
 
 /// Keeps only the cores `spec` names: class names, or core ids.

@@ -110,6 +110,14 @@ impl GenerationStats {
         }
         self.draft_accepted as f64 / self.drafted as f64
     }
+
+    /// Drafted tokens kept per verifying step (0 when no step verified a draft).
+    pub fn draft_accepted_per_step(&self) -> f64 {
+        if self.draft_steps == 0 {
+            return 0.0;
+        }
+        self.draft_accepted as f64 / self.draft_steps as f64
+    }
 }
 
 impl Engine {

@@ -389,7 +389,7 @@ impl Engine {
 /// Speculation needs the FFN that one-token steps compute to be the dense one a multi-token
 /// step computes.
 fn check_dense(engine: &Engine) -> Result<(), Error> {
-    match engine.model().sparse {
+    match engine.model().sparse() {
         Some(_) => Err(Error::DraftNeedsDense),
         None => Ok(()),
     }

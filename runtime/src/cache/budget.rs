@@ -173,7 +173,7 @@ impl StoreSizes {
                 .filter(|t| !crate::store::stays_on_storage(&t.name, true))
                 .map(|t| t.n_bytes)
                 .sum::<u64>()
-            + model.sparse.as_ref().map_or(0, |s| s.bytes() as u64);
+            + model.sparse().map_or(0, |s| s.bytes() as u64);
         let matrices = model
             .layers
             .iter()

@@ -41,8 +41,7 @@ pub fn scheduler_for(
 ) -> Result<crate::schedule::Scheduler, crate::schedule::ScheduleError> {
     let shape = model.shape();
     let predicts = model
-        .sparse
-        .as_ref()
+        .sparse()
         .is_some_and(|s| s.mode == crate::sparse::SparsityMode::Predictor);
     let modes = crate::schedule::Modes::of(plan, &shape, predicts);
     crate::schedule::Scheduler::with_modes(&shape, plan, modes)

@@ -127,8 +127,7 @@ impl StepState {
         let layer_index = work.layer;
         let cache = self.cache.as_deref();
         let sparse = model
-            .sparse
-            .as_ref()
+            .sparse()
             .filter(|_| program.shape == StepShape::Decode);
         if let Some(sparse) = sparse {
             let neurons: usize = clusters.iter().map(|r| r.len()).sum();

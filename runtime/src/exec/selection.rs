@@ -84,8 +84,7 @@ impl StepState {
         let n = self.request.n_tokens as usize;
         let ff = model.config.n_ff as usize;
         let threshold = model
-            .sparse
-            .as_ref()
+            .sparse()
             .filter(|s| s.mode == SparsityMode::Threshold && program.shape == StepShape::Decode);
         self.needed.clear();
         self.needed.resize(clusters.len().div_ceil(64), 0);
@@ -133,7 +132,7 @@ impl StepState {
     /// FFN input just normed.
     pub(super) fn predict_active(&mut self, model: &Model, l: usize) {
         self.predicted.clear();
-        let Some(sparse) = model.sparse.as_ref() else {
+        let Some(sparse) = model.sparse() else {
             return;
         };
         if sparse.mode != SparsityMode::Predictor {

@@ -274,7 +274,7 @@ impl StepState {
         let act = self.acts.get(store.layout.gate_ty);
         let row = act.len() / n.max(1);
         let (cache, first, layer_index) = (self.cache.as_deref(), work.clusters.start, work.layer);
-        let sparse = model.sparse.as_ref();
+        let sparse = model.sparse();
         runner.run(&mut outs, &|_, i, out| {
             let bundle = first + i as u32;
             let bytes = BundleBytes::of(model, cache, layer_index, bundle, || {

@@ -447,14 +447,15 @@ fn threshold_sparse(model: &Model, threshold: f32) -> SparseFfn {
 
 #[test]
 fn sparse_decode_gives_the_same_bits_however_the_clusters_are_split() {
-    let mut model = model(&SyntheticSpec {
+    let model = model(&SyntheticSpec {
         seed: 9,
         ..SyntheticSpec::default()
     });
-    model.sparse = Some(threshold_sparse(&model, 0.05));
+    let sparse = threshold_sparse(&model, 0.05);
+    let model = model.with_sparse(Some(sparse));
     assert_split_invariant(&model, &[PREFILL, &[42], &[7]]);
     // The threshold did skip neurons, and not all of them.
-    let stats = &model.sparse.as_ref().unwrap().stats;
+    let stats = &model.sparse().unwrap().stats;
     let (neurons, active) = (
         stats.neurons.load(Ordering::Relaxed),
         stats.active.load(Ordering::Relaxed),

@@ -113,8 +113,9 @@ pub struct Model {
     pub path: Option<std::path::PathBuf>,
     /// Token embeddings read from the file per token (they are not in memory).
     embd_rows: Option<RowReader>,
-    /// Sparse FFN decode (thresholds, predictors, transposed down projections), if enabled.
-    pub sparse: Option<crate::sparse::SparseFfn>,
+    /// Sparse FFN decode (thresholds, predictors, transposed down projections), if enabled:
+    /// given by value before the model is shared ([`Model::with_sparse`]), fixed afterwards.
+    sparse: Option<crate::sparse::SparseFfn>,
     /// The FFN down projections re-laid per neuron cluster ([`Model::cluster_down_projections`]).
     pub down_blocks: Option<DownBlocks>,
 }
@@ -200,6 +201,22 @@ impl Model {
         model.check_all_bundles()?;
         model.path = Some(path.to_path_buf());
         Ok(model)
+    }
+
+    /// Sparse FFN decode, if enabled.
+    pub fn sparse(&self) -> Option<&crate::sparse::SparseFfn> {
+        self.sparse.as_ref()
+    }
+
+    /// This model with `sparse` decode (or none), before it is shared.
+    pub fn with_sparse(mut self, sparse: Option<crate::sparse::SparseFfn>) -> Model {
+        self.sparse = sparse;
+        self
+    }
+
+    /// Takes the sparse decode out (to carry it over to a reloaded model).
+    pub fn take_sparse(&mut self) -> Option<crate::sparse::SparseFfn> {
+        self.sparse.take()
     }
 
     /// An error when the file a memory-mapped model was loaded from was truncated or modified
@@ -504,7 +521,7 @@ impl Model {
     /// Results do not change: every kernel gives the file layout's bits. Returns the bytes
     /// interleaved.
     pub fn interleave_kquants(&mut self) -> Result<usize, ModelError> {
-        if self.store.is_some() || self.resident_only || self.sparse.is_some() {
+        if self.store.is_some() || self.resident_only || self.sparse().is_some() {
             return Ok(0);
         }
         let tied = self.output.bytes == self.tok_embd.bytes;
