@@ -4,7 +4,7 @@
 pub mod server;
 
 use conductor::runtime::convert::{convert, ConvertOptions};
-use conductor::runtime::synthetic::{synthetic_model, SyntheticSpec};
+use conductor::runtime::synthetic::synthetic_model;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
@@ -169,19 +169,9 @@ pub fn random_words(seed: u64, words: usize) -> String {
     out
 }
 
-/// The small generated llama the store and cache tests share: 3 layers, 128 wide, 512 FFN
-/// neurons, grouped-query attention (4 heads, 2 KV heads); weights drawn from `seed`.
-pub fn small_spec(seed: u64) -> SyntheticSpec {
-    SyntheticSpec {
-        n_layer: 3,
-        n_embd: 128,
-        n_ff: 512,
-        n_head: 4,
-        n_head_kv: 2,
-        seed,
-        ..SyntheticSpec::default()
-    }
-}
+/// The small generated llama the store and cache tests share (in the test kit, with the fault
+/// harness that runs it too).
+pub use conductor_testkit::small_spec;
 
 /// Sends `signal` to `child` (SIGTERM to a server, SIGINT to a chat).
 pub fn signal(child: &std::process::Child, signal: rustix::process::Signal) {

@@ -35,18 +35,10 @@ pub struct Fixture {
     pub describe: String,
 }
 
-/// The synthetic model the harness runs by default (random weights): 3 layers, 128 wide,
-/// 512 FFN neurons in bundles of 64, grouped-query attention, a 320-token vocabulary.
+/// The synthetic model the harness runs by default (random weights): [`crate::small_spec`]
+/// of seed 7, its FFN in bundles of 64.
 pub fn default_spec() -> SyntheticSpec {
-    SyntheticSpec {
-        n_layer: 3,
-        n_embd: 128,
-        n_ff: 512,
-        n_head: 4,
-        n_head_kv: 2,
-        seed: 7,
-        ..SyntheticSpec::default()
-    }
+    crate::small_spec(7)
 }
 
 impl Fixture {
