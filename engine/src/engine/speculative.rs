@@ -172,8 +172,9 @@ impl DraftLimits {
 /// And drafting must pay: where the tokens a second of drafted steps (drafting included) fall
 /// below those of one-token steps — in memory a step of nine tokens can cost several one-token
 /// steps, since it is compute-bound where one token is bound by memory — the length halves, and
-/// at one drafting pauses for a while before it is tried again. The length never changes the
-/// output, only how many steps make it.
+/// at one drafting pauses for a while before it is tried again, twice as long each time it
+/// fails again. A step whose drafter found nothing counts as a drafted step (its drafting cost
+/// time). The length never changes the output, only how many steps make it.
 pub struct Speculation {
     drafter: Box<dyn Drafter>,
     limits: DraftLimits,
