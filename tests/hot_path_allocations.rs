@@ -199,8 +199,8 @@ fn in_memory_decode_allocations(path: &std::path::Path, driver: DriverKind, thre
 
 /// What a decode step of the actor driver may allocate: kameo boxes each message and its
 /// handler's future, a few allocations a message, and a step sends a group a few messages a
-/// layer (one per phase), however many clusters each carries. Measured (2026-12-06): 7 to 8 a
-/// layer and group on SmolLM2, Gemma-3 and the 7B cluster counts; the bound, 12, is below
+/// layer (one per phase), however many clusters each carries. Measured (2026-12-06): 7.8-7.9 a
+/// layer and group on SmolLM2 and Gemma-3, 6.9 at the 7B cluster counts; the bound, 12, is below
 /// what one allocation per cluster would add at the 7B counts (86 FFN clusters a layer).
 fn actor_step_allocation_bound(n_layer: u64, groups: u64) -> u64 {
     const PER_LAYER_AND_GROUP: u64 = 12;
