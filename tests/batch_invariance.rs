@@ -7,7 +7,7 @@ mod common;
 
 use conductor::runtime::exec::{Driver, Session};
 use conductor::runtime::gguf::GgufFile;
-use conductor::runtime::model::Model;
+use conductor::runtime::model::{DecodeLayout, Model};
 use conductor::runtime::plan::ExecutionPlan;
 use conductor::runtime::quant::{GgmlType, Kernels, Layout};
 use conductor::runtime::synthetic::{synthetic_model, SyntheticSpec, TypeMix};
@@ -23,12 +23,12 @@ fn actors(model: &Arc<Model>, threads: u32) -> Box<dyn Driver> {
 
 /// The model as the engine holds it in memory: decode's down projections re-laid per cluster,
 /// Q4_K and Q6_K matrices interleaved (`Layout::X8`) where the kernels read them so.
-fn as_the_engine_loads(mut model: Model) -> Arc<Model> {
-    model.cluster_down_projections(ExecutionPlan::default().decode.ffn_neurons as usize);
-    if Kernels::best().has_interleaved_kernels() {
-        model.interleave_kquants().unwrap();
-    }
-    Arc::new(model)
+fn as_the_engine_loads(model: Model) -> Arc<Model> {
+    let layout = DecodeLayout {
+        down_blocks: Some(ExecutionPlan::default().decode.ffn_neurons as usize),
+        interleave: Kernels::best().has_interleaved_kernels(),
+    };
+    Arc::new(model.laid_out(layout).unwrap())
 }
 
 /// The logits of positions `from..` of `tokens` as raw bits, `[position][n_vocab]`.

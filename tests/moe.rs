@@ -12,7 +12,7 @@ use conductor::runtime::cache::{split_budget, MemoryBudget};
 use conductor::runtime::convert::{convert, ConvertOptions};
 use conductor::runtime::exec::{Driver, InlineDriver, Serial, Session};
 use conductor::runtime::gguf::{GgufFile, GgufWriter};
-use conductor::runtime::model::Model;
+use conductor::runtime::model::{DecodeLayout, Model};
 use conductor::runtime::plan::{CachePlan, CachePolicy};
 use conductor::runtime::plan::{CoreSet, ExecutionPlan, GroupPlan, Share, Topology, XpuKind};
 use conductor::runtime::quant::{GgmlType, Kernels};
@@ -160,8 +160,13 @@ fn moe_logits_are_bit_identical_across_drivers_threads_splits_and_layouts() {
     let split_reference = run(&mut *inline(&model, 1, &split));
     assert_eq!(split_reference, run(&mut *actors(&model, 2, &split, None)));
     // The down projection re-laid per decode cluster (what the engine does in memory).
-    let mut relaid = Model::from_gguf(GgufFile::from_bytes(bytes()).unwrap()).unwrap();
-    relaid.cluster_down_projections(plan.decode.ffn_neurons as usize);
+    let relaid = Model::from_gguf(GgufFile::from_bytes(bytes()).unwrap())
+        .unwrap()
+        .laid_out(DecodeLayout {
+            down_blocks: Some(plan.decode.ffn_neurons as usize),
+            interleave: false,
+        })
+        .unwrap();
     assert!(relaid.down_blocks.is_some());
     let relaid = Arc::new(relaid);
     assert_eq!(reference, run(&mut *inline(&relaid, 2, &plan)), "re-laid");

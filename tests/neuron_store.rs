@@ -141,7 +141,7 @@ fn a_store_decodes_like_its_source_and_every_cache_gives_the_same_bits() {
         let store = Model::load(&store_path).unwrap();
         let layout = &store.store.as_ref().unwrap().layout;
         assert_eq!(
-            (layout.n_bundles, layout.down_layout),
+            (layout.n_bundles, Some(layout.down_layout)),
             (n_bundles, options.down_layout)
         );
         let reference = run(&mut inline(&store_path, None)).unwrap();
@@ -152,7 +152,7 @@ fn a_store_decodes_like_its_source_and_every_cache_gives_the_same_bits() {
                 "{options:?}: step {step} drifts {d} from the source"
             );
         }
-        if options.down_layout == DownLayout::NeuronColumns {
+        if options.down_layout == Some(DownLayout::NeuronColumns) {
             assert_ne!(reference, from_source, "neuron columns are re-quantized");
         }
 

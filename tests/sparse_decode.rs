@@ -817,7 +817,7 @@ fn gate_first_loading_reads_fewer_bytes_with_the_same_bits() {
         .expect("dense decode refuses gate-first loading");
     assert!(
         err.to_string()
-            .contains("--sparsity threshold or predictor"),
+            .contains("needs threshold sparsity (or predictor sparsity"),
         "{err}"
     );
     let err = Engine::builder()

@@ -36,11 +36,11 @@ use conductor_runtime::exec::{
 };
 use conductor_runtime::model::{KvCache, Model};
 use conductor_runtime::plan::{
-    hosts_of, ExecutionPlan, PlacedGroup, PlacementError, Topology, XpuKind,
+    hosts_of, ExecutionPlan, FfnPlan, PlacedGroup, PlacementError, Topology, XpuKind,
 };
 use conductor_runtime::quant::Kernels;
 use conductor_runtime::schedule::{
-    Modes, ScheduleError, Scheduler, StepId, StepRequest, StepShape, XpuId,
+    ScheduleError, Scheduler, StepId, StepRequest, StepShape, XpuId,
 };
 use conductor_runtime::trace::{Trace, TraceHeader, TRACE_FORMAT_VERSION};
 use kameo::actor::{Actor, ActorRef, PreparedActor};
@@ -166,8 +166,8 @@ const HOST_RESPONSE: Duration = Duration::from_secs(1);
 pub struct ActorDriver {
     model: Arc<Model>,
     plan: ExecutionPlan,
-    /// The scheduler's modes (the trace header names them).
-    modes: Modes,
+    /// The scheduler's FFN plan (the trace header names it).
+    ffn: FfnPlan,
     placed: Vec<PlacedGroup>,
     /// Host index of each group.
     group_hosts: Vec<usize>,
@@ -218,7 +218,7 @@ impl ActorDriver {
         options: ActorOptions,
     ) -> Result<ActorDriver, SetupError> {
         let scheduler = conductor_runtime::exec::scheduler_for(&model, plan)?;
-        let modes = scheduler.modes();
+        let ffn = scheduler.ffn();
         let topology = options
             .topology
             .clone()
@@ -301,7 +301,7 @@ impl ActorDriver {
         let state = StepState::reading(
             kernels,
             cache.as_ref().map(|(arena, _)| Arc::clone(arena)),
-            scheduler.modes().reads,
+            scheduler.ffn(),
         );
         let shared = Arc::new(StepShared {
             model: Arc::clone(&model),
@@ -332,7 +332,7 @@ impl ActorDriver {
             max_step_tokens: plan.prefill_max_tokens.max(plan.decode_max_tokens) as usize,
             model,
             plan: plan.clone(),
-            modes,
+            ffn,
             placed,
             group_hosts,
             shared,
@@ -469,7 +469,7 @@ impl ActorDriver {
                 version: TRACE_FORMAT_VERSION,
                 model: self.model.description(),
                 plan: self.plan.clone(),
-                modes: self.modes,
+                ffn: self.ffn,
                 driver: "actors".into(),
                 threads: self.decode_threads(),
                 writer: format!("conductor {}", env!("CARGO_PKG_VERSION")),

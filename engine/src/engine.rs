@@ -6,7 +6,7 @@ use conductor_runtime::cache::{
     fit_plan_to_budget_for, BudgetError, BudgetSplit, CacheReport, MemoryBudget, StoreSizes,
 };
 use conductor_runtime::exec::{Driver, InlineDriver, Session, StepError};
-use conductor_runtime::model::{Model, ModelError};
+use conductor_runtime::model::{DecodeLayout, Model, ModelError};
 use conductor_runtime::plan::{CachePlan, CachePolicy, ReadPolicy};
 use conductor_runtime::plan::{ExecutionPlan, IoEngine, ModelIdentity, Topology, Verify};
 use conductor_runtime::quant::Kernels;
@@ -252,7 +252,7 @@ impl EngineBuilder {
     }
 
     /// Without a memory budget: interleave the Q4_K and Q6_K matrices 8 rows by 8 at load (`true`, the
-    /// default; `Model::interleave_kquants`), the layout of the faster decode kernel, or keep the
+    /// default; `DecodeLayout::interleave`), the layout of the faster decode kernel, or keep the
     /// file's layout (`false`, `--no-interleave`). Results are the same bits either way.
     pub fn interleave(mut self, on: bool) -> Self {
         self.interleave = on;
@@ -260,7 +260,7 @@ impl EngineBuilder {
     }
 
     /// Without a memory budget: copy each layer's down projection into the contiguous
-    /// block-columns decode's clusters read (`true`, the default; `Model::cluster_down_projections`),
+    /// block-columns decode's clusters read (`true`, the default; `DecodeLayout::down_blocks`),
     /// or not (`false`: an engine that only evaluates prompts, such as `conductor profile`'s,
     /// saves the copy's memory). Results are the same bits either way.
     pub fn down_blocks(mut self, on: bool) -> Self {
@@ -393,9 +393,8 @@ impl EngineBuilder {
             None => Model::load_read(&path).map_err(load)?,
         };
         let sparse = resolve_sparsity(&model, &path, &sparsity, memory.is_some(), &mut *self.say)?;
-        let mut model = model.with_sparse(sparse);
         let tokenizer = Tokenizer::from_gguf(model.file())?;
-        model.release_tokenizer_metadata();
+        let model = model.with_sparse(sparse).without_tokenizer_metadata();
         let topology = self
             .topology
             .take()
@@ -409,19 +408,18 @@ impl EngineBuilder {
             }
             None => ExecutionPlan::for_topology(&topology),
         };
-        // Decode streams each FFN cluster's down projection as one contiguous block-column
-        // (a copy of the down projections, laid out once here).
-        if memory.is_none() {
-            if self.down_blocks {
-                model.cluster_down_projections(plan.decode.ffn_neurons as usize);
-            }
-            // After the copy above, which reads the file's layout. Decode's Q4_K and Q6_K
-            // matvecs read 8 interleaved rows at a time (same bits, faster) where the kernels
-            // have an interleaved kernel.
-            if self.interleave && self.kernels.has_interleaved_kernels() {
-                model.interleave_kquants().map_err(load)?;
-            }
-        }
+        // In memory, decode streams each FFN cluster's down projection as one contiguous
+        // block-column, and its Q4_K and Q6_K matvecs read 8 interleaved rows at a time where
+        // the kernels have an interleaved kernel (same bits, faster): laid out once here.
+        let mut model = match memory {
+            None => model
+                .laid_out(DecodeLayout {
+                    down_blocks: self.down_blocks.then_some(plan.decode.ffn_neurons as usize),
+                    interleave: self.interleave && self.kernels.has_interleaved_kernels(),
+                })
+                .map_err(load)?,
+            Some(_) => model,
+        };
         if let Some(n) = self.io_threads {
             plan.storage.io_threads = n;
         }
@@ -465,16 +463,10 @@ impl EngineBuilder {
                     .get_or_insert_with(CachePlan::default)
                     .gate_first_gap = gap;
             }
-            // Threshold: the gate decides which neurons' pages are read; predictor: the
-            // predictions do, and the predicted neurons' pages are read in one phase.
-            let decides = model.sparse().is_some_and(|s| {
-                matches!(s.mode, SparsityMode::Threshold | SparsityMode::Predictor)
-            });
-            if plan.cache.as_ref().is_some_and(|c| c.reads.reads_pages()) && !decides {
-                return Err(Error::GateFirst(
-                    "needs --sparsity threshold or predictor: the gate or the predictors decide which neurons' pages are read",
-                ));
-            }
+            // The plan's reads and the sparse decode must agree (the gate decides gate-first
+            // pages, the predictions predicted pages): refused before the budget loads more.
+            // The drivers resolve the same FFN plan from the same model and plan.
+            conductor_runtime::exec::ffn_plan_of(&model, &plan).map_err(ScheduleError::from)?;
             let sessions = self.sequences.max(1);
             let mut n_ctx = n_ctx;
             let mut split = apply_budget_for(&model, &mut plan, memory, n_ctx, sessions);
@@ -511,12 +503,11 @@ impl EngineBuilder {
                 // The budget keeps attention resident: load the store again with it, keeping
                 // what was resolved from the first load (which held only the header and norms,
                 // so a budget too small for attention never holds it).
-                let sparse = model.take_sparse();
-                drop(model);
+                let sparse = model.into_sparse();
                 model = Model::load_resident_with(&path, true, false)
                     .map_err(load)?
-                    .with_sparse(sparse);
-                model.release_tokenizer_metadata();
+                    .with_sparse(sparse)
+                    .without_tokenizer_metadata();
             }
             release_freed_memory();
             budget = Some((split, n_ctx));

@@ -112,7 +112,7 @@ fn small_trace() -> Vec<u8> {
                 "ffn_gate": "Q4_1", "ffn_up": "Q4_1", "ffn_down": "Q4_1", "output": "Q8_0"},
         },
         "plan": ExecutionPlan::default(),
-        "modes": conductor_runtime::schedule::Modes::default(),
+        "ffn": conductor_runtime::plan::FfnPlan::default(),
         "driver": "actors",
         "threads": 2,
         "writer": "corpus",

@@ -13,7 +13,7 @@
 
 use crate::search::{hot_units_from_frequencies, planned_store_sizes_with};
 use conductor_runtime::cache::{fit_plan_to_budget, split_sizes};
-use conductor_runtime::plan::{CachePlan, CachePolicy};
+use conductor_runtime::plan::{CachePlan, CachePolicy, FfnSelect};
 use conductor_runtime::plan::{
     ExecutionPlan, HardwareProfile, IoEngine, ModelDescription, Topology, XpuKind,
 };
@@ -321,8 +321,15 @@ impl Explorer {
             activity: prepared.activity.as_ref().map(|a| a.as_ref().clone()),
             bundled: point.bundled,
             warm_cache: true,
-            // PowerInfer-2's decode: predictors choose the neurons, only theirs are read.
-            predicted: prepared.activity.is_some(),
+            // PowerInfer-2's decode: predictors choose the neurons, only theirs are read (a
+            // mixture's router chooses its experts' neurons).
+            ffn: prepared.activity.is_some().then(|| {
+                if prepared.store_model.shape.is_moe() {
+                    FfnSelect::Experts
+                } else {
+                    FfnSelect::Predicted
+                }
+            }),
             ..Workload::new(prepared.store_model.clone(), options.prompt, n_gen)
         };
         let report = simulate(&profile, &plan, &workload, &SimOptions::lean())

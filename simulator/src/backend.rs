@@ -11,9 +11,9 @@ use crate::workload::{PlannedStep, Workload};
 use crate::SimError;
 use conductor_runtime::dispatch::{Backend, Done, Finish, UnitLoad};
 use conductor_runtime::neuron::Phase;
+use conductor_runtime::plan::FfnPlan;
 use conductor_runtime::schedule::{
-    Activity, Awaited, ClusterWork, FfnSelection, PageMap, Program, StepId, StepRequest, StepShape,
-    XpuId,
+    Activity, Awaited, ClusterWork, PageMap, Program, StepId, StepRequest, StepShape, XpuId,
 };
 use conductor_runtime::store::BundleLayout;
 use conductor_runtime::trace::{ActiveSet, Span, StepActivity};
@@ -133,7 +133,6 @@ pub(crate) struct SimBackend<'a> {
     pub steps: Vec<PlannedStep>,
     pub costs: ModelCosts,
     pub machine: Machine,
-    pub selection: FfnSelection,
     /// Programs by [`StepShape`] (decode, prefill), and the largest decode step.
     pub programs: [Arc<Program>; 2],
     pub decode_max_tokens: u32,
@@ -163,7 +162,7 @@ impl<'a> SimBackend<'a> {
         workload: &'a Workload,
         steps: Vec<PlannedStep>,
         machine: Machine,
-        selection: FfnSelection,
+        ffn: FfnPlan,
         programs: [Arc<Program>; 2],
         decode_max_tokens: u32,
         spans: Spans,
@@ -171,13 +170,12 @@ impl<'a> SimBackend<'a> {
         let n_groups = machine.groups.len();
         SimBackend {
             costs: ModelCosts {
-                gate_first: programs[0].is_gate_first(),
+                ffn,
                 ..ModelCosts::new(&workload.model)
             },
             workload,
             steps,
             machine,
-            selection,
             program: Arc::clone(&programs[0]),
             programs,
             decode_max_tokens,
@@ -275,7 +273,7 @@ impl Backend for SimBackend<'_> {
             .program
             .phase(f.phase)
             .map_or((0, 0), |p| (p.clusters.len(), p.parts.len()));
-        if f.phase == Phase::FfnNeurons && self.selection == FfnSelection::Selected {
+        if f.phase == Phase::FfnNeurons && self.costs.ffn.select.selects_clusters() {
             // Skipped clusters add nothing to the sum of partial outputs.
             clusters = computed_clusters(
                 self.program.clusters(Phase::FfnNeurons),

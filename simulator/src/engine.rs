@@ -158,7 +158,7 @@ impl<'a> Engine<'a> {
             workload,
             steps,
             machine,
-            scheduler.modes().selection,
+            scheduler.ffn(),
             programs,
             decode_max_tokens,
             spans,

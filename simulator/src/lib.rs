@@ -33,8 +33,8 @@ pub use shapes::{
 pub use workload::{describe_model_file, DecodeStart, DraftWorkload, PlannedStep, Workload};
 
 use backend::{Machine, SCHEDULER_TRACK};
-use conductor_runtime::plan::{hosts_of, ExecutionPlan, HardwareProfile, Topology};
-use conductor_runtime::schedule::{Modes, ReadGeometry, Scheduler};
+use conductor_runtime::plan::{hosts_of, ExecutionPlan, FfnPlan, HardwareProfile, Topology};
+use conductor_runtime::schedule::{ReadGeometry, ScheduleError, Scheduler};
 use conductor_runtime::trace::{Trace, TraceHeader, TRACE_FORMAT_VERSION};
 use devices::host::{spin_window_ns, FinishModel, MessageModel};
 use engine::Engine;
@@ -98,8 +98,13 @@ fn build(
 ) -> Result<(Scheduler, Machine), SimError> {
     profile.validate()?;
     let shape = &workload.model.shape;
-    let modes = Modes::of(plan, shape, workload.predicted);
-    let mut scheduler = Scheduler::with_modes(shape, plan, modes)?;
+    let ffn = match workload.ffn {
+        Some(select) => {
+            FfnPlan::resolve(plan, shape, select.sparsity()).map_err(ScheduleError::from)?
+        }
+        None => FfnPlan::implied(plan, shape),
+    };
+    let mut scheduler = Scheduler::with_ffn(shape, plan, ffn)?;
     if let (true, Some(cache)) = (workload.warm_cache, &plan.cache) {
         scheduler.warm_cache(cache);
     }
@@ -131,7 +136,7 @@ fn build(
             profile.messaging.wakeup_ns.round() as u64,
         ),
         bundle_bytes: workload.model.shape.ffn_bundle_stride,
-        gate_layout: modes
+        gate_layout: ffn
             .reads
             .reads_pages()
             .then(|| gate_first_layout(&workload.model))
@@ -155,7 +160,7 @@ pub fn simulate(
     options: &SimOptions,
 ) -> Result<SimReport, SimError> {
     let (scheduler, machine) = build(profile, plan, workload)?;
-    let modes = scheduler.modes();
+    let ffn = scheduler.ffn();
     let decode_steps = workload
         .steps(scheduler.max_step_tokens())
         .iter()
@@ -196,7 +201,7 @@ pub fn simulate(
             version: TRACE_FORMAT_VERSION,
             model: workload.model.clone(),
             plan: plan.clone(),
-            modes,
+            ffn,
             driver: "simulator".into(),
             threads,
             writer: format!("conductor-simulator {}", env!("CARGO_PKG_VERSION")),

@@ -61,19 +61,19 @@ impl ReplayReport {
 }
 
 /// Replays `trace` through the dispatch core on a fresh scheduler built from its header's
-/// model shape, plan and modes: the recorded completions are fed in their order, and the
+/// model shape, plan and FFN plan: the recorded completions are fed in their order, and the
 /// events a finished phase owes are derived again from the trace's activity (as a simulation
 /// derives them), so a match says both the scheduler and that derivation agree with the run.
 /// Keeps going after a mismatch (the scheduler's state may have diverged; later counts say how
 /// far).
 pub fn replay(trace: &Trace) -> Result<ReplayReport, ReplayError> {
     let header = &trace.header;
-    let scheduler = Scheduler::with_modes(&header.model.shape, &header.plan, header.modes)?;
+    let scheduler = Scheduler::with_ffn(&header.model.shape, &header.plan, header.ffn)?;
     let mut dispatcher = Dispatcher::with_completions(scheduler, Completions::Replayed);
     let mut backend = ReplayBackend {
         trace,
         layout: header
-            .modes
+            .ffn
             .reads
             .reads_pages()
             .then(|| crate::gate_first_layout(&header.model))

@@ -4,7 +4,7 @@
 
 use crate::SimError;
 use conductor_runtime::model::Model;
-use conductor_runtime::plan::ModelDescription;
+use conductor_runtime::plan::{FfnSelect, ModelDescription};
 use conductor_runtime::schedule::StepRequest;
 use conductor_runtime::trace::{ActiveSet, StepActivity};
 use std::path::Path;
@@ -46,12 +46,13 @@ pub struct Workload {
     /// holding the next-hottest units) instead of empty: steady-state decode without
     /// simulating the hundreds of tokens a large cache takes to fill.
     pub warm_cache: bool,
-    /// Predictor-mode sparse decode: each decode layer's clusters without an active neuron
-    /// are skipped, neither read nor summed (the scheduler awaits the predictions the
-    /// activity gives, as the drivers feed them). `false`: every cluster is read and computed
-    /// (dense, or threshold mode, which needs each gate). The predictor's own compute is not
-    /// modelled.
-    pub predicted: bool,
+    /// Which FFN neurons decode steps compute. [`FfnSelect::Predicted`] (PowerInfer-2's
+    /// decode): each decode layer's clusters without an active neuron are skipped, neither
+    /// read nor summed (the scheduler awaits the predictions the activity gives, as the
+    /// drivers feed them; the predictor's own compute is not modelled). `None`: what the
+    /// plan's reads imply ([`conductor_runtime::plan::FfnPlan::implied`]: every cluster read and computed, each gate
+    /// deciding under gate-first reads).
+    pub ffn: Option<FfnSelect>,
     /// Speculative decoding: each decode step verifies drafted tokens (`None`: one token a
     /// step).
     pub draft: Option<DraftWorkload>,
@@ -94,7 +95,7 @@ impl Workload {
             decode_start: DecodeStart::Fresh,
             bundled: true,
             warm_cache: false,
-            predicted: false,
+            ffn: None,
             draft: None,
         }
     }
@@ -117,7 +118,7 @@ impl Workload {
                     "the acceptance {} is not a probability (0 to 1)",
                     d.acceptance
                 ))
-            } else if !no_activity || self.predicted {
+            } else if !no_activity || self.ffn == Some(FfnSelect::Predicted) {
                 Some(
                     "drafts are verified by dense steps (every neuron): drop the sparse activity"
                         .into(),

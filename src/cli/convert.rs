@@ -22,10 +22,12 @@ pub struct ConvertArgs {
     #[arg(long = "bundle-neurons", default_value_t = DEFAULT_BUNDLE_NEURONS)]
     bundle_neurons: u32,
     /// How bundles hold the down projection: `neuron-columns` (each neuron's down column,
-    /// transposed and re-quantized once to --down-type; what sparse decode reads) or
-    /// `block-columns` (the source's quant blocks bit for bit: exact, but no neuron-level
-    /// sparsity in the down projection).
-    #[arg(long = "down-layout", value_enum, default_value_t = DownLayoutArg::NeuronColumns)]
+    /// transposed and re-quantized once to --down-type; what sparse decode reads),
+    /// `block-columns` (the source's quant blocks bit for bit: exact and fewer bytes, but no
+    /// neuron-level sparsity in the down projection), or `auto`: block-columns for models whose
+    /// decode is dense by default (all but ReLU's) where the blocks fit the bundle, else
+    /// neuron-columns.
+    #[arg(long = "down-layout", value_enum, default_value_t = DownLayoutArg::Auto)]
     down_layout: DownLayoutArg,
     /// Type of the re-quantized down columns: q8_0 (default), q4_1, q4_0, f16, f32.
     #[arg(long = "down-type", value_parser = super::parse_down_type, default_value_t = DEFAULT_DOWN_TYPE)]
@@ -38,6 +40,7 @@ pub struct ConvertArgs {
 /// How bundles hold the down projection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 enum DownLayoutArg {
+    Auto,
     NeuronColumns,
     BlockColumns,
 }
@@ -74,8 +77,9 @@ pub fn run(args: ConvertArgs) -> Result<()> {
     let options = ConvertOptions {
         bundle_neurons: args.bundle_neurons,
         down_layout: match args.down_layout {
-            DownLayoutArg::NeuronColumns => DownLayout::NeuronColumns,
-            DownLayoutArg::BlockColumns => DownLayout::BlockColumns,
+            DownLayoutArg::Auto => None,
+            DownLayoutArg::NeuronColumns => Some(DownLayout::NeuronColumns),
+            DownLayoutArg::BlockColumns => Some(DownLayout::BlockColumns),
         },
         down_type: args.down_type,
         overwrite: args.force,

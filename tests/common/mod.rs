@@ -129,7 +129,7 @@ impl ScratchDir {
     pub fn store(&self, source: &Path, options: &ConvertOptions) -> PathBuf {
         let path = self.join(&format!(
             "store-{}-{:?}-{}.gguf",
-            options.down_layout.name(),
+            options.down_layout.map_or("chosen", |l| l.name()),
             options.down_type,
             options.bundle_neurons
         ));

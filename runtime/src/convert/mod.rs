@@ -5,6 +5,7 @@ use crate::gguf::GgufError;
 use crate::gguf::{Array, GgufWriter, Value};
 use crate::model::Model;
 use crate::model::ModelError;
+use crate::plan::FfnActivation;
 use crate::quant::{transpose_requantize_cols, GgmlType};
 use crate::store::{
     bundle_tensor_name, BundleLayout, DownLayout, PageCrcs, StoreError, CRC_TENSOR,
@@ -34,7 +35,8 @@ impl From<GgufError> for ConvertError {
 pub struct ConvertOptions {
     /// Neurons per bundle: one FFN cluster, one read.
     pub bundle_neurons: u32,
-    pub down_layout: DownLayout,
+    /// `None`: chosen for the model ([`chosen_down_layout`]).
+    pub down_layout: Option<DownLayout>,
     /// Type of the re-quantized down columns (neuron columns only; block-columns keep the
     /// source's type).
     pub down_type: GgmlType,
@@ -46,7 +48,7 @@ impl Default for ConvertOptions {
     fn default() -> Self {
         ConvertOptions {
             bundle_neurons: DEFAULT_BUNDLE_NEURONS,
-            down_layout: DownLayout::NeuronColumns,
+            down_layout: Some(DownLayout::NeuronColumns),
             down_type: DEFAULT_DOWN_TYPE,
             overwrite: false,
         }
@@ -58,7 +60,7 @@ impl ConvertOptions {
     pub fn block_columns(bundle_neurons: u32) -> ConvertOptions {
         ConvertOptions {
             bundle_neurons,
-            down_layout: DownLayout::BlockColumns,
+            down_layout: Some(DownLayout::BlockColumns),
             ..ConvertOptions::default()
         }
     }
@@ -74,6 +76,27 @@ impl ConvertOptions {
     pub fn overwriting(mut self) -> ConvertOptions {
         self.overwrite = true;
         self
+    }
+}
+
+/// The down layout a conversion without one asked for gives `model` with bundles of
+/// `bundle_neurons`: block-columns (the source's quant blocks bit for bit) for every FFN whose
+/// decode is dense by default (all but ReLU's), where each layer's down blocks fit the bundle;
+/// neuron columns (re-quantized to [`DEFAULT_DOWN_TYPE`]) for ReLU models, whose sparse decode
+/// reads and computes neuron by neuron. Dense decode of block-columns reads the source's bytes
+/// (a Q4_K_M file's Q4_K and Q6_K: 4.5-6.6 bits a weight against Q8_0's 8.5) and computes
+/// them with the row kernels: Qwen2.5-Coder-1.5B decoded 1.6x faster from it at 50% and 100%
+/// of its file (`docs/benchmarks.md`).
+pub fn chosen_down_layout(model: &Model, bundle_neurons: u32) -> DownLayout {
+    let dense_by_default = model.config.activation != FfnActivation::Relu;
+    let fits = model
+        .layers
+        .iter()
+        .all(|l| (bundle_neurons as usize).is_multiple_of(l.down.ty.block_size()));
+    if dense_by_default && fits {
+        DownLayout::BlockColumns
+    } else {
+        DownLayout::NeuronColumns
     }
 }
 
@@ -129,7 +152,10 @@ pub fn convert(
     // the down projection's blocks, whose type may differ from layer to layer (a Q4_K_M file's
     // mix Q4_K and Q6_K): each layer gets its own, and the widest sets the stride. Gate and up
     // must share a type across layers either way.
-    let keeps_down = options.down_layout == DownLayout::BlockColumns;
+    let down_layout = options
+        .down_layout
+        .unwrap_or_else(|| chosen_down_layout(&model, bundle_neurons));
+    let keeps_down = down_layout == DownLayout::BlockColumns;
     for l in &model.layers {
         let pairs = [(&l.gate, &first.gate), (&l.up, &first.up)];
         if let Some((t, f)) = pairs.into_iter().find(|(t, f)| t.ty != f.ty) {
@@ -149,7 +175,7 @@ pub fn convert(
             c.n_embd,
             c.n_ff,
             [first.gate.ty, first.up.ty, down],
-            options.down_layout,
+            down_layout,
             bundle_neurons,
         )
     };
@@ -198,10 +224,7 @@ pub fn convert(
         |n| n.to_string_lossy().into_owned(),
     );
     w.add_metadata(KEY_SOURCE_NAME, Value::String(source_name))?;
-    w.add_metadata(
-        KEY_DOWN_LAYOUT,
-        Value::String(options.down_layout.name().into()),
-    )?;
+    w.add_metadata(KEY_DOWN_LAYOUT, Value::String(down_layout.name().into()))?;
     w.add_metadata(
         KEY_FFN_TYPES,
         Value::Array(Array::U32(types.iter().map(|t| t.id()).collect())),

@@ -51,7 +51,7 @@ fn check_convert(tag: &str, spec: &SyntheticSpec, options: &ConvertOptions) {
         .unwrap();
     assert_eq!(info.layout, summary.layout);
     assert_eq!(info.down_types, summary.down_types);
-    assert_eq!(info.layout.down_layout, options.down_layout);
+    assert_eq!(Some(info.layout.down_layout), options.down_layout);
     assert_eq!(info.source_crc32, crc32fast::hash(&bytes));
     assert_eq!(info.source_name, "tiny.gguf");
     let ffn = |l: u32, t: &str| {
@@ -344,4 +344,44 @@ fn a_store_s_embedding_rows_are_read_with_faults_and_checked() {
         .push(ReadFault::Fail(std::io::ErrorKind::Other));
     model.set_read_faults(None);
     model.embed(6, &mut got).unwrap();
+}
+
+/// Without a layout asked for, a SwiGLU model (dense decode by default) keeps its down blocks,
+/// where they fit the bundle; a ReLU model, or blocks that straddle bundles, get neuron columns.
+#[test]
+fn convert_chooses_block_columns_for_dense_decode_where_the_blocks_fit() {
+    let dir = Scratch::new("chosen");
+    let cases = [
+        (FfnActivation::Silu, 256, DownLayout::BlockColumns),
+        (FfnActivation::GeluTanh, 256, DownLayout::BlockColumns),
+        (FfnActivation::Silu, 64, DownLayout::NeuronColumns),
+        (FfnActivation::Relu, 256, DownLayout::NeuronColumns),
+    ];
+    for (i, (activation, bundle_neurons, want)) in cases.into_iter().enumerate() {
+        let spec = SyntheticSpec {
+            n_layer: 2,
+            n_embd: 256,
+            n_ff: 512,
+            n_head: 4,
+            n_head_kv: 2,
+            mix: crate::synthetic::TypeMix::Q4KM,
+            activation,
+            seed: 11,
+            ..SyntheticSpec::default()
+        };
+        let src = dir.0.join(format!("tiny-{i}.gguf"));
+        std::fs::write(&src, synthetic_model(&spec).unwrap().to_bytes().unwrap()).unwrap();
+        let options = ConvertOptions {
+            down_layout: None,
+            ..ConvertOptions::neuron_columns(bundle_neurons)
+        };
+        let dst = dir.0.join(format!("store-{i}.gguf"));
+        let summary = convert(&src, &dst, &options, &mut |_, _| {}).unwrap();
+        assert_eq!(
+            summary.layout.down_layout, want,
+            "{activation:?} {bundle_neurons}"
+        );
+        let model = Model::load(&src).unwrap();
+        assert_eq!(chosen_down_layout(&model, bundle_neurons), want);
+    }
 }

@@ -32,6 +32,7 @@ use super::{ClusterRunner, DenseBackend};
 use crate::model::ops::{rms_norm, RopeTable};
 use crate::model::{KvCache, Model, ModelError};
 use crate::neuron::Phase;
+use crate::plan::FfnPlan;
 use crate::quant::Kernels;
 use crate::schedule::{Activity, ClusterWork, Program, StepId, StepRequest, StepShape, XpuId};
 use crate::sparse::predictor::PredictorScratch;
@@ -90,10 +91,10 @@ pub struct StepState {
     /// `FfnGateRows`) and the neurons whose gate fires, token by token.
     pub(super) gated: Vec<f32>,
     pub(super) gated_activity: Activity,
-    /// How the scheduler reads the FFN (its [`crate::plan::ReadPolicy`]): with
-    /// `PredictedPages`, decode with predictors finds only the predicted neurons' pages in a
-    /// cluster's slot, so up rows are computed one by one.
-    pub(super) reads: crate::plan::ReadPolicy,
+    /// How decode computes and reads the FFN (the scheduler's): which neurons, and whether a
+    /// cluster's slot holds only the predicted neurons' pages (then up rows are computed one
+    /// by one).
+    pub(super) ffn: FfnPlan,
 }
 
 /// Receives intermediate tensors by llama.cpp's names (`attn_norm-3`, `ffn_out-3`, `l_out-3`,
@@ -102,18 +103,13 @@ pub struct StepState {
 pub type Probe = Box<dyn FnMut(&str, &[f32], usize) + Send + Sync>;
 
 impl StepState {
-    /// A step state for a model with an FFN in memory, read as the plan's default.
-    pub fn new(kernels: Kernels) -> StepState {
-        StepState::reading(kernels, None, crate::plan::ReadPolicy::default())
-    }
-
     /// A step state whose FFN clusters come from `cache`'s slots (a neuron store read through
-    /// the neuron cache; `None`: from the model in memory), read as the scheduler's `reads`
-    /// says. Fixed for the state's life: a driver builds it once, from its scheduler.
+    /// the neuron cache; `None`: from the model in memory), computed and read as `ffn` says.
+    /// Fixed for the state's life: a driver builds it once, with its scheduler's FFN plan.
     pub fn reading(
         kernels: Kernels,
         cache: Option<std::sync::Arc<crate::cache::SlotArena>>,
-        reads: crate::plan::ReadPolicy,
+        ffn: FfnPlan,
     ) -> StepState {
         StepState {
             kernels,
@@ -144,7 +140,7 @@ impl StepState {
             needed: Vec::new(),
             gated: Vec::new(),
             gated_activity: Activity::default(),
-            reads,
+            ffn,
         }
     }
 

@@ -60,7 +60,7 @@ impl<R: ClusterRunner> InlineDriver<R> {
         let state = StepState::reading(
             kernels,
             cache.as_ref().map(|(arena, _)| Arc::clone(arena)),
-            scheduler.modes().reads,
+            scheduler.ffn(),
         );
         Ok(InlineDriver {
             plan: plan.clone(),
@@ -229,7 +229,7 @@ impl<R: ClusterRunner> InlineDriver<R> {
                 version: crate::trace::TRACE_FORMAT_VERSION,
                 model: self.model.description(),
                 plan: self.plan.clone(),
-                modes: self.dispatcher.scheduler().modes(),
+                ffn: self.dispatcher.scheduler().ffn(),
                 driver: "inline".into(),
                 threads: self.runner.workers() as u32,
                 writer: format!("conductor {}", env!("CARGO_PKG_VERSION")),

@@ -30,21 +30,28 @@ pub use inline::{open_cache, InlineDriver};
 pub use session::{Session, StepError};
 
 use crate::model::Model;
+use crate::plan::FfnPlan;
 use std::sync::Arc;
 
-/// The scheduler for `model` under `plan`, in the modes they fix ([`crate::schedule::Modes`]):
-/// the plan's read policy; decode steps select their FFN clusters with predictors, and in a
-/// mixture of experts (its router).
+/// How `model` computes and reads decode's FFN under `plan`: its sparse decode's selection
+/// (dense without one; a mixture's router) and the plan's read policy, refused where they
+/// disagree ([`FfnPlan::resolve`]).
+pub fn ffn_plan_of(
+    model: &Model,
+    plan: &crate::plan::ExecutionPlan,
+) -> Result<FfnPlan, crate::plan::FfnPlanError> {
+    let sparsity = model.sparse().map_or(Default::default(), |s| s.mode);
+    FfnPlan::resolve(plan, &model.shape(), sparsity)
+}
+
+/// The scheduler for `model` under `plan`, with the FFN plan they resolve to
+/// ([`ffn_plan_of`]).
 pub fn scheduler_for(
     model: &Model,
     plan: &crate::plan::ExecutionPlan,
 ) -> Result<crate::schedule::Scheduler, crate::schedule::ScheduleError> {
-    let shape = model.shape();
-    let predicts = model
-        .sparse()
-        .is_some_and(|s| s.mode == crate::sparse::SparsityMode::Predictor);
-    let modes = crate::schedule::Modes::of(plan, &shape, predicts);
-    crate::schedule::Scheduler::with_modes(&shape, plan, modes)
+    let ffn = ffn_plan_of(model, plan)?;
+    crate::schedule::Scheduler::with_ffn(&model.shape(), plan, ffn)
 }
 
 /// What the facade needs of a driver (inline, actors): evaluate tokens in a session.

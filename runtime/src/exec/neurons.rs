@@ -12,9 +12,9 @@ use super::sparse_ffn::sparse_ffn_cluster;
 use super::weights::{BundleBytes, DownPart, FfnCluster};
 use crate::model::ops::gated_activation;
 use crate::neuron::Phase;
+use crate::plan::FfnSelect;
 use crate::quant::activation_type;
 use crate::schedule::StepShape;
-use crate::sparse::SparsityMode;
 use std::sync::atomic::Ordering;
 
 impl FfnCluster<'_> {
@@ -137,11 +137,10 @@ impl StepState {
                 .fetch_add((n * neurons) as u64, Ordering::Relaxed);
         }
         let predicted = sparse
-            .filter(|sp| sp.mode == SparsityMode::Predictor)
+            .filter(|_| self.ffn.select == FfnSelect::Predicted)
             .and_then(|_| self.predictions(program.shape));
         let gated = program.is_gate_first().then_some(self.gated.as_slice());
-        let rows_only =
-            self.reads == crate::plan::ReadPolicy::PredictedPages && predicted.is_some();
+        let rows_only = self.ffn.predicted_rows_only() && predicted.is_some();
         let moe = &self.moe;
         runner.run(&mut outs, &|worker, i, out| {
             let mut guard = scratch[worker].lock().unwrap_or_else(|e| e.into_inner());

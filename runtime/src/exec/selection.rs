@@ -7,8 +7,8 @@ use super::blocks::units;
 use super::executor::StepState;
 use crate::model::Model;
 use crate::neuron::Phase;
+use crate::plan::FfnSelect;
 use crate::schedule::{Activity, Awaited, Program, StepShape};
-use crate::sparse::SparsityMode;
 use std::ops::Range;
 
 /// Whether any of `n` tokens' predictions (`[token][words]` bits) names a neuron of `neurons`.
@@ -83,9 +83,9 @@ impl StepState {
         let clusters = program.clusters(Phase::FfnNeurons);
         let n = self.request.n_tokens as usize;
         let ff = model.config.n_ff as usize;
-        let threshold = model
-            .sparse()
-            .filter(|s| s.mode == SparsityMode::Threshold && program.shape == StepShape::Decode);
+        let threshold = model.sparse().filter(|_| {
+            self.ffn.select == FfnSelect::Threshold && program.shape == StepShape::Decode
+        });
         self.needed.clear();
         self.needed.resize(clusters.len().div_ceil(64), 0);
         let chosen = |r: &Range<u32>| self.moe.expert_of(model, &units(r)).is_ok();
@@ -135,7 +135,7 @@ impl StepState {
         let Some(sparse) = model.sparse() else {
             return;
         };
-        if sparse.mode != SparsityMode::Predictor {
+        if self.ffn.select != FfnSelect::Predicted {
             return;
         }
         let Some(predictor) = sparse.layers[l].predictor.as_ref() else {

@@ -187,6 +187,12 @@ struct Run {
     logits: Vec<u32>,
 }
 
+/// A step state for `model` in memory, its FFN computed as its sparse decode says.
+fn state_for(model: &Model, kernels: Kernels) -> StepState {
+    let ffn = super::ffn_plan_of(model, &crate::plan::ExecutionPlan::default()).unwrap();
+    StepState::reading(kernels, None, ffn)
+}
+
 /// Runs `steps` (several tokens: prefill; one: decode) on one executor and KV cache.
 fn run(model: &Model, steps: &[&[u32]], split: Split) -> Run {
     run_with(model, steps, split, Kernels::best())
@@ -196,7 +202,7 @@ fn run(model: &Model, steps: &[&[u32]], split: Split) -> Run {
 fn run_with(model: &Model, steps: &[&[u32]], split: Split, kernels: Kernels) -> Run {
     let c = &model.config;
     let shape = model.shape();
-    let mut state = StepState::new(kernels);
+    let mut state = state_for(model, kernels);
     let mut kv = KvCache::new(
         c.n_layer as usize,
         c.n_head_kv as usize,
@@ -490,7 +496,7 @@ fn ffn_needed_marks_exactly_the_clusters_holding_predicted_neurons() {
     let clusters = program.clusters(Phase::FfnNeurons);
     assert_eq!(clusters.len(), 4);
     let words = (model.config.n_ff as usize).div_ceil(64);
-    let mut state = StepState::new(Kernels::best());
+    let mut state = state_for(&model, Kernels::best());
     let n = 2;
     state.request.n_tokens = n as u32;
     let mut needed = Vec::new();
@@ -574,7 +580,7 @@ fn ffn_needed_leaves_out_experts_no_token_chose() {
     let clusters = program.clusters(Phase::FfnNeurons);
     let per_expert = model.config.ffn_per_expert();
     assert_eq!(clusters.len(), 8, "two clusters per expert");
-    let mut state = StepState::new(Kernels::best());
+    let mut state = state_for(&model, Kernels::best());
     state.request.n_tokens = 1;
     state.moe.used = vec![false, true, false, true];
     let mut needed = Vec::new();

@@ -460,7 +460,7 @@ impl GgufFile {
     }
 
     /// Bytes `range` of the file as memory this process may rewrite (a model rearranging a
-    /// matrix it holds, [`crate::model::Model::interleave_kquants`]): in place in a file held in
+    /// matrix it holds, [`crate::model::Model::laid_out`]): in place in a file held in
     /// memory; for a mapped file a copy that every later read of the range sees instead of the
     /// file, the mapped pages released ([`GgufFile::release_pages`]) so the range is held once.
     /// `range` must not overlap a range taken before, except by being one of them; a read

@@ -23,7 +23,7 @@ pub struct TensorRef {
     /// Byte range in the file.
     pub bytes: Range<usize>,
     /// How the rows lie in those bytes: the file's layout, or interleaved at load
-    /// ([`Model::interleave_kquants`]).
+    /// ([`Model::laid_out`]).
     pub layout: Layout,
 }
 
@@ -116,8 +116,21 @@ pub struct Model {
     /// Sparse FFN decode (thresholds, predictors, transposed down projections), if enabled:
     /// given by value before the model is shared ([`Model::with_sparse`]), fixed afterwards.
     sparse: Option<crate::sparse::SparseFfn>,
-    /// The FFN down projections re-laid per neuron cluster ([`Model::cluster_down_projections`]).
+    /// The FFN down projections re-laid per neuron cluster ([`Model::laid_out`]).
     pub down_blocks: Option<DownBlocks>,
+}
+
+/// How a model held in memory is laid out for decode, once, before it is shared
+/// ([`Model::laid_out`]). Results do not change: every layout gives the file layout's bits.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DecodeLayout {
+    /// Decode's FFN clusters, in neurons: each layer's down projection is copied as
+    /// block-columns of that many, which a cluster then streams as one contiguous matrix
+    /// (`None`: decode reads slices of the file's rows).
+    pub down_blocks: Option<usize>,
+    /// The Q4_K and Q6_K matrices decode reads are interleaved 8 rows at a time (for kernels
+    /// that have the interleaved matvec).
+    pub interleave: bool,
 }
 
 /// Every layer's down projection cut into block-columns of `neurons` columns (one FFN neuron
@@ -129,7 +142,7 @@ pub struct Model {
 pub struct DownBlocks {
     pub neurons: usize,
     pub layers: Vec<Vec<u8>>,
-    /// Each layer's block-columns' layout (interleaved by [`Model::interleave_kquants`]).
+    /// Each layer's block-columns' layout (interleaved by [`Model::laid_out`]).
     pub layouts: Vec<Layout>,
 }
 
@@ -214,9 +227,24 @@ impl Model {
         self
     }
 
-    /// Takes the sparse decode out (to carry it over to a reloaded model).
-    pub fn take_sparse(&mut self) -> Option<crate::sparse::SparseFfn> {
+    /// The sparse decode, the model given up (to carry it over to a reloaded model).
+    pub fn into_sparse(mut self) -> Option<crate::sparse::SparseFfn> {
         self.sparse.take()
+    }
+
+    /// This model laid out for decode as `layout` says, before it is shared: the down
+    /// projections as block-columns first (the copy reads the file's layout), then the K-quant
+    /// matrices interleaved. A neuron store or a model held resident-only stays as it is (its
+    /// FFN comes from storage a bundle at a time), and so do the matrices of a model with
+    /// sparse decode (which picks single rows).
+    pub fn laid_out(mut self, layout: DecodeLayout) -> Result<Model, ModelError> {
+        if let Some(neurons) = layout.down_blocks {
+            self.cluster_down_projections(neurons);
+        }
+        if layout.interleave {
+            self.interleave_kquants()?;
+        }
+        Ok(self)
     }
 
     /// An error when the file a memory-mapped model was loaded from was truncated or modified
@@ -477,13 +505,14 @@ impl Model {
 
     /// Frees the tokenizer's arrays in the parsed metadata, once a tokenizer was built from
     /// them (they are the bulk of a GGUF header).
-    pub fn release_tokenizer_metadata(&mut self) {
+    pub fn without_tokenizer_metadata(mut self) -> Model {
         self.file.release_arrays(&[
             "tokenizer.ggml.tokens",
             "tokenizer.ggml.merges",
             "tokenizer.ggml.scores",
             "tokenizer.ggml.token_type",
         ]);
+        self
     }
 
     /// The whole matrix.
@@ -520,7 +549,7 @@ impl Model {
     /// storage a neuron at a time), nor with sparse FFN decode (which picks single rows).
     /// Results do not change: every kernel gives the file layout's bits. Returns the bytes
     /// interleaved.
-    pub fn interleave_kquants(&mut self) -> Result<usize, ModelError> {
+    pub(crate) fn interleave_kquants(&mut self) -> Result<usize, ModelError> {
         if self.store.is_some() || self.resident_only || self.sparse().is_some() {
             return Ok(0);
         }
@@ -752,7 +781,7 @@ impl Model {
     /// file's rows (prefill keeps the whole matrix for its GEMM). `neurons` is rounded up to
     /// whole blocks, as the scheduler cuts decode clusters (`cut_into_clusters`). Not for
     /// neuron stores (their bundles are laid out so already) nor models held resident-only.
-    pub fn cluster_down_projections(&mut self, neurons: usize) {
+    pub(crate) fn cluster_down_projections(&mut self, neurons: usize) {
         if self.store.is_some() || self.resident_only || self.layers.is_empty() {
             return;
         }

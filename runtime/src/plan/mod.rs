@@ -6,6 +6,7 @@
 //! on 1 or N threads, on the inline driver or on the actors.
 
 mod cache;
+mod ffn;
 mod file;
 mod groups;
 mod hardware;
@@ -18,6 +19,7 @@ mod validate;
 pub use cache::{
     CachePlan, CachePolicy, ReadPolicy, DEFAULT_COALESCE, DEFAULT_GATE_FIRST_GAP, DEFAULT_MAX_LOADS,
 };
+pub use ffn::{FfnPlan, FfnPlanError, FfnSelect};
 pub use groups::{CoreSet, DenseShapes, GroupPlan, Share, XpuKind};
 pub use hardware::{
     CoreClassProfile, HardwareProfile, KernelRates, MemoryProfile, MessagingProfile, NpuProfile,

@@ -49,7 +49,7 @@
 //! * `interleave.rs` + `avx2/q4k_x8.rs`, `avx2/q6k_x8.rs` (the row and token loops in
 //!   `interleave.rs`, shared with `neon/x8.rs`): Q4_K and Q6_K rows interleaved 8 by 8
 //!   ([`Layout::X8`], the same bytes rearranged; a model does it in place at load,
-//!   `Model::interleave_kquants`). One i32 lane per row: a 32-byte load holds 8
+//!   `Model::laid_out`). One i32 lane per row: a 32-byte load holds 8
 //!   rows' quants, each 4 activation bytes are broadcast, the scales are decoded for 8 rows at
 //!   once; no per-row shuffles or reductions. Q4_K about twice the in-cache rate of the 4-row
 //!   kernel, Q6_K about 1.1-1.2x; the same bits (each lane does its row's scalar steps).

@@ -27,7 +27,7 @@ pub use scheduler::Scheduler;
 
 use crate::neuron::Phase;
 pub use crate::plan::ReadPolicy;
-use crate::plan::{ExecutionPlan, IoEngine, ModelShape, PlanError};
+use crate::plan::{ExecutionPlan, IoEngine, PlanError};
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
 
@@ -80,41 +80,6 @@ pub struct ClusterWork {
     pub phase: Phase,
     /// Indices into the program's cluster list for this phase.
     pub clusters: Range<u32>,
-}
-
-/// Which FFN clusters a decode step computes: fixed at construction.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum FfnSelection {
-    /// Every cluster (dense, or threshold sparsity decided inside each cluster).
-    #[default]
-    All,
-    /// Those a selection names after each layer's attention: the predictors' neurons, or the
-    /// experts a mixture's router chose. Under a cache the others are never read.
-    Selected,
-}
-
-/// The scheduler's modes, fixed at construction from the plan (its cache's read policy) and
-/// the model (predictors or a router select the FFN clusters).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct Modes {
-    pub reads: ReadPolicy,
-    pub selection: FfnSelection,
-}
-
-impl Modes {
-    /// The modes of `plan` for a model of `shape` whose decode selects its FFN clusters when
-    /// `predicts` (predictor sparsity): a mixture of experts always does (its router).
-    pub fn of(plan: &ExecutionPlan, shape: &ModelShape, predicts: bool) -> Modes {
-        Modes {
-            reads: plan.cache.as_ref().map_or(ReadPolicy::Bundles, |c| c.reads),
-            selection: if predicts || shape.is_moe() {
-                FfnSelection::Selected
-            } else {
-                FfnSelection::All
-            },
-        }
-    }
 }
 
 /// Which loads one read may carry, decided by the scheduler ([`Command::Load`]'s
@@ -256,10 +221,15 @@ pub enum ScheduleError {
     UnexpectedPages { step: StepId, layer: u32 },
     #[error("the plan reads bundles page by page, but the model is not a neuron store with gate rows first in its bundles")]
     GateFirstWithoutStore,
-    #[error("the plan reads {} pages, which needs {need}", .reads.name())]
-    ModesDisagree {
-        reads: ReadPolicy,
-        need: &'static str,
+    #[error("{0}")]
+    Ffn(#[from] crate::plan::FfnPlanError),
+    #[error(
+        "the FFN plan ({} neurons, {} reads) is not the one the plan and model resolve to ({}, {})",
+        .ffn.select.name(), .ffn.reads.name(), .resolved.select.name(), .resolved.reads.name()
+    )]
+    FfnPlanMismatch {
+        ffn: crate::plan::FfnPlan,
+        resolved: crate::plan::FfnPlan,
     },
     #[error("gate-first loading keeps a layer's {need} bundles in slots at once, but the cache has {cold} slots for them (a larger budget, or fewer hot slots)")]
     GateFirstSlots { need: u32, cold: u32 },

@@ -3,12 +3,12 @@
 
 use super::cache_flow::{settle_unit, CacheFlow};
 use super::{
-    Awaited, ClusterWork, Command, Event, FfnSelection, Modes, Program, ReadGeometry, ReadPolicy,
-    ScheduleError, StepId, StepRequest, StepShape, XpuId,
+    Awaited, ClusterWork, Command, Event, Program, ReadGeometry, ReadPolicy, ScheduleError, StepId,
+    StepRequest, StepShape, XpuId,
 };
 use crate::cache::{CacheDirectory, LayerCacheStats, UnitMap};
 use crate::neuron::Phase;
-use crate::plan::{ExecutionPlan, ModelShape, Share};
+use crate::plan::{ExecutionPlan, FfnPlan, ModelShape, Share};
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -85,7 +85,7 @@ pub struct Scheduler {
     decode_max_tokens: u32,
     prefill_max_tokens: u32,
     n_groups: usize,
-    modes: Modes,
+    ffn: FfnPlan,
     in_flight: Option<InFlight>,
     /// The last finished step's `outstanding`, kept for the next one: steps allocate nothing.
     spare_outstanding: Outstanding,
@@ -93,19 +93,19 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
-    /// A scheduler for a model of `shape` following `plan` with every FFN cluster computed
-    /// ([`FfnSelection::All`]): [`Scheduler::with_modes`] with the plan's read policy.
+    /// A scheduler for a model of `shape` following `plan` with the FFN plan its reads imply
+    /// ([`FfnPlan::implied`]: dense, unless its reads need a selection).
     pub fn new(shape: &ModelShape, plan: &ExecutionPlan) -> Result<Scheduler, ScheduleError> {
-        Scheduler::with_modes(shape, plan, Modes::of(plan, shape, false))
+        Scheduler::with_ffn(shape, plan, FfnPlan::implied(plan, shape))
     }
 
     /// A scheduler for a model of `shape` following `plan`: decode phases shared among the
-    /// plan's `decode_on` groups, prefill phases among its `prefill_on` groups, in `modes`
-    /// (fixed for its life).
-    pub fn with_modes(
+    /// plan's `decode_on` groups, prefill phases among its `prefill_on` groups, decode's FFN
+    /// computed and read as `ffn` says (fixed for its life; [`FfnPlan::resolve`] makes one).
+    pub fn with_ffn(
         shape: &ModelShape,
         plan: &ExecutionPlan,
-        modes: Modes,
+        ffn: FfnPlan,
     ) -> Result<Scheduler, ScheduleError> {
         plan.validate()?;
         for (field, value) in [
@@ -125,18 +125,11 @@ impl Scheduler {
         if plan.groups.len() > usize::from(u8::MAX) {
             return Err(ScheduleError::TooManyGroups(plan.groups.len()));
         }
-        let need = match (modes.reads, modes.selection) {
-            (ReadPolicy::PredictedPages, FfnSelection::All) => Some("predictions"),
-            (ReadPolicy::GateFirst, FfnSelection::Selected) => {
-                Some("threshold sparsity (with predictions, read the predicted pages)")
-            }
-            _ => None,
-        };
-        if let (Some(need), Some(_)) = (need, &plan.cache) {
-            return Err(ScheduleError::ModesDisagree {
-                reads: modes.reads,
-                need,
-            });
+        // The FFN plan must be one its plan and shape resolve to (a trace or a caller may
+        // bring any): a selection its reads cannot serve is refused by name.
+        let resolved = FfnPlan::resolve(plan, shape, ffn.select.sparsity())?;
+        if resolved != ffn {
+            return Err(ScheduleError::FfnPlanMismatch { ffn, resolved });
         }
         let resolve = |shares: &[Share]| -> Vec<(XpuId, u32)> {
             shares
@@ -175,7 +168,7 @@ impl Scheduler {
                 let page = crate::store::STORE_ALIGN;
                 let bundle_pages = (shape.ffn_bundle_stride / page) as u32;
                 let gate_pages = shape.ffn_bundle_gate_bytes.div_ceil(page) as u32;
-                let pages = modes.reads.reads_pages();
+                let pages = ffn.reads.reads_pages();
                 if pages && (gate_pages == 0 || gate_pages > bundle_pages) {
                     return Err(ScheduleError::GateFirstWithoutStore);
                 }
@@ -189,7 +182,7 @@ impl Scheduler {
                     map,
                     c.max_loads,
                     ReadGeometry::of(plan),
-                    modes.reads,
+                    ffn.reads,
                     gate_pages,
                     bundle_pages,
                     cold_slots,
@@ -224,7 +217,7 @@ impl Scheduler {
             decode.stream_attention(shape, &decode_shares);
             prefill.stream_attention(shape, &prefill_shares);
         }
-        if cache.is_some() && modes.reads == ReadPolicy::GateFirst {
+        if cache.is_some() && ffn.gate_first() {
             decode.gate_first(&decode_shares);
         }
         let most_clusters = [&decode, &prefill]
@@ -240,15 +233,15 @@ impl Scheduler {
             decode_max_tokens: plan.decode_max_tokens,
             prefill_max_tokens: plan.prefill_max_tokens,
             n_groups: plan.groups.len(),
-            modes,
+            ffn,
             in_flight: None,
             spare_outstanding: Outstanding::with_clusters(most_clusters),
         })
     }
 
-    /// The modes it was built with.
-    pub fn modes(&self) -> Modes {
-        self.modes
+    /// How it schedules decode's FFN (fixed at construction).
+    pub fn ffn(&self) -> FfnPlan {
+        self.ffn
     }
 
     /// Processor groups of the plan (`XpuId(0..n)`).
@@ -408,7 +401,7 @@ impl Scheduler {
             });
         }
         let shape = self.shape_of(&request);
-        let selected = self.modes.selection == FfnSelection::Selected && shape == StepShape::Decode;
+        let selected = self.ffn.select.selects_clusters() && shape == StepShape::Decode;
         if let Some(cache) = self.cache.as_mut() {
             cache.start_step(shape, selected, request.wants_logits())?;
         }
@@ -454,12 +447,13 @@ impl Scheduler {
     fn awaited_after(&self, shape: StepShape, phase: Phase) -> Option<Awaited> {
         self.cache.as_ref()?;
         let decode = shape == StepShape::Decode;
-        match (phase, self.modes.reads, self.modes.selection) {
-            (Phase::FfnGateRows, _, _) => Some(Awaited::GatedPages),
-            (Phase::AttnOutRows, ReadPolicy::PredictedPages, FfnSelection::Selected) if decode => {
+        let selects = self.ffn.select.selects_clusters();
+        match (phase, self.ffn.reads) {
+            (Phase::FfnGateRows, _) => Some(Awaited::GatedPages),
+            (Phase::AttnOutRows, ReadPolicy::PredictedPages) if decode && selects => {
                 Some(Awaited::PredictedPages)
             }
-            (Phase::AttnOutRows, _, FfnSelection::Selected) if decode => Some(Awaited::Clusters),
+            (Phase::AttnOutRows, _) if decode && selects => Some(Awaited::Clusters),
             _ => None,
         }
     }
@@ -563,7 +557,7 @@ impl Scheduler {
         out: &mut Vec<Command>,
     ) -> Result<(), ScheduleError> {
         let unexpected = ScheduleError::UnexpectedPrediction { step, layer };
-        if self.modes.reads == ReadPolicy::PredictedPages {
+        if self.ffn.reads == ReadPolicy::PredictedPages {
             return Err(unexpected);
         }
         let bit = |c: u32| {
@@ -622,7 +616,7 @@ impl Scheduler {
         };
         let per = cache.bundle_pages as usize;
         let bit = |i: usize| pages.get(i / 64).is_some_and(|w| w >> (i % 64) & 1 == 1);
-        match self.modes.reads {
+        match self.ffn.reads {
             ReadPolicy::PredictedPages => {
                 cache.set_layer_pages(pages);
                 let needed = |c: u32| (c as usize * per..(c as usize + 1) * per).any(bit);

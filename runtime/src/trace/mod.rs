@@ -17,8 +17,9 @@ use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
 use std::path::Path;
 
-/// Version of the trace format (4: steps carry `StepRequest::sequences`).
-pub const TRACE_FORMAT_VERSION: u32 = 4;
+/// Version of the trace format (4: steps carry `StepRequest::sequences`; 5: the header holds
+/// the run's FFN plan where it held the scheduler's modes).
+pub const TRACE_FORMAT_VERSION: u32 = 5;
 const MAGIC: &[u8; 8] = b"CNDTRACE";
 /// A trace larger than this is refused rather than allocated (hostile or corrupt file).
 const MAX_TRACE_BYTES: usize = 1 << 30;
@@ -29,8 +30,8 @@ pub struct TraceHeader {
     pub version: u32,
     pub model: ModelDescription,
     pub plan: ExecutionPlan,
-    /// The scheduler's modes (read policy, FFN selection) the run had.
-    pub modes: crate::schedule::Modes,
+    /// How the run computed and read decode's FFN (the scheduler's FFN plan).
+    pub ffn: crate::plan::FfnPlan,
     /// `actors`, `inline` or `simulator`.
     pub driver: String,
     pub threads: u32,

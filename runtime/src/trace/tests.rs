@@ -45,7 +45,7 @@ fn sample() -> Trace {
                 },
             },
             plan: ExecutionPlan::default(),
-            modes: crate::schedule::Modes::default(),
+            ffn: crate::plan::FfnPlan::default(),
             driver: "actors".into(),
             threads: 2,
             writer: "test".into(),

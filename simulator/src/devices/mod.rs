@@ -13,7 +13,7 @@ pub mod storage;
 use crate::SimError;
 use conductor_runtime::neuron::Phase;
 use conductor_runtime::plan::{
-    ExecutionPlan, HardwareProfile, ModelDescription, PlacedGroup, Topology, XpuKind,
+    ExecutionPlan, FfnPlan, HardwareProfile, ModelDescription, PlacedGroup, Topology, XpuKind,
 };
 use conductor_runtime::quant::GgmlType;
 use conductor_runtime::schedule::StepShape;
@@ -111,9 +111,10 @@ pub(crate) struct ModelCosts {
     pub head_dim: f64,
     /// Bytes per weight element of each role (block bytes / block size).
     pub bytes_per_element: [f64; ROLES],
-    /// Gate-first loading: `FfnGateRows` computes every gate row, `FfnNeurons` then only the
-    /// active neurons' up rows and down columns.
-    pub gate_first: bool,
+    /// How decode computes and reads the FFN (the scheduler's): with gate-first reads,
+    /// `FfnGateRows` computes every gate row, `FfnNeurons` then only the active neurons' up
+    /// rows and down columns.
+    pub ffn: FfnPlan,
 }
 
 impl ModelCosts {
@@ -127,7 +128,7 @@ impl ModelCosts {
             n_head_kv: s.n_head_kv,
             head_dim: f64::from(s.head_dim),
             bytes_per_element: types.map(|t| t.type_size() as f64 / t.block_size() as f64),
-            gate_first: false,
+            ffn: FfnPlan::default(),
         }
     }
 
@@ -164,7 +165,7 @@ impl ModelCosts {
             Phase::FfnNeurons => {
                 let active = active.count_in(units.clone()).map_or(count, f64::from);
                 // Neuron i: gate row i, up row i (n_embd each) and down column i (n_embd).
-                if !self.gate_first {
+                if !self.ffn.gate_first() {
                     self.weights(&mut load, Role::Gate, active, embd);
                 }
                 self.weights(&mut load, Role::Up, active, embd);

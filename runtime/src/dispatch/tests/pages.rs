@@ -3,7 +3,7 @@
 
 use super::cache::{cached_plan, store_shape};
 use super::*;
-use crate::plan::{CachePlan, CachePolicy};
+use crate::plan::{CachePlan, CachePolicy, FfnPlan, FfnSelect};
 
 /// A 3-layer store of 5 bundles of 8 pages, its gate rows on the first 2 (the last page of
 /// the gate shares the up rows' first bytes), for gate-first loading.
@@ -180,17 +180,16 @@ impl Checker for PageChecks<'_> {
     }
 }
 
-/// A harness of `shape` and `plan` in `modes`.
-fn harness(shape: &ModelShape, plan: &ExecutionPlan, selection: FfnSelection) -> Harness {
-    let modes = Modes {
-        reads: if selection == FfnSelection::Selected {
-            ReadPolicy::PredictedPages
-        } else {
-            ReadPolicy::GateFirst
-        },
-        selection,
+/// A harness of `shape` and `plan` whose decode selects as `select` says, reading pages as
+/// that selection does: the gate's threshold reads gate-first, predictions their pages.
+fn harness(shape: &ModelShape, plan: &ExecutionPlan, select: FfnSelect) -> Harness {
+    let mut plan = plan.clone();
+    plan.cache.as_mut().expect("a cached plan").reads = match select {
+        FfnSelect::Predicted => ReadPolicy::PredictedPages,
+        _ => ReadPolicy::GateFirst,
     };
-    Harness::new(Scheduler::with_modes(shape, plan, modes).unwrap(), shape)
+    let ffn = FfnPlan::resolve(&plan, shape, select.sparsity()).unwrap();
+    Harness::new(Scheduler::with_ffn(shape, &plan, ffn).unwrap(), shape)
 }
 
 #[test]
@@ -198,8 +197,8 @@ fn gate_first_reads_gate_pages_then_only_the_wanted_ones() {
     let shape = gate_first_shape();
     // 5 bundles a layer: 6 slots, 1 hot; 3 loads ahead.
     let plan = gate_first_plan(6, 1, 3, false, 0);
-    let mut h = harness(&shape, &plan, FfnSelection::All);
-    assert_eq!(h.s().modes().reads, ReadPolicy::GateFirst);
+    let mut h = harness(&shape, &plan, FfnSelect::Threshold);
+    assert_eq!(h.s().ffn().reads, ReadPolicy::GateFirst);
     let decode = h.s().program(StepShape::Decode);
     let phases: Vec<Phase> = decode.layer_phases.iter().map(|p| p.phase).collect();
     assert_eq!(
@@ -236,7 +235,7 @@ fn gate_first_reads_gate_pages_then_only_the_wanted_ones() {
     let mut h = harness(
         &shape,
         &gate_first_plan(6, 1, 3, false, 1),
-        FfnSelection::All,
+        FfnSelect::Threshold,
     );
     let mut d = PageChecks::new(&h, 6, 1, &wanted);
     d.run_step(&mut h, request(1, 1, 0), &mut std::iter::empty());
@@ -269,7 +268,7 @@ fn gate_first_refuses_too_few_cold_slots_and_models_without_gate_pages() {
     // refused (not a deadlock). Prefill runs; so does a decode reading predicted pages (no
     // gate phase).
     let plan = gate_first_plan(6, 2, 1, false, 0);
-    let mut h = harness(&shape, &plan, FfnSelection::All);
+    let mut h = harness(&shape, &plan, FfnSelect::Threshold);
     assert_eq!(
         h.feed(
             Event::StepRequested(request(1, 1, 0)),
@@ -280,7 +279,7 @@ fn gate_first_refuses_too_few_cold_slots_and_models_without_gate_pages() {
     );
     let mut d = PageChecks::new(&h, 6, 0, &all_active);
     d.run_step(&mut h, request(2, 4, 0), &mut std::iter::empty());
-    let mut h = harness(&shape, &plan, FfnSelection::Selected);
+    let mut h = harness(&shape, &plan, FfnSelect::Predicted);
     let first_three = |_: u32, _: u32, p: u32| p < 3;
     let mut d = PageChecks::new(&h, 6, 0, &first_three);
     d.run_step(&mut h, request(3, 1, 4), &mut std::iter::empty());
@@ -359,7 +358,7 @@ proptest! {
         let shape = gate_first_shape();
         let slots = 5 + hot + extra_slots.max(1);
         let plan = gate_first_plan(slots, hot, max_loads, stream_attention, gap);
-        let mut h = harness(&shape, &plan, FfnSelection::All);
+        let mut h = harness(&shape, &plan, FfnSelect::Threshold);
         let wanted = |l: u32, c: u32, p: u32| p >= 2 && hashed_pick(seed, l, c, p);
         let mut d = PageChecks::new(&h, slots, gap, &wanted);
         let mut pick = picks.iter().copied().cycle();
@@ -367,7 +366,7 @@ proptest! {
         // With every unit in a slot of its own, a repeated decode reads nothing.
         let all = 3 * 5 + 2 + if stream_attention { 12 } else { 0 };
         let plan = gate_first_plan(all, all, max_loads, stream_attention, gap);
-        let mut h = harness(&shape, &plan, FfnSelection::All);
+        let mut h = harness(&shape, &plan, FfnSelect::Threshold);
         let mut d = PageChecks::new(&h, all, gap, &wanted);
         d.run_step(&mut h, request(1, 1, 0), &mut pick);
         let first = d.pages_read;
@@ -382,9 +381,9 @@ fn predicted_pages_are_read_in_one_phase() {
     let mut h = harness(
         &shape,
         &gate_first_plan(6, 1, 3, false, 0),
-        FfnSelection::Selected,
+        FfnSelect::Predicted,
     );
-    assert_eq!(h.s().modes().reads, ReadPolicy::PredictedPages);
+    assert_eq!(h.s().ffn().reads, ReadPolicy::PredictedPages);
     // No gate phase: the predicted neurons' pages come with the predictions.
     assert!(!h.s().program(StepShape::Decode).is_gate_first());
     // Cluster 2 of every layer has no predicted neuron; the others pages 1 and 6.
@@ -424,7 +423,7 @@ proptest! {
         let shape = gate_first_shape();
         let slots = 5 + hot + extra_slots;
         let plan = gate_first_plan(slots, hot, max_loads, stream_attention, gap);
-        let mut h = harness(&shape, &plan, FfnSelection::Selected);
+        let mut h = harness(&shape, &plan, FfnSelect::Predicted);
         let wanted = |l: u32, c: u32, p: u32| hashed_pick(seed, l, c, p);
         let mut d = PageChecks::new(&h, slots, gap, &wanted);
         let mut pick = picks.iter().copied().cycle();

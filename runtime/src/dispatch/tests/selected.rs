@@ -3,7 +3,7 @@
 
 use super::cache::{cached_plan, store_shape};
 use super::*;
-use crate::plan::{CachePlan, CachePolicy};
+use crate::plan::{CachePlan, CachePolicy, FfnPlan, FfnSelect, SparsityMode};
 
 /// Runs one step completing in the core's order; after each layer's attention the clusters
 /// `needed(layer, cluster)` hold the active neurons. Returns every command.
@@ -34,11 +34,8 @@ fn predicting_harness(slots: u32, max_loads: u32, stream_attention: bool) -> Har
     };
     let plan = cached_plan(ExecutionPlan::default(), 50, cache);
     let shape = store_shape(3, 32);
-    let modes = Modes {
-        reads: ReadPolicy::Bundles,
-        selection: FfnSelection::Selected,
-    };
-    Harness::new(Scheduler::with_modes(&shape, &plan, modes).unwrap(), &shape)
+    let ffn = FfnPlan::resolve(&plan, &shape, SparsityMode::Predictor).unwrap();
+    Harness::new(Scheduler::with_ffn(&shape, &plan, ffn).unwrap(), &shape)
 }
 
 /// The (layer, cluster) of every `Load` in `cmds`, in order.
@@ -94,7 +91,7 @@ fn streamed_attention_is_loaded_every_layer_and_predictions_gate_only_the_ffn() 
 fn decode_with_predictions_loads_only_the_predicted_clusters() {
     // 3 layers of 5 bundles of 32 neurons; 4 slots, no hot segment: every needed cluster misses.
     let mut h = predicting_harness(4, 2, false);
-    assert_eq!(h.s().modes().selection, FfnSelection::Selected);
+    assert_eq!(h.s().ffn().select, FfnSelect::Predicted);
     let needed = |layer: u32, c: u32| (layer + c).is_multiple_of(3);
     let cmds = run_predicted_step(&mut h, request(1, 1, 0), &needed);
     // Every needed cluster computed once, the skipped ones never, phases in order (loads
@@ -155,26 +152,40 @@ fn decode_with_predictions_loads_only_the_predicted_clusters() {
 }
 
 #[test]
-fn modes_that_disagree_are_refused() {
-    let cache = CachePlan {
-        slots: 8,
-        max_loads: 1,
-        ..CachePlan::default()
-    };
+fn an_ffn_plan_its_reads_cannot_serve_is_refused() {
     let shape = ModelShape {
         ffn_bundle_stride: 8 * 4096,
         ffn_bundle_gate_bytes: 4096,
         ..store_shape(3, 32)
     };
-    let plan = cached_plan(ExecutionPlan::default(), 50, cache);
-    for (reads, selection) in [
-        (ReadPolicy::PredictedPages, FfnSelection::All),
-        (ReadPolicy::GateFirst, FfnSelection::Selected),
+    let reading = |reads| {
+        let cache = CachePlan {
+            slots: 8,
+            max_loads: 1,
+            reads,
+            ..CachePlan::default()
+        };
+        cached_plan(ExecutionPlan::default(), 50, cache)
+    };
+    // Reads that need another selection: refused by what they need.
+    for (reads, select) in [
+        (ReadPolicy::PredictedPages, FfnSelect::Dense),
+        (ReadPolicy::GateFirst, FfnSelect::Predicted),
     ] {
-        let modes = Modes { reads, selection };
         assert!(matches!(
-            Scheduler::with_modes(&shape, &plan, modes),
-            Err(ScheduleError::ModesDisagree { .. })
+            Scheduler::with_ffn(&shape, &reading(reads), FfnPlan { select, reads }),
+            Err(ScheduleError::Ffn(_))
         ));
     }
+    // An FFN plan whose reads are not the plan's own.
+    let ffn = FfnPlan {
+        select: FfnSelect::Predicted,
+        reads: ReadPolicy::PredictedPages,
+    };
+    let err = Scheduler::with_ffn(&shape, &reading(ReadPolicy::Bundles), ffn).err();
+    assert!(
+        matches!(err, Some(ScheduleError::FfnPlanMismatch { resolved, .. })
+            if resolved == FfnPlan { select: FfnSelect::Predicted, reads: ReadPolicy::Bundles }),
+        "{err:?}"
+    );
 }

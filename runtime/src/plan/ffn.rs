@@ -1,0 +1,275 @@
+//! How decode computes and reads the FFN, resolved once: which neurons a step computes
+//! ([`FfnSelect`]) and how a store's bundles are read for them ([`ReadPolicy`]). The scheduler
+//! (what it awaits and loads), the executor (what a cluster computes) and the simulator (what
+//! it charges) all read this one value; nothing else says the same thing.
+
+use super::{ExecutionPlan, ModelShape, ReadPolicy, SparsityMode};
+use serde::{Deserialize, Serialize};
+
+/// Which FFN neurons a decode step computes. Prefill is always dense.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FfnSelect {
+    /// Every neuron of every cluster.
+    #[default]
+    Dense,
+    /// Every cluster; inside it only the neurons whose gate passes the layer's threshold.
+    Threshold,
+    /// Only the clusters holding a neuron the layer's predictor names (after its attention).
+    Predicted,
+    /// Only the clusters of the experts the router chose (a mixture of experts).
+    Experts,
+}
+
+impl FfnSelect {
+    /// The selection of a model of `shape` decoding with `sparsity`: a mixture's router is its
+    /// sparsity, so it takes no other.
+    pub fn of(shape: &ModelShape, sparsity: SparsityMode) -> Result<FfnSelect, FfnPlanError> {
+        match (shape.is_moe(), sparsity) {
+            (true, SparsityMode::Dense) => Ok(FfnSelect::Experts),
+            (true, other) => Err(FfnPlanError::SparseExperts(other.name())),
+            (false, SparsityMode::Dense) => Ok(FfnSelect::Dense),
+            (false, SparsityMode::Threshold) => Ok(FfnSelect::Threshold),
+            (false, SparsityMode::Predictor) => Ok(FfnSelect::Predicted),
+        }
+    }
+
+    /// The sparse decode that selects this way on a model whose shape allows it (a
+    /// mixture's experts are its dense decode): [`FfnSelect::of`]'s inverse.
+    pub fn sparsity(self) -> SparsityMode {
+        match self {
+            FfnSelect::Dense | FfnSelect::Experts => SparsityMode::Dense,
+            FfnSelect::Threshold => SparsityMode::Threshold,
+            FfnSelect::Predicted => SparsityMode::Predictor,
+        }
+    }
+
+    /// Whether decode steps compute only some clusters, chosen after each layer's attention
+    /// (the scheduler awaits the choice; the others are neither read nor summed).
+    pub fn selects_clusters(self) -> bool {
+        matches!(self, FfnSelect::Predicted | FfnSelect::Experts)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FfnSelect::Dense => "dense",
+            FfnSelect::Threshold => "threshold",
+            FfnSelect::Predicted => "predicted",
+            FfnSelect::Experts => "experts",
+        }
+    }
+}
+
+/// How decode computes and reads the FFN, fixed for a run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct FfnPlan {
+    pub select: FfnSelect,
+    /// How a store's bundles are read through the neuron cache ([`ReadPolicy::Bundles`]
+    /// without one).
+    pub reads: ReadPolicy,
+}
+
+/// A plan's reads that its FFN selection cannot serve.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FfnPlanError {
+    #[error("the plan reads {} pages, which needs {need}", .reads.name())]
+    ReadsNeed {
+        reads: ReadPolicy,
+        need: &'static str,
+    },
+    #[error("{0} sparsity on a mixture of experts: its router is its sparsity (use dense)")]
+    SparseExperts(&'static str),
+}
+
+impl FfnPlan {
+    /// The FFN plan of a model of `shape` decoding with `sparsity` under `plan` (its cache's
+    /// read policy). Refused where the reads need a selection the sparsity does not give:
+    /// gate-first pages need the gate's threshold, predicted pages a selection of clusters.
+    pub fn resolve(
+        plan: &ExecutionPlan,
+        shape: &ModelShape,
+        sparsity: SparsityMode,
+    ) -> Result<FfnPlan, FfnPlanError> {
+        let select = FfnSelect::of(shape, sparsity)?;
+        let reads = plan.cache.as_ref().map_or(ReadPolicy::Bundles, |c| c.reads);
+        let need = match (reads, select) {
+            (ReadPolicy::GateFirst, FfnSelect::Predicted) => {
+                Some("threshold sparsity (with predictors, read the predicted pages)")
+            }
+            (ReadPolicy::GateFirst, FfnSelect::Dense | FfnSelect::Experts) => {
+                Some("threshold sparsity (or predictor sparsity, which reads the predicted pages): the gate decides which neurons' pages are read")
+            }
+            (ReadPolicy::PredictedPages, FfnSelect::Dense | FfnSelect::Threshold) => {
+                Some("predictor sparsity: the predictions decide which neurons' pages are read")
+            }
+            _ => None,
+        };
+        match need {
+            Some(need) => Err(FfnPlanError::ReadsNeed { reads, need }),
+            None => Ok(FfnPlan { select, reads }),
+        }
+    }
+
+    /// The FFN plan `plan`'s own reads imply for a model of `shape`: the least selection they
+    /// work with (the gate's threshold for gate-first pages, predictions for predicted pages,
+    /// a mixture's router), dense otherwise. For running a plan without a model's sparse
+    /// decode: a simulation without predictions, a hardware profile's timing runs, tests.
+    pub fn implied(plan: &ExecutionPlan, shape: &ModelShape) -> FfnPlan {
+        let reads = plan.cache.as_ref().map_or(ReadPolicy::Bundles, |c| c.reads);
+        let select = match reads {
+            _ if shape.is_moe() => FfnSelect::Experts,
+            ReadPolicy::Bundles => FfnSelect::Dense,
+            ReadPolicy::GateFirst => FfnSelect::Threshold,
+            ReadPolicy::PredictedPages => FfnSelect::Predicted,
+        };
+        FfnPlan { select, reads }
+    }
+
+    /// Decode reads each layer's gate rows first, then the pages of the neurons whose gate
+    /// fires (PowerInfer-2's two-phase load).
+    pub fn gate_first(self) -> bool {
+        self.reads == ReadPolicy::GateFirst
+    }
+
+    /// A cluster's slot holds only its predicted neurons' pages, so a decode step with
+    /// predictions computes those neurons' up rows one by one.
+    pub fn predicted_rows_only(self) -> bool {
+        self.reads == ReadPolicy::PredictedPages && self.select == FfnSelect::Predicted
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::CachePlan;
+
+    fn reading(reads: Option<ReadPolicy>) -> ExecutionPlan {
+        ExecutionPlan {
+            cache: reads.map(|reads| CachePlan {
+                reads,
+                ..CachePlan::default()
+            }),
+            ..ExecutionPlan::default()
+        }
+    }
+
+    fn shape(n_expert: u32) -> ModelShape {
+        ModelShape {
+            n_layer: 2,
+            n_embd: 64,
+            n_ff: 256,
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim: 16,
+            n_vocab: 100,
+            ffn_granule: 32,
+            ffn_bundle: 32,
+            ffn_bundle_stride: 8 * 4096,
+            ffn_bundle_gate_bytes: 4096,
+            n_expert,
+            n_expert_used: n_expert.min(2),
+        }
+    }
+
+    #[test]
+    fn every_sparsity_and_read_policy_resolves_or_is_refused_by_name() {
+        use FfnSelect::*;
+        use ReadPolicy::*;
+        use SparsityMode as S;
+        let dense = shape(0);
+        // (reads, sparsity) → the selection, or None where refused.
+        let table = [
+            (None, S::Dense, Some(Dense)),
+            (None, S::Threshold, Some(Threshold)),
+            (None, S::Predictor, Some(Predicted)),
+            (Some(Bundles), S::Dense, Some(Dense)),
+            (Some(Bundles), S::Threshold, Some(Threshold)),
+            (Some(Bundles), S::Predictor, Some(Predicted)),
+            (Some(GateFirst), S::Dense, None),
+            (Some(GateFirst), S::Threshold, Some(Threshold)),
+            (Some(GateFirst), S::Predictor, None),
+            (Some(PredictedPages), S::Dense, None),
+            (Some(PredictedPages), S::Threshold, None),
+            (Some(PredictedPages), S::Predictor, Some(Predicted)),
+        ];
+        for (reads, sparsity, want) in table {
+            let got = FfnPlan::resolve(&reading(reads), &dense, sparsity);
+            let expected_reads = reads.unwrap_or(Bundles);
+            match want {
+                Some(select) => assert_eq!(
+                    got,
+                    Ok(FfnPlan {
+                        select,
+                        reads: expected_reads
+                    }),
+                    "{reads:?} {sparsity:?}"
+                ),
+                None => {
+                    let err = got.expect_err("refused").to_string();
+                    assert!(err.contains(expected_reads.name()), "{err}");
+                    assert!(err.contains("sparsity"), "{err}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_mixture_selects_its_experts_and_takes_no_other_sparsity() {
+        let moe = shape(4);
+        for reads in [
+            None,
+            Some(ReadPolicy::Bundles),
+            Some(ReadPolicy::PredictedPages),
+        ] {
+            let plan = FfnPlan::resolve(&reading(reads), &moe, SparsityMode::Dense).unwrap();
+            assert_eq!(plan.select, FfnSelect::Experts);
+            assert!(plan.select.selects_clusters());
+            assert!(!plan.predicted_rows_only(), "experts read whole rows");
+        }
+        assert!(FfnPlan::resolve(
+            &reading(Some(ReadPolicy::GateFirst)),
+            &moe,
+            SparsityMode::Dense
+        )
+        .is_err());
+        let err = FfnPlan::resolve(&reading(None), &moe, SparsityMode::Threshold).unwrap_err();
+        assert_eq!(err, FfnPlanError::SparseExperts("threshold"));
+    }
+
+    #[test]
+    fn the_implied_plan_is_the_least_selection_its_reads_resolve_with() {
+        for moe in [0, 4] {
+            for reads in [
+                None,
+                Some(ReadPolicy::Bundles),
+                Some(ReadPolicy::GateFirst),
+                Some(ReadPolicy::PredictedPages),
+            ] {
+                let plan = reading(reads);
+                let implied = FfnPlan::implied(&plan, &shape(moe));
+                let sparsity = implied.select.sparsity();
+                // A mixture cannot read gate-first pages at all; every other implied plan is
+                // one `resolve` gives.
+                if moe > 0 && reads == Some(ReadPolicy::GateFirst) {
+                    assert!(FfnPlan::resolve(&plan, &shape(moe), sparsity).is_err());
+                } else {
+                    assert_eq!(
+                        FfnPlan::resolve(&plan, &shape(moe), sparsity),
+                        Ok(implied),
+                        "{moe} {reads:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn only_predicted_pages_with_predictions_read_rows_one_by_one() {
+        let plan = |select, reads| FfnPlan { select, reads };
+        assert!(plan(FfnSelect::Predicted, ReadPolicy::PredictedPages).predicted_rows_only());
+        assert!(!plan(FfnSelect::Predicted, ReadPolicy::Bundles).predicted_rows_only());
+        assert!(!plan(FfnSelect::Experts, ReadPolicy::PredictedPages).predicted_rows_only());
+        assert!(plan(FfnSelect::Threshold, ReadPolicy::GateFirst).gate_first());
+        assert!(!plan(FfnSelect::Threshold, ReadPolicy::Bundles).gate_first());
+    }
+}
