@@ -21,11 +21,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod budget;
 mod generation;
 mod memory;
 mod sparsity;
 mod speculative;
 
+use budget::{fit_sessions, BudgetAsk};
 pub use generation::{
     GenerateOptions, Generation, GenerationStats, Piece, SampleHook, StopReason, TokenStream,
 };
@@ -441,7 +443,6 @@ impl EngineBuilder {
         if let Some(memory) = memory {
             let memory = self.hold_step_logits(memory, &model);
             let memory = self.hold_reserved(memory, &model);
-            let n_ctx = self.context.unwrap_or(BUDGET_CONTEXT);
             if let Some(policy) = self.cache_policy {
                 plan.cache.get_or_insert_with(CachePlan::default).policy = policy;
             }
@@ -467,38 +468,18 @@ impl EngineBuilder {
             // pages, the predictions predicted pages): refused before the budget loads more.
             // The drivers resolve the same FFN plan from the same model and plan.
             conductor_runtime::exec::ffn_plan_of(&model, &plan).map_err(ScheduleError::from)?;
-            let sessions = self.sequences.max(1);
-            let mut n_ctx = n_ctx;
-            let mut split = apply_budget_for(&model, &mut plan, memory, n_ctx, sessions);
-            if self.context.is_none() && sessions > 1 {
-                // N sessions of the default context may not fit: shorter sessions before a
-                // refusal (a context given explicitly is kept, and refused if it does not fit).
-                let default = n_ctx;
-                while matches!(split, Err(BudgetError::TooSmall { .. }))
-                    && n_ctx / 2 >= MIN_SHARED_CONTEXT
-                {
-                    n_ctx /= 2;
-                    split = apply_budget_for(&model, &mut plan, memory, n_ctx, sessions);
-                }
-                if n_ctx != default && split.is_ok() {
-                    (self.say)(&format!(
-                        "memory: {sessions} sessions of {default} tokens do not fit the budget \
-                         beside the weights; each session gets {n_ctx} tokens of context \
-                         (-c asks for more, refused if it does not fit)"
-                    ));
-                }
-            }
-            let split = match (split, &self.reserved) {
-                (Err(BudgetError::TooSmall { fixed, slots, .. }), Some((held, what))) => {
-                    let need = step_logits_bytes(&model, self.step_logits) + held + fixed + slots;
-                    return Err(Error::BudgetWithReserved {
-                        what: what.clone(),
-                        held: held.div_ceil(1 << 20),
-                        need: need.div_ceil(1 << 20),
-                    });
-                }
-                (split, _) => split?,
+            let ask = BudgetAsk {
+                bytes: memory.bytes(model.file().file_len()),
+                context: self.context,
+                sessions: self.sequences,
+                step_logits: step_logits_bytes(&model, self.step_logits),
+                reserved: self
+                    .reserved
+                    .as_ref()
+                    .map(|(held, what)| (*held, what.as_str())),
             };
+            let sizes = StoreSizes::of_store(&model)?;
+            let (split, n_ctx) = fit_sessions(&sizes, &mut plan, &ask, &mut *self.say)?;
             if !split.plan.stream_attention {
                 // The budget keeps attention resident: load the store again with it, keeping
                 // what was resolved from the first load (which held only the header and norms,
@@ -605,9 +586,6 @@ const LOGIT_ROW_COPIES: u64 = 7;
 
 /// The context a budget holds KV cache for when none is given ([`EngineBuilder::context`]).
 pub const BUDGET_CONTEXT: usize = 1024;
-
-/// The shortest context [`EngineBuilder::sequences`] cuts sessions to under a budget.
-const MIN_SHARED_CONTEXT: usize = 128;
 
 enum AnyDriver {
     Inline(Box<InlineDriver<WorkerPool>>),
