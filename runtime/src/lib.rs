@@ -18,6 +18,8 @@ pub mod sample;
 pub mod schedule;
 pub mod sparse;
 pub mod store;
+/// Random-weight models, for tests and benchmarks (the `synthetic` feature).
+#[cfg(any(test, feature = "synthetic"))]
 pub mod synthetic;
 pub mod tokenizer;
 pub mod trace;

@@ -1,9 +1,12 @@
 //! Tests of the PowerInfer reader and of the test files it is checked against.
 
+use super::test_files::Noise;
 use super::*;
+use crate::gguf::{GgufWriter, Value};
 use crate::plan::FfnActivation;
 use crate::quant::Kernels;
 use crate::sparse::predictor::PredictorScratch;
+use crate::synthetic::{synthetic_model, SyntheticSpec};
 
 fn relu_spec() -> SyntheticSpec {
     SyntheticSpec {
