@@ -85,8 +85,8 @@ impl ConvertOptions {
 /// neuron columns (re-quantized to [`DEFAULT_DOWN_TYPE`]) for ReLU models, whose sparse decode
 /// reads and computes neuron by neuron. Dense decode of block-columns reads the source's bytes
 /// (a Q4_K_M file's Q4_K and Q6_K: 4.5-6.6 bits a weight against Q8_0's 8.5) and computes
-/// them with the row kernels: Qwen2.5-Coder-1.5B decoded 1.6x faster from it at 50% and 100%
-/// of its file (`docs/benchmarks.md`).
+/// them with the row kernels: Qwen2.5-Coder-1.5B decoded 1.72x faster from it with a budget of
+/// 100% of its file, 1.15x at 25% and as fast at 50% (medians of 3, `docs/benchmarks.md`).
 pub fn chosen_down_layout(model: &Model, bundle_neurons: u32) -> DownLayout {
     let dense_by_default = model.config.activation != FfnActivation::Relu;
     let fits = model
