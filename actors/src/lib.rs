@@ -18,6 +18,9 @@ mod group;
 mod host;
 mod messaging;
 mod pool;
+mod pool_sync;
+#[cfg(test)]
+mod pool_tests;
 pub mod protocol;
 mod scaling;
 mod scheduler;

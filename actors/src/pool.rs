@@ -8,12 +8,12 @@
 //! run — and does not matter: each cluster writes only its own output block (see
 //! `conductor_runtime::exec`), so results are bit-identical for any number of threads.
 
+use crate::pool_sync::thread::{self, JoinHandle};
+use crate::pool_sync::{
+    fence, spin_loop, Arc, AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex, Ordering, SharedCell,
+};
 use conductor_runtime::exec::ClusterRunner;
-use std::cell::UnsafeCell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
-use std::thread::JoinHandle;
 
 type JobFn = dyn Fn(usize, usize, &mut [f32]) + Sync;
 
@@ -41,7 +41,7 @@ fn epoch(state: u64) -> u64 {
 
 struct Shared {
     state: AtomicU64,
-    job: UnsafeCell<Job>,
+    job: SharedCell<Job>,
     next: AtomicUsize,
     done: AtomicUsize,
     panicked: AtomicBool,
@@ -101,13 +101,13 @@ type Spawn<'a> =
 impl WorkerPool {
     pub fn new(config: PoolConfig) -> std::io::Result<WorkerPool> {
         WorkerPool::start(config, &mut |name, body| {
-            std::thread::Builder::new().name(name).spawn(body)
+            thread::Builder::new().name(name).spawn(body)
         })
     }
 
     /// [`WorkerPool::new`] with the helpers started by `spawn`. If one fails, those already
     /// started are stopped and joined before the error returns: none is left parked forever.
-    fn start(config: PoolConfig, spawn: &mut Spawn) -> std::io::Result<WorkerPool> {
+    pub(crate) fn start(config: PoolConfig, spawn: &mut Spawn) -> std::io::Result<WorkerPool> {
         if config.threads > MAX_POOL_THREADS {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidInput,
@@ -119,7 +119,7 @@ impl WorkerPool {
         }
         let shared = Arc::new(Shared {
             state: AtomicU64::new(0),
-            job: UnsafeCell::new(Job {
+            job: SharedCell::new(Job {
                 f: std::ptr::null::<fn(usize, usize, &mut [f32])>() as *const JobFn,
                 outs: std::ptr::null_mut(),
                 n: 0,
@@ -213,15 +213,18 @@ fn helper_loop(shared: &Shared, worker: usize) {
                 // spinning, so a thread that is not ours (the application's, sampling the next
                 // token) gets the core at once instead of after a scheduler tick.
                 if spins < PURE_SPIN {
-                    std::hint::spin_loop();
+                    spin_loop();
                 } else {
-                    std::thread::yield_now();
+                    thread::yield_now();
                 }
                 continue;
             }
-            // Park. The SeqCst pair (sleepers here, state in `run`) and the re-check under the
-            // lock make a lost wake-up impossible.
+            // Park. The pair of a write, a SeqCst fence and a read (sleepers then state here,
+            // state then sleepers in `run`) means at least one side sees the other's write, and
+            // the re-check under the lock makes a lost wake-up impossible. The fences, not
+            // SeqCst accesses alone, are what the loom model (tests/pool_model.rs) can check.
             shared.sleepers.fetch_add(1, Ordering::SeqCst);
+            fence(Ordering::SeqCst);
             let guard = shared.lock.lock().unwrap_or_else(|e| e.into_inner());
             if epoch(shared.state.load(Ordering::SeqCst)) == seen
                 && !shared.shutdown.load(Ordering::SeqCst)
@@ -256,7 +259,7 @@ fn helper_loop(shared: &Shared, worker: usize) {
         // SAFETY: we are counted as a participant of an open job; `run` does not return (and
         // does not rewrite `job`) until the count is back to zero.
         unsafe {
-            let job = *shared.job.get();
+            let job = shared.job.read();
             work_on(shared, job, worker);
         }
         shared.state.fetch_sub(1, Ordering::Release);
@@ -300,14 +303,14 @@ impl ClusterRunner for WorkerPool {
         // reads `job` while we write it. The erased lifetimes are sound because this function
         // does not return before every participant has left (below).
         unsafe {
-            *shared.job.get() = Job {
+            shared.job.write(Job {
                 f: std::mem::transmute::<
                     &(dyn Fn(usize, usize, &mut [f32]) + Sync + '_),
                     &'static JobFn,
                 >(f) as *const JobFn,
                 outs: outs.as_mut_ptr().cast(),
                 n,
-            };
+            });
         }
         shared.next.store(0, Ordering::Relaxed);
         shared.done.store(0, Ordering::Relaxed);
@@ -316,21 +319,22 @@ impl ClusterRunner for WorkerPool {
         shared
             .state
             .store((next_epoch << 32) | OPEN, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
         if shared.sleepers.load(Ordering::SeqCst) > 0 {
             let _guard = shared.lock.lock().unwrap_or_else(|e| e.into_inner());
             shared.wake.notify_all();
         }
         // SAFETY: the caller participates for the whole job by construction.
         unsafe {
-            work_on(shared, *shared.job.get(), 0);
+            work_on(shared, shared.job.read(), 0);
         }
         while shared.done.load(Ordering::Acquire) < n {
-            std::hint::spin_loop();
+            spin_loop();
         }
         // Close the job, then wait for helpers that joined to leave it.
         shared.state.fetch_and(!OPEN, Ordering::AcqRel);
         while shared.state.load(Ordering::Acquire) & PARTICIPANTS != 0 {
-            std::hint::spin_loop();
+            spin_loop();
         }
         if shared.panicked.load(Ordering::Relaxed) {
             panic!("a cluster panicked on a worker thread");
@@ -348,136 +352,5 @@ impl Drop for WorkerPool {
         for h in self.helpers.drain(..) {
             let _ = h.join();
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn fill(pool: &WorkerPool, n: usize) -> Vec<f32> {
-        let mut buf = vec![0.0f32; n * 4];
-        let mut outs: Vec<&mut [f32]> = buf.chunks_mut(4).collect();
-        pool.run(&mut outs, &|_, i, out| {
-            for (k, o) in out.iter_mut().enumerate() {
-                *o += (i * 4 + k) as f32;
-            }
-        });
-        buf
-    }
-
-    #[test]
-    fn every_item_runs_exactly_once_for_many_jobs() {
-        for threads in [1, 2, 3] {
-            let pool = WorkerPool::new(PoolConfig {
-                spin_iterations: 50,
-                ..PoolConfig::new(threads)
-            })
-            .unwrap();
-            for n in [0, 1, 2, 5, 64] {
-                for _ in 0..200 {
-                    let buf = fill(&pool, n);
-                    let expected: Vec<f32> = (0..n * 4).map(|v| v as f32).collect();
-                    assert_eq!(buf, expected);
-                }
-            }
-        }
-    }
-
-    /// A helper that cannot be started fails the pool, and the helpers started before it
-    /// have returned by then: none is left parked forever.
-    #[test]
-    fn a_failed_spawn_joins_the_helpers_already_started() {
-        let running = Arc::new(AtomicUsize::new(0));
-        let mut spawned = 0;
-        let err = WorkerPool::start(PoolConfig::new(4), &mut |name, body| {
-            spawned += 1;
-            if spawned == 3 {
-                return Err(std::io::Error::other("no more threads"));
-            }
-            let running = Arc::clone(&running);
-            running.fetch_add(1, Ordering::SeqCst);
-            std::thread::Builder::new().name(name).spawn(move || {
-                body();
-                running.fetch_sub(1, Ordering::SeqCst);
-            })
-        })
-        .err()
-        .unwrap();
-        assert_eq!(err.to_string(), "no more threads");
-        assert_eq!(spawned, 3);
-        assert_eq!(running.load(Ordering::SeqCst), 0, "helpers left running");
-        let e = WorkerPool::new(PoolConfig::new(MAX_POOL_THREADS + 1))
-            .err()
-            .unwrap();
-        assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
-    }
-
-    #[test]
-    fn helpers_wake_up_after_parking() {
-        let pool = WorkerPool::new(PoolConfig {
-            spin_iterations: 1,
-            ..PoolConfig::new(2)
-        })
-        .unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(20));
-        let used = std::sync::Mutex::new(std::collections::BTreeSet::new());
-        for _ in 0..50 {
-            let mut buf = vec![0.0f32; 64];
-            let mut outs: Vec<&mut [f32]> = buf.chunks_mut(1).collect();
-            pool.run(&mut outs, &|w, _, out| {
-                used.lock().unwrap().insert(w);
-                std::thread::sleep(std::time::Duration::from_micros(50));
-                out[0] = 1.0;
-            });
-            assert!(buf.iter().all(|&v| v == 1.0));
-        }
-        assert!(
-            used.lock().unwrap().contains(&1),
-            "the parked helper took part"
-        );
-    }
-
-    /// Workers pinned to cores the process may not use (as an Android app may be refused
-    /// them) run unpinned: every item still runs exactly once, and the refusals are counted.
-    #[test]
-    fn workers_whose_pinning_is_refused_run_unpinned() {
-        let before = crate::affinity::refusals();
-        let forbidden = crate::affinity::forbidden_core();
-        // On a thread of its own: worker 0 is the calling thread.
-        std::thread::spawn(move || {
-            let pool = WorkerPool::new(PoolConfig {
-                cores: vec![forbidden, crate::affinity::MAX_CORE_ID + 1],
-                spin_iterations: 50,
-                ..PoolConfig::new(3)
-            })
-            .unwrap();
-            for n in [1, 7, 64] {
-                let expected: Vec<f32> = (0..n * 4).map(|v| v as f32).collect();
-                assert_eq!(fill(&pool, n), expected);
-            }
-        })
-        .join()
-        .unwrap();
-        assert!(
-            crate::affinity::refusals() >= before + 3,
-            "the three workers' refused pins were not counted"
-        );
-    }
-
-    #[test]
-    fn a_panicking_cluster_panics_the_caller_instead_of_hanging() {
-        let pool = WorkerPool::new(PoolConfig::new(2)).unwrap();
-        let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            let mut buf = [0.0f32; 8];
-            let mut outs: Vec<&mut [f32]> = buf.chunks_mut(1).collect();
-            pool.run(&mut outs, &|_, i, _| assert!(i != 3, "boom"));
-        }));
-        assert!(result.is_err());
-        // The pool stays usable.
-        assert_eq!(
-            fill(&pool, 3),
-            (0..12).map(|v| v as f32).collect::<Vec<_>>()
-        );
     }
 }
