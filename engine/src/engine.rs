@@ -7,7 +7,7 @@ use conductor_runtime::cache::{
 };
 use conductor_runtime::exec::{Driver, InlineDriver, Session, StepError};
 use conductor_runtime::model::{DecodeLayout, Model, ModelError};
-use conductor_runtime::plan::{CachePlan, CachePolicy, ReadPolicy};
+use conductor_runtime::plan::{CachePolicy, OverrideError, PlanOverrides};
 use conductor_runtime::plan::{ExecutionPlan, IoEngine, ModelIdentity, Topology, Verify};
 use conductor_runtime::quant::Kernels;
 use conductor_runtime::sample::SamplingError;
@@ -76,8 +76,8 @@ pub enum Error {
     NoProfile { mode: &'static str, path: PathBuf },
     #[error("probes see the inline driver's tensors (this engine runs the actor driver)")]
     NoProbe,
-    #[error("gate-first loading {0}")]
-    GateFirst(&'static str),
+    #[error(transparent)]
+    Settings(#[from] OverrideError),
     #[error("cannot make a session: {0}")]
     Session(ModelError),
     #[error("the draft model's vocabulary is not the target's ({why}): the target has {target} tokens, the draft {draft}")]
@@ -131,17 +131,11 @@ pub struct EngineBuilder {
     step_logits: usize,
     /// Bytes of the budget held for something else in the process, and what.
     reserved: Option<(u64, String)>,
-    io_threads: Option<u32>,
-    io_engine: Option<IoEngine>,
-    verify: Option<Verify>,
+    /// The storage and cache settings over the plan's.
+    overrides: PlanOverrides,
     mmap: bool,
     interleave: bool,
     down_blocks: bool,
-    io_batch: Option<u32>,
-    cache_policy: Option<CachePolicy>,
-    max_loads: Option<u32>,
-    gate_first: Option<bool>,
-    gate_first_gap: Option<u32>,
     threads: Option<usize>,
     plan: Option<ExecutionPlan>,
     kernels: Kernels,
@@ -234,13 +228,13 @@ impl EngineBuilder {
 
     /// Threads issuing reads of the model file (default: the plan's, 1 as on a phone).
     pub fn io_threads(mut self, n: u32) -> Self {
-        self.io_threads = Some(n.max(1));
+        self.overrides.io_threads = Some(n.max(1));
         self
     }
 
     /// How reads reach the kernel (default: the plan's, positional reads).
     pub fn io_engine(mut self, engine: IoEngine) -> Self {
-        self.io_engine = Some(engine);
+        self.overrides.io_engine = Some(engine);
         self
     }
 
@@ -273,28 +267,28 @@ impl EngineBuilder {
     /// When reads of a neuron store are checked against its checksums (default: the plan's,
     /// every read).
     pub fn verify(mut self, verify: Verify) -> Self {
-        self.verify = Some(verify);
+        self.overrides.verify = Some(verify);
         self
     }
 
     /// Loads issued together (default: the plan's, 1): with io_uring up to `n` reads in
     /// flight at once, with positional reads adjacent ones merged into one vectored read.
     pub fn io_batch(mut self, n: u32) -> Self {
-        self.io_batch = Some(n.max(1));
+        self.overrides.io_batch = Some(n.max(1));
         self
     }
 
     /// How the neuron cache shares its slots (default: the plan's, else segmented, hot and
     /// cold).
     pub fn cache_policy(mut self, policy: CachePolicy) -> Self {
-        self.cache_policy = Some(policy);
+        self.overrides.cache_policy = Some(policy);
         self
     }
 
     /// Loads the scheduler keeps in flight ahead of compute under a budget: the pipeline's
     /// depth (default: the plan's, else 4; 1: no read-ahead).
     pub fn max_loads(mut self, n: u32) -> Self {
-        self.max_loads = Some(n.max(1));
+        self.overrides.max_loads = Some(n.max(1));
         self
     }
 
@@ -302,14 +296,14 @@ impl EngineBuilder {
     /// reads each FFN bundle's gate rows first, then only the pages holding the up rows and
     /// down columns of neurons whose gate passes the threshold. Needs threshold sparsity.
     pub fn gate_first(mut self, on: bool) -> Self {
-        self.gate_first = Some(on);
+        self.overrides.gate_first = Some(on);
         self
     }
 
     /// Under gate-first loading, runs of wanted pages up to `pages` apart are read as one
     /// (default: the plan's, else [`conductor_runtime::plan::DEFAULT_GATE_FIRST_GAP`]).
     pub fn gate_first_gap(mut self, pages: u32) -> Self {
-        self.gate_first_gap = Some(pages);
+        self.overrides.gate_first_gap = Some(pages);
         self
     }
 
@@ -422,48 +416,18 @@ impl EngineBuilder {
                 .map_err(load)?,
             Some(_) => model,
         };
-        if let Some(n) = self.io_threads {
-            plan.storage.io_threads = n;
-        }
-        if let Some(engine) = self.io_engine {
-            plan.storage.engine = engine;
-        }
-        if let Some(verify) = self.verify {
-            plan.storage.verify = verify;
-        }
+        let predicts = model
+            .sparse()
+            .is_some_and(|s| s.mode == SparsityMode::Predictor);
+        self.overrides
+            .apply(&mut plan, memory.is_some(), predicts)?;
         if model.sparse().is_some() && sparsity.all_tokens {
             plan.decode_max_tokens = plan.decode_max_tokens.max(plan.prefill_max_tokens);
-        }
-        if memory.is_none() && self.gate_first == Some(true) {
-            return Err(Error::GateFirst(
-                "needs --memory: it reads bundles of a neuron store into the cache",
-            ));
         }
         let mut budget = None;
         if let Some(memory) = memory {
             let memory = self.hold_step_logits(memory, &model);
             let memory = self.hold_reserved(memory, &model);
-            if let Some(policy) = self.cache_policy {
-                plan.cache.get_or_insert_with(CachePlan::default).policy = policy;
-            }
-            if let Some(n) = self.max_loads {
-                plan.cache.get_or_insert_with(CachePlan::default).max_loads = n;
-            }
-            let predicts = model
-                .sparse()
-                .is_some_and(|s| s.mode == SparsityMode::Predictor);
-            if let Some(on) = self.gate_first {
-                plan.cache.get_or_insert_with(CachePlan::default).reads = if on {
-                    ReadPolicy::pages_for(predicts)
-                } else {
-                    ReadPolicy::Bundles
-                };
-            }
-            if let Some(gap) = self.gate_first_gap {
-                plan.cache
-                    .get_or_insert_with(CachePlan::default)
-                    .gate_first_gap = gap;
-            }
             // The plan's reads and the sparse decode must agree (the gate decides gate-first
             // pages, the predictions predicted pages): refused before the budget loads more.
             // The drivers resolve the same FFN plan from the same model and plan.
@@ -492,12 +456,7 @@ impl EngineBuilder {
             }
             release_freed_memory();
             budget = Some((split, n_ctx));
-            if let (Some(n), Some(cache)) = (self.io_batch, plan.cache.as_mut()) {
-                cache.coalesce = n;
-                if plan.storage.engine == IoEngine::Uring {
-                    plan.storage.queue_depth = n;
-                }
-            }
+            self.overrides.apply_io_batch(&mut plan);
         }
         let default_ctx = match &budget {
             Some((_, n)) => *n,
@@ -630,17 +589,10 @@ impl Engine {
             sequences: 1,
             step_logits: 1,
             reserved: None,
-            io_threads: None,
-            io_engine: None,
-            verify: None,
+            overrides: PlanOverrides::default(),
             mmap: true,
             interleave: true,
             down_blocks: true,
-            io_batch: None,
-            cache_policy: None,
-            max_loads: None,
-            gate_first: None,
-            gate_first_gap: None,
             threads: None,
             plan: None,
             kernels: Kernels::best(),

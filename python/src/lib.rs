@@ -53,7 +53,7 @@ fn load_error(error: conductor::Error) -> PyErr {
         | E::Budget(_)
         | E::Sparse(_)
         | E::NoProfile { .. }
-        | E::GateFirst(_)
+        | E::Settings(_)
         | E::Session(_)
         | E::Schedule(_) => PyValueError::new_err(message),
         _ => PyRuntimeError::new_err(message),

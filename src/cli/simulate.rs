@@ -12,7 +12,7 @@ use conductor::fetch;
 use conductor::runtime::cache::MemoryBudget;
 use conductor::runtime::model::Model;
 use conductor::runtime::plan::{
-    ExecutionPlan, HardwareProfile, ModelDescription, ModelIdentity, Topology,
+    ExecutionPlan, HardwareProfile, ModelDescription, ModelIdentity, PlanOverrides, Topology,
 };
 use conductor::runtime::sparse::profile::ModelProfile;
 use conductor::runtime::trace::{StepActivity, Trace};
@@ -106,20 +106,16 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         Some(path) => ExecutionPlan::from_file(path)?,
         None => ExecutionPlan::for_topology(&Topology::of_profile(&profile)),
     };
-    if let Some(n) = args.io_threads {
-        if n == 0 {
-            bail!("--io-threads must be at least 1");
-        }
-        plan.storage.io_threads = n;
+    // The engine's meaning of these settings. The cache they shape is simulated whether or
+    // not --memory sizes it; the workloads simulated here select no clusters (no predictors),
+    // so gate-first reads are the gates' pages.
+    PlanOverrides {
+        io_threads: args.io_threads,
+        gate_first: args.gate_first.then_some(true),
+        gate_first_gap: args.gate_first_gap,
+        ..PlanOverrides::default()
     }
-    if args.gate_first {
-        let cache = plan.cache.get_or_insert_with(Default::default);
-        // The workloads simulated here select no clusters (no predictors): the gates decide.
-        cache.reads = conductor_runtime::plan::ReadPolicy::pages_for(false);
-        if let Some(gap) = args.gate_first_gap {
-            cache.gate_first_gap = gap;
-        }
-    }
+    .apply(&mut plan, true, false)?;
     let draft = match (args.draft_tokens, args.draft_acceptance) {
         (Some(tokens), Some(acceptance)) => Some(DraftWorkload {
             tokens,

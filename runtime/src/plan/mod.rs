@@ -11,6 +11,7 @@ mod file;
 mod groups;
 mod hardware;
 mod model;
+mod overrides;
 mod sparsity;
 mod storage;
 mod topology;
@@ -29,6 +30,7 @@ pub use model::{
     gelu_tanh, FfnActivation, ModelDescription, ModelIdentity, ModelShape, WeightTypes, MAX_DIM,
     MAX_EXPERTS, MAX_LAYERS,
 };
+pub use overrides::{OverrideError, PlanOverrides};
 pub use sparsity::{SparsityMode, SparsityPlan};
 pub use storage::{IoEngine, StoragePlan, Verify};
 pub use topology::{hosts_of, PlacedGroup, PlacementError, Topology};
