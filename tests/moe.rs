@@ -290,6 +290,7 @@ fn the_engine_runs_a_moe_store_under_a_memory_budget_and_refuses_sparse_modes() 
                 profile: None,
                 all_tokens: false,
                 down_type: None,
+                keep_down_layout: false,
             })
             .on_progress(|_| {});
         if let Some(bytes) = memory {

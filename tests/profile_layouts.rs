@@ -33,6 +33,7 @@ fn profile_of(
             profile: None,
             all_tokens: false,
             down_type: None,
+            keep_down_layout: false,
         })
         .context(64)
         .on_progress(|_| {});

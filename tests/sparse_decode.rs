@@ -73,6 +73,7 @@ fn settings(mode: SparsityMode, target: f32) -> SparsitySettings {
         profile: None,
         all_tokens: false,
         down_type: None,
+        keep_down_layout: false,
     }
 }
 
@@ -307,6 +308,42 @@ fn sparse_decode_end_to_end() {
         default.model().sparse().is_none(),
         "a SwiGLU model is dense by default"
     );
+}
+
+/// `keep_down_layout` (how `conductor profile` scores the operating points of a model whose
+/// store holds block columns): at 50% sparsity in memory no transposed copy of the down
+/// projections is made, and decode reads the active neurons' down columns from the model's
+/// block columns instead, close to the transposed copy's answer (which re-quantizes them).
+#[test]
+fn sparse_decode_can_keep_the_down_projections_layout() {
+    let dir = ScratchDir::new("sparse-keep-down");
+    let model = write_model(&dir, "m.gguf", &spec(5, FfnActivation::Silu));
+    profile(&model);
+    let run = |keep_down_layout| {
+        let sparsity = SparsitySettings {
+            keep_down_layout,
+            ..settings(SparsityMode::Threshold, 0.5)
+        };
+        let mut engine = build(&model, DriverKind::Inline, 1, sparsity).unwrap();
+        let sparse = engine.model().sparse().expect("sparse decode");
+        let copies = sparse.layers.iter().filter(|l| l.down_t.is_some()).count();
+        let bytes = sparse.bytes();
+        (copies, bytes, decode_logits(&mut engine))
+    };
+    let (copies, bytes, transposed) = run(false);
+    let (kept_copies, kept_bytes, kept) = run(true);
+    assert_eq!(
+        copies, 3,
+        "at 50% every layer's down projection is transposed"
+    );
+    assert_eq!(kept_copies, 0, "keep_down_layout transposes nothing");
+    assert!(kept_bytes < bytes, "{kept_bytes} against {bytes}");
+    // The prompt is prefilled densely, so the first decoded position sees the same inputs:
+    // the two differ only in the down projection's arithmetic there.
+    let (a, b) = (&transposed[1], &kept[1]);
+    let scale = a.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let diff = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+    assert!(diff <= 0.02 * scale, "max diff {diff} (scale {scale})");
 }
 
 #[test]

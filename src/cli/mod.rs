@@ -211,6 +211,11 @@ pub struct EngineArgs {
     /// the quality of what sparse decode computes).
     #[arg(skip)]
     pub sparse_all_tokens: bool,
+    /// Sparse decode in memory reads the down projections' block columns, never a transposed
+    /// copy (set by `profile`, which scores operating points with the numerics of the
+    /// block-column store `--memory` runs).
+    #[arg(skip)]
+    pub sparse_keep_down_layout: bool,
     /// Context the budget reserves KV cache for (set by each command from its own sizes).
     #[arg(skip)]
     pub context: Option<usize>,
@@ -410,6 +415,7 @@ pub fn load_engine(model: Option<&Path>, threads: usize, engine: &EngineArgs) ->
         profile: engine.sparse_profile.clone(),
         all_tokens: engine.sparse_all_tokens,
         down_type: engine.sparse_down_type,
+        keep_down_layout: engine.sparse_keep_down_layout,
     });
     let engine = builder.build()?;
     if let Some(b) = engine.budget() {

@@ -273,7 +273,7 @@ fn load_sparse(
         sparsity: target,
         predictor_recall: args.predictor_recall,
     };
-    let ffn = SparseFfn::build_at(model, &profile, &point, DEFAULT_SPARSE_DOWN_TYPE)?;
+    let ffn = SparseFfn::build_at(model, &profile, &point, DEFAULT_SPARSE_DOWN_TYPE, true)?;
     let sparse = Sparse {
         profile,
         plan: SparsityPlan {

@@ -8,10 +8,12 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use conductor::perplexity::perplexity;
 use conductor::profile::{choose, profile_model, ProfileOptions, Stage};
+use conductor::runtime::convert::chosen_down_layout;
 use conductor::runtime::model::FfnActivation;
 use conductor::runtime::sparse::operating::{ChosenPoint, OperatingPoint, PointSource};
 use conductor::runtime::sparse::profile::{interpolate, ModelProfile, PredictorPoint};
 use conductor::runtime::sparse::SparsityMode;
+use conductor::runtime::store::{DownLayout, DEFAULT_BUNDLE_NEURONS};
 use conductor::DEFAULT_SPARSITY;
 use conductor_planner::predictor::PredictorConfig;
 use std::io::{IsTerminal, Write};
@@ -194,6 +196,11 @@ pub fn run(args: ProfileArgs) -> Result<()> {
         .with_context(|| format!("cannot write {}", output.display()))?;
     let profiled = started.elapsed();
     let held_out_tokens = engine.tokenizer().encode(&held_out.0, true, false);
+    // Under --memory, `--sparsity default` runs the chosen point on the store `convert`
+    // writes; where that store holds block columns, its points are scored with their numerics
+    // (and without the transposed copy of the down projections, which the store never has).
+    let block_columns = engine.model().store.is_none()
+        && chosen_down_layout(engine.model(), DEFAULT_BUNDLE_NEURONS) == DownLayout::BlockColumns;
     // The evaluating engines load the model again: this one goes first.
     drop(engine);
     conductor::release_freed_memory();
@@ -223,7 +230,14 @@ pub fn run(args: ProfileArgs) -> Result<()> {
                 args.held_out_ctx
             );
         }
-        let chosen = choose_point(&args, &output, &profile, &held_out_tokens, &held_out.1)?;
+        let chosen = choose_point(
+            &args,
+            &output,
+            &profile,
+            &held_out_tokens,
+            &held_out.1,
+            block_columns,
+        )?;
         profile.operating_point = Some(chosen);
     }
     if profile.operating_point.is_some() {
@@ -244,12 +258,15 @@ pub fn run(args: ProfileArgs) -> Result<()> {
 
 /// Measures the candidates' perplexity on `tokens` of held-out text (an engine per point,
 /// sparse decode on every token, as `conductor perplexity` measures it) and chooses.
+/// `block_columns`: sparse decode reads the down projections' block columns, as the model's
+/// block-column store does under a budget.
 fn choose_point(
     args: &ProfileArgs,
     profile_path: &Path,
     profile: &ModelProfile,
     tokens: &[u32],
     text: &str,
+    block_columns: bool,
 ) -> Result<ChosenPoint> {
     let tolerance = f64::from(args.tolerance);
     let mut scored = 0u64;
@@ -261,6 +278,7 @@ fn choose_point(
             model_args.engine.driver = super::DriverArg::Inline;
             model_args.engine.context = Some(args.held_out_ctx);
             model_args.engine.sparse_all_tokens = true;
+            model_args.engine.sparse_keep_down_layout = block_columns;
             model_args.engine.sparse_profile = Some(profile_path.to_path_buf());
             model_args.engine.sparsity = match point.mode {
                 SparsityMode::Dense => super::SparsityArg::Dense,

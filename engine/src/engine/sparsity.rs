@@ -34,6 +34,11 @@ pub struct SparsitySettings {
     /// Format of the transposed down projection sparse decode reads (default
     /// [`DEFAULT_SPARSE_DOWN_TYPE`]).
     pub down_type: Option<GgmlType>,
+    /// In memory, never transpose the down projections (by default they are, at 50%
+    /// sparsity or more, for an axpy over the few active neurons' columns): sparse decode then
+    /// reads the block columns a block-column neuron store reads under a budget, the same
+    /// numerics. `conductor profile` scores its operating points so for such models.
+    pub keep_down_layout: bool,
 }
 
 /// Format of the transposed down projection: re-quantized from the model's down projection
@@ -219,7 +224,7 @@ fn build(
         }
     }
     let down_type = settings.down_type.unwrap_or(DEFAULT_SPARSE_DOWN_TYPE);
-    let sparse = SparseFfn::build_at(model, profile, point, down_type)?;
+    let sparse = SparseFfn::build_at(model, profile, point, down_type, !settings.keep_down_layout)?;
     say(&format!(
         "sparsity: {} ({}, +{:.1} MiB for transposed down projections and predictors)",
         point.describe(),

@@ -12,7 +12,8 @@ use crate::sparse::{SparseError, SparseFfn, SparseLayer, SparseStats};
 
 impl SparseFfn {
     /// Sparse decode of `model` in `mode` (not dense) at a target `sparsity`, from its
-    /// `profile`. Transposes every layer's down projection once (`down_type` rows).
+    /// `profile`. In memory at 50% sparsity or more, transposes every layer's down projection
+    /// once (`down_type` rows).
     pub fn build(
         model: &Model,
         profile: &ModelProfile,
@@ -25,17 +26,20 @@ impl SparseFfn {
             sparsity,
             predictor_recall: None,
         };
-        SparseFfn::build_at(model, profile, &point, down_type)
+        SparseFfn::build_at(model, profile, &point, down_type, true)
     }
 
     /// [`SparseFfn::build`] at an operating `point`: with a predictor recall, each layer's
     /// predictor cuts its logits where the profile calibrated that recall at the sparsity
-    /// nearest the point's.
+    /// nearest the point's. `transpose_down: false` keeps no transposed copy whatever the
+    /// sparsity: the active neurons' down columns are then always read from the model's
+    /// block columns, as on a block-column neuron store (the numerics `--memory` runs).
     pub fn build_at(
         model: &Model,
         profile: &ModelProfile,
         point: &OperatingPoint,
         down_type: GgmlType,
+        transpose_down: bool,
     ) -> Result<SparseFfn, SparseError> {
         let (mode, sparsity) = (point.mode, point.sparsity);
         if model.config.is_moe() {
@@ -57,7 +61,7 @@ impl SparseFfn {
             // projection pays for its memory.
             // A store's bundles bring their own down columns (or block-columns).
             let zeros = profile.layers[l].zero_fraction;
-            let down_t = if model.store.is_none() && sparsity.max(zeros) >= 0.5 {
+            let down_t = if transpose_down && model.store.is_none() && sparsity.max(zeros) >= 0.5 {
                 let down: MatRef<'_> = model.mat(&w.down);
                 Some(
                     transpose_requantize(down, down_type)
