@@ -11,27 +11,11 @@ use crate::sparse::profile::ModelProfile;
 use crate::sparse::{SparseError, SparseFfn, SparseLayer, SparseStats};
 
 impl SparseFfn {
-    /// Sparse decode of `model` in `mode` (not dense) at a target `sparsity`, from its
-    /// `profile`. In memory at 50% sparsity or more, transposes every layer's down projection
-    /// once (`down_type` rows).
-    pub fn build(
-        model: &Model,
-        profile: &ModelProfile,
-        mode: SparsityMode,
-        sparsity: f32,
-        down_type: GgmlType,
-    ) -> Result<SparseFfn, SparseError> {
-        let point = OperatingPoint {
-            mode,
-            sparsity,
-            predictor_recall: None,
-        };
-        SparseFfn::build_at(model, profile, &point, down_type, true)
-    }
-
-    /// [`SparseFfn::build`] at an operating `point`: with a predictor recall, each layer's
-    /// predictor cuts its logits where the profile calibrated that recall at the sparsity
-    /// nearest the point's. `transpose_down: false` keeps no transposed copy whatever the
+    /// Sparse decode of `model` at an operating `point` (not dense), from its `profile`. In
+    /// memory at 50% sparsity or more, each layer's down projection is transposed once
+    /// (`down_type` rows). With a predictor recall, each layer's predictor cuts its logits
+    /// where the profile calibrated that recall at the sparsity nearest the point's.
+    /// `transpose_down: false` keeps no transposed copy whatever the
     /// sparsity: the active neurons' down columns are then always read from the model's
     /// block columns, as on a block-column neuron store (the numerics `--memory` runs).
     pub fn build_at(
