@@ -8,7 +8,7 @@
 
 use conductor::runtime::cache::{unit_extents, BundleFile, UnitMap};
 use conductor::runtime::convert::{convert, ConvertOptions};
-use conductor::runtime::model::Model;
+use conductor::runtime::model::{Model, WeightSource};
 use conductor::runtime::plan::{ExecutionPlan, Verify};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -41,13 +41,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let crc_gbs = 10.0 * buf.len() as f64 / started.elapsed().as_secs_f64() / 1e9;
     println!("crc32fast: {crc_gbs:.2} GB/s on 64 MiB ({x:08x})");
 
-    let model = Model::load_resident_with(&store, true, true)?;
-    let layout = &model.store.as_ref().ok_or("not a neuron store")?.layout;
+    let model = Model::open(&store, WeightSource::STREAMED)?;
+    let layout = &model.store().ok_or("not a neuron store")?.layout;
     let output_rows = 1024;
     let map = UnitMap {
-        n_layer: model.config.n_layer,
+        n_layer: model.config().n_layer,
         ffn_clusters: layout.n_bundles,
-        output_clusters: model.config.n_vocab.div_ceil(output_rows),
+        output_clusters: model.config().n_vocab.div_ceil(output_rows),
         attn_units: 4,
     };
     let extents = unit_extents(&model, &map, output_rows);

@@ -7,7 +7,7 @@ mod common;
 
 use conductor::runtime::exec::{Driver, Session};
 use conductor::runtime::gguf::GgufFile;
-use conductor::runtime::model::{DecodeLayout, Model};
+use conductor::runtime::model::{DecodeLayout, Model, WeightSource};
 use conductor::runtime::plan::ExecutionPlan;
 use conductor::runtime::quant::{GgmlType, Kernels, Layout};
 use conductor::runtime::synthetic::{synthetic_model, SyntheticSpec, TypeMix};
@@ -42,7 +42,7 @@ fn bits_of(rows: &[f32], n_vocab: usize) -> Bits {
 
 /// `tokens` evaluated in steps of at most `chunk` tokens; the logits of positions `from..`.
 fn chunked(driver: &mut dyn Driver, tokens: &[u32], chunk: usize, from: usize) -> Bits {
-    let n_vocab = driver.model().config.n_vocab as usize;
+    let n_vocab = driver.model().config().n_vocab as usize;
     let mut session = Session::new(driver.model(), tokens.len() + 8).unwrap();
     let mut got = Vec::new();
     let mut start = 0;
@@ -63,7 +63,7 @@ fn chunked(driver: &mut dyn Driver, tokens: &[u32], chunk: usize, from: usize) -
 /// tokens, cut back to `keep` (`conductor::reuse_prefix`), evaluates the rest in one step.
 fn from_cached_prefix(driver: &mut dyn Driver, tokens: &[u32], keep: usize, from: usize) -> Bits {
     assert!(from >= keep);
-    let n_vocab = driver.model().config.n_vocab as usize;
+    let n_vocab = driver.model().config().n_vocab as usize;
     let mut session = Session::new(driver.model(), tokens.len() + 8).unwrap();
     let mut earlier = tokens[..keep].to_vec();
     earlier.extend(tokens[..5].iter().rev());
@@ -88,7 +88,7 @@ fn from_cached_prefix(driver: &mut dyn Driver, tokens: &[u32], keep: usize, from
 fn batched(driver: &mut dyn Driver, tokens: &[u32], from: usize) -> Bits {
     assert!(from >= 1);
     let start = from.saturating_sub(4).max(1);
-    let n_vocab = driver.model().config.n_vocab as usize;
+    let n_vocab = driver.model().config().n_vocab as usize;
     let model = Arc::clone(driver.model());
     let mut mine = Session::new(&model, tokens.len() + 8).unwrap();
     let mut other = Session::new(&model, tokens.len() + 8).unwrap();
@@ -170,7 +170,7 @@ fn synthetic_prompts_give_the_same_bits_however_they_are_split() {
     for (label, spec) in [("Q4_1", q4_1), ("Q4_K_M", q4km)] {
         let model = synthetic(&spec);
         if label == "Q4_K_M" && Kernels::best().has_interleaved_kernels() {
-            assert!(matches!(model.layers[0].wq.layout, Layout::X8 { .. }));
+            assert!(matches!(model.layers()[0].wq.layout, Layout::X8 { .. }));
         }
         let tokens: Vec<u32> = (0..530).map(|i| (i * 31 + 7) % spec.n_vocab).collect();
         let chunks = [512, 64, 7, 1];
@@ -243,7 +243,7 @@ fn real_model_is_batch_invariant(model: Model, refs: &str) {
 
 #[test]
 fn the_default_model_gives_the_same_bits_however_a_prompt_is_split() {
-    let model = Model::load(&common::default_model()).unwrap();
+    let model = Model::open(&common::default_model(), WeightSource::Mapped).unwrap();
     real_model_is_batch_invariant(model, "greedy-public.jsonl");
 }
 
@@ -251,6 +251,6 @@ fn the_default_model_gives_the_same_bits_however_a_prompt_is_split() {
 /// window layers.
 #[test]
 fn a_q4_k_m_model_gives_the_same_bits_however_a_prompt_is_split() {
-    let model = Model::load(&common::gemma3_model()).unwrap();
+    let model = Model::open(&common::gemma3_model(), WeightSource::Mapped).unwrap();
     real_model_is_batch_invariant(model, "gemma3-greedy-public.jsonl");
 }

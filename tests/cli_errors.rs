@@ -330,7 +330,11 @@ fn plans_that_do_not_parse_or_do_not_fit_the_machine_name_the_field() {
     let bin_arg = bin.to_str().unwrap();
     let for_model = |path: &Path| conductor::runtime::plan::ExecutionPlan {
         model: Some(conductor::runtime::plan::ModelIdentity::of(
-            &conductor::runtime::model::Model::load(path).unwrap(),
+            &conductor::runtime::model::Model::open(
+                path,
+                conductor::runtime::model::WeightSource::Mapped,
+            )
+            .unwrap(),
         )),
         ..conductor::runtime::plan::ExecutionPlan::default()
     };

@@ -11,7 +11,7 @@ mod common;
 use conductor::actors::{PoolConfig, WorkerPool};
 use conductor::runtime::exec::{Driver, InlineDriver, Session};
 use conductor::runtime::gguf::GgufFile;
-use conductor::runtime::model::Model;
+use conductor::runtime::model::{Model, WeightSource};
 use conductor::runtime::plan::{CoreSet, ExecutionPlan, GroupPlan, Share, XpuKind};
 use conductor::runtime::quant::Kernels;
 use conductor::runtime::synthetic::{synthetic_model, SyntheticSpec};
@@ -144,7 +144,7 @@ const DEFAULT_MODEL_LOGITS: (usize, u32) = (5_308_416, 0x4835_E883);
 
 #[test]
 fn default_model_logits_are_bit_identical_on_both_drivers_and_1_and_2_threads() {
-    let model = Arc::new(Model::load(&common::default_model()).unwrap());
+    let model = Arc::new(Model::open(&common::default_model(), WeightSource::Mapped).unwrap());
     let r = common::references()
         .into_iter()
         .find(|r| r.prompt_ids.len() > 64)
@@ -250,7 +250,7 @@ fn multi_sequence_steps_give_each_sequence_the_bits_of_its_own_decode() {
         };
         let bytes = synthetic_model(&spec).unwrap().to_bytes().unwrap();
         let model = Arc::new(Model::from_gguf(GgufFile::from_bytes(bytes).unwrap()).unwrap());
-        let n_vocab = model.config.n_vocab as usize;
+        let n_vocab = model.config().n_vocab as usize;
         let n_seq = 9;
         // Sequence i: a prompt of 1 + 2i tokens (one token: a decode step; more: prefill),
         // then two decode steps.

@@ -14,7 +14,7 @@ use common::ScratchDir;
 use conductor::actors::{ActorDriver, ActorOptions};
 use conductor::runtime::convert::ConvertOptions;
 use conductor::runtime::exec::{Driver, InlineDriver, Serial, Session};
-use conductor::runtime::model::Model;
+use conductor::runtime::model::{Model, WeightSource};
 use conductor::runtime::plan::{CachePlan, CachePolicy};
 use conductor::runtime::plan::{ExecutionPlan, Topology};
 use conductor::runtime::quant::Kernels;
@@ -123,7 +123,7 @@ fn decode_steps_allocate_nothing_per_load() {
     let dir = ScratchDir::new("alloc");
     let store = store(&dir);
     for (slots, hot) in [(3, 0), (12, 6)] {
-        let model = Arc::new(Model::load_resident(&store, true).unwrap());
+        let model = Arc::new(Model::open(&store, WeightSource::RESIDENT).unwrap());
         let mut inline = InlineDriver::new(
             Arc::clone(&model),
             &plan(slots, hot),
@@ -147,7 +147,7 @@ fn decode_steps_allocate_nothing_per_load() {
     // The actor driver after every inline count: its threads (which may still be winding
     // down after a drop) never run beside an inline measurement.
     for (slots, hot) in [(3, 0), (12, 6)] {
-        let model = Arc::new(Model::load_resident(&store, true).unwrap());
+        let model = Arc::new(Model::open(&store, WeightSource::RESIDENT).unwrap());
         let mut actors = ActorDriver::new(
             Arc::clone(&model),
             &plan(slots, hot),

@@ -7,7 +7,7 @@ use common::ScratchDir;
 use conductor::runtime::convert::{convert, ConvertOptions};
 use conductor::runtime::exec::{Driver, InlineDriver, Serial, Session};
 use conductor::runtime::gguf::{GgufFile, GgufWriter};
-use conductor::runtime::model::Model;
+use conductor::runtime::model::{Model, WeightSource};
 use conductor::runtime::plan::{CachePlan, CachePolicy, ExecutionPlan, IoEngine, ReadPolicy};
 use conductor::runtime::quant::{GgmlType, Kernels};
 use conductor::runtime::store::{PageCrcs, PAGE_BYTES, PAGE_CRC_TENSOR};
@@ -114,7 +114,7 @@ fn plan(engine: IoEngine, direct: bool) -> ExecutionPlan {
 }
 
 fn driver(path: &Path, plan: &ExecutionPlan) -> Result<InlineDriver<Serial>, String> {
-    let model = Arc::new(Model::load_resident_with(path, true, true).unwrap());
+    let model = Arc::new(Model::open(path, WeightSource::STREAMED).unwrap());
     InlineDriver::new(model, plan, Kernels::best(), Serial).map_err(|e| e.to_string())
 }
 

@@ -12,7 +12,7 @@ use conductor::runtime::cache::{split_budget, MemoryBudget};
 use conductor::runtime::convert::{convert, ConvertOptions};
 use conductor::runtime::exec::{Driver, InlineDriver, Serial, Session};
 use conductor::runtime::gguf::{GgufFile, GgufWriter};
-use conductor::runtime::model::{DecodeLayout, Model};
+use conductor::runtime::model::{DecodeLayout, Model, WeightSource};
 use conductor::runtime::plan::{CachePlan, CachePolicy};
 use conductor::runtime::plan::{CoreSet, ExecutionPlan, GroupPlan, Share, Topology, XpuKind};
 use conductor::runtime::quant::{GgmlType, Kernels};
@@ -60,7 +60,7 @@ fn run(driver: &mut dyn Driver) -> Vec<Vec<u32>> {
             rows.extend(r.iter().map(|x| x.to_bits()))
         })
         .unwrap();
-    let n_vocab = driver.model().config.n_vocab as usize;
+    let n_vocab = driver.model().config().n_vocab as usize;
     let mut logits = rows[rows.len() - n_vocab..]
         .iter()
         .map(|x| f32::from_bits(*x))
@@ -136,7 +136,7 @@ fn split_plan() -> ExecutionPlan {
 fn moe_logits_are_bit_identical_across_drivers_threads_splits_and_layouts() {
     let model = Arc::new(Model::from_gguf(GgufFile::from_bytes(bytes()).unwrap()).unwrap());
     assert_eq!(
-        (model.config.n_expert, model.config.n_ff),
+        (model.config().n_expert, model.config().n_ff),
         (N_EXPERT, N_EXPERT * PER_EXPERT)
     );
     let plan = ExecutionPlan::default();
@@ -167,7 +167,7 @@ fn moe_logits_are_bit_identical_across_drivers_threads_splits_and_layouts() {
             interleave: false,
         })
         .unwrap();
-    assert!(relaid.down_blocks.is_some());
+    assert!(relaid.down_blocks().is_some());
     let relaid = Arc::new(relaid);
     assert_eq!(reference, run(&mut *inline(&relaid, 2, &plan)), "re-laid");
 }
@@ -202,7 +202,7 @@ fn drift(a: &[u32], b: &[u32]) -> f32 {
 #[test]
 fn a_moe_store_under_a_budget_reads_only_the_chosen_experts() {
     let dir = ScratchDir::new("moe-store");
-    let source = Arc::new(Model::load(&source_model(&dir)).unwrap());
+    let source = Arc::new(Model::open(&source_model(&dir), WeightSource::Mapped).unwrap());
     let plan = ExecutionPlan {
         prefill_max_tokens: 4,
         ..ExecutionPlan::default()
@@ -214,8 +214,8 @@ fn a_moe_store_under_a_budget_reads_only_the_chosen_experts() {
         (ConvertOptions::neuron_columns(32), 2e-2),
     ] {
         let path = dir.store(&source_model(&dir), &options);
-        let store = Arc::new(Model::load(&path).unwrap());
-        let layout = &store.store.as_ref().unwrap().layout;
+        let store = Arc::new(Model::open(&path, WeightSource::Mapped).unwrap());
+        let layout = &store.store().unwrap().layout;
         assert_eq!(layout.n_bundles, 8);
         let reference = run(&mut *inline(&store, 1, &plan));
         for (step, (got, want)) in reference.iter().zip(&from_source).enumerate() {
@@ -224,7 +224,16 @@ fn a_moe_store_under_a_budget_reads_only_the_chosen_experts() {
         }
 
         // 3 slots for 16 units: every step streams; the bits stay the in-memory ones.
-        let resident = Arc::new(Model::load_resident(&path, false).unwrap());
+        let resident = Arc::new(
+            Model::open(
+                &path,
+                WeightSource::Resident {
+                    stream_output: false,
+                    stream_attention: false,
+                },
+            )
+            .unwrap(),
+        );
         let budget = ExecutionPlan {
             cache: Some(cache(3)),
             ..plan.clone()
@@ -247,7 +256,7 @@ fn a_moe_store_under_a_budget_reads_only_the_chosen_experts() {
                 .map(|l| l.hits + l.misses)
                 .collect()
         };
-        let n_vocab = resident.config.n_vocab as usize;
+        let n_vocab = resident.config().n_vocab as usize;
         let mut logits = d.logits()[d.logits().len() - n_vocab..].to_vec();
         for (step, want) in reference.iter().enumerate().skip(1) {
             let before = touched(&d);
@@ -310,10 +319,10 @@ fn the_engine_runs_a_moe_store_under_a_memory_budget_and_refuses_sparse_modes() 
         tokens
     };
     let in_memory = decode(&mut engine(&store, None, None).unwrap());
-    let resident = Model::load_resident(&store, true).unwrap();
+    let resident = Model::open(&store, WeightSource::RESIDENT).unwrap();
     let split = split_budget(&resident, u64::MAX / 4, 64, 64, CachePolicy::Segmented).unwrap();
     let fixed = split.resident_weights + split.kv_cache + split.scratch + split.runtime_overhead;
-    let slot = resident.store.as_ref().unwrap().layout.stride + 4096;
+    let slot = resident.store().unwrap().layout.stride + 4096;
     let mut budgeted = engine(&store, Some(fixed + 6 * slot), None).unwrap();
     assert_eq!(
         decode(&mut budgeted),

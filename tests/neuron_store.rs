@@ -8,7 +8,7 @@ use common::ScratchDir;
 use conductor::actors::{ActorDriver, ActorOptions};
 use conductor::runtime::convert::{convert, ConvertError, ConvertOptions};
 use conductor::runtime::exec::{scheduler_for, Driver, InlineDriver, Serial, Session, StepError};
-use conductor::runtime::model::Model;
+use conductor::runtime::model::{Model, WeightSource};
 use conductor::runtime::neuron::Phase;
 use conductor::runtime::plan::{CachePlan, CachePolicy};
 use conductor::runtime::plan::{ExecutionPlan, IoEngine, Topology};
@@ -61,9 +61,16 @@ fn inline(path: &Path, cache: Option<CachePlan>) -> InlineDriver<Serial> {
     let stream = cache.as_ref().is_some_and(|c| c.stream_output);
     let attention = cache.as_ref().is_some_and(|c| c.stream_attention);
     let model = if cache.is_some() {
-        Model::load_resident_with(path, stream, attention).unwrap()
+        Model::open(
+            path,
+            WeightSource::Resident {
+                stream_output: stream,
+                stream_attention: attention,
+            },
+        )
+        .unwrap()
     } else {
-        Model::load(path).unwrap()
+        Model::open(path, WeightSource::Mapped).unwrap()
     };
     let mut plan = plan_with(cache);
     if stream {
@@ -125,7 +132,7 @@ fn drift(a: &[u32], b: &[u32]) -> f32 {
 #[test]
 fn a_store_decodes_like_its_source_and_every_cache_gives_the_same_bits() {
     let dir = ScratchDir::new("store-bits");
-    let source = Model::load(&dir.small_model(7)).unwrap();
+    let source = Model::open(&dir.small_model(7), WeightSource::Mapped).unwrap();
     let plan = plan_with(None);
     let mut original = InlineDriver::new(Arc::new(source), &plan, Kernels::best(), Serial).unwrap();
     let from_source = run(&mut original).unwrap();
@@ -138,8 +145,8 @@ fn a_store_decodes_like_its_source_and_every_cache_gives_the_same_bits() {
         (ConvertOptions::neuron_columns(50), 11, 2e-2),
     ] {
         let store_path = dir.store(&dir.small_model(7), &options);
-        let store = Model::load(&store_path).unwrap();
-        let layout = &store.store.as_ref().unwrap().layout;
+        let store = Model::open(&store_path, WeightSource::Mapped).unwrap();
+        let layout = &store.store().unwrap().layout;
         assert_eq!(
             (layout.n_bundles, Some(layout.down_layout)),
             (n_bundles, options.down_layout)
@@ -218,7 +225,16 @@ fn the_actor_driver_pipelines_loads_with_the_same_bits() {
         (30, 30, 4, true, false),
         (5, 2, 2, true, true),
     ] {
-        let model = Arc::new(Model::load_resident_with(&store_path, stream, attention).unwrap());
+        let model = Arc::new(
+            Model::open(
+                &store_path,
+                WeightSource::Resident {
+                    stream_output: stream,
+                    stream_attention: attention,
+                },
+            )
+            .unwrap(),
+        );
         let mut plan = plan_with(cache(slots, hot, CachePolicy::Segmented, loads));
         if stream {
             plan.cache.as_mut().unwrap().stream_output = true;
@@ -293,7 +309,16 @@ fn every_architecture_converts_and_decodes_under_every_cache_with_the_same_bits(
             let d = worst(&got, &reference);
             assert!(got == reference, "{arch}: {plan:?} drifts {d}");
         }
-        let model = Arc::new(Model::load_resident_with(&store_path, false, true).unwrap());
+        let model = Arc::new(
+            Model::open(
+                &store_path,
+                WeightSource::Resident {
+                    stream_output: false,
+                    stream_attention: true,
+                },
+            )
+            .unwrap(),
+        );
         let mut plan = plan_with(cache(4, 1, CachePolicy::Segmented, 2));
         plan.cache.as_mut().unwrap().stream_attention = true;
         let options = two_threads(&store_path);
@@ -315,8 +340,15 @@ fn clusters_of_several_bundles_give_the_same_bits_under_every_cache() {
     let store_path = store(&dir, 8);
     let with_clusters = |neurons: u32, cache: Option<CachePlan>| {
         let model = match &cache {
-            Some(_) => Model::load_resident_with(&store_path, false, false).unwrap(),
-            None => Model::load(&store_path).unwrap(),
+            Some(_) => Model::open(
+                &store_path,
+                WeightSource::Resident {
+                    stream_output: false,
+                    stream_attention: false,
+                },
+            )
+            .unwrap(),
+            None => Model::open(&store_path, WeightSource::Mapped).unwrap(),
         };
         let mut plan = plan_with(cache);
         plan.decode.ffn_neurons = neurons;
@@ -367,7 +399,16 @@ fn clusters_of_several_bundles_give_the_same_bits_under_every_cache() {
         assert!(messages <= clusters, "slots {slots}: {messages} messages");
         assert!(loads_seen > messages, "slots {slots}: {loads_seen} loads");
     }
-    let model = Arc::new(Model::load_resident_with(&store_path, false, false).unwrap());
+    let model = Arc::new(
+        Model::open(
+            &store_path,
+            WeightSource::Resident {
+                stream_output: false,
+                stream_attention: false,
+            },
+        )
+        .unwrap(),
+    );
     let mut plan = plan_with(cache(9, 2, CachePolicy::Segmented, 3));
     plan.decode.ffn_neurons = 32;
     plan.prefill.ffn_neurons = 32;
@@ -391,7 +432,7 @@ fn io_uring_reads_give_the_same_bits_and_the_same_errors() {
     let dir = ScratchDir::new("store-uring");
     let store_path = store(&dir, 64);
     let reference = run(&mut inline(&store_path, None)).unwrap();
-    let model = Arc::new(Model::load_resident(&store_path, true).unwrap());
+    let model = Arc::new(Model::open(&store_path, WeightSource::RESIDENT).unwrap());
     let mut plan = plan_with(streaming(9, 3, CachePolicy::Segmented, 4));
     plan.cache.as_mut().unwrap().coalesce = 4;
     plan.decode.output_rows = 60;
@@ -436,7 +477,16 @@ fn io_uring_reads_give_the_same_bits_and_the_same_errors() {
     // Inline driver, a file cut inside the last layer's bundles.
     let copy = dir.join("victim.gguf");
     std::fs::copy(&store_path, &copy).unwrap();
-    let victim = Arc::new(Model::load_resident(&copy, false).unwrap());
+    let victim = Arc::new(
+        Model::open(
+            &copy,
+            WeightSource::Resident {
+                stream_output: false,
+                stream_attention: false,
+            },
+        )
+        .unwrap(),
+    );
     let mut plan = plan_with(cache(3, 0, CachePolicy::Lru, 1));
     plan.storage.engine = IoEngine::Uring;
     let mut d = InlineDriver::new(victim, &plan, Kernels::best(), Serial).unwrap();
@@ -451,7 +501,7 @@ fn truncate_while_running(d: &mut InlineDriver<Serial>, copy: &Path, store: &Pat
     let mut session = Session::new(&model, 64).unwrap();
     d.eval_last(&mut session, &PROMPT).unwrap();
     // Cut the file inside the last layer's bundles.
-    let last = model.layers[2].bundles.clone().unwrap();
+    let last = model.layers()[2].bundles.clone().unwrap();
     let f = std::fs::OpenOptions::new().write(true).open(copy).unwrap();
     f.set_len(last.start as u64 + 1000).unwrap();
     let err = d.eval_last(&mut session, &[5]).unwrap_err();
@@ -547,13 +597,15 @@ fn bad_stores_are_refused_with_a_reason() {
 
     // A flipped byte inside a bundle: loading whole finds it; a cached run names the layer.
     let bytes = std::fs::read(&store_path).unwrap();
-    let model = Model::load(&store_path).unwrap();
-    let range = model.layers[1].bundles.clone().unwrap();
+    let model = Model::open(&store_path, WeightSource::Mapped).unwrap();
+    let range = model.layers()[1].bundles.clone().unwrap();
     let mut corrupt = bytes.clone();
     corrupt[range.start + 100] ^= 0x55;
     let corrupt_path = dir.join("corrupt.gguf");
     std::fs::write(&corrupt_path, &corrupt).unwrap();
-    let err = Model::load(&corrupt_path).err().expect("checksum failure");
+    let err = Model::open(&corrupt_path, WeightSource::Mapped)
+        .err()
+        .expect("checksum failure");
     assert!(err.to_string().contains("layer 1"), "{err}");
     let mut d = inline(&corrupt_path, cache(2, 0, CachePolicy::Lru, 1));
     let err = run(&mut d).unwrap_err();
@@ -586,7 +638,12 @@ fn bad_stores_are_refused_with_a_reason() {
         w.write_file_atomic(&path).unwrap();
         path
     };
-    let refused = |path: &Path| Model::load(path).err().expect("refused").to_string();
+    let refused = |path: &Path| {
+        Model::open(path, WeightSource::Mapped)
+            .err()
+            .expect("refused")
+            .to_string()
+    };
     let err = refused(&edited(&store_path, "v99.gguf", 99, Some("neuron_columns")));
     assert!(err.contains("version 99"), "{err}");
     let err = refused(&edited(&store_path, "nolayout.gguf", 2, None));
@@ -613,7 +670,7 @@ fn a_failing_storage_actor_fails_the_step_instead_of_hanging() {
     let dir = ScratchDir::new("store-storage-fault");
     let store_path = store(&dir, 64);
     let reference = run(&mut inline(&store_path, None)).unwrap();
-    let model = Arc::new(Model::load_resident(&store_path, true).unwrap());
+    let model = Arc::new(Model::open(&store_path, WeightSource::RESIDENT).unwrap());
     let plan = plan_with(streaming(9, 3, CachePolicy::Segmented, 2));
     let options = two_threads(&store_path);
     let mut d = ActorDriver::new(model, &plan, Kernels::best(), options).unwrap();

@@ -260,7 +260,11 @@ fn conductor_profile_records_the_point_it_measured() {
         .unwrap();
     assert_success(&run);
     let stdout = String::from_utf8_lossy(&run.stdout);
-    let model = conductor::runtime::model::Model::load(&common::default_model()).unwrap();
+    let model = conductor::runtime::model::Model::open(
+        &common::default_model(),
+        conductor::runtime::model::WeightSource::Mapped,
+    )
+    .unwrap();
     let p = ModelProfile::load(&out, &conductor::runtime::plan::ModelIdentity::of(&model)).unwrap();
     let chosen = p.operating_point.as_ref().expect("a chosen point");
     let PointSource::Measured {
@@ -329,7 +333,11 @@ fn random_relu_weights_get_the_published_point() {
         .output()
         .unwrap();
     assert_success(&run);
-    let m = conductor::runtime::model::Model::load(&model).unwrap();
+    let m = conductor::runtime::model::Model::open(
+        &model,
+        conductor::runtime::model::WeightSource::Mapped,
+    )
+    .unwrap();
     let p = ModelProfile::load(&out, &conductor::runtime::plan::ModelIdentity::of(&m)).unwrap();
     let chosen = p.operating_point.expect("the published point");
     assert_eq!(

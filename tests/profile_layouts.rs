@@ -40,9 +40,9 @@ fn profile_of(
     let mut engine = configure(builder).build().unwrap();
     let layout = engine
         .model()
-        .store
+        .store()
         .is_none()
-        .then(|| engine.model().layers[0].gate.layout);
+        .then(|| engine.model().layers()[0].gate.layout);
     let options = ProfileOptions {
         ctx: 64,
         max_tokens: 256,

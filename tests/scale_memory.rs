@@ -10,7 +10,7 @@ mod common;
 use common::ScratchDir;
 use conductor::runtime::convert::{convert, ConvertOptions};
 use conductor::runtime::gguf::{GgufError, GgufFile};
-use conductor::runtime::model::Model;
+use conductor::runtime::model::{Model, WeightSource};
 use conductor::runtime::store::stays_on_storage;
 use conductor::runtime::synthetic::{SyntheticModel, SyntheticSpec};
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -115,7 +115,7 @@ fn loading_a_store_holds_its_resident_tensors_only() {
     let store = dir.join("store.gguf");
     convert(&source, &store, &ConvertOptions::default(), &mut |_, _| {}).unwrap();
     let file_len = std::fs::metadata(&store).unwrap().len() as usize;
-    let (model, peak) = peak_during(|| Model::load_resident(&store, true).unwrap());
+    let (model, peak) = peak_during(|| Model::open(&store, WeightSource::RESIDENT).unwrap());
     let header = GgufFile::open(&store).unwrap();
     let resident: u64 = header
         .tensors()
@@ -135,7 +135,7 @@ fn loading_a_store_holds_its_resident_tensors_only() {
         "loading allocated {peak} bytes for a file of {file_len}"
     );
     // What is not resident is not in memory, and asking for it says so.
-    let bundles = model.layers[0].bundles.clone().unwrap();
+    let bundles = model.layers()[0].bundles.clone().unwrap();
     assert!(matches!(
         model.file().bytes(bundles),
         Err(GgufError::NotInMemory { .. })

@@ -9,7 +9,7 @@ use common::{assert_success, ScratchDir};
 use conductor::profile::{profile_model, ProfileOptions, ProfileRunError};
 use conductor::runtime::cache::{split_budget, MemoryBudget};
 use conductor::runtime::convert::{convert, ConvertOptions};
-use conductor::runtime::model::{FfnActivation, Model};
+use conductor::runtime::model::{FfnActivation, Model, WeightSource};
 use conductor::runtime::plan::CachePolicy;
 use conductor::runtime::plan::{ExecutionPlan, IoEngine};
 use conductor::runtime::sparse::profile::ModelProfile;
@@ -481,14 +481,14 @@ fn sparse_decode_of_a_neuron_store_through_the_cache() {
         );
 
         // Budgets of a few slots and of most of the model, above the fixed segment.
-        let resident = Model::load_resident(&store, true).unwrap();
+        let resident = Model::open(&store, WeightSource::RESIDENT).unwrap();
         let split = split_budget(&resident, u64::MAX / 4, 128, 64, CachePolicy::Segmented).unwrap();
         let fixed = split.resident_weights
             + split.kv_cache
             + split.scratch
             + split.runtime_overhead
             + in_memory.model().sparse().unwrap().bytes() as u64;
-        let slot = resident.store.as_ref().unwrap().layout.stride + 4096;
+        let slot = resident.store().unwrap().layout.stride + 4096;
         if mode == SparsityMode::Threshold {
             (sparse_fixed, sparse_slot) = (fixed, slot);
         }
@@ -545,7 +545,10 @@ fn sparse_decode_of_a_neuron_store_through_the_cache() {
         .expect("the plan carries its sparsity");
     assert_eq!(sparsity.mode, SparsityMode::Threshold);
     assert_eq!(sparsity.target, Some(0.5));
-    let n_layer = Model::load(&store).unwrap().config.n_layer as usize;
+    let n_layer = Model::open(&store, WeightSource::Mapped)
+        .unwrap()
+        .config()
+        .n_layer as usize;
     assert_eq!(sparsity.thresholds.len(), n_layer);
     assert!(!plan.cache.as_ref().unwrap().hot_units.is_empty());
     let mut planned = Engine::builder()
@@ -717,9 +720,9 @@ fn gate_first_loading_reads_fewer_bytes_with_the_same_bits() {
     // Threshold at the natural zeros: the reference is the store in memory.
     let threshold = || settings(SparsityMode::Threshold, 0.0);
     let reference = decode_logits(&mut build(&store, DriverKind::Inline, 1, threshold()).unwrap());
-    let resident = Model::load_resident(&store, true).unwrap();
+    let resident = Model::open(&store, WeightSource::RESIDENT).unwrap();
     let split = split_budget(&resident, u64::MAX / 4, 128, 64, CachePolicy::Segmented).unwrap();
-    let layout = &resident.store.as_ref().unwrap().layout;
+    let layout = &resident.store().unwrap().layout;
     let slot = layout.stride + 4096;
     let fixed = split.resident_weights + split.kv_cache + split.scratch + split.runtime_overhead;
     // Room for a layer's bundles and two more (gate-first keeps a layer's bundles in slots):
@@ -888,8 +891,8 @@ fn multi_sequence_steps_under_a_budget_give_each_sequence_its_solo_bits() {
         "a lazy dog sleeps",
         "once upon a time there was a small model that",
     ];
-    let resident = Model::load_resident(&store, true).unwrap();
-    let slot = resident.store.as_ref().unwrap().layout.stride + 4096;
+    let resident = Model::open(&store, WeightSource::RESIDENT).unwrap();
+    let slot = resident.store().unwrap().layout.stride + 4096;
     for mode in [
         SparsityMode::Dense,
         SparsityMode::Threshold,
@@ -983,7 +986,7 @@ fn multi_sequence_steps_under_a_budget_give_each_sequence_its_solo_bits() {
 /// solo bits.
 fn check_batched_equals_solo(engine: &mut Engine, name: &str, prompts: &[&str], ctx: usize) {
     const STEPS: usize = 4;
-    let n_vocab = engine.model().config.n_vocab as usize;
+    let n_vocab = engine.model().config().n_vocab as usize;
     let mut solo: Vec<Vec<Vec<u32>>> = Vec::new();
     let mut chosen: Vec<Vec<u32>> = Vec::new();
     for prompt in prompts {
@@ -1056,7 +1059,7 @@ fn many_tokens_in_one_sparse_step_give_each_token_its_solo_bits() {
             let prompt = batched.tokenize(&text(60));
             assert!(prompt.len() >= 40, "{}", prompt.len());
             let prompt = &prompt[..40];
-            let vocab = batched.model().config.n_vocab as usize;
+            let vocab = batched.model().config().n_vocab as usize;
             let mut session = batched.session(Some(64)).unwrap();
             let mut rows = Vec::new();
             batched

@@ -11,7 +11,7 @@ use common::ScratchDir;
 use conductor::runtime::cache::{unit_extents, BundleFile, UnitMap, ATTN_K};
 use conductor::runtime::convert::ConvertOptions;
 use conductor::runtime::exec::{Driver, InlineDriver, Serial, Session};
-use conductor::runtime::model::Model;
+use conductor::runtime::model::{Model, WeightSource};
 use conductor::runtime::plan::{CachePlan, CachePolicy, ExecutionPlan, ReadPolicy, Verify};
 use conductor::runtime::quant::Kernels;
 use std::os::unix::fs::FileExt;
@@ -22,9 +22,9 @@ const OUTPUT_ROWS: u32 = 60;
 
 fn map_of(model: &Model) -> UnitMap {
     UnitMap {
-        n_layer: model.config.n_layer,
-        ffn_clusters: model.store.as_ref().unwrap().layout.n_bundles,
-        output_clusters: model.config.n_vocab.div_ceil(OUTPUT_ROWS),
+        n_layer: model.config().n_layer,
+        ffn_clusters: model.store().unwrap().layout.n_bundles,
+        output_clusters: model.config().n_vocab.div_ceil(OUTPUT_ROWS),
         attn_units: 4,
     }
 }
@@ -57,7 +57,7 @@ fn a_byte_changed_after_the_first_read_fails_every_later_read_of_every_kind() {
     let store = dir.store(&dir.small_model(7), &ConvertOptions::neuron_columns(64));
     let victim = dir.join("victim.gguf");
     std::fs::copy(&store, &victim).unwrap();
-    let model = Model::load_resident_with(&victim, true, true).unwrap();
+    let model = Model::open(&victim, WeightSource::STREAMED).unwrap();
     let map = map_of(&model);
     let extents = unit_extents(&model, &map, OUTPUT_ROWS);
     let always = open(&victim, &model, Verify::Always);
@@ -122,10 +122,10 @@ fn a_byte_changed_after_the_first_read_fails_every_later_read_of_every_kind() {
     always.load_part(layer, cluster, Some(1..2), slot).unwrap();
 
     // An embedding row read from the file (the embeddings stream with the output).
-    let t = &model.tok_embd;
+    let t = model.tok_embd();
     let token = 5;
     let byte = (t.bytes.start + token * t.row_bytes() + 3) as u64;
-    let mut row = vec![0f32; model.config.n_embd as usize];
+    let mut row = vec![0f32; model.config().n_embd as usize];
     model.embed(token as u32, &mut row).unwrap();
     flip(&victim, byte);
     let err = model.embed(token as u32, &mut row).unwrap_err().to_string();
@@ -145,8 +145,8 @@ fn a_run_over_a_changed_attention_matrix_fails_instead_of_computing_with_it() {
     let store = dir.store(&dir.small_model(7), &ConvertOptions::neuron_columns(64));
     let victim = dir.join("victim.gguf");
     std::fs::copy(&store, &victim).unwrap();
-    let model = Model::load_resident_with(&victim, true, true).unwrap();
-    let wv = model.layers[1].wv.bytes.clone();
+    let model = Model::open(&victim, WeightSource::STREAMED).unwrap();
+    let wv = model.layers()[1].wv.bytes.clone();
     flip(&victim, (wv.start + wv.len() / 2) as u64);
     let mut plan = ExecutionPlan {
         cache: Some(CachePlan {

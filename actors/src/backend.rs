@@ -91,7 +91,7 @@ impl Backend for ActorBackend {
     }
 
     fn page_map(&self) -> Option<&dyn PageMap> {
-        let store = self.shared.model.store.as_ref()?;
+        let store = self.shared.model.store()?;
         Some(&store.layout)
     }
 

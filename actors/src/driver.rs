@@ -315,7 +315,7 @@ impl ActorDriver {
             epoch: Instant::now(),
             recording: AtomicBool::new(false),
             cache,
-            counters: Counters::new(model.config.n_layer),
+            counters: Counters::new(model.config().n_layer),
         });
         let storage_path = options.model_path.clone();
         let actors = start_actors(

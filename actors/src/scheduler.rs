@@ -215,7 +215,7 @@ impl Message<StartRecording> for SchedulerActor {
     async fn handle(&mut self, _: StartRecording, _: &mut Context<Self, ()>) {
         self.parts.shared.recording.store(true, Ordering::Relaxed);
         self.parts.spans = Some(Vec::new());
-        let n_layer = self.parts.shared.model.config.n_layer;
+        let n_layer = self.parts.shared.model.config().n_layer;
         self.dispatcher.start_recording(n_layer);
     }
 }

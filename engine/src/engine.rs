@@ -6,10 +6,13 @@ use conductor_runtime::cache::{
     fit_plan_to_budget_for, BudgetError, BudgetSplit, CacheReport, MemoryBudget, StoreSizes,
 };
 use conductor_runtime::exec::{Driver, InlineDriver, Session, StepError};
-use conductor_runtime::model::{DecodeLayout, Model, ModelError};
+use conductor_runtime::model::{Model, ModelError, WeightSource};
 use conductor_runtime::plan::{CachePolicy, OverrideError, PlanOverrides};
-use conductor_runtime::plan::{ExecutionPlan, IoEngine, ModelIdentity, Topology, Verify};
+use conductor_runtime::plan::{ExecutionPlan, IoEngine, Topology, Verify};
 use conductor_runtime::quant::Kernels;
+use conductor_runtime::resolve::{
+    resolve, BudgetAsk, FittedBudget, ModelFacts, ResolveError, ResolvedPlan, RunSettings,
+};
 use conductor_runtime::sample::SamplingError;
 use conductor_runtime::schedule::ScheduleError;
 use conductor_runtime::sparse::{SparseError, SparsityMode};
@@ -21,13 +24,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-mod budget;
 mod generation;
 mod memory;
 mod sparsity;
 mod speculative;
 
-use budget::{fit_sessions, BudgetAsk};
 pub use generation::{
     GenerateOptions, Generation, GenerationStats, Piece, SampleHook, StopReason, TokenStream,
 };
@@ -183,37 +184,6 @@ impl EngineBuilder {
     pub fn reserve(mut self, bytes: u64, what: impl Into<String>) -> Self {
         self.reserved = (bytes > 0).then(|| (bytes, what.into()));
         self
-    }
-
-    /// The budget less what steps returning `step_logits` rows of logits need beyond one row
-    /// (measured on Qwen2.5-Coder-1.5B's store: 4.2 MiB of peak RSS a further row of its
-    /// 151,936 logits, about [`LOGIT_ROW_COPIES`] copies of the row along the dispatch).
-    fn hold_step_logits(&mut self, memory: MemoryBudget, model: &Model) -> MemoryBudget {
-        let rows = self.step_logits.saturating_sub(1) as u64;
-        if rows == 0 {
-            return memory;
-        }
-        let held = step_logits_bytes(model, self.step_logits);
-        let bytes = memory.bytes(model.file().file_len());
-        (self.say)(&format!(
-            "memory: {:.1} MiB of the budget held for the logits of {} more tokens a step",
-            held as f64 / f64::from(1 << 20),
-            rows
-        ));
-        MemoryBudget::Bytes(bytes.saturating_sub(held))
-    }
-
-    /// The budget less what [`EngineBuilder::reserve`] holds.
-    fn hold_reserved(&mut self, memory: MemoryBudget, model: &Model) -> MemoryBudget {
-        let Some((held, what)) = &self.reserved else {
-            return memory;
-        };
-        (self.say)(&format!(
-            "memory: {:.1} MiB of the budget held for {what}",
-            *held as f64 / f64::from(1 << 20)
-        ));
-        let bytes = memory.bytes(model.file().file_len());
-        MemoryBudget::Bytes(bytes.saturating_sub(*held))
     }
 
     /// Sessions generated at once (a server's `--parallel` slots; default 1). Under a memory
@@ -382,84 +352,54 @@ impl EngineBuilder {
             sparsity.target = sparsity.target.or(planned.target);
             sparsity.predictor_recall = sparsity.predictor_recall.or(planned.predictor_recall);
         }
-        let model = match memory {
-            // Attention loads only once the budget says it stays resident (below).
-            Some(_) => Model::load_resident_with(&path, true, true).map_err(load)?,
-            None if self.mmap => Model::load(&path).map_err(load)?,
-            None => Model::load_read(&path).map_err(load)?,
-        };
-        let sparse = resolve_sparsity(&model, &path, &sparsity, memory.is_some(), &mut *self.say)?;
-        let tokenizer = Tokenizer::from_gguf(model.file())?;
-        let model = model.with_sparse(sparse).without_tokenizer_metadata();
+        // The file's header and norms (an ordinary model mapped, which costs no reading) say
+        // what everything below needs; the model decode runs is loaded once, at the end.
+        let probe = Model::open(&path, WeightSource::STREAMED).map_err(load)?;
+        let sparse = resolve_sparsity(&probe, &path, &sparsity, memory.is_some(), &mut *self.say)?;
+        let tokenizer = Tokenizer::from_gguf(probe.file())?;
         let topology = self
             .topology
             .take()
             .unwrap_or_else(conductor_actors::detect_topology);
-        let mut plan = match given_plan {
-            Some(plan) => {
-                // A plan made for another model would mis-size or mis-place everything.
-                plan.check_model(&ModelIdentity::of(&model))
-                    .map_err(ScheduleError::Plan)?;
-                plan
-            }
-            None => ExecutionPlan::for_topology(&topology),
+        let facts = ModelFacts::of(&probe)?;
+        let memory = memory.map(|memory| BudgetAsk {
+            bytes: memory.bytes(probe.file().file_len()),
+            context: self.context,
+            sessions: self.sequences,
+            step_logits: (
+                self.step_logits.saturating_sub(1),
+                step_logits_bytes(&probe, self.step_logits),
+            ),
+            reserved: self.reserved.clone(),
+        });
+        let settings = RunSettings {
+            plan: given_plan,
+            overrides: self.overrides.clone(),
+            sparsity: sparse.as_ref().map_or(SparsityMode::Dense, |s| s.mode),
+            all_tokens: sparsity.all_tokens,
+            memory,
+            mmap: self.mmap,
+            down_blocks: self.down_blocks,
+            interleave: self.interleave,
+            kernels: self.kernels,
         };
-        // In memory, decode streams each FFN cluster's down projection as one contiguous
-        // block-column, and its Q4_K and Q6_K matvecs read 8 interleaved rows at a time where
-        // the kernels have an interleaved kernel (same bits, faster): laid out once here.
-        let mut model = match memory {
-            None => model
-                .laid_out(DecodeLayout {
-                    down_blocks: self.down_blocks.then_some(plan.decode.ffn_neurons as usize),
-                    interleave: self.interleave && self.kernels.has_interleaved_kernels(),
-                })
-                .map_err(load)?,
-            Some(_) => model,
-        };
-        let predicts = model
-            .sparse()
-            .is_some_and(|s| s.mode == SparsityMode::Predictor);
-        self.overrides
-            .apply(&mut plan, memory.is_some(), predicts)?;
-        if model.sparse().is_some() && sparsity.all_tokens {
-            plan.decode_max_tokens = plan.decode_max_tokens.max(plan.prefill_max_tokens);
+        let resolved = resolve(settings, &facts, &topology)?;
+        for note in &resolved.notes {
+            (self.say)(note);
         }
-        let mut budget = None;
-        if let Some(memory) = memory {
-            let memory = self.hold_step_logits(memory, &model);
-            let memory = self.hold_reserved(memory, &model);
-            // The plan's reads and the sparse decode must agree (the gate decides gate-first
-            // pages, the predictions predicted pages): refused before the budget loads more.
-            // The drivers resolve the same FFN plan from the same model and plan.
-            conductor_runtime::exec::ffn_plan_of(&model, &plan).map_err(ScheduleError::from)?;
-            let ask = BudgetAsk {
-                bytes: memory.bytes(model.file().file_len()),
-                context: self.context,
-                sessions: self.sequences,
-                step_logits: step_logits_bytes(&model, self.step_logits),
-                reserved: self
-                    .reserved
-                    .as_ref()
-                    .map(|(held, what)| (*held, what.as_str())),
-            };
-            let sizes = StoreSizes::of_store(&model)?;
-            let (split, n_ctx) = fit_sessions(&sizes, &mut plan, &ask, &mut *self.say)?;
-            if !split.plan.stream_attention {
-                // The budget keeps attention resident: load the store again with it, keeping
-                // what was resolved from the first load (which held only the header and norms,
-                // so a budget too small for attention never holds it).
-                let sparse = model.into_sparse();
-                model = Model::load_resident_with(&path, true, false)
-                    .map_err(load)?
-                    .with_sparse(sparse)
-                    .without_tokenizer_metadata();
-            }
+        drop(probe);
+        let model = Model::open(&path, resolved.load_options(sparse)).map_err(load)?;
+        if resolved.budget.is_some() {
             release_freed_memory();
-            budget = Some((split, n_ctx));
-            self.overrides.apply_io_batch(&mut plan);
         }
+        let ResolvedPlan {
+            plan,
+            budget,
+            kernels,
+            ..
+        } = resolved;
         let default_ctx = match &budget {
-            Some((_, n)) => *n,
+            Some(fitted) => fitted.n_ctx,
             None => fit_default_context(&model, physical_memory(), &mut *self.say),
         };
         let model = Arc::new(model);
@@ -469,7 +409,7 @@ impl EngineBuilder {
                     .threads
                     .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
                 let pool = WorkerPool::new(PoolConfig::new(threads)).map_err(Error::Threads)?;
-                let driver = InlineDriver::new(Arc::clone(&model), &plan, self.kernels, pool)?;
+                let driver = InlineDriver::new(Arc::clone(&model), &plan, kernels, pool)?;
                 (AnyDriver::Inline(Box::new(driver)), threads)
             }
             DriverKind::Actors => {
@@ -480,7 +420,7 @@ impl EngineBuilder {
                     model_path: Some(path.clone()),
                     read_faults: None,
                 };
-                let driver = ActorDriver::new(Arc::clone(&model), &plan, self.kernels, options)?;
+                let driver = ActorDriver::new(Arc::clone(&model), &plan, kernels, options)?;
                 let threads = driver.decode_threads() as usize;
                 (AnyDriver::Actors(Box::new(driver)), threads)
             }
@@ -496,6 +436,20 @@ impl EngineBuilder {
             default_ctx,
             step_logits: self.step_logits,
         })
+    }
+}
+
+impl From<ResolveError> for Error {
+    fn from(e: ResolveError) -> Error {
+        match e {
+            ResolveError::Plan(e) => ScheduleError::Plan(e).into(),
+            ResolveError::Settings(e) => Error::Settings(e),
+            ResolveError::Ffn(e) => ScheduleError::from(e).into(),
+            ResolveError::Budget(e) => Error::Budget(e),
+            ResolveError::BudgetWithReserved { what, held, need } => {
+                Error::BudgetWithReserved { what, held, need }
+            }
+        }
     }
 }
 
@@ -535,7 +489,7 @@ pub fn apply_budget_for(
 /// What a budget holds for steps returning `rows` rows of logits beyond the one every step
 /// returns ([`EngineBuilder::step_logits`]; `conductor simulate --draft-tokens` holds it too).
 pub fn step_logits_bytes(model: &Model, rows: usize) -> u64 {
-    rows.saturating_sub(1) as u64 * u64::from(model.config.n_vocab) * 4 * LOGIT_ROW_COPIES
+    rows.saturating_sub(1) as u64 * u64::from(model.config().n_vocab) * 4 * LOGIT_ROW_COPIES
 }
 
 /// Copies of a row of logits a step makes on its way out (the groups' output blocks, the
@@ -544,7 +498,7 @@ pub fn step_logits_bytes(model: &Model, rows: usize) -> u64 {
 const LOGIT_ROW_COPIES: u64 = 7;
 
 /// The context a budget holds KV cache for when none is given ([`EngineBuilder::context`]).
-pub const BUDGET_CONTEXT: usize = 1024;
+pub use conductor_runtime::resolve::BUDGET_CONTEXT;
 
 enum AnyDriver {
     Inline(Box<InlineDriver<WorkerPool>>),
@@ -571,7 +525,7 @@ pub struct Engine {
     path: PathBuf,
     load_time: Duration,
     /// How the memory budget was split, and the context it reserved.
-    budget: Option<(BudgetSplit, usize)>,
+    budget: Option<FittedBudget>,
     /// The most tokens a step may return logits for within the budget
     /// ([`EngineBuilder::step_logits`]); without a budget, any.
     step_logits: usize,
@@ -606,7 +560,7 @@ impl Engine {
 
     /// How the memory budget was split (engines built with one).
     pub fn budget(&self) -> Option<&BudgetSplit> {
-        self.budget.as_ref().map(|(b, _)| b)
+        self.budget.as_ref().map(|b| &b.split)
     }
 
     /// The neuron cache's counters (engines with a memory budget).
@@ -798,7 +752,7 @@ impl Engine {
     pub fn chat_template(&self) -> Result<(ChatTemplate, Option<&'static str>), TokenizerError> {
         let (template, fallback) = match self.tokenizer.chat_template() {
             Err(TokenizerError::NoChatTemplate) => {
-                let (name, source) = fallback_chat_template(&self.model.config.arch_name);
+                let (name, source) = fallback_chat_template(&self.model.config().arch_name);
                 (self.tokenizer.chat_template_from(source)?, Some(name))
             }
             found => (found?, None),

@@ -50,7 +50,7 @@ pub fn perplexity(
 ) -> Result<Perplexity, Error> {
     let n_chunk = (tokens.len() / n_ctx.max(1)).min(chunks.unwrap_or(usize::MAX));
     let first = n_ctx / 2;
-    let n_vocab = engine.model().config.n_vocab as usize;
+    let n_vocab = engine.model().config().n_vocab as usize;
     let add_bos = engine.tokenizer().add_bos();
     let bos = engine.tokenizer().bos();
     let chunk = |i: usize| {

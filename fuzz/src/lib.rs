@@ -65,11 +65,11 @@ pub fn model_from_gguf(data: &[u8]) -> bool {
         return false;
     };
     assert!(config.is_ok(), "a model loaded whose config did not");
-    let mut row = vec![0f32; model.config.n_embd as usize];
-    for token in 0..model.config.n_vocab.min(4) {
+    let mut row = vec![0f32; model.config().n_embd as usize];
+    for token in 0..model.config().n_vocab.min(4) {
         let _ = model.embed(token, &mut row);
     }
-    assert!(model.embed(model.config.n_vocab, &mut row).is_err());
+    assert!(model.embed(model.config().n_vocab, &mut row).is_err());
     let _ = ModelIdentity::of(&model);
     true
 }

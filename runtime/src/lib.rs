@@ -14,6 +14,7 @@ pub mod neuron;
 pub mod plan;
 pub mod quant;
 pub mod read_faults;
+pub mod resolve;
 pub mod sample;
 pub mod schedule;
 pub mod sparse;

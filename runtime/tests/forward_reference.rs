@@ -105,7 +105,7 @@ fn raw_rows(model: &Model, name: &str) -> Vec<Vec<f64>> {
 }
 
 fn ffn_experts(model: &Model, layer: usize) -> Experts {
-    let n_expert = model.config.n_expert as usize;
+    let n_expert = model.config().n_expert as usize;
     if n_expert == 0 {
         return Experts::Dense;
     }
@@ -153,12 +153,12 @@ fn moe_ffn(
 
 /// Logits of every position of `tokens`, computed from scratch.
 fn reference_logits(model: &Model, tokens: &[u32]) -> Vec<Vec<f64>> {
-    let c = &model.config;
+    let c = model.config();
     let hd = c.head_dim as usize;
     let (nh, nkv) = (c.n_head as usize, c.n_head_kv as usize);
-    let emb = matrix(model, &model.tok_embd);
+    let emb = matrix(model, model.tok_embd());
     let mut xs: Vec<Vec<f64>> = tokens.iter().map(|&t| emb[t as usize].clone()).collect();
-    for (i, l) in model.layers.iter().enumerate() {
+    for (i, l) in model.layers().iter().enumerate() {
         let (wq, wk, wv, wo) = (
             matrix(model, &l.wq),
             matrix(model, &l.wk),
@@ -237,9 +237,9 @@ fn reference_logits(model: &Model, tokens: &[u32]) -> Vec<Vec<f64>> {
             x.iter_mut().zip(&d).for_each(|(x, d)| *x += d);
         }
     }
-    let out = matrix(model, &model.output);
+    let out = matrix(model, model.output());
     xs.iter()
-        .map(|x| matvec(&out, &rms_norm(x, &model.output_norm, c.rms_eps)))
+        .map(|x| matvec(&out, &rms_norm(x, model.output_norm(), c.rms_eps)))
         .collect()
 }
 

@@ -102,7 +102,7 @@ fn matches_llama_cpp(arch: &str) {
         Ok(m) => Arc::new(m),
         Err(e) => panic!("{arch}: Conductor cannot load the model: {e}"),
     };
-    let n_vocab = model.config.n_vocab as usize;
+    let n_vocab = model.config().n_vocab as usize;
     let mut driver = InlineDriver::new(
         Arc::clone(&model),
         &ExecutionPlan::default(),

@@ -117,7 +117,7 @@ fn frequencies_of_the_wrong_shape_are_refused() {
 
 /// Every layer's FFN input (after its norm) over `chunks` prompts of `len` random tokens.
 fn ffn_inputs(model: &Arc<Model>, chunks: usize, len: usize) -> Vec<Vec<f32>> {
-    let n_layer = model.config.n_layer as usize;
+    let n_layer = model.config().n_layer as usize;
     let inputs = Arc::new(Mutex::new(vec![Vec::new(); n_layer]));
     let sink = Arc::clone(&inputs);
     let mut driver = InlineDriver::new(
@@ -133,7 +133,7 @@ fn ffn_inputs(model: &Arc<Model>, chunks: usize, len: usize) -> Vec<Vec<f32>> {
         }
     })));
     let mut session = Session::new(model, len).unwrap();
-    let vocab = u64::from(model.config.n_vocab);
+    let vocab = u64::from(model.config().n_vocab);
     for c in 0..chunks {
         let tokens: Vec<u32> = (0..len)
             .map(|i| (mix((c * len + i) as u64) % vocab) as u32)

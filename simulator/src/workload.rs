@@ -3,7 +3,7 @@
 //! the real drivers split them.
 
 use crate::SimError;
-use conductor_runtime::model::Model;
+use conductor_runtime::model::{Model, WeightSource};
 use conductor_runtime::plan::{FfnSelect, ModelDescription};
 use conductor_runtime::schedule::StepRequest;
 use conductor_runtime::trace::{ActiveSet, StepActivity};
@@ -247,7 +247,7 @@ pub struct PlannedStep {
 /// The description of a GGUF model file (its shape and weight types; the weights stay
 /// mapped only while this runs).
 pub fn describe_model_file(path: &Path) -> Result<ModelDescription, SimError> {
-    Model::load(path)
+    Model::open(path, WeightSource::Mapped)
         .map(|m| m.description())
         .map_err(|source| SimError::Model {
             path: path.display().to_string(),

@@ -146,7 +146,7 @@ fn random_tokens(n: usize, n_vocab: u32, seed: u64) -> Vec<u32> {
 }
 
 fn prompt_speed(engine: &mut Engine, n: usize, seed: u64) -> Result<f64> {
-    let tokens = random_tokens(n, engine.model().config.n_vocab, seed);
+    let tokens = random_tokens(n, engine.model().config().n_vocab, seed);
     let mut session = engine.session(Some(n))?;
     let t0 = Instant::now();
     engine.eval_last(&mut session, &tokens)?;
@@ -154,7 +154,7 @@ fn prompt_speed(engine: &mut Engine, n: usize, seed: u64) -> Result<f64> {
 }
 
 fn generation_speed(engine: &mut Engine, n: usize, seed: u64) -> Result<f64> {
-    let tokens = random_tokens(n, engine.model().config.n_vocab, seed);
+    let tokens = random_tokens(n, engine.model().config().n_vocab, seed);
     let mut session = engine.session(Some(n))?;
     let t0 = Instant::now();
     for &t in &tokens {
@@ -293,7 +293,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         if args.trace_out.is_some() {
             engine.start_trace()?;
         }
-        let n_ctx = engine.model().config.n_ctx_train as usize;
+        let n_ctx = engine.model().config().n_ctx_train as usize;
         if let Some(&(p, g)) = tests.iter().find(|&&(p, g)| p.max(g) > n_ctx) {
             bail!(
                 "a test of {} tokens does not fit the model's context of {n_ctx}",
@@ -371,14 +371,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
 /// the used experts' share), not the output projection (computed for the last token alone)
 /// and not attention's f32 products.
 fn prefill_macs_per_token(model: &Model) -> f64 {
-    let c = &model.config;
+    let c = model.config();
     let experts = match c.is_moe() {
         true => c.n_expert_used as f64 / c.n_expert as f64,
         false => 1.0,
     };
     let macs = |t: &conductor::runtime::model::TensorRef| (t.rows * t.cols) as f64;
     model
-        .layers
+        .layers()
         .iter()
         .map(|l| {
             let attn = macs(&l.wq) + macs(&l.wk) + macs(&l.wv) + macs(&l.wo);
@@ -411,10 +411,10 @@ fn report(
         .iter()
         .fold((0u64, 0u64), |(b, p), t| (b + t.n_bytes, p + t.n_elements));
     let name = model
-        .config
+        .config()
         .name
         .clone()
-        .unwrap_or_else(|| model.config.arch_name.clone());
+        .unwrap_or_else(|| model.config().arch_name.clone());
     let isa = engine_isa();
     if args.json {
         let line = json!({

@@ -73,7 +73,7 @@ pub fn run(args: CheckRefsArgs) -> Result<()> {
         bail!("{} holds no references", args.refs.display());
     }
     let mut engine = args.model.load(args.model.threads())?;
-    let n_vocab = engine.model().config.n_vocab;
+    let n_vocab = engine.model().config().n_vocab;
     println!(
         "{:<14} {:>6} {:>11} {:>9} {:>11} {:>14}",
         "id", "prompt", "confident", "all", "free-run", "top5 |dlogit|"

@@ -45,7 +45,7 @@ pub fn run(args: LogitsArgs) -> Result<()> {
         model_args.engine.driver = DriverArg::Inline;
     }
     let mut engine = model_args.load(model_args.threads())?;
-    let n_vocab = engine.model().config.n_vocab as usize;
+    let n_vocab = engine.model().config().n_vocab as usize;
     if let Some(bad) = args.ids.iter().find(|&&t| t as usize >= n_vocab) {
         bail!("token id {bad} is outside the model's vocabulary ({n_vocab})");
     }

@@ -16,7 +16,7 @@ use clap::Args;
 use conductor::fetch;
 use conductor::runtime::cache::{MemoryBudget, StoreSizes};
 use conductor::runtime::model::FfnActivation;
-use conductor::runtime::model::Model;
+use conductor::runtime::model::{Model, WeightSource};
 use conductor::runtime::plan::{HardwareProfile, ModelDescription, ModelIdentity, SparsityPlan};
 use conductor::runtime::sparse::operating::OperatingPoint;
 use conductor::runtime::sparse::profile::ModelProfile;
@@ -209,16 +209,17 @@ fn load_model(args: &PlanArgs) -> Result<Loaded> {
     let path = fetch::resolve_model(args.model.as_deref(), &mut |line| eprintln!("{line}"))?;
     std::fs::metadata(&path)
         .with_context(|| format!("cannot read model file {}", path.display()))?;
-    let model = Model::load(&path).with_context(|| format!("cannot load {}", path.display()))?;
+    let model = Model::open(&path, WeightSource::Mapped)
+        .with_context(|| format!("cannot load {}", path.display()))?;
     let (model, sparse) = match args.sparsity {
         PlanSparsity::Dense => (model, None),
         mode => {
-            let (sparse, ffn) = load_sparse(args, &path, &model, mode)?;
-            (model.with_sparse(Some(ffn)), Some(sparse))
+            let sparse = load_sparse(args, &path, &model, mode)?;
+            (model, Some(sparse))
         }
     };
     let store = model
-        .store
+        .store()
         .is_some()
         .then(|| StoreSizes::of_store(&model))
         .transpose()?;
@@ -234,15 +235,10 @@ fn load_model(args: &PlanArgs) -> Result<Loaded> {
 
 /// The activation profile for `--sparsity`, and the sparse decode it gives `model` (whose
 /// resident bytes then count against a budget, as the engine counts them).
-fn load_sparse(
-    args: &PlanArgs,
-    path: &Path,
-    model: &Model,
-    mode: PlanSparsity,
-) -> Result<(Sparse, SparseFfn)> {
+fn load_sparse(args: &PlanArgs, path: &Path, model: &Model, mode: PlanSparsity) -> Result<Sparse> {
     let beside = ModelProfile::default_path(path);
     let profile_path = args.sparse_profile.clone().unwrap_or_else(|| {
-        match &model.store {
+        match &model.store() {
             // A store shares its source's identity: the source's profile serves.
             Some(store) if !beside.exists() => {
                 ModelProfile::default_path(&path.with_file_name(&store.source_name))
@@ -257,7 +253,7 @@ fn load_sparse(
             path.display()
         )
     })?;
-    let relu = model.config.activation == FfnActivation::Relu;
+    let relu = model.config().activation == FfnActivation::Relu;
     let target = args
         .target_sparsity
         .unwrap_or(if relu { 0.0 } else { DEFAULT_SPARSITY });
@@ -273,8 +269,10 @@ fn load_sparse(
         sparsity: target,
         predictor_recall: args.predictor_recall,
     };
-    let ffn = SparseFfn::build_at(model, &profile, &point, DEFAULT_SPARSE_DOWN_TYPE, true)?;
-    let sparse = Sparse {
+    // Built as a run would build it, and dropped: a profile that cannot serve this point is
+    // refused here as there (the plan itself holds only the thresholds).
+    SparseFfn::build_at(model, &profile, &point, DEFAULT_SPARSE_DOWN_TYPE, true)?;
+    Ok(Sparse {
         profile,
         plan: SparsityPlan {
             mode,
@@ -282,8 +280,7 @@ fn load_sparse(
             predictor_recall: args.predictor_recall,
             thresholds,
         },
-    };
-    Ok((sparse, ffn))
+    })
 }
 
 /// Keeps only the cores `spec` names: class names, or core ids.

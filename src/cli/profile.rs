@@ -147,7 +147,7 @@ pub fn run(args: ProfileArgs) -> Result<()> {
     {
         bail!("--predictor-ranks: {r} is not a positive multiple of 32");
     }
-    let relu = engine.model().config.activation == FfnActivation::Relu;
+    let relu = engine.model().config().activation == FfnActivation::Relu;
     let sparsity = args
         .predictor_sparsity
         .unwrap_or(if relu { 0.0 } else { DEFAULT_SPARSITY });
@@ -180,7 +180,7 @@ pub fn run(args: ProfileArgs) -> Result<()> {
     };
     let random_weights = engine
         .model()
-        .config
+        .config()
         .name
         .as_deref()
         .is_some_and(|n| n.starts_with("synthetic"));
@@ -199,7 +199,7 @@ pub fn run(args: ProfileArgs) -> Result<()> {
     // Under --memory, `--sparsity default` runs the chosen point on the store `convert`
     // writes; where that store holds block columns, its points are scored with their numerics
     // (and without the transposed copy of the down projections, which the store never has).
-    let block_columns = engine.model().store.is_none()
+    let block_columns = engine.model().store().is_none()
         && chosen_down_layout(engine.model(), DEFAULT_BUNDLE_NEURONS) == DownLayout::BlockColumns;
     // The evaluating engines load the model again: this one goes first.
     drop(engine);

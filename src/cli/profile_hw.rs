@@ -7,7 +7,7 @@ use clap::Args;
 use conductor::apply_budget;
 use conductor::runtime::cache::{unit_extents, MemoryBudget};
 use conductor::runtime::gguf::GgufFile;
-use conductor::runtime::model::Model;
+use conductor::runtime::model::{Model, WeightSource};
 use conductor::runtime::plan::ExecutionPlan;
 use conductor::runtime::schedule::Scheduler;
 use conductor_planner::hardware::{check_options, measure, MeasureOptions};
@@ -55,8 +55,14 @@ fn store_reads(path: &Path) -> Result<(Vec<(u64, usize)>, usize)> {
         return Ok((Vec::new(), 0));
     }
     let load = |attention| {
-        Model::load_resident_with(path, true, attention)
-            .with_context(|| format!("cannot load the neuron store {}", path.display()))
+        Model::open(
+            path,
+            WeightSource::Resident {
+                stream_output: true,
+                stream_attention: attention,
+            },
+        )
+        .with_context(|| format!("cannot load the neuron store {}", path.display()))
     };
     let model = load(false)?;
     let slots_at = |percent: f64| {

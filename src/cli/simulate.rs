@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use conductor::fetch;
 use conductor::runtime::cache::MemoryBudget;
-use conductor::runtime::model::Model;
+use conductor::runtime::model::{Model, WeightSource};
 use conductor::runtime::plan::{
     ExecutionPlan, HardwareProfile, ModelDescription, ModelIdentity, PlanOverrides, Topology,
 };
@@ -124,7 +124,7 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         _ => None,
     };
     if let (Some(memory), Some(path)) = (args.memory, &args.model) {
-        let store = Model::load_resident(path, true)
+        let store = Model::open(path, WeightSource::RESIDENT)
             .with_context(|| format!("cannot load {}", path.display()))?;
         let n_ctx = args.n_prompt.max(args.n_gen).max(1);
         // A draft's steps return logits for each drafted token: the engine holds them out of
@@ -197,8 +197,8 @@ pub fn run(args: SimulateArgs) -> Result<()> {
 /// Decode steps following the activation profile at `path` of the model of `args`.
 fn profile_activity(args: &SimulateArgs, path: &Path) -> Result<Vec<StepActivity>> {
     let model_path = args.model.as_ref().expect("clap requires -m");
-    let model =
-        Model::load(model_path).with_context(|| format!("cannot load {}", model_path.display()))?;
+    let model = Model::open(model_path, WeightSource::Mapped)
+        .with_context(|| format!("cannot load {}", model_path.display()))?;
     let profile = ModelProfile::load_for(path, &ModelIdentity::of(&model), Some(model_path))?;
     let sparsity = args
         .target_sparsity

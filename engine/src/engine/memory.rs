@@ -16,7 +16,7 @@ pub(super) fn fit_default_context(
     memory: Option<u64>,
     say: &mut dyn FnMut(&str),
 ) -> usize {
-    let c = &model.config;
+    let c = model.config();
     let n_ctx = c.n_ctx_train as usize;
     let Some(memory) = memory else {
         return n_ctx;

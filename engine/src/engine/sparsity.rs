@@ -60,7 +60,7 @@ pub const DEFAULT_SPARSITY: f32 = 0.3;
 fn profile_path(model: &Model, path: &Path, settings: &SparsitySettings) -> PathBuf {
     settings.profile.clone().unwrap_or_else(|| {
         let own = ModelProfile::default_path(path);
-        match &model.store {
+        match &model.store() {
             Some(store) if !own.exists() => {
                 let source = path.with_file_name(&store.source_name);
                 Some(ModelProfile::default_path(&source))
@@ -82,13 +82,13 @@ pub(super) fn resolve_sparsity(
     say: &mut dyn FnMut(&str),
 ) -> Result<Option<SparseFfn>, Error> {
     let profile_path = profile_path(model, path, settings);
-    let relu = model.config.activation == FfnActivation::Relu;
+    let relu = model.config().activation == FfnActivation::Relu;
     let mode = match settings.mode {
         Some(SparsityMode::Dense) => return Ok(None),
         // The router is a mixture of experts' sparsity; neuron-level sparse decode is not
         // built for it.
-        Some(_) if model.config.is_moe() => return Err(SparseError::MixtureOfExperts.into()),
-        None if model.config.is_moe() => return Ok(None),
+        Some(_) if model.config().is_moe() => return Err(SparseError::MixtureOfExperts.into()),
+        None if model.config().is_moe() => return Ok(None),
         Some(mode) => mode,
         // Under a budget, the profile's measured point (below); in memory, dense (quietly):
         // sparse decode is slower there at the sparsity quality allows.
@@ -98,8 +98,8 @@ pub(super) fn resolve_sparsity(
         None => DEFAULT_SPARSITY_MODE,
     };
     // A PowerInfer file brings its own predictors and transposed down projection.
-    if model.store.is_none() && (mode == SparsityMode::Predictor || settings.mode.is_none()) {
-        let c = &model.config;
+    if model.store().is_none() && (mode == SparsityMode::Predictor || settings.mode.is_none()) {
+        let c = model.config();
         let pi = read_powerinfer(
             model.file(),
             None,

@@ -4,7 +4,7 @@
 //! store itself). Every path gives the same gate and up projections, bit for bit, as the
 //! kernels do; the down projection's column norms come from its rows in the file's layout.
 
-use conductor_runtime::model::{Model, ModelError};
+use conductor_runtime::model::{Model, ModelError, WeightSource};
 use conductor_runtime::quant::interleave::row_bytes_of;
 use conductor_runtime::quant::{activation_type, dequantize_row, Kernels, Layout, MatRef};
 use conductor_runtime::store::DownLayout;
@@ -23,8 +23,8 @@ impl<'a> FfnWeights<'a> {
     /// A store that `model` (loaded from `path`) holds on storage (under a budget), mapped
     /// whole for the profile to read its bundles; `None` when `model` holds its FFN itself.
     pub fn map_if_on_storage(model: &Model, path: &Path) -> Result<Option<Model>, ModelError> {
-        if model.store.is_some() && model.resident_only {
-            return Model::load(path).map(Some);
+        if model.store().is_some() && model.resident_only() {
+            return Model::open(path, WeightSource::Mapped).map(Some);
         }
         Ok(None)
     }
@@ -37,14 +37,14 @@ impl<'a> FfnWeights<'a> {
     /// token `t` of `x` (`[token][n_embd]`), with the kernels decode uses.
     pub fn project(&self, kernels: &Kernels, l: usize, up: bool, x: &[f32]) -> Vec<f32> {
         let model = self.model();
-        let c = &model.config;
+        let c = model.config();
         let (embd, ff) = (c.n_embd as usize, c.n_ff as usize);
         let n = x.len() / embd;
         let mut out = vec![0f32; n * ff];
         let mut mats: Vec<(usize, MatRef<'_>)> = Vec::new();
-        match &model.store {
+        match &model.store() {
             None => {
-                let layer = &model.layers[l];
+                let layer = &model.layers()[l];
                 mats.push((0, model.mat(if up { &layer.up } else { &layer.gate })));
             }
             Some(store) => {
@@ -76,11 +76,11 @@ impl<'a> FfnWeights<'a> {
     /// The Euclidean norm of every column of layer `l`'s down projection (one per neuron).
     pub fn down_norms(&self, l: usize) -> Vec<f32> {
         let model = self.model();
-        let ff = model.config.n_ff as usize;
+        let ff = model.config().n_ff as usize;
         let mut sq = vec![0f64; ff];
-        match &model.store {
+        match &model.store() {
             None => {
-                let down = &model.layers[l].down;
+                let down = &model.layers()[l].down;
                 add_column_squares(&model.mat(down), 0, &mut sq);
             }
             Some(store) => {

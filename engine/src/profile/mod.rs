@@ -77,7 +77,7 @@ pub fn profile_model(
     options: &ProfileOptions,
     progress: &(dyn Fn(Stage, f32) + Sync),
 ) -> Result<ModelProfile, ProfileRunError> {
-    if engine.model().config.is_moe() {
+    if engine.model().config().is_moe() {
         return Err(ProfileRunError::MixtureOfExperts);
     }
     let tokens = engine.tokenizer().encode(text, true, false);
@@ -94,8 +94,8 @@ pub fn profile_model(
     let n_chunks = (tokens.len() / ctx)
         .min(options.max_tokens.div_ceil(ctx))
         .max(1);
-    let n_layer = engine.model().config.n_layer as usize;
-    let embd = engine.model().config.n_embd as usize;
+    let n_layer = engine.model().config().n_layer as usize;
+    let embd = engine.model().config().n_embd as usize;
     let n_tokens = n_chunks * ctx;
     let samples = if options.predictors.is_some() {
         (SAMPLE_BYTES / (2 * embd * n_layer).max(1))
@@ -240,12 +240,12 @@ fn describe_source(model: &Model, path: &std::path::Path) -> String {
         || path.display().to_string(),
         |n| n.to_string_lossy().into_owned(),
     );
-    let layout = match (&model.store, model.resident_only) {
+    let layout = match (&model.store(), model.resident_only()) {
         (Some(_), true) => "a neuron store on storage, under a memory budget",
         (Some(_), false) => "a neuron store in memory",
         (None, _)
             if model
-                .layers
+                .layers()
                 .first()
                 .is_some_and(|l| matches!(l.gate.layout, Layout::X8 { .. })) =>
         {
@@ -286,7 +286,7 @@ fn gate_and_up(
     x: &[f32],
 ) -> (Vec<f32>, Vec<f32>) {
     let mut acts = weights.project(kernels, l, false, x);
-    let activation = model.config.activation;
+    let activation = model.config().activation;
     for g in acts.iter_mut() {
         *g = activate(activation, *g);
     }
@@ -317,7 +317,7 @@ fn train_predictor(
     sparsity: f32,
     cfg: &PredictorConfig,
 ) -> Result<Trained, String> {
-    let c = &model.config;
+    let c = model.config();
     let (embd, ff) = (c.n_embd as usize, c.n_ff as usize);
     let n = x.len() / embd;
     let threshold = interpolate(grid, &stats.thresholds, sparsity);

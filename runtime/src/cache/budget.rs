@@ -161,10 +161,10 @@ pub struct StoreSizes {
 }
 
 impl StoreSizes {
-    /// The sizes of a neuron store loaded with `Model::load_resident`.
+    /// The sizes of a neuron store loaded with `WeightSource::Resident`.
     pub fn of_store(model: &Model) -> Result<StoreSizes, BudgetError> {
-        let store = model.store.as_ref().ok_or(BudgetError::NotAStore)?;
-        let c = &model.config;
+        let store = model.store().ok_or(BudgetError::NotAStore)?;
+        let c = model.config();
         let file = model.file();
         let resident_weights = file.data_offset()
             + file
@@ -175,7 +175,7 @@ impl StoreSizes {
                 .sum::<u64>()
             + model.sparse().map_or(0, |s| s.bytes() as u64);
         let matrices = model
-            .layers
+            .layers()
             .iter()
             .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo])
             .map(|t| (t.bytes.len() as u64, super::reader::read_len(&t.bytes)));
@@ -191,7 +191,7 @@ impl StoreSizes {
             n_vocab: c.n_vocab,
             bundles_per_layer: store.layout.n_bundles,
             bundle_stride: store.layout.stride,
-            output_row_bytes: model.output.row_bytes() as u64,
+            output_row_bytes: model.output().row_bytes() as u64,
             attention_bytes,
             attention_unit_bytes,
         })

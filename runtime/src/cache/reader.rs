@@ -47,10 +47,10 @@ pub struct Extent {
 /// clusters hold `output_rows` rows of the output projection.
 pub fn unit_extents(model: &Model, map: &UnitMap, output_rows: u32) -> Vec<Extent> {
     let mut out = Vec::with_capacity(map.n_units() as usize);
-    let Some(store) = &model.store else {
+    let Some(store) = model.store() else {
         return out;
     };
-    for (l, layer) in model.layers.iter().enumerate() {
+    for (l, layer) in model.layers().iter().enumerate() {
         let layout = store.layout_of(l as u32);
         if map.attn_units > 0 {
             for (name, t) in [
@@ -82,7 +82,7 @@ pub fn unit_extents(model: &Model, map: &UnitMap, output_rows: u32) -> Vec<Exten
             });
         }
     }
-    let t = &model.output;
+    let t = model.output();
     for c in 0..map.output_clusters {
         let first = u64::from(c * output_rows);
         let end_row = (first + u64::from(output_rows)).min(t.rows as u64);
@@ -224,7 +224,7 @@ impl BundleFile {
         storage: &StoragePlan,
     ) -> Result<Option<BundleFile>, OpenError> {
         let (direct, engine) = (storage.direct_io, storage.engine);
-        let Some(store) = model.store.clone() else {
+        let Some(store) = model.store().cloned() else {
             return Ok(None);
         };
         let reads = match engine {

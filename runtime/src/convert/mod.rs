@@ -3,8 +3,8 @@
 
 use crate::gguf::GgufError;
 use crate::gguf::{Array, GgufWriter, Value};
-use crate::model::Model;
 use crate::model::ModelError;
+use crate::model::{Model, WeightSource};
 use crate::plan::FfnActivation;
 use crate::quant::{transpose_requantize_cols, GgmlType};
 use crate::store::{
@@ -88,9 +88,9 @@ impl ConvertOptions {
 /// them with the row kernels: Qwen2.5-Coder-1.5B decoded 1.72x faster from it with a budget of
 /// 100% of its file, 1.15x at 25% and as fast at 50% (medians of 3, `docs/benchmarks.md`).
 pub fn chosen_down_layout(model: &Model, bundle_neurons: u32) -> DownLayout {
-    let dense_by_default = model.config.activation != FfnActivation::Relu;
+    let dense_by_default = model.config().activation != FfnActivation::Relu;
     let fits = model
-        .layers
+        .layers()
         .iter()
         .all(|l| (bundle_neurons as usize).is_multiple_of(l.down.ty.block_size()));
     if dense_by_default && fits {
@@ -136,8 +136,8 @@ pub fn convert(
     if dst.exists() && !options.overwrite {
         return Err(refuse("the file exists (pass --force to replace it)".into()).into());
     }
-    let model = Model::load(src)?;
-    if let Some(store) = &model.store {
+    let model = Model::open(src, WeightSource::Mapped)?;
+    if let Some(store) = &model.store() {
         return Err(StoreError::AlreadyStore {
             path: src.display().to_string(),
             source_name: store.source_name.clone(),
@@ -146,8 +146,8 @@ pub fn convert(
     }
     let file = model.file();
     let source_crc32 = source_checksum(file);
-    let c = &model.config;
-    let first = &model.layers[0];
+    let c = model.config();
+    let first = &model.layers()[0];
     // Neuron columns re-quantize every layer's down projection to one type; block-columns keep
     // the down projection's blocks, whose type may differ from layer to layer (a Q4_K_M file's
     // mix Q4_K and Q6_K): each layer gets its own, and the widest sets the stride. Gate and up
@@ -156,7 +156,7 @@ pub fn convert(
         .down_layout
         .unwrap_or_else(|| chosen_down_layout(&model, bundle_neurons));
     let keeps_down = down_layout == DownLayout::BlockColumns;
-    for l in &model.layers {
+    for l in model.layers() {
         let pairs = [(&l.gate, &first.gate), (&l.up, &first.up)];
         if let Some((t, f)) = pairs.into_iter().find(|(t, f)| t.ty != f.ty) {
             return Err(StoreError::Layout(format!(
@@ -167,8 +167,8 @@ pub fn convert(
         }
     }
     let down_types: Vec<_> = match keeps_down {
-        true => model.layers.iter().map(|l| l.down.ty).collect(),
-        false => vec![options.down_type; model.layers.len()],
+        true => model.layers().iter().map(|l| l.down.ty).collect(),
+        false => vec![options.down_type; model.layers().len()],
     };
     let layout_with = |down| {
         BundleLayout::new(
@@ -290,7 +290,7 @@ pub fn convert(
         let mut crcs = Vec::with_capacity(n_crc as usize * 4);
         let mut bundle = vec![0u8; layout.stride as usize];
         let mut strip = DownStrip::default();
-        for (li, l) in model.layers.iter().enumerate() {
+        for (li, l) in model.layers().iter().enumerate() {
             for b in 0..layout.n_bundles {
                 let len = fill_bundle(&model, li, &layers[li], b, &mut strip, &mut bundle)?;
                 crcs.extend_from_slice(&crc32fast::hash(&bundle[..len]).to_le_bytes());
@@ -360,10 +360,10 @@ impl DownStrip {
             && self.neurons.start <= neurons.start
             && neurons.end <= self.neurons.end;
         if !held {
-            let per_expert = model.config.ffn_per_expert() as usize;
+            let per_expert = model.config().ffn_per_expert() as usize;
             let expert_end = (neurons.start / per_expert + 1) * per_expert;
             let end = expert_end.min((neurons.start + STRIP_NEURONS).max(neurons.end));
-            let l = &model.layers[li];
+            let l = &model.layers()[li];
             let (down, cols) = model.down_columns(li, neurons.start..end);
             self.row_bytes = crate::quant::row_bytes(layout.down_ty, down.rows)
                 .map_err(|e| quant_error(l, layout, e))?;
@@ -390,7 +390,7 @@ fn fill_bundle(
     out: &mut [u8],
 ) -> Result<usize, StoreError> {
     out.fill(0);
-    let l = &model.layers[li];
+    let l = &model.layers()[li];
     let neurons = layout.neurons_of(b);
     let rows = neurons.start as usize..neurons.end as usize;
     let mut at = 0;

@@ -256,7 +256,7 @@ fn down_columns_transposed_in_strips_are_each_bundles_own() {
     let dir = Scratch::new("strips");
     let src = dir.0.join("moe.gguf");
     std::fs::write(&src, synthetic_model(&spec).unwrap().to_bytes().unwrap()).unwrap();
-    let model = Model::load(&src).unwrap();
+    let model = Model::open(&src, WeightSource::Mapped).unwrap();
     for bundle_neurons in [1, 40] {
         let options = ConvertOptions::neuron_columns(bundle_neurons);
         let dst = dir.0.join(format!("moe-{bundle_neurons}.store.gguf"));
@@ -318,8 +318,8 @@ fn a_store_s_embedding_rows_are_read_with_faults_and_checked() {
         &mut |_, _| {},
     )
     .unwrap();
-    let whole = Model::load(&src).unwrap();
-    let model = Model::load_resident(&dst, true).unwrap();
+    let whole = Model::open(&src, WeightSource::Mapped).unwrap();
+    let model = Model::open(&dst, WeightSource::RESIDENT).unwrap();
     let n = spec.n_embd as usize;
     let (mut want, mut got) = (vec![0f32; n], vec![0f32; n]);
     whole.embed(5, &mut want).unwrap();
@@ -381,7 +381,7 @@ fn convert_chooses_block_columns_for_dense_decode_where_the_blocks_fit() {
             summary.layout.down_layout, want,
             "{activation:?} {bundle_neurons}"
         );
-        let model = Model::load(&src).unwrap();
+        let model = Model::open(&src, WeightSource::Mapped).unwrap();
         assert_eq!(chosen_down_layout(&model, bundle_neurons), want);
     }
 }

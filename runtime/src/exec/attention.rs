@@ -25,10 +25,10 @@ impl StepState {
             n,
             ..
         } = w;
-        let c = &model.config;
+        let c = model.config();
         let hd = c.head_dim as usize;
         let l = model
-            .layers
+            .layers()
             .get(work.layer as usize)
             .expect("attention phases belong to a layer");
         let (window, rope_config) = c.layer_attention(work.layer as usize);
@@ -117,7 +117,7 @@ impl StepState {
             n,
             ..
         } = w;
-        let c = &model.config;
+        let c = model.config();
         let hd = c.head_dim as usize;
         let multi = self.request.is_multi_sequence();
         let positions = &self.positions;
@@ -156,7 +156,7 @@ impl StepState {
 
     /// After `QkvHeads` of layer `l`: k and v into the KV cache (and q, k, v to the probe).
     pub(super) fn finish_qkv_heads(&mut self, model: &Model, kv: &mut [KvCache], l: usize) {
-        let c = &model.config;
+        let c = model.config();
         let n = self.request.n_tokens as usize;
         let hd = c.head_dim as usize;
         let (n_head, n_kv) = (c.n_head as usize, c.n_head_kv as usize);
@@ -221,7 +221,7 @@ impl StepState {
     /// After `AttnHeads` of layer `l`: the heads gathered into token rows `[token][q_dim]` and
     /// quantized for the output projection.
     pub(super) fn finish_attn_heads(&mut self, model: &Model, l: usize) {
-        let c = &model.config;
+        let c = model.config();
         let n = self.request.n_tokens as usize;
         let hd = c.head_dim as usize;
         let q_dim = c.q_dim() as usize;
@@ -232,7 +232,7 @@ impl StepState {
                     .copy_from_slice(&self.attn[(h * n + t) * hd..(h * n + t + 1) * hd]);
             }
         }
-        let wo = model.layers[l].wo.ty;
+        let wo = model.layers()[l].wo.ty;
         self.acts
             .prepare(&self.kernels, &self.gathered, q_dim, &[wo]);
         self.emit(|| format!("kqv_out-{l}"), Tensor::Gathered, q_dim);

@@ -70,7 +70,7 @@ pub(super) fn part_span(
     part: &Range<u32>,
 ) -> Range<usize> {
     let clusters = program.clusters(phase);
-    let c = &model.config;
+    let c = model.config();
     let (first, last) = (
         &clusters[part.start as usize],
         &clusters[part.end as usize - 1],

@@ -230,7 +230,7 @@ impl StepState {
         tokens: &[u32],
         n_ctx: usize,
     ) -> Result<(), ModelError> {
-        let c = &model.config;
+        let c = model.config();
         let embd = c.n_embd as usize;
         debug_assert_eq!(tokens.len(), request.n_tokens as usize);
         self.request = request.clone();
@@ -355,7 +355,7 @@ impl StepState {
         outputs: &[Mutex<GroupOutput>],
     ) {
         self.collect(model, program, phase, outputs);
-        let c = &model.config;
+        let c = model.config();
         let n = self.request.n_tokens as usize;
         let embd = c.n_embd as usize;
         let l = layer as usize;
@@ -364,7 +364,7 @@ impl StepState {
             Phase::QkvHeads => self.finish_qkv_heads(model, kv, l),
             Phase::AttnHeads => self.finish_attn_heads(model, l),
             Phase::AttnOutRows => {
-                let post_norm = model.layers[l].attn_post_norm.as_deref();
+                let post_norm = model.layers()[l].attn_post_norm.as_deref();
                 self.add_row_blocks(clusters, embd, post_norm, c.rms_eps);
                 self.emit(|| format!("attn_out-{l}"), Tensor::Delta, embd);
                 self.emit(|| format!("ffn_inp-{l}"), Tensor::X, embd);
@@ -393,7 +393,7 @@ impl StepState {
                         *d += p;
                     }
                 }
-                let post_norm = model.layers[l].ffn_post_norm.as_deref();
+                let post_norm = model.layers()[l].ffn_post_norm.as_deref();
                 self.add_delta(post_norm, c.rms_eps, embd);
                 self.emit(|| format!("ffn_out-{l}"), Tensor::Delta, embd);
                 self.emit(|| format!("l_out-{l}"), Tensor::X, embd);
@@ -410,7 +410,7 @@ impl StepState {
                 self.gathered.resize(n * ff, 0.0);
                 gather_row_blocks(&self.blocks, clusters, n, ff, &mut self.gathered);
                 self.emit(|| format!("ffn_swiglu-{l}"), Tensor::Gathered, ff);
-                let down = model.layers[l].down.ty;
+                let down = model.layers()[l].down.ty;
                 if c.is_moe() {
                     self.moe
                         .weigh(&self.kernels, model, down, &mut self.gathered, n);
@@ -421,7 +421,7 @@ impl StepState {
                 }
             }
             Phase::FfnDownRows => {
-                let post_norm = model.layers[l].ffn_post_norm.as_deref();
+                let post_norm = model.layers()[l].ffn_post_norm.as_deref();
                 self.add_row_blocks(clusters, embd, post_norm, c.rms_eps);
                 self.emit(|| format!("ffn_out-{l}"), Tensor::Delta, embd);
                 self.emit(|| format!("l_out-{l}"), Tensor::X, embd);
@@ -489,8 +489,8 @@ impl StepState {
     }
 
     fn prepare_attention(&mut self, model: &Model, l: usize) {
-        let c = &model.config;
-        let layer = &model.layers[l];
+        let c = model.config();
+        let layer = &model.layers()[l];
         let n = self.request.n_tokens as usize;
         self.norm_rows(&layer.attn_norm, c.rms_eps, 0..n, c.n_embd as usize);
         self.emit(
@@ -504,8 +504,8 @@ impl StepState {
     }
 
     fn prepare_ffn(&mut self, model: &Model, l: usize) {
-        let c = &model.config;
-        let layer = &model.layers[l];
+        let c = model.config();
+        let layer = &model.layers()[l];
         let n = self.request.n_tokens as usize;
         self.norm_rows(&layer.ffn_norm, c.rms_eps, 0..n, c.n_embd as usize);
         self.emit(
@@ -522,19 +522,19 @@ impl StepState {
     }
 
     fn prepare_next_layer(&mut self, model: &Model, l: usize) {
-        if l + 1 < model.layers.len() {
+        if l + 1 < model.layers().len() {
             self.prepare_attention(model, l + 1);
         } else if self.request.wants_logits() {
-            let c = &model.config;
+            let c = model.config();
             let n = self.request.n_tokens as usize;
             let from = self.request.logits_from as usize;
-            self.norm_rows(&model.output_norm, c.rms_eps, from..n, c.n_embd as usize);
+            self.norm_rows(model.output_norm(), c.rms_eps, from..n, c.n_embd as usize);
             self.emit(|| "result_norm".into(), Tensor::Normed, c.n_embd as usize);
             self.acts.prepare(
                 &self.kernels,
                 &self.normed,
                 c.n_embd as usize,
-                &[model.output.ty],
+                &[model.output().ty],
             );
         }
     }

@@ -45,7 +45,7 @@ impl MoeState {
         model: &Model,
         neurons: &Range<usize>,
     ) -> Result<Option<ExpertScale<'_>>, ()> {
-        let c = &model.config;
+        let c = model.config();
         if !c.is_moe() {
             return Ok(None);
         }
@@ -63,7 +63,7 @@ impl MoeState {
     /// Each of `n` tokens' expert weights from the FFN input just normed (`normed`,
     /// `[token][n_embd]`).
     pub(super) fn route(&mut self, model: &Model, router: &[f32], normed: &[f32], n: usize) {
-        let c = &model.config;
+        let c = model.config();
         let (embd, n_expert) = (c.n_embd as usize, c.n_expert as usize);
         self.weights.resize(n * n_expert, 0.0);
         self.used.clear();
@@ -95,7 +95,7 @@ impl MoeState {
         gathered: &mut [f32],
         n: usize,
     ) {
-        let c = &model.config;
+        let c = model.config();
         let (ff, f, n_expert) = (
             c.n_ff as usize,
             c.ffn_per_expert() as usize,

@@ -66,7 +66,7 @@ impl<R: ClusterRunner> InlineDriver<R> {
             plan: plan.clone(),
             cache,
             io: IoCounters {
-                layer_bytes: vec![0; model.config.n_layer as usize + 1],
+                layer_bytes: vec![0; model.config().n_layer as usize + 1],
                 ..IoCounters::default()
             },
             outputs: (0..scheduler.n_groups())
@@ -218,7 +218,7 @@ impl<R: ClusterRunner> InlineDriver<R> {
 
     /// Starts recording a trace of every event and command, and the decode steps' activity.
     pub fn start_trace(&mut self) {
-        self.dispatcher.start_recording(self.model.config.n_layer);
+        self.dispatcher.start_recording(self.model.config().n_layer);
     }
 
     /// Stops recording and returns the trace (no timed spans: everything runs on one thread).
@@ -251,7 +251,7 @@ impl<R: ClusterRunner> InlineDriver<R> {
         tokens: &[&[u32]],
         records: &[crate::trace::TraceRecord],
     ) -> Result<crate::dispatch::Recording, StepError> {
-        self.dispatcher.begin_replay(self.model.config.n_layer);
+        self.dispatcher.begin_replay(self.model.config().n_layer);
         let result = self.replay_records(session, tokens, records);
         let recording = self.dispatcher.end_replay();
         result.map(|()| recording)
@@ -353,7 +353,7 @@ impl<R: ClusterRunner> Backend for InlineBackend<'_, R> {
     }
 
     fn page_map(&self) -> Option<&dyn PageMap> {
-        self.model.store.as_ref().map(|s| &s.layout as &dyn PageMap)
+        self.model.store().map(|s| &s.layout as &dyn PageMap)
     }
 
     fn read(&mut self, _: StepId, run: &[UnitLoad]) -> Result<Done, StepError> {
@@ -412,8 +412,7 @@ pub fn open_cache(
     };
     let io = |why: String| ScheduleError::Plan(crate::plan::PlanError::Parse(why));
     let path = model
-        .path
-        .as_deref()
+        .path()
         .ok_or_else(|| io("the neuron cache needs the store's file path".into()))?;
     let extents = unit_extents(model, map, plan.decode.output_rows);
     let arena = SlotArena::new(c.slots, map, &extents).map_err(io)?;

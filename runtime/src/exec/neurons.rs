@@ -114,7 +114,7 @@ impl StepState {
             scratch,
             n,
         } = w;
-        let c = &model.config;
+        let c = model.config();
         let embd = c.n_embd as usize;
         let acts = &self.acts;
         let n_clusters = program.clusters(Phase::FfnNeurons).len();
@@ -162,7 +162,7 @@ impl StepState {
                 }
             }
             let l = layer_index as usize;
-            let Some(store) = &model.store else {
+            let Some(store) = &model.store() else {
                 let ffn = FfnCluster::of_model(model, l, &neurons);
                 if let Some(sparse) = sparse {
                     return sparse_ffn_cluster(

@@ -27,10 +27,10 @@ impl StepState {
             cx,
             ..
         } = w;
-        let layer = model.layers.get(work.layer as usize);
+        let layer = model.layers().get(work.layer as usize);
         let w: &TensorRef = match work.phase {
             Phase::AttnOutRows => &layer.expect("layer").wo,
-            _ => &model.output,
+            _ => model.output(),
         };
         let n = self.rows_in(work.phase);
         let mut outs = row_blocks(buf, clusters, n, w.rows);
@@ -81,9 +81,9 @@ impl StepState {
             scratch,
             n,
         } = w;
-        let c = &model.config;
+        let c = model.config();
         let embd = c.n_embd as usize;
-        let l = model.layers.get(work.layer as usize).expect("layer");
+        let l = model.layers().get(work.layer as usize).expect("layer");
         let at = activation_type(l.down.ty);
         let per_expert = c.ffn_per_expert() as usize;
         let moe = &self.moe;
@@ -138,9 +138,9 @@ impl StepState {
             n,
             ..
         } = w;
-        let c = &model.config;
+        let c = model.config();
         let acts = &self.acts;
-        let l = model.layers.get(work.layer as usize).expect("layer");
+        let l = model.layers().get(work.layer as usize).expect("layer");
         let mut outs = row_blocks(buf, clusters, n, c.n_ff as usize);
         let moe = &self.moe;
         runner.run(&mut outs, &|worker, i, out| {

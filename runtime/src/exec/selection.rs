@@ -29,7 +29,7 @@ impl StepState {
         needed.clear();
         needed.resize(clusters.len().div_ceil(64), 0);
         let predicted = self.predictions(program.shape);
-        let words = (model.config.n_ff as usize).div_ceil(64);
+        let words = (model.config().n_ff as usize).div_ceil(64);
         let n = self.request.n_tokens as usize;
         for (c, r) in clusters.iter().enumerate() {
             let chosen = self.moe.expert_of(model, &units(r)).is_ok();
@@ -56,13 +56,13 @@ impl StepState {
             return;
         }
         let predicted = self.predictions(program.shape);
-        if predicted.is_none() && !model.config.is_moe() {
+        if predicted.is_none() && !model.config().is_moe() {
             activity.set_all();
             return;
         }
         activity.clear();
         let clusters = program.clusters(Phase::FfnNeurons);
-        let words = (model.config.n_ff as usize).div_ceil(64);
+        let words = (model.config().n_ff as usize).div_ceil(64);
         for t in 0..self.request.n_tokens as usize {
             let picked = clusters
                 .iter()
@@ -82,7 +82,7 @@ impl StepState {
     pub(super) fn find_gated_activity(&mut self, model: &Model, program: &Program, l: usize) {
         let clusters = program.clusters(Phase::FfnNeurons);
         let n = self.request.n_tokens as usize;
-        let ff = model.config.n_ff as usize;
+        let ff = model.config().n_ff as usize;
         let threshold = model.sparse().filter(|_| {
             self.ffn.select == FfnSelect::Threshold && program.shape == StepShape::Decode
         });
@@ -141,8 +141,8 @@ impl StepState {
         let Some(predictor) = sparse.layers[l].predictor.as_ref() else {
             return;
         };
-        let embd = model.config.n_embd as usize;
-        let words = (model.config.n_ff as usize).div_ceil(64);
+        let embd = model.config().n_embd as usize;
+        let words = (model.config().n_ff as usize).div_ceil(64);
         let n = self.request.n_tokens as usize;
         self.predicted.clear();
         self.predicted.resize(n * words, 0);

@@ -44,7 +44,7 @@ impl Session {
     /// reserved, not touched. A context too large to reserve is an error
     /// ([`crate::model::KvCacheError`]).
     pub fn new(model: &Model, n_ctx: usize) -> Result<Session, ModelError> {
-        let c = &model.config;
+        let c = model.config();
         Ok(Session {
             kv: KvCache::new(
                 c.n_layer as usize,

@@ -267,10 +267,10 @@ impl StepState {
             ..
         } = w;
         let kernels = cx.kernels;
-        let Some(store) = &model.store else {
+        let Some(store) = &model.store() else {
             panic!("gate-first loading needs a neuron store");
         };
-        let mut outs = row_blocks(buf, clusters, n, model.config.n_ff as usize);
+        let mut outs = row_blocks(buf, clusters, n, model.config().n_ff as usize);
         let act = self.acts.get(store.layout.gate_ty);
         let row = act.len() / n.max(1);
         let (cache, first, layer_index) = (self.cache.as_deref(), work.clusters.start, work.layer);

@@ -200,7 +200,7 @@ fn run(model: &Model, steps: &[&[u32]], split: Split) -> Run {
 
 /// [`run`] with the given kernels.
 fn run_with(model: &Model, steps: &[&[u32]], split: Split, kernels: Kernels) -> Run {
-    let c = &model.config;
+    let c = model.config();
     let shape = model.shape();
     let mut state = state_for(model, kernels);
     let mut kv = KvCache::new(
@@ -231,7 +231,7 @@ fn run_with(model: &Model, steps: &[&[u32]], split: Split, kernels: Kernels) -> 
             sequences: 1,
         };
         state
-            .begin_step(model, &request, tokens, model.config.n_ctx_train as usize)
+            .begin_step(model, &request, tokens, model.config().n_ctx_train as usize)
             .unwrap();
         for layer in 0..=program.n_layer {
             let phases = if layer < program.n_layer {
@@ -306,7 +306,7 @@ fn run_with(model: &Model, steps: &[&[u32]], split: Split, kernels: Kernels) -> 
 /// the run computed something (finite logits that differ between tokens).
 fn assert_split_invariant(model: &Model, steps: &[&[u32]]) -> Run {
     let whole = run(model, steps, Split::Whole);
-    let vocab = model.config.n_vocab as usize;
+    let vocab = model.config().n_vocab as usize;
     let n_tokens: usize = steps.iter().map(|s| s.len()).sum();
     assert_eq!(whole.logits.len(), n_tokens * vocab);
     let logits: Vec<f32> = whole.logits.iter().map(|&b| f32::from_bits(b)).collect();
@@ -370,10 +370,10 @@ fn interleaved_kquant_weights_give_the_file_layouts_bits() {
         let mut model = q4k_model(13, tied);
         let bytes = model.interleave_kquants().unwrap();
         assert!(bytes > 0);
-        assert!(x8(model.layers[0].wq.layout));
+        assert!(x8(model.layers()[0].wq.layout));
         // Q6_K matrices too (attn_v and ffn_down on some layers); Q5_K ones stay.
         let mut q6 = 0;
-        for l in &model.layers {
+        for l in model.layers() {
             for t in [&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down] {
                 let want_x8 = matches!(t.ty, GgmlType::Q4_K | GgmlType::Q6_K);
                 assert_eq!(x8(t.layout), want_x8, "{} {}", t.name, t.ty);
@@ -383,11 +383,11 @@ fn interleaved_kquant_weights_give_the_file_layouts_bits() {
         assert!(q6 > 0, "no Q6_K matrix in the layers");
         // The embeddings (Q4_K here, also the output when tied) are read a row at a time; an
         // untied output (Q6_K) is interleaved.
-        assert_eq!(model.tok_embd.layout, Layout::Rows);
+        assert_eq!(model.tok_embd().layout, Layout::Rows);
         if !tied {
-            assert_eq!(model.output.ty, GgmlType::Q6_K);
+            assert_eq!(model.output().ty, GgmlType::Q6_K);
         }
-        assert_eq!(x8(model.output.layout), !tied, "tied {tied}");
+        assert_eq!(x8(model.output().layout), !tied, "tied {tied}");
         let got = assert_split_invariant(&model, &[PREFILL, &[42], &[7]]);
         assert_eq!(got.phases, want.phases, "tied {tied}");
         assert_eq!(got.logits, want.logits, "tied {tied}");
@@ -400,11 +400,11 @@ fn interleaved_kquant_weights_give_the_file_layouts_bits() {
     let want = run(&model, &[PREFILL, &[42]], Split::Whole);
     model.cluster_down_projections(sizes().ffn_neurons as usize);
     model.interleave_kquants().unwrap();
-    let blocks = model.down_blocks.as_ref().unwrap();
-    for (l, layer) in model.layers.iter().enumerate() {
+    let blocks = model.down_blocks().unwrap();
+    for (l, layer) in model.layers().iter().enumerate() {
         assert!(x8(blocks.layouts[l]), "layer {l}: {}", layer.down.ty);
     }
-    let types: Vec<GgmlType> = model.layers.iter().map(|l| l.down.ty).collect();
+    let types: Vec<GgmlType> = model.layers().iter().map(|l| l.down.ty).collect();
     assert!(types.contains(&GgmlType::Q4_K) && types.contains(&GgmlType::Q6_K));
     assert_eq!(
         run(&model, &[PREFILL, &[42]], Split::Whole).logits,
@@ -426,17 +426,17 @@ fn expert_phases_give_the_same_bits_however_the_clusters_are_split() {
         seed: 5,
         ..SyntheticSpec::default()
     });
-    assert!(model.config.is_moe());
+    assert!(model.config().is_moe());
     assert_split_invariant(&model, &[PREFILL, &[42], &[300]]);
 }
 
 /// Threshold sparsity on every layer: about `keep` of the neurons of a SiLU model fire.
 fn threshold_sparse(model: &Model, threshold: f32) -> SparseFfn {
-    let ff = model.config.n_ff as usize;
+    let ff = model.config().n_ff as usize;
     SparseFfn {
         mode: SparsityMode::Threshold,
         sparsity: 0.5,
-        layers: (0..model.layers.len())
+        layers: (0..model.layers().len())
             .map(|_| SparseLayer {
                 threshold,
                 importance: vec![1.0; ff],
@@ -495,7 +495,7 @@ fn ffn_needed_marks_exactly_the_clusters_holding_predicted_neurons() {
     );
     let clusters = program.clusters(Phase::FfnNeurons);
     assert_eq!(clusters.len(), 4);
-    let words = (model.config.n_ff as usize).div_ceil(64);
+    let words = (model.config().n_ff as usize).div_ceil(64);
     let mut state = state_for(&model, Kernels::best());
     let n = 2;
     state.request.n_tokens = n as u32;
@@ -578,7 +578,7 @@ fn ffn_needed_leaves_out_experts_no_token_chose() {
         &[(XpuId(0), 1)],
     );
     let clusters = program.clusters(Phase::FfnNeurons);
-    let per_expert = model.config.ffn_per_expert();
+    let per_expert = model.config().ffn_per_expert();
     assert_eq!(clusters.len(), 8, "two clusters per expert");
     let mut state = state_for(&model, Kernels::best());
     state.request.n_tokens = 1;

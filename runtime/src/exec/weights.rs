@@ -89,7 +89,7 @@ pub(super) enum DownPart<'a> {
 impl<'a> FfnCluster<'a> {
     /// FFN neurons `neurons` of layer `l` from the model's matrices in memory.
     pub(super) fn of_model(model: &'a Model, l: usize, neurons: &Range<usize>) -> Self {
-        let layer = &model.layers[l];
+        let layer = &model.layers()[l];
         let (gate, up) = (
             model.rows(&layer.gate, neurons.clone()),
             model.rows(&layer.up, neurons.clone()),

@@ -796,22 +796,22 @@ mod tests {
         };
         let mut bytes = synthetic_model(&spec).unwrap().to_bytes().unwrap();
         let plain = Model::from_gguf(open(&bytes)).unwrap();
-        assert_eq!(plain.config.activation, FfnActivation::Silu);
+        assert_eq!(plain.config().activation, FfnActivation::Silu);
         bytes[..4].copy_from_slice(&MAGIC);
         let pwri = Model::from_gguf(open(&bytes)).unwrap();
-        assert_eq!(pwri.config.activation, FfnActivation::Relu);
+        assert_eq!(pwri.config().activation, FfnActivation::Relu);
 
         let files = powerinfer_test_files(&relu, &PowerInferTestSpec::default()).unwrap();
         let model = Model::from_gguf(open(&files.model)).unwrap();
-        assert_eq!(model.layers.len(), 3);
-        assert_eq!(model.config.activation, FfnActivation::Relu);
+        assert_eq!(model.layers().len(), 3);
+        assert_eq!(model.config().activation, FfnActivation::Relu);
 
         let dir = std::env::temp_dir().join(format!("conductor-pwri-model-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let (m, p) = (dir.join("model.powerinfer.gguf"), dir.join("pred.gguf"));
         write_powerinfer_test_files(&relu, &PowerInferTestSpec::default(), &m, &p).unwrap();
-        let model = Model::load(&m).unwrap();
-        assert_eq!(model.layers.len(), 3);
+        let model = Model::open(&m, crate::model::WeightSource::Mapped).unwrap();
+        assert_eq!(model.layers().len(), 3);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -16,7 +16,9 @@ pub use config::{
     SUPPORTED_ARCHITECTURES,
 };
 pub use kv_cache::{context_that_fits, kv_bytes_per_position, KvCache, KvCacheError};
-pub use weights::{DecodeLayout, DownBlocks, LayerWeights, Model, TensorRef};
+pub use weights::{
+    DecodeLayout, DownBlocks, LayerWeights, LoadOptions, Model, TensorRef, WeightSource,
+};
 
 use crate::gguf::GgufError;
 use crate::quant::{GgmlType, QuantError};

@@ -26,7 +26,7 @@ impl SparseFfn {
         transpose_down: bool,
     ) -> Result<SparseFfn, SparseError> {
         let (mode, sparsity) = (point.mode, point.sparsity);
-        if model.config.is_moe() {
+        if model.config().is_moe() {
             return Err(SparseError::MixtureOfExperts);
         }
         profile.model.check(&ModelIdentity::of(model))?;
@@ -39,13 +39,14 @@ impl SparseFfn {
             ),
             _ => None,
         };
-        let mut layers = Vec::with_capacity(model.layers.len());
-        for (l, w) in model.layers.iter().enumerate() {
+        let mut layers = Vec::with_capacity(model.layers().len());
+        for (l, w) in model.layers().iter().enumerate() {
             // The share of neurons expected to fire: below half, axpy over a transposed down
             // projection pays for its memory.
             // A store's bundles bring their own down columns (or block-columns).
             let zeros = profile.layers[l].zero_fraction;
-            let down_t = if transpose_down && model.store.is_none() && sparsity.max(zeros) >= 0.5 {
+            let down_t = if transpose_down && model.store().is_none() && sparsity.max(zeros) >= 0.5
+            {
                 let down: MatRef<'_> = model.mat(&w.down);
                 Some(
                     transpose_requantize(down, down_type)
@@ -75,7 +76,7 @@ impl SparseFfn {
             sparsity,
             layers,
             down_type,
-            activation: model.config.activation,
+            activation: model.config().activation,
             predictor_sees_residual: false,
             stats: SparseStats::default(),
         })
@@ -91,20 +92,20 @@ impl SparseFfn {
         pi: PowerInferSparse,
         fallback_down_type: GgmlType,
     ) -> Result<SparseFfn, SparseError> {
-        if model.config.is_moe() {
+        if model.config().is_moe() {
             return Err(SparseError::MixtureOfExperts);
         }
-        if model.store.is_some() {
+        if model.store().is_some() {
             return Err(SparseError::Store);
         }
-        let n_ff = model.config.n_ff as usize;
+        let n_ff = model.config().n_ff as usize;
         let stored = pi.down_type();
         let down_type = stored.unwrap_or(fallback_down_type);
         let mut layers = Vec::with_capacity(pi.layers.len());
         for (l, layer) in pi.layers.into_iter().enumerate() {
             let down_t = match (stored, layer.down_t) {
                 (Some(_), Some((_, bytes))) => bytes,
-                _ => transpose_requantize(model.mat(&model.layers[l].down), down_type)
+                _ => transpose_requantize(model.mat(&model.layers()[l].down), down_type)
                     .map_err(|source| SparseError::Transpose { layer: l, source })?,
             };
             layers.push(SparseLayer {
@@ -119,7 +120,7 @@ impl SparseFfn {
             sparsity: 0.0,
             layers,
             down_type,
-            activation: model.config.activation,
+            activation: model.config().activation,
             predictor_sees_residual: true,
             stats: SparseStats::default(),
         })

@@ -5,7 +5,7 @@ use super::ModelError;
 use crate::gguf::GgufFile;
 use crate::plan::{ModelDescription, ModelShape, WeightTypes};
 use crate::quant::{dequantize_row, GgmlType, Layout, MatRef};
-use crate::store::{bundle_tensor_name, is_attention_matrix, stays_on_storage, StoreInfo};
+use crate::store::{bundle_tensor_name, StoreInfo};
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -13,8 +13,10 @@ use std::sync::Arc;
 use std::sync::Mutex;
 
 mod layout;
+mod load;
 
 pub use layout::{DecodeLayout, DownBlocks};
+pub use load::{LoadOptions, WeightSource};
 
 /// A 2-D weight matrix inside the model file: `rows` rows of `cols` elements.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -97,30 +99,30 @@ pub struct LayerWeights {
 /// A loaded model: the file, its configuration, and where each weight lives.
 pub struct Model {
     file: GgufFile,
-    pub config: ModelConfig,
-    pub tok_embd: TensorRef,
-    pub output_norm: Vec<f32>,
+    config: ModelConfig,
+    tok_embd: TensorRef,
+    output_norm: Vec<f32>,
     /// The output projection; the embedding matrix itself when the model ties them.
-    pub output: TensorRef,
-    pub layers: Vec<LayerWeights>,
+    output: TensorRef,
+    layers: Vec<LayerWeights>,
     /// Per-frequency divisors of RoPE, if the model has them: Llama 3.1's `rope_freqs`, or
     /// Phi-3's LongRoPE factors for contexts up to `n_ctx_orig` (`rope_factors_short`).
-    pub rope_freq_factors: Option<Vec<f32>>,
+    rope_freq_factors: Option<Vec<f32>>,
     /// Phi-3's LongRoPE factors for longer contexts (`rope_factors_long`).
-    pub rope_factors_long: Option<Vec<f32>>,
+    rope_factors_long: Option<Vec<f32>>,
     /// What a neuron store's metadata says; `None` for an ordinary model.
-    pub store: Option<StoreInfo>,
-    /// Only the resident tensors are in memory ([`Model::load_resident`]).
-    pub resident_only: bool,
+    store: Option<StoreInfo>,
+    /// Only the resident tensors are in memory ([`WeightSource::Resident`]).
+    resident_only: bool,
     /// The file it was loaded from, if any.
-    pub path: Option<std::path::PathBuf>,
+    path: Option<std::path::PathBuf>,
     /// Token embeddings read from the file per token (they are not in memory).
     embd_rows: Option<RowReader>,
     /// Sparse FFN decode (thresholds, predictors, transposed down projections), if enabled:
-    /// given by value before the model is shared ([`Model::with_sparse`]), fixed afterwards.
+    /// given at construction ([`LoadOptions::sparse`]), fixed afterwards.
     sparse: Option<crate::sparse::SparseFfn>,
     /// The FFN down projections re-laid per neuron cluster ([`Model::laid_out`]).
-    pub down_blocks: Option<DownBlocks>,
+    down_blocks: Option<DownBlocks>,
 }
 
 impl DownBlocks {
@@ -172,25 +174,48 @@ impl Model {
         }
     }
 
-    /// Opens and checks a GGUF model file, memory-mapped: its pages are read as they are
-    /// used. The file must not change while the model is in use: [`Model::check_file`] finds
-    /// a change between uses, but a file truncated while a step reads it faults (`SIGBUS`).
-    /// [`Model::load_read`] holds its own copy instead.
-    pub fn load(path: &Path) -> Result<Model, ModelError> {
-        Model::load_from(path, GgufFile::open(path)?)
+    /// What the file's metadata says the model is.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
     }
 
-    /// [`Model::load`] reading the whole file into memory instead of mapping it (`--no-mmap`):
-    /// a change to the file after the load cannot reach the model.
-    pub fn load_read(path: &Path) -> Result<Model, ModelError> {
-        Model::load_from(path, GgufFile::read(path)?)
+    /// The token embeddings (`n_vocab` rows of `n_embd`).
+    pub fn tok_embd(&self) -> &TensorRef {
+        &self.tok_embd
     }
 
-    fn load_from(path: &Path, file: GgufFile) -> Result<Model, ModelError> {
-        let mut model = Model::from_gguf(file)?;
-        model.check_all_bundles()?;
-        model.path = Some(path.to_path_buf());
-        Ok(model)
+    /// The final RMSNorm's weights.
+    pub fn output_norm(&self) -> &[f32] {
+        &self.output_norm
+    }
+
+    /// The output projection; the embedding matrix itself when the model ties them.
+    pub fn output(&self) -> &TensorRef {
+        &self.output
+    }
+
+    pub fn layers(&self) -> &[LayerWeights] {
+        &self.layers
+    }
+
+    /// What a neuron store's metadata says; `None` for an ordinary model.
+    pub fn store(&self) -> Option<&StoreInfo> {
+        self.store.as_ref()
+    }
+
+    /// Only the resident tensors are in memory ([`WeightSource::Resident`]).
+    pub fn resident_only(&self) -> bool {
+        self.resident_only
+    }
+
+    /// The file it was loaded from ([`Model::open`]); `None` for a model built from bytes.
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// The FFN down projections re-laid per neuron cluster ([`Model::laid_out`]), if they were.
+    pub fn down_blocks(&self) -> Option<&DownBlocks> {
+        self.down_blocks.as_ref()
     }
 
     /// Sparse FFN decode, if enabled.
@@ -198,15 +223,12 @@ impl Model {
         self.sparse.as_ref()
     }
 
-    /// This model with `sparse` decode (or none), before it is shared.
-    pub fn with_sparse(mut self, sparse: Option<crate::sparse::SparseFfn>) -> Model {
+    /// This model with `sparse` decode (or none), before it is shared: for models built from
+    /// bytes in tests ([`Model::open`] takes it in its [`LoadOptions`]).
+    #[cfg(test)]
+    pub(crate) fn with_sparse(mut self, sparse: Option<crate::sparse::SparseFfn>) -> Model {
         self.sparse = sparse;
         self
-    }
-
-    /// The sparse decode, the model given up (to carry it over to a reloaded model).
-    pub fn into_sparse(mut self) -> Option<crate::sparse::SparseFfn> {
-        self.sparse.take()
     }
 
     /// An error when the file a memory-mapped model was loaded from was truncated or modified
@@ -215,90 +237,6 @@ impl Model {
     pub fn check_file(&self) -> Result<(), ModelError> {
         let path = self.path.as_deref().unwrap_or(Path::new("the model file"));
         Ok(self.file.check_unchanged(path)?)
-    }
-
-    /// Opens a neuron store keeping only its resident tensors in owned memory: the bundles stay
-    /// on storage, for the neuron cache to read. With `stream_output`, the token embeddings and
-    /// the output projection stay there too (embedding rows are read per token, the output
-    /// projection streams through the cache). An ordinary model loads as [`Model::load`].
-    pub fn load_resident(path: &Path, stream_output: bool) -> Result<Model, ModelError> {
-        Model::load_resident_with(path, stream_output, false)
-    }
-
-    /// [`Model::load_resident`], and with `stream_attention` each layer's attention matrices
-    /// stay on storage too (the cache streams them; a budget too small to hold them).
-    pub fn load_resident_with(
-        path: &Path,
-        stream_output: bool,
-        stream_attention: bool,
-    ) -> Result<Model, ModelError> {
-        let probe = GgufFile::open(path)?;
-        if !probe
-            .tensors()
-            .iter()
-            .any(|t| t.name.ends_with(".ffn_bundles"))
-        {
-            drop(probe);
-            return Model::load(path);
-        }
-        drop(probe);
-        // Only the resident tensors are read, each into its own buffer: nothing the size of the
-        // file is held or reserved, so a store larger than memory loads.
-        let parts = GgufFile::open_parts(path, |t| {
-            !(stays_on_storage(&t.name, stream_output)
-                || stream_attention && is_attention_matrix(&t.name))
-        })?;
-        let mut model = Model::from_gguf(parts)?;
-        model.resident_only = true;
-        model.path = Some(path.to_path_buf());
-        if stream_output {
-            model.embd_rows = Some(RowReader {
-                file: std::fs::File::open(path).map_err(|source| crate::gguf::GgufError::Io {
-                    op: "open",
-                    path: path.display().to_string(),
-                    source,
-                })?,
-                state: Mutex::new(RowReads::default()),
-            });
-        }
-        Ok(model)
-    }
-
-    /// Checks every bundle of a store held in memory against its checksum, and with page
-    /// checksums (format 3) every page of its other tensors.
-    fn check_all_bundles(&self) -> Result<(), ModelError> {
-        let Some(store) = &self.store else {
-            return Ok(());
-        };
-        if let Some(pages) = &store.pages {
-            for t in crate::store::PageCrcs::covered(&self.file) {
-                if t.name.ends_with(".ffn_bundles") {
-                    continue;
-                }
-                let start = self.file.data_offset() + t.offset;
-                let bytes = self
-                    .file
-                    .bytes(start as usize..(start + t.n_bytes) as usize)?;
-                pages
-                    .check(&t.name, start, bytes)
-                    .map_err(|e| ModelError::Store(Box::new(e)))?;
-            }
-        }
-        for (l, layer) in self.layers.iter().enumerate() {
-            let Some(range) = &layer.bundles else {
-                continue;
-            };
-            let layout = store.layout_of(l as u32);
-            let bytes = self.file.bytes(range.clone())?;
-            for b in 0..layout.n_bundles {
-                let at = b as usize * layout.stride as usize;
-                let len = layout.payload_bytes(layout.neurons_of(b).len() as u32);
-                store
-                    .check_bundle(l as u32, b, &bytes[at..at + len])
-                    .map_err(|e| ModelError::Store(Box::new(e)))?;
-            }
-        }
-        Ok(())
     }
 
     pub fn from_gguf(file: GgufFile) -> Result<Model, ModelError> {
@@ -465,18 +403,6 @@ impl Model {
         &self.file
     }
 
-    /// Frees the tokenizer's arrays in the parsed metadata, once a tokenizer was built from
-    /// them (they are the bulk of a GGUF header).
-    pub fn without_tokenizer_metadata(mut self) -> Model {
-        self.file.release_arrays(&[
-            "tokenizer.ggml.tokens",
-            "tokenizer.ggml.merges",
-            "tokenizer.ggml.scores",
-            "tokenizer.ggml.token_type",
-        ]);
-        self
-    }
-
     /// The whole matrix.
     pub fn mat(&self, t: &TensorRef) -> MatRef<'_> {
         self.rows(t, 0..t.rows)
@@ -502,7 +428,7 @@ impl Model {
         .sub_rows(rows)
     }
 
-    /// The bytes of bundle `b` of layer `l` of a store loaded whole ([`Model::load`]).
+    /// The bytes of bundle `b` of layer `l` of a store loaded whole ([`WeightSource::Mapped`] or [`WeightSource::Read`]).
     pub fn bundle_bytes(&self, l: usize, b: u32) -> &[u8] {
         assert!(
             !self.resident_only,

@@ -5,7 +5,7 @@ use super::{bits, Injector, DEADLINE, DECODE_STEPS};
 use conductor::runtime::cache::ReadFaults;
 use conductor::runtime::convert::{convert, ConvertOptions};
 use conductor::runtime::exec::{Driver, InlineDriver, Serial, Session, StepError};
-use conductor::runtime::model::Model;
+use conductor::runtime::model::{Model, WeightSource};
 use conductor::runtime::plan::{CachePlan, CachePolicy, ExecutionPlan, IoEngine, Topology};
 use conductor::runtime::quant::Kernels;
 use conductor::runtime::sample::argmax;
@@ -63,7 +63,7 @@ impl Fixture {
             )
             .map_err(|e| err(&e))?;
         }
-        let model = Model::load_resident_with(&store, true, true).map_err(|e| err(&e))?;
+        let model = Model::open(&store, WeightSource::STREAMED).map_err(|e| err(&e))?;
         let mut plan = ExecutionPlan {
             prefill_max_tokens: 4,
             step_deadline_ms: DEADLINE.as_millis() as u64,
@@ -71,7 +71,7 @@ impl Fixture {
         };
         plan.decode.output_rows = 64;
         plan.prefill.output_rows = 64;
-        let c = &model.config;
+        let c = model.config();
         let bundles = c.n_ff.div_ceil(64);
         let output = c.n_vocab.div_ceil(64);
         let units = c.n_layer * (bundles + 4) + output;
@@ -104,7 +104,7 @@ impl Fixture {
         budget: conductor::runtime::cache::MemoryBudget,
     ) -> Result<Fixture, String> {
         let err = |e: &dyn fmt::Display| e.to_string();
-        let mut model = Model::load_resident_with(path, true, true).map_err(|e| err(&e))?;
+        let mut model = Model::open(path, WeightSource::STREAMED).map_err(|e| err(&e))?;
         let mut plan = ExecutionPlan {
             step_deadline_ms: DEADLINE.as_millis() as u64 * 4,
             ..ExecutionPlan::default()
@@ -113,7 +113,7 @@ impl Fixture {
         let split =
             conductor::apply_budget(&model, &mut plan, budget, n_ctx).map_err(|e| err(&e))?;
         if !split.plan.stream_attention {
-            model = Model::load_resident_with(path, true, false).map_err(|e| err(&e))?;
+            model = Model::open(path, WeightSource::RESIDENT).map_err(|e| err(&e))?;
         }
         plan.storage.direct_io = false;
         let describe = format!(
@@ -137,7 +137,7 @@ impl Fixture {
         describe: String,
     ) -> Result<Fixture, String> {
         let model = Arc::new(model);
-        let n_vocab = model.config.n_vocab;
+        let n_vocab = model.config().n_vocab;
         let prompt: Vec<u32> = [3u32, 17, 42, 5, 99, 120, 7]
             .iter()
             .map(|t| t % n_vocab)
