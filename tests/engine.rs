@@ -180,3 +180,49 @@ fn contexts_no_machine_holds_are_errors_and_the_default_fits() {
     assert!(e.contains("KV cache"), "{e}");
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// `perplexity` scores a chunk's second half a few positions a step (so a large vocabulary's
+/// logits are never held for the whole half): its figure is the one computed from a single
+/// step over each chunk.
+#[test]
+fn perplexity_in_pieces_is_the_perplexity_of_one_step_per_chunk() {
+    let (mut engine, dir) = engine_with(DriverKind::Inline, "ppl");
+    let text = "ab cd ef gh ij kl mn op qr st uv wx yz ".repeat(40);
+    let tokens = engine.tokenize(&text);
+    // Chunks whose scored half (150 positions) takes several steps of logits.
+    let n_ctx = 300;
+    assert!(tokens.len() >= 2 * n_ctx, "{}", tokens.len());
+    let got =
+        conductor::perplexity::perplexity(&mut engine, &tokens, n_ctx, Some(2), &mut |_, _| {})
+            .unwrap();
+    let n_vocab = engine.model().config().n_vocab as usize;
+    let (mut nll, mut scored) = (0f64, 0usize);
+    for chunk in tokens.chunks_exact(n_ctx).take(2) {
+        let mut c = chunk.to_vec();
+        if let (true, Some(b)) = (engine.tokenizer().add_bos(), engine.tokenizer().bos()) {
+            c[0] = b;
+        }
+        let mut session = engine.session(Some(n_ctx)).unwrap();
+        let mut rows = Vec::new();
+        engine
+            .eval(&mut session, &c, n_ctx / 2, &mut |_, r| {
+                rows.extend_from_slice(r)
+            })
+            .unwrap();
+        // Summed per chunk, then over chunks, as `perplexity` sums.
+        let mut chunk_nll = 0f64;
+        for (i, logits) in rows.chunks_exact(n_vocab).enumerate() {
+            let pos = n_ctx / 2 + i;
+            if pos + 1 < n_ctx {
+                let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let sum: f64 = logits.iter().map(|&l| (l - max).exp() as f64).sum();
+                chunk_nll -= (logits[c[pos + 1] as usize] - max) as f64 - sum.ln();
+                scored += 1;
+            }
+        }
+        nll += chunk_nll;
+    }
+    assert_eq!(got.scored_tokens, scored);
+    assert_eq!(got.perplexity, (nll / scored as f64).exp());
+    std::fs::remove_dir_all(dir).ok();
+}

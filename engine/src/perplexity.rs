@@ -3,8 +3,10 @@
 //! (every position there has at least `n_ctx / 2` tokens of context): perplexity =
 //! exp(mean negative log-likelihood).
 //!
-//! With sparse decode for every token (`SparsitySettings::all_tokens`), a chunk is one
-//! decode-shape step: each token gets the bits its own one-token step would.
+//! The scored half is evaluated `LOGIT_ROWS` positions a step, so the logits held at once
+//! stay small; the bits are those of one step over the chunk. With sparse decode for every
+//! token (`SparsitySettings::all_tokens`), the steps are decode-shape: each token gets the bits
+//! its own one-token step would.
 
 use crate::{Engine, Error};
 
@@ -38,6 +40,10 @@ impl Sums {
     }
 }
 
+/// Positions scored a step: 37 MiB of logits for a 151,936-token vocabulary (Qwen2.5), each
+/// copied a few times along the dispatch, where a chunk of 512 would score 256 at once.
+const LOGIT_ROWS: usize = 64;
+
 /// The perplexity of `engine` over the first `chunks` chunks of `n_ctx` tokens of `tokens`
 /// (`None`: every whole chunk). `on_chunk(i, running)` hears the running perplexity after
 /// chunk `i` (0-based).
@@ -66,14 +72,23 @@ pub fn perplexity(
         let c = chunk(i);
         let mut sums = Sums::default();
         session.clear();
-        engine.eval(&mut session, &c, first, &mut |start, rows| {
-            for (r, logits) in rows.chunks_exact(n_vocab).enumerate() {
-                let pos = start + r;
-                if pos + 1 < n_ctx {
-                    sums.add(logits, c[pos + 1]);
+        // The scored half LOGIT_ROWS positions at a time: a step holds (and copies along the
+        // dispatch) the logits of every position it scores. The bits do not change: a
+        // position's logits are the same however the tokens before it are split into steps.
+        let mut start = 0;
+        while start < n_ctx {
+            let end = (start.max(first) + LOGIT_ROWS).min(n_ctx);
+            let from = first.saturating_sub(start);
+            engine.eval(&mut session, &c[start..end], from, &mut |at, rows| {
+                for (r, logits) in rows.chunks_exact(n_vocab).enumerate() {
+                    let pos = start + at + r;
+                    if pos + 1 < n_ctx {
+                        sums.add(logits, c[pos + 1]);
+                    }
                 }
-            }
-        })?;
+            })?;
+            start = end;
+        }
         totals.0 += sums.0;
         totals.1 += sums.1;
         totals.2 += sums.2;

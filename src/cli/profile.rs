@@ -278,6 +278,8 @@ fn choose_point(
             model_args.engine.driver = super::DriverArg::Inline;
             model_args.engine.context = Some(args.held_out_ctx);
             model_args.engine.sparse_all_tokens = true;
+            // Perplexity evaluates prompts: no copy of the down projections for decode.
+            model_args.engine.prompts_only = true;
             model_args.engine.sparse_keep_down_layout = block_columns;
             model_args.engine.sparse_profile = Some(profile_path.to_path_buf());
             model_args.engine.sparsity = match point.mode {
