@@ -508,6 +508,12 @@ fn sparse_decode_of_a_neuron_store_through_the_cache() {
                 .on_progress(|_| {})
                 .build()
                 .unwrap();
+            // The budget holds the sparse decode's tables beside the resident weights.
+            assert_eq!(
+                engine.budget().expect("a budget").resident_weights,
+                split.resident_weights + engine.model().sparse().unwrap().bytes() as u64,
+                "{mode:?}: the sparse decode's tables are not in the budget"
+            );
             let got = decode_logits(&mut engine);
             assert!(
                 got == reference,

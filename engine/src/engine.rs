@@ -361,7 +361,7 @@ impl EngineBuilder {
             .topology
             .take()
             .unwrap_or_else(conductor_actors::detect_topology);
-        let facts = ModelFacts::of(&probe)?;
+        let facts = ModelFacts::of(&probe, sparse.as_ref())?;
         let memory = memory.map(|memory| BudgetAsk {
             bytes: memory.bytes(probe.file().file_len()),
             context: self.context,

@@ -54,15 +54,23 @@ pub struct ModelFacts {
 }
 
 impl ModelFacts {
-    pub fn of(model: &Model) -> Result<ModelFacts, BudgetError> {
+    /// The facts of `model` (its header is enough) decoding with `sparse`: a store's resident
+    /// weights count the sparse decode's tables (thresholds, predictors), which a budget holds
+    /// beside them.
+    pub fn of(model: &Model, sparse: Option<&SparseFfn>) -> Result<ModelFacts, BudgetError> {
+        let mut store = model
+            .store()
+            .is_some()
+            .then(|| StoreSizes::of_store(model))
+            .transpose()?;
+        if let (Some(sizes), None) = (store.as_mut(), model.sparse()) {
+            // `of_store` counts the model's own sparse decode; a header holds none.
+            sizes.resident_weights += sparse.map_or(0, |s| s.bytes() as u64);
+        }
         Ok(ModelFacts {
             shape: model.shape(),
             identity: ModelIdentity::of(model),
-            store: model
-                .store()
-                .is_some()
-                .then(|| StoreSizes::of_store(model))
-                .transpose()?,
+            store,
         })
     }
 }
