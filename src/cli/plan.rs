@@ -18,6 +18,7 @@ use conductor::runtime::cache::{MemoryBudget, StoreSizes};
 use conductor::runtime::model::FfnActivation;
 use conductor::runtime::model::{Model, WeightSource};
 use conductor::runtime::plan::{HardwareProfile, ModelDescription, ModelIdentity, SparsityPlan};
+use conductor::runtime::resolve::ModelFacts;
 use conductor::runtime::sparse::operating::OperatingPoint;
 use conductor::runtime::sparse::profile::ModelProfile;
 use conductor::runtime::sparse::{SparseFfn, SparsityMode};
@@ -211,22 +212,20 @@ fn load_model(args: &PlanArgs) -> Result<Loaded> {
         .with_context(|| format!("cannot read model file {}", path.display()))?;
     let model = Model::open(&path, WeightSource::Mapped)
         .with_context(|| format!("cannot load {}", path.display()))?;
-    let (model, sparse) = match args.sparsity {
-        PlanSparsity::Dense => (model, None),
+    let (sparse, ffn) = match args.sparsity {
+        PlanSparsity::Dense => (None, None),
         mode => {
-            let sparse = load_sparse(args, &path, &model, mode)?;
-            (model, Some(sparse))
+            let (sparse, ffn) = load_sparse(args, &path, &model, mode)?;
+            (Some(sparse), Some(ffn))
         }
     };
-    let store = model
-        .store()
-        .is_some()
-        .then(|| StoreSizes::of_store(&model))
-        .transpose()?;
+    // A store's sizes with the sparse decode's tables among its resident weights, as the
+    // engine's budget counts them.
+    let facts = ModelFacts::of(&model, ffn.as_ref())?;
     Ok(Loaded {
         model: model.description(),
-        store,
-        identity: Some(ModelIdentity::of(&model)),
+        store: facts.store,
+        identity: Some(facts.identity),
         file_bytes: model.file().file_len(),
         source: path.display().to_string(),
         sparse,
@@ -235,10 +234,15 @@ fn load_model(args: &PlanArgs) -> Result<Loaded> {
 
 /// The activation profile for `--sparsity`, and the sparse decode it gives `model` (whose
 /// resident bytes then count against a budget, as the engine counts them).
-fn load_sparse(args: &PlanArgs, path: &Path, model: &Model, mode: PlanSparsity) -> Result<Sparse> {
+fn load_sparse(
+    args: &PlanArgs,
+    path: &Path,
+    model: &Model,
+    mode: PlanSparsity,
+) -> Result<(Sparse, SparseFfn)> {
     let beside = ModelProfile::default_path(path);
     let profile_path = args.sparse_profile.clone().unwrap_or_else(|| {
-        match &model.store() {
+        match model.store() {
             // A store shares its source's identity: the source's profile serves.
             Some(store) if !beside.exists() => {
                 ModelProfile::default_path(&path.with_file_name(&store.source_name))
@@ -269,10 +273,8 @@ fn load_sparse(args: &PlanArgs, path: &Path, model: &Model, mode: PlanSparsity) 
         sparsity: target,
         predictor_recall: args.predictor_recall,
     };
-    // Built as a run would build it, and dropped: a profile that cannot serve this point is
-    // refused here as there (the plan itself holds only the thresholds).
-    SparseFfn::build_at(model, &profile, &point, DEFAULT_SPARSE_DOWN_TYPE, true)?;
-    Ok(Sparse {
+    let ffn = SparseFfn::build_at(model, &profile, &point, DEFAULT_SPARSE_DOWN_TYPE, true)?;
+    let sparse = Sparse {
         profile,
         plan: SparsityPlan {
             mode,
@@ -280,7 +282,8 @@ fn load_sparse(args: &PlanArgs, path: &Path, model: &Model, mode: PlanSparsity) 
             predictor_recall: args.predictor_recall,
             thresholds,
         },
-    })
+    };
+    Ok((sparse, ffn))
 }
 
 /// Keeps only the cores `spec` names: class names, or core ids.

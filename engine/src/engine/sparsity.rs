@@ -60,7 +60,7 @@ pub const DEFAULT_SPARSITY: f32 = 0.3;
 fn profile_path(model: &Model, path: &Path, settings: &SparsitySettings) -> PathBuf {
     settings.profile.clone().unwrap_or_else(|| {
         let own = ModelProfile::default_path(path);
-        match &model.store() {
+        match model.store() {
             Some(store) if !own.exists() => {
                 let source = path.with_file_name(&store.source_name);
                 Some(ModelProfile::default_path(&source))

@@ -42,7 +42,7 @@ impl<'a> FfnWeights<'a> {
         let n = x.len() / embd;
         let mut out = vec![0f32; n * ff];
         let mut mats: Vec<(usize, MatRef<'_>)> = Vec::new();
-        match &model.store() {
+        match model.store() {
             None => {
                 let layer = &model.layers()[l];
                 mats.push((0, model.mat(if up { &layer.up } else { &layer.gate })));
@@ -78,7 +78,7 @@ impl<'a> FfnWeights<'a> {
         let model = self.model();
         let ff = model.config().n_ff as usize;
         let mut sq = vec![0f64; ff];
-        match &model.store() {
+        match model.store() {
             None => {
                 let down = &model.layers()[l].down;
                 add_column_squares(&model.mat(down), 0, &mut sq);

@@ -137,7 +137,7 @@ pub fn convert(
         return Err(refuse("the file exists (pass --force to replace it)".into()).into());
     }
     let model = Model::open(src, WeightSource::Mapped)?;
-    if let Some(store) = &model.store() {
+    if let Some(store) = model.store() {
         return Err(StoreError::AlreadyStore {
             path: src.display().to_string(),
             source_name: store.source_name.clone(),

@@ -162,7 +162,7 @@ impl StepState {
                 }
             }
             let l = layer_index as usize;
-            let Some(store) = &model.store() else {
+            let Some(store) = model.store() else {
                 let ffn = FfnCluster::of_model(model, l, &neurons);
                 if let Some(sparse) = sparse {
                     return sparse_ffn_cluster(

@@ -267,7 +267,7 @@ impl StepState {
             ..
         } = w;
         let kernels = cx.kernels;
-        let Some(store) = &model.store() else {
+        let Some(store) = model.store() else {
             panic!("gate-first loading needs a neuron store");
         };
         let mut outs = row_blocks(buf, clusters, n, model.config().n_ff as usize);
