@@ -91,8 +91,9 @@ pub enum Error {
     DraftNeedsDense,
     #[error("speculative decoding under a memory budget needs room in it for the drafted tokens' logits: build the engine with EngineBuilder::step_logits (the drafts' length and one)")]
     DraftNoRoom,
-    #[error("the memory budget holds {what} ({held} MiB) besides the model, which then lacks room: give at least {need} MiB for both")]
-    BudgetWithReserved { what: String, held: u64, need: u64 },
+    /// A plan the settings cannot give (a budget too small beside a reservation).
+    #[error(transparent)]
+    Resolve(ResolveError),
     /// A [`SampleHook`] refused to go on (a constraint that cannot continue).
     #[error("{0}")]
     Hook(String),
@@ -446,9 +447,7 @@ impl From<ResolveError> for Error {
             ResolveError::Settings(e) => Error::Settings(e),
             ResolveError::Ffn(e) => ScheduleError::from(e).into(),
             ResolveError::Budget(e) => Error::Budget(e),
-            ResolveError::BudgetWithReserved { what, held, need } => {
-                Error::BudgetWithReserved { what, held, need }
-            }
+            other @ ResolveError::BudgetWithReserved { .. } => Error::Resolve(other),
         }
     }
 }
