@@ -3,7 +3,7 @@
 //! actor's reads.
 
 use conductor::actors::{ActorDriver, ActorOptions};
-use conductor::runtime::exec::{Driver, Session, StepError};
+use conductor::runtime::exec::{ffn_plan_of, Driver, Session, StepError};
 use conductor::runtime::gguf::GgufFile;
 use conductor::runtime::model::Model;
 use conductor::runtime::plan::{ExecutionPlan, Topology};
@@ -38,6 +38,7 @@ fn driver(model: &Arc<Model>, path: Option<PathBuf>) -> ActorDriver {
     ActorDriver::new(
         Arc::clone(model),
         &ExecutionPlan::default(),
+        ffn_plan_of(model, &ExecutionPlan::default()).unwrap(),
         Kernels::best(),
         ActorOptions {
             threads: Some(2),
@@ -121,6 +122,7 @@ fn a_step_past_its_deadline_fails_and_a_stuck_host_is_replaced() {
         let mut d = ActorDriver::new(
             Arc::clone(&model),
             &plan,
+            ffn_plan_of(&model, &plan).unwrap(),
             Kernels::best(),
             ActorOptions {
                 threads: Some(2),

@@ -9,7 +9,7 @@
 mod common;
 
 use conductor::actors::{PoolConfig, WorkerPool};
-use conductor::runtime::exec::{Driver, InlineDriver, Session};
+use conductor::runtime::exec::{ffn_plan_of, Driver, InlineDriver, Session};
 use conductor::runtime::gguf::GgufFile;
 use conductor::runtime::model::{Model, WeightSource};
 use conductor::runtime::plan::{CoreSet, ExecutionPlan, GroupPlan, Share, XpuKind};
@@ -162,7 +162,14 @@ fn default_model_logits_are_bit_identical_on_both_drivers_and_1_and_2_threads() 
     // on aarch64 by `scripts/test-aarch64 --all`).
     for kernels in Kernels::available() {
         let pool = WorkerPool::new(PoolConfig::new(1)).unwrap();
-        let mut d = InlineDriver::new(Arc::clone(&model), &plan, kernels, pool).unwrap();
+        let mut d = InlineDriver::new(
+            Arc::clone(&model),
+            &plan,
+            ffn_plan_of(&model, &plan).unwrap(),
+            kernels,
+            pool,
+        )
+        .unwrap();
         assert!(
             logit_bits(&mut d, &tokens, n) == reference,
             "the {} kernels differ from {}",

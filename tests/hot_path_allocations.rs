@@ -13,7 +13,7 @@ mod common;
 use common::ScratchDir;
 use conductor::actors::{ActorDriver, ActorOptions};
 use conductor::runtime::convert::ConvertOptions;
-use conductor::runtime::exec::{Driver, InlineDriver, Serial, Session};
+use conductor::runtime::exec::{ffn_plan_of, Driver, Session};
 use conductor::runtime::model::{Model, WeightSource};
 use conductor::runtime::plan::{CachePlan, CachePolicy};
 use conductor::runtime::plan::{ExecutionPlan, Topology};
@@ -124,13 +124,7 @@ fn decode_steps_allocate_nothing_per_load() {
     let store = store(&dir);
     for (slots, hot) in [(3, 0), (12, 6)] {
         let model = Arc::new(Model::open(&store, WeightSource::RESIDENT).unwrap());
-        let mut inline = InlineDriver::new(
-            Arc::clone(&model),
-            &plan(slots, hot),
-            Kernels::best(),
-            Serial,
-        )
-        .unwrap();
+        let mut inline = common::serial_driver(&model, &plan(slots, hot));
         let (allocs, loads) = count(&mut inline, |d| d.cache_report().unwrap().loads);
         eprintln!("inline, {slots} slots: {allocs} allocations in {STEPS} steps, {loads} loads");
         assert!(
@@ -151,6 +145,7 @@ fn decode_steps_allocate_nothing_per_load() {
         let mut actors = ActorDriver::new(
             Arc::clone(&model),
             &plan(slots, hot),
+            ffn_plan_of(&model, &plan(slots, hot)).unwrap(),
             Kernels::best(),
             ActorOptions {
                 threads: Some(2),

@@ -5,7 +5,7 @@ mod common;
 
 use common::ScratchDir;
 use conductor::runtime::convert::{convert, ConvertOptions};
-use conductor::runtime::exec::{Driver, InlineDriver, Serial, Session};
+use conductor::runtime::exec::{ffn_plan_of, Driver, InlineDriver, Serial, Session};
 use conductor::runtime::gguf::{GgufFile, GgufWriter};
 use conductor::runtime::model::{Model, WeightSource};
 use conductor::runtime::plan::{CachePlan, CachePolicy, ExecutionPlan, IoEngine, ReadPolicy};
@@ -115,7 +115,8 @@ fn plan(engine: IoEngine, direct: bool) -> ExecutionPlan {
 
 fn driver(path: &Path, plan: &ExecutionPlan) -> Result<InlineDriver<Serial>, String> {
     let model = Arc::new(Model::open(path, WeightSource::STREAMED).unwrap());
-    InlineDriver::new(model, plan, Kernels::best(), Serial).map_err(|e| e.to_string())
+    let ffn = ffn_plan_of(&model, plan).map_err(|e| e.to_string())?;
+    InlineDriver::new(model, plan, ffn, Kernels::best(), Serial).map_err(|e| e.to_string())
 }
 
 #[test]

@@ -7,10 +7,10 @@
 mod common;
 
 use common::ScratchDir;
-use conductor::actors::{ActorDriver, ActorOptions, PoolConfig, WorkerPool};
+use conductor::actors::{ActorOptions, PoolConfig, WorkerPool};
 use conductor::runtime::cache::{split_budget, MemoryBudget};
 use conductor::runtime::convert::{convert, ConvertOptions};
-use conductor::runtime::exec::{Driver, InlineDriver, Serial, Session};
+use conductor::runtime::exec::{ffn_plan_of, Driver, InlineDriver, Serial, Session};
 use conductor::runtime::gguf::{GgufFile, GgufWriter};
 use conductor::runtime::model::{DecodeLayout, Model, WeightSource};
 use conductor::runtime::plan::{CachePlan, CachePolicy};
@@ -84,7 +84,16 @@ fn argmax(logits: &[f32]) -> u32 {
 
 fn inline(model: &Arc<Model>, threads: usize, plan: &ExecutionPlan) -> Box<dyn Driver> {
     let pool = WorkerPool::new(PoolConfig::new(threads)).unwrap();
-    Box::new(InlineDriver::new(Arc::clone(model), plan, Kernels::best(), pool).unwrap())
+    Box::new(
+        InlineDriver::new(
+            Arc::clone(model),
+            plan,
+            ffn_plan_of(model, plan).unwrap(),
+            Kernels::best(),
+            pool,
+        )
+        .unwrap(),
+    )
 }
 
 fn actors(
@@ -100,7 +109,7 @@ fn actors(
         model_path: path.map(Path::to_path_buf),
         read_faults: None,
     };
-    Box::new(ActorDriver::new(Arc::clone(model), plan, Kernels::best(), options).unwrap())
+    Box::new(common::actors_with(model, plan, options))
 }
 
 /// Decode shared 2:1 between two CPU groups, prefill between the dense backend (launches of 4
@@ -238,8 +247,7 @@ fn a_moe_store_under_a_budget_reads_only_the_chosen_experts() {
             cache: Some(cache(3)),
             ..plan.clone()
         };
-        let mut d =
-            InlineDriver::new(Arc::clone(&resident), &budget, Kernels::best(), Serial).unwrap();
+        let mut d = common::serial_driver(&resident, &budget);
         let mut session = Session::new(&resident, 64).unwrap();
         let mut got = Vec::new();
         d.eval(&mut session, &PROMPT, 0, &mut |_, r| {

@@ -7,7 +7,9 @@ mod common;
 use common::ScratchDir;
 use conductor::actors::{ActorDriver, ActorOptions};
 use conductor::runtime::convert::{convert, ConvertError, ConvertOptions};
-use conductor::runtime::exec::{scheduler_for, Driver, InlineDriver, Serial, Session, StepError};
+use conductor::runtime::exec::{
+    ffn_plan_of, scheduler_for, Driver, InlineDriver, Serial, Session, StepError,
+};
 use conductor::runtime::model::{Model, WeightSource};
 use conductor::runtime::neuron::Phase;
 use conductor::runtime::plan::{CachePlan, CachePolicy};
@@ -78,7 +80,10 @@ fn inline(path: &Path, cache: Option<CachePlan>) -> InlineDriver<Serial> {
         plan.decode.output_rows = 60;
         plan.prefill.output_rows = 60;
     }
-    InlineDriver::new(Arc::new(model), &plan, Kernels::best(), Serial).unwrap()
+    {
+        let ffn = ffn_plan_of(&model, &plan).unwrap();
+        InlineDriver::new(Arc::new(model), &plan, ffn, Kernels::best(), Serial).unwrap()
+    }
 }
 
 /// The actor driver on two threads (unpinned), reading `store`.
@@ -134,7 +139,9 @@ fn a_store_decodes_like_its_source_and_every_cache_gives_the_same_bits() {
     let dir = ScratchDir::new("store-bits");
     let source = Model::open(&dir.small_model(7), WeightSource::Mapped).unwrap();
     let plan = plan_with(None);
-    let mut original = InlineDriver::new(Arc::new(source), &plan, Kernels::best(), Serial).unwrap();
+    let ffn = ffn_plan_of(&source, &plan).unwrap();
+    let mut original =
+        InlineDriver::new(Arc::new(source), &plan, ffn, Kernels::best(), Serial).unwrap();
     let from_source = run(&mut original).unwrap();
     // Block-columns move whole quant blocks: the same kernels on the same bits, except that a
     // prompt step batches the down projection. Neuron columns re-quantize the down projection
@@ -242,8 +249,7 @@ fn the_actor_driver_pipelines_loads_with_the_same_bits() {
             plan.prefill.output_rows = 60;
         }
         plan.cache.as_mut().unwrap().stream_attention = attention;
-        let mut d =
-            ActorDriver::new(model, &plan, Kernels::best(), two_threads(&store_path)).unwrap();
+        let mut d = common::actors_with(&model, &plan, two_threads(&store_path));
         assert_eq!(run(&mut d).unwrap(), reference, "slots {slots} hot {hot}");
         let report = d.cache_report().unwrap();
         assert!(report.loads > 0 && report.reads > 0 && report.reads <= report.loads);
@@ -322,7 +328,7 @@ fn every_architecture_converts_and_decodes_under_every_cache_with_the_same_bits(
         let mut plan = plan_with(cache(4, 1, CachePolicy::Segmented, 2));
         plan.cache.as_mut().unwrap().stream_attention = true;
         let options = two_threads(&store_path);
-        let mut actors = ActorDriver::new(model, &plan, Kernels::best(), options).unwrap();
+        let mut actors = common::actors_with(&model, &plan, options);
         let got = run(&mut actors).unwrap();
         let d = worst(&got, &reference);
         assert!(got == reference, "{arch}: actors drift {d}");
@@ -353,12 +359,16 @@ fn clusters_of_several_bundles_give_the_same_bits_under_every_cache() {
         let mut plan = plan_with(cache);
         plan.decode.ffn_neurons = neurons;
         plan.prefill.ffn_neurons = neurons;
-        InlineDriver::new(Arc::new(model), &plan, Kernels::best(), Serial).unwrap()
+        {
+            let ffn = ffn_plan_of(&model, &plan).unwrap();
+            InlineDriver::new(Arc::new(model), &plan, ffn, Kernels::best(), Serial).unwrap()
+        }
     };
     let mut in_memory = with_clusters(32, None);
     let mut plan = plan_with(None);
     plan.decode.ffn_neurons = 32;
-    let scheduler = scheduler_for(in_memory.model(), &plan).unwrap();
+    let ffn = ffn_plan_of(in_memory.model(), &plan).unwrap();
+    let scheduler = scheduler_for(in_memory.model(), &plan, ffn).unwrap();
     let program = scheduler.program(StepShape::Decode);
     // 512 neurons: 64 bundles, 16 clusters of 4.
     assert_eq!(program.ffn_units.len(), 64);
@@ -413,7 +423,7 @@ fn clusters_of_several_bundles_give_the_same_bits_under_every_cache() {
     plan.decode.ffn_neurons = 32;
     plan.prefill.ffn_neurons = 32;
     let options = two_threads(&store_path);
-    let mut actors = ActorDriver::new(model, &plan, Kernels::best(), options).unwrap();
+    let mut actors = common::actors_with(&model, &plan, options);
     assert_eq!(run(&mut actors).unwrap(), reference, "actors");
     // One cluster per bundle sums the same products grouped otherwise: close.
     let per_bundle = run(&mut with_clusters(8, None)).unwrap();
@@ -439,7 +449,13 @@ fn io_uring_reads_give_the_same_bits_and_the_same_errors() {
     plan.prefill.output_rows = 60;
     plan.storage.engine = IoEngine::Uring;
     let options = || two_threads(&store_path);
-    let mut d = match ActorDriver::new(Arc::clone(&model), &plan, Kernels::best(), options()) {
+    let mut d = match ActorDriver::new(
+        Arc::clone(&model),
+        &plan,
+        ffn_plan_of(&model, &plan).unwrap(),
+        Kernels::best(),
+        options(),
+    ) {
         Ok(d) => d,
         Err(e) => {
             // Kernels without io_uring, or containers whose seccomp filter forbids it: the
@@ -468,7 +484,7 @@ fn io_uring_reads_give_the_same_bits_and_the_same_errors() {
     // Positional reads of the same plan: one request (a pread, or a preadv of adjacent
     // units) per submission, never more requests than units.
     plan.storage.engine = IoEngine::Pread;
-    let mut d = ActorDriver::new(Arc::clone(&model), &plan, Kernels::best(), options()).unwrap();
+    let mut d = common::actors_with(&model, &plan, options());
     assert_eq!(run(&mut d).unwrap(), reference);
     let report = d.cache_report().unwrap();
     assert_eq!(report.issued.requests, report.issued.submissions);
@@ -489,7 +505,7 @@ fn io_uring_reads_give_the_same_bits_and_the_same_errors() {
     );
     let mut plan = plan_with(cache(3, 0, CachePolicy::Lru, 1));
     plan.storage.engine = IoEngine::Uring;
-    let mut d = InlineDriver::new(victim, &plan, Kernels::best(), Serial).unwrap();
+    let mut d = common::serial_driver(&victim, &plan);
     truncate_while_running(&mut d, &copy, &store_path);
 }
 
@@ -673,7 +689,7 @@ fn a_failing_storage_actor_fails_the_step_instead_of_hanging() {
     let model = Arc::new(Model::open(&store_path, WeightSource::RESIDENT).unwrap());
     let plan = plan_with(streaming(9, 3, CachePolicy::Segmented, 2));
     let options = two_threads(&store_path);
-    let mut d = ActorDriver::new(model, &plan, Kernels::best(), options).unwrap();
+    let mut d = common::actors_with(&model, &plan, options);
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         assert!(d.inject_storage_panic(0));

@@ -10,10 +10,9 @@ mod common;
 use common::ScratchDir;
 use conductor::runtime::cache::{unit_extents, BundleFile, UnitMap, ATTN_K};
 use conductor::runtime::convert::ConvertOptions;
-use conductor::runtime::exec::{Driver, InlineDriver, Serial, Session};
+use conductor::runtime::exec::{Driver, Session};
 use conductor::runtime::model::{Model, WeightSource};
 use conductor::runtime::plan::{CachePlan, CachePolicy, ExecutionPlan, ReadPolicy, Verify};
-use conductor::runtime::quant::Kernels;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
@@ -166,7 +165,7 @@ fn a_run_over_a_changed_attention_matrix_fails_instead_of_computing_with_it() {
     plan.decode.output_rows = OUTPUT_ROWS;
     plan.prefill.output_rows = OUTPUT_ROWS;
     let model = Arc::new(model);
-    let mut d = InlineDriver::new(Arc::clone(&model), &plan, Kernels::best(), Serial).unwrap();
+    let mut d = common::serial_driver(&model, &plan);
     let mut session = Session::new(&model, 32).unwrap();
     let err = d
         .eval_last(&mut session, &[3, 17, 42])

@@ -211,14 +211,16 @@ const IO_BOUND_HOST_SPIN: Duration =
 const IO_BOUND_POOL_SPIN: u32 = 200;
 
 impl ActorDriver {
+    /// Actors computing `model` as `plan` says, decode's FFN as `ffn` says (the engine's
+    /// `ResolvedPlan` holds both; `exec::ffn_plan_of` resolves one for a model and plan alone).
     pub fn new(
         model: Arc<Model>,
         plan: &ExecutionPlan,
+        ffn: FfnPlan,
         kernels: Kernels,
         options: ActorOptions,
     ) -> Result<ActorDriver, SetupError> {
-        let scheduler = conductor_runtime::exec::scheduler_for(&model, plan)?;
-        let ffn = scheduler.ffn();
+        let scheduler = conductor_runtime::exec::scheduler_for(&model, plan, ffn)?;
         let topology = options
             .topology
             .clone()
@@ -301,7 +303,7 @@ impl ActorDriver {
         let state = StepState::reading(
             kernels,
             cache.as_ref().map(|(arena, _)| Arc::clone(arena)),
-            scheduler.ffn(),
+            ffn,
         );
         let shared = Arc::new(StepShared {
             model: Arc::clone(&model),
@@ -381,7 +383,8 @@ impl ActorDriver {
                 std::mem::replace(&mut self.storage_hosts[i], fresh).abandon();
             }
         }
-        let mut scheduler = conductor_runtime::exec::scheduler_for(&self.model, &self.plan)?;
+        let mut scheduler =
+            conductor_runtime::exec::scheduler_for(&self.model, &self.plan, self.ffn)?;
         // A slot that a read of the replaced actors still holds (a read that does not return)
         // would stall every step given it: the new scheduler leaves it out.
         if let Some((arena, _)) = &self.shared.cache {

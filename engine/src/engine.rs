@@ -395,6 +395,7 @@ impl EngineBuilder {
         }
         let ResolvedPlan {
             plan,
+            ffn,
             budget,
             kernels,
             ..
@@ -410,7 +411,7 @@ impl EngineBuilder {
                     .threads
                     .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
                 let pool = WorkerPool::new(PoolConfig::new(threads)).map_err(Error::Threads)?;
-                let driver = InlineDriver::new(Arc::clone(&model), &plan, kernels, pool)?;
+                let driver = InlineDriver::new(Arc::clone(&model), &plan, ffn, kernels, pool)?;
                 (AnyDriver::Inline(Box::new(driver)), threads)
             }
             DriverKind::Actors => {
@@ -421,7 +422,7 @@ impl EngineBuilder {
                     model_path: Some(path.clone()),
                     read_faults: None,
                 };
-                let driver = ActorDriver::new(Arc::clone(&model), &plan, kernels, options)?;
+                let driver = ActorDriver::new(Arc::clone(&model), &plan, ffn, kernels, options)?;
                 let threads = driver.decode_threads() as usize;
                 (AnyDriver::Actors(Box::new(driver)), threads)
             }

@@ -8,7 +8,7 @@
 
 mod common;
 
-use conductor_runtime::exec::{Driver, InlineDriver, Serial, Session};
+use conductor_runtime::exec::{ffn_plan_of, Driver, InlineDriver, Serial, Session};
 use conductor_runtime::gguf::GgufFile;
 use conductor_runtime::model::{FfnActivation, Model, RopeStyle, TensorRef};
 use conductor_runtime::plan::ExecutionPlan;
@@ -265,6 +265,7 @@ fn check(spec: SyntheticSpec, prompt_len: usize, decode: usize, tolerance: f64) 
     let mut driver = InlineDriver::new(
         Arc::clone(&model),
         &ExecutionPlan::default(),
+        ffn_plan_of(&model, &ExecutionPlan::default()).unwrap(),
         Kernels::best(),
         Serial,
     )

@@ -22,7 +22,7 @@
 //! near-ties; `bench/logits-vs-llama-cpp` prints both). Random weights: these say how closely
 //! the two compute the same function, not about quality.
 
-use conductor_runtime::exec::{Driver, InlineDriver, Serial, Session};
+use conductor_runtime::exec::{ffn_plan_of, Driver, InlineDriver, Serial, Session};
 use conductor_runtime::gguf::GgufFile;
 use conductor_runtime::model::Model;
 use conductor_runtime::plan::ExecutionPlan;
@@ -106,6 +106,7 @@ fn matches_llama_cpp(arch: &str) {
     let mut driver = InlineDriver::new(
         Arc::clone(&model),
         &ExecutionPlan::default(),
+        ffn_plan_of(&model, &ExecutionPlan::default()).unwrap(),
         Kernels::best(),
         Serial,
     )

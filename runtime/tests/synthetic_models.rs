@@ -5,7 +5,7 @@
 mod common;
 
 use common::raw_rows as rows;
-use conductor_runtime::exec::{Driver, InlineDriver, Serial, Session};
+use conductor_runtime::exec::{ffn_plan_of, Driver, InlineDriver, Serial, Session};
 use conductor_runtime::gguf::GgufFile;
 use conductor_runtime::model::Model;
 use conductor_runtime::plan::{ExecutionPlan, FfnActivation};
@@ -123,6 +123,7 @@ fn ffn_inputs(model: &Arc<Model>, chunks: usize, len: usize) -> Vec<Vec<f32>> {
     let mut driver = InlineDriver::new(
         Arc::clone(model),
         &ExecutionPlan::default(),
+        ffn_plan_of(model, &ExecutionPlan::default()).unwrap(),
         Kernels::best(),
         Serial,
     )

@@ -273,7 +273,7 @@ impl Backend for SimBackend<'_> {
             .program
             .phase(f.phase)
             .map_or((0, 0), |p| (p.clusters.len(), p.parts.len()));
-        if f.phase == Phase::FfnNeurons && self.costs.ffn.select.selects_clusters() {
+        if f.phase == Phase::FfnNeurons && self.costs.ffn.selects_clusters() {
             // Skipped clusters add nothing to the sum of partial outputs.
             clusters = computed_clusters(
                 self.program.clusters(Phase::FfnNeurons),

@@ -118,7 +118,7 @@ impl Workload {
                     "the acceptance {} is not a probability (0 to 1)",
                     d.acceptance
                 ))
-            } else if !no_activity || self.ffn == Some(FfnSelect::Predicted) {
+            } else if !no_activity || self.ffn.is_some_and(FfnSelect::predicts) {
                 Some(
                     "drafts are verified by dense steps (every neuron): drop the sparse activity"
                         .into(),

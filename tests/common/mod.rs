@@ -191,8 +191,43 @@ pub fn inline_driver(
 ) -> Box<dyn conductor::runtime::exec::Driver> {
     use conductor::actors::{PoolConfig, WorkerPool};
     let pool = WorkerPool::new(PoolConfig::new(threads)).unwrap();
-    let driver = conductor::runtime::exec::InlineDriver::new(model.clone(), plan, kernels, pool);
+    let driver = conductor::runtime::exec::InlineDriver::new(
+        model.clone(),
+        plan,
+        conductor::runtime::exec::ffn_plan_of(model, plan).unwrap(),
+        kernels,
+        pool,
+    );
     Box::new(driver.unwrap())
+}
+
+/// The inline driver on the calling thread for `model` under `plan`, decode's FFN as they
+/// resolve it (`exec::ffn_plan_of`).
+pub fn serial_driver(
+    model: &std::sync::Arc<conductor::runtime::model::Model>,
+    plan: &conductor::runtime::plan::ExecutionPlan,
+) -> conductor::runtime::exec::InlineDriver<conductor::runtime::exec::Serial> {
+    let ffn = conductor::runtime::exec::ffn_plan_of(model, plan).unwrap();
+    let kernels = conductor::runtime::quant::Kernels::best();
+    conductor::runtime::exec::InlineDriver::new(
+        model.clone(),
+        plan,
+        ffn,
+        kernels,
+        conductor::runtime::exec::Serial,
+    )
+    .unwrap()
+}
+
+/// The actor driver for `model` under `plan` with `options`, decode's FFN as they resolve it.
+pub fn actors_with(
+    model: &std::sync::Arc<conductor::runtime::model::Model>,
+    plan: &conductor::runtime::plan::ExecutionPlan,
+    options: conductor::actors::ActorOptions,
+) -> conductor::actors::ActorDriver {
+    let ffn = conductor::runtime::exec::ffn_plan_of(model, plan).unwrap();
+    let kernels = conductor::runtime::quant::Kernels::best();
+    conductor::actors::ActorDriver::new(model.clone(), plan, ffn, kernels, options).unwrap()
 }
 
 /// The actor driver on `threads` host threads, unpinned, over a uniform topology.
@@ -210,5 +245,14 @@ pub fn actor_driver(
         model_path: None,
         read_faults: None,
     };
-    Box::new(ActorDriver::new(model.clone(), plan, kernels, options).unwrap())
+    Box::new(
+        ActorDriver::new(
+            model.clone(),
+            plan,
+            conductor::runtime::exec::ffn_plan_of(model, plan).unwrap(),
+            kernels,
+            options,
+        )
+        .unwrap(),
+    )
 }

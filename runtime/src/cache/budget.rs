@@ -285,7 +285,7 @@ pub fn split_sizes_for(
     let fixed = resident_weights + kv_cache + scratch + runtime;
     // Gate-first loading keeps a layer's bundles in their slots from its gate rows to its
     // neurons: the cold segment must hold a whole layer's.
-    let min_slots = if shape.reads == crate::plan::ReadPolicy::GateFirst {
+    let min_slots = if shape.reads.gate_first() {
         u64::from(s.bundles_per_layer.max(1)) + 1
     } else {
         2
@@ -308,7 +308,7 @@ pub fn split_sizes_for(
     let max_loads = shape.max_loads.max(1);
     // Enough cold slots for the loads in flight and the clusters being computed (under
     // gate-first loading, a whole layer's bundles besides).
-    let cold = if shape.reads == crate::plan::ReadPolicy::GateFirst {
+    let cold = if shape.reads.gate_first() {
         s.bundles_per_layer + max_loads + 1
     } else {
         max_loads + 2

@@ -49,18 +49,22 @@ struct IoCounters {
 }
 
 impl<R: ClusterRunner> InlineDriver<R> {
+    /// A driver computing `model` as `plan` says, decode's FFN as `ffn` says (the engine's
+    /// [`crate::resolve::ResolvedPlan`] holds both; [`super::ffn_plan_of`] resolves one for a
+    /// model and plan alone).
     pub fn new(
         model: Arc<Model>,
         plan: &ExecutionPlan,
+        ffn: crate::plan::FfnPlan,
         kernels: Kernels,
         runner: R,
     ) -> Result<Self, ScheduleError> {
-        let scheduler = super::scheduler_for(&model, plan)?;
+        let scheduler = super::scheduler_for(&model, plan, ffn)?;
         let cache = open_cache(&model, plan, scheduler.unit_map())?;
         let state = StepState::reading(
             kernels,
             cache.as_ref().map(|(arena, _)| Arc::clone(arena)),
-            scheduler.ffn(),
+            ffn,
         );
         Ok(InlineDriver {
             plan: plan.clone(),

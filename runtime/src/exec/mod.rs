@@ -35,7 +35,8 @@ use std::sync::Arc;
 
 /// How `model` computes and reads decode's FFN under `plan`: its sparse decode's selection
 /// (dense without one; a mixture's router) and the plan's read policy, refused where they
-/// disagree ([`FfnPlan::resolve`]).
+/// disagree ([`FfnPlan::resolve`]). What the engine's resolved plan holds
+/// ([`crate::resolve::ResolvedPlan::ffn`]), for callers that build a driver without one.
 pub fn ffn_plan_of(
     model: &Model,
     plan: &crate::plan::ExecutionPlan,
@@ -44,13 +45,22 @@ pub fn ffn_plan_of(
     FfnPlan::resolve(plan, &model.shape(), sparsity)
 }
 
-/// The scheduler for `model` under `plan`, with the FFN plan they resolve to
-/// ([`ffn_plan_of`]).
+/// The scheduler for `model` under `plan`, computing and reading decode's FFN as `ffn` says.
+/// Refused where the model's sparse decode is not the one `ffn` selects with (the executor
+/// takes its thresholds and predictors from the model), or where the plan's reads cannot
+/// serve it.
 pub fn scheduler_for(
     model: &Model,
     plan: &crate::plan::ExecutionPlan,
+    ffn: FfnPlan,
 ) -> Result<crate::schedule::Scheduler, crate::schedule::ScheduleError> {
-    let ffn = ffn_plan_of(model, plan)?;
+    let decodes = model.sparse().map_or(Default::default(), |s| s.mode);
+    if ffn.select.sparsity() != decodes {
+        return Err(crate::schedule::ScheduleError::FfnOfAnotherDecode {
+            ffn: ffn.select.name(),
+            model: decodes.name(),
+        });
+    }
     crate::schedule::Scheduler::with_ffn(&model.shape(), plan, ffn)
 }
 

@@ -12,7 +12,6 @@ use super::sparse_ffn::sparse_ffn_cluster;
 use super::weights::{BundleBytes, DownPart, FfnCluster};
 use crate::model::ops::gated_activation;
 use crate::neuron::Phase;
-use crate::plan::FfnSelect;
 use crate::quant::activation_type;
 use crate::schedule::StepShape;
 use std::sync::atomic::Ordering;
@@ -137,7 +136,7 @@ impl StepState {
                 .fetch_add((n * neurons) as u64, Ordering::Relaxed);
         }
         let predicted = sparse
-            .filter(|_| self.ffn.select == FfnSelect::Predicted)
+            .filter(|_| self.ffn.predicts())
             .and_then(|_| self.predictions(program.shape));
         let gated = program.is_gate_first().then_some(self.gated.as_slice());
         let rows_only = self.ffn.predicted_rows_only() && predicted.is_some();

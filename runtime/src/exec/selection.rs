@@ -7,7 +7,6 @@ use super::blocks::units;
 use super::executor::StepState;
 use crate::model::Model;
 use crate::neuron::Phase;
-use crate::plan::FfnSelect;
 use crate::schedule::{Activity, Awaited, Program, StepShape};
 use std::ops::Range;
 
@@ -83,9 +82,9 @@ impl StepState {
         let clusters = program.clusters(Phase::FfnNeurons);
         let n = self.request.n_tokens as usize;
         let ff = model.config().n_ff as usize;
-        let threshold = model.sparse().filter(|_| {
-            self.ffn.select == FfnSelect::Threshold && program.shape == StepShape::Decode
-        });
+        let threshold = model
+            .sparse()
+            .filter(|_| self.ffn.thresholds() && program.shape == StepShape::Decode);
         self.needed.clear();
         self.needed.resize(clusters.len().div_ceil(64), 0);
         let chosen = |r: &Range<u32>| self.moe.expert_of(model, &units(r)).is_ok();
@@ -135,7 +134,7 @@ impl StepState {
         let Some(sparse) = model.sparse() else {
             return;
         };
-        if self.ffn.select != FfnSelect::Predicted {
+        if !self.ffn.predicts() {
             return;
         }
         let Some(predictor) = sparse.layers[l].predictor.as_ref() else {

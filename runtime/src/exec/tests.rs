@@ -469,6 +469,41 @@ fn sparse_decode_gives_the_same_bits_however_the_clusters_are_split() {
     assert!(0 < active && active < neurons, "{active} of {neurons}");
 }
 
+#[test]
+fn a_driver_refuses_an_ffn_plan_that_is_not_its_models_sparse_decode() {
+    use crate::plan::{ExecutionPlan, FfnPlan, FfnSelect};
+    let model = model(&SyntheticSpec {
+        seed: 9,
+        ..SyntheticSpec::default()
+    });
+    let sparse = threshold_sparse(&model, 0.05);
+    let model = std::sync::Arc::new(model.with_sparse(Some(sparse)));
+    let plan = ExecutionPlan::default();
+    let resolved = super::ffn_plan_of(&model, &plan).unwrap();
+    assert_eq!(resolved.select, FfnSelect::Threshold);
+    let new = |ffn| {
+        super::InlineDriver::new(
+            std::sync::Arc::clone(&model),
+            &plan,
+            ffn,
+            Kernels::best(),
+            Serial,
+        )
+    };
+    assert!(new(resolved).is_ok());
+    for select in [FfnSelect::Dense, FfnSelect::Predicted] {
+        let err = new(FfnPlan { select, ..resolved }).err().expect("refused");
+        assert!(
+            matches!(
+                err,
+                crate::schedule::ScheduleError::FfnOfAnotherDecode { .. }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("threshold"), "{err}");
+    }
+}
+
 /// The needed bits of `clusters` for predictions `bits` of `n` tokens, decided directly.
 fn expected_needed(bits: &[u64], words: usize, n: usize, clusters: &[Range<u32>]) -> Vec<u64> {
     let mut needed = vec![0u64; clusters.len().div_ceil(64)];

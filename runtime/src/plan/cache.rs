@@ -2,6 +2,7 @@
 //! how they are shared, and how its units are read. The cache itself (the `cache` module) carries
 //! the plan out.
 
+use super::ReadPolicy;
 use serde::{Deserialize, Serialize};
 
 /// Loads the scheduler keeps in flight by default: enough to keep one issuer busy.
@@ -27,48 +28,6 @@ pub enum CachePolicy {
     Segmented,
     /// One LRU over all slots.
     Lru,
-}
-
-/// How decode steps read a store's FFN bundles: fixed by the plan, for the whole run.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum ReadPolicy {
-    /// Every needed bundle whole, in one read (runs of adjacent bundles merged up to
-    /// `coalesce`).
-    #[default]
-    Bundles,
-    /// PowerInfer-2's two-phase load (threshold sparsity): each bundle's gate rows first, then
-    /// only the pages holding the up rows and down columns of neurons the gate let through.
-    /// A layer's bundles stay pinned from its gate phase to its neurons.
-    GateFirst,
-    /// With predictors: only the pages holding the predicted neurons' gate rows, up rows and
-    /// down columns, read in one phase after the layer's attention (nothing stays pinned).
-    PredictedPages,
-}
-
-impl ReadPolicy {
-    /// Whether slots may hold a bundle in part (page-granular reads).
-    pub fn reads_pages(self) -> bool {
-        self != ReadPolicy::Bundles
-    }
-
-    /// The page-granular policy of a run: the predicted neurons' pages with predictors
-    /// (`predicts`), gate-first loading otherwise (threshold sparsity).
-    pub fn pages_for(predicts: bool) -> ReadPolicy {
-        if predicts {
-            ReadPolicy::PredictedPages
-        } else {
-            ReadPolicy::GateFirst
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            ReadPolicy::Bundles => "bundles",
-            ReadPolicy::GateFirst => "gate-first",
-            ReadPolicy::PredictedPages => "predicted-pages",
-        }
-    }
 }
 
 /// The cache part of an execution plan.

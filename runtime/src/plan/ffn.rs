@@ -1,9 +1,13 @@
-//! How decode computes and reads the FFN, resolved once: which neurons a step computes
-//! ([`FfnSelect`]) and how a store's bundles are read for them ([`ReadPolicy`]). The scheduler
-//! (what it awaits and loads), the executor (what a cluster computes) and the simulator (what
-//! it charges) all read this one value; nothing else says the same thing.
+//! The selection module: how decode chooses and reads FFN neurons, resolved once into an
+//! [`FfnPlan`] — which neurons a step computes ([`FfnSelect`]) and how a store's bundles are
+//! read for them ([`ReadPolicy`]). The scheduler (what it awaits and loads), the cache's flow
+//! and budget, the executor (what a cluster computes) and the simulator (what it charges) ask
+//! this module their questions (`gate_first`, `predicted_pages`, `selects_clusters`,
+//! `predicts`, `thresholds`, `predicted_rows_only`) instead of comparing variants, so a mode
+//! that answers them as an existing one does is added here and in its tests alone; which
+//! neurons pass is computed in `exec/selection.rs`.
 
-use super::{ExecutionPlan, ModelShape, ReadPolicy, SparsityMode};
+use super::{ExecutionPlan, ModelShape, SparsityMode};
 use serde::{Deserialize, Serialize};
 
 /// Which FFN neurons a decode step computes. Prefill is always dense.
@@ -50,12 +54,79 @@ impl FfnSelect {
         matches!(self, FfnSelect::Predicted | FfnSelect::Experts)
     }
 
+    /// Decode runs each layer's predictor after its attention and computes (and, under a
+    /// cache, reads) only the neurons it names.
+    pub fn predicts(self) -> bool {
+        self == FfnSelect::Predicted
+    }
+
+    /// Decode computes, inside each cluster, only the neurons whose gate passes the layer's
+    /// threshold.
+    pub fn thresholds(self) -> bool {
+        self == FfnSelect::Threshold
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             FfnSelect::Dense => "dense",
             FfnSelect::Threshold => "threshold",
             FfnSelect::Predicted => "predicted",
             FfnSelect::Experts => "experts",
+        }
+    }
+}
+
+/// How decode steps read a store's FFN bundles: fixed by the plan, for the whole run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReadPolicy {
+    /// Every needed bundle whole, in one read (runs of adjacent bundles merged up to
+    /// `coalesce`).
+    #[default]
+    Bundles,
+    /// PowerInfer-2's two-phase load (threshold sparsity): each bundle's gate rows first, then
+    /// only the pages holding the up rows and down columns of neurons the gate let through.
+    /// A layer's bundles stay pinned from its gate phase to its neurons.
+    GateFirst,
+    /// With predictors: only the pages holding the predicted neurons' gate rows, up rows and
+    /// down columns, read in one phase after the layer's attention (nothing stays pinned).
+    PredictedPages,
+}
+
+impl ReadPolicy {
+    /// Whether slots may hold a bundle in part (page-granular reads).
+    pub fn reads_pages(self) -> bool {
+        self != ReadPolicy::Bundles
+    }
+
+    /// PowerInfer-2's two-phase load: decode reads each layer's gate rows first, then the
+    /// pages of the neurons whose gate fires; the layer's bundles stay in their slots from the
+    /// gate phase to the neurons (so the cold segment holds a whole layer's).
+    pub fn gate_first(self) -> bool {
+        self == ReadPolicy::GateFirst
+    }
+
+    /// A selected decode step's choice arrives as the pages to read (the predicted neurons'),
+    /// not as clusters: a cluster's slot then holds only those pages.
+    pub fn predicted_pages(self) -> bool {
+        self == ReadPolicy::PredictedPages
+    }
+
+    /// The page-granular policy of a run: the predicted neurons' pages with predictors
+    /// (`predicts`), gate-first loading otherwise (threshold sparsity).
+    pub fn pages_for(predicts: bool) -> ReadPolicy {
+        if predicts {
+            ReadPolicy::PredictedPages
+        } else {
+            ReadPolicy::GateFirst
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ReadPolicy::Bundles => "bundles",
+            ReadPolicy::GateFirst => "gate-first",
+            ReadPolicy::PredictedPages => "predicted-pages",
         }
     }
 }
@@ -125,16 +196,36 @@ impl FfnPlan {
         FfnPlan { select, reads }
     }
 
-    /// Decode reads each layer's gate rows first, then the pages of the neurons whose gate
-    /// fires (PowerInfer-2's two-phase load).
+    /// Decode reads each layer's gate rows first ([`ReadPolicy::gate_first`]).
     pub fn gate_first(self) -> bool {
-        self.reads == ReadPolicy::GateFirst
+        self.reads.gate_first()
+    }
+
+    /// A selected decode step's choice arrives as pages ([`ReadPolicy::predicted_pages`]).
+    pub fn predicted_pages(self) -> bool {
+        self.reads.predicted_pages()
+    }
+
+    /// Decode steps compute only the clusters chosen after each layer's attention
+    /// ([`FfnSelect::selects_clusters`]).
+    pub fn selects_clusters(self) -> bool {
+        self.select.selects_clusters()
+    }
+
+    /// Decode runs the layers' predictors ([`FfnSelect::predicts`]).
+    pub fn predicts(self) -> bool {
+        self.select.predicts()
+    }
+
+    /// Decode gates neurons by the layers' thresholds ([`FfnSelect::thresholds`]).
+    pub fn thresholds(self) -> bool {
+        self.select.thresholds()
     }
 
     /// A cluster's slot holds only its predicted neurons' pages, so a decode step with
     /// predictions computes those neurons' up rows one by one.
     pub fn predicted_rows_only(self) -> bool {
-        self.reads == ReadPolicy::PredictedPages && self.select == FfnSelect::Predicted
+        self.predicted_pages() && self.predicts()
     }
 }
 
@@ -263,13 +354,54 @@ mod tests {
         }
     }
 
+    /// The answers every question of the module gives, for every plan `resolve` accepts: what
+    /// the scheduler, the cache, the executor and the simulator act on. A new mode adds its
+    /// rows here.
     #[test]
-    fn only_predicted_pages_with_predictions_read_rows_one_by_one() {
-        let plan = |select, reads| FfnPlan { select, reads };
-        assert!(plan(FfnSelect::Predicted, ReadPolicy::PredictedPages).predicted_rows_only());
-        assert!(!plan(FfnSelect::Predicted, ReadPolicy::Bundles).predicted_rows_only());
-        assert!(!plan(FfnSelect::Experts, ReadPolicy::PredictedPages).predicted_rows_only());
-        assert!(plan(FfnSelect::Threshold, ReadPolicy::GateFirst).gate_first());
-        assert!(!plan(FfnSelect::Threshold, ReadPolicy::Bundles).gate_first());
+    fn every_resolved_plan_answers_the_questions_its_consumers_ask() {
+        use FfnSelect::*;
+        use ReadPolicy::*;
+        // (select, reads) → (gate_first, predicted_pages, selects_clusters, predicts,
+        // thresholds, predicted_rows_only)
+        #[rustfmt::skip]
+        let table = [
+            ((Dense, Bundles), [false, false, false, false, false, false]),
+            ((Threshold, Bundles), [false, false, false, false, true, false]),
+            ((Threshold, GateFirst), [true, false, false, false, true, false]),
+            ((Predicted, Bundles), [false, false, true, true, false, false]),
+            ((Predicted, PredictedPages), [false, true, true, true, false, true]),
+            ((Experts, Bundles), [false, false, true, false, false, false]),
+            ((Experts, PredictedPages), [false, true, true, false, false, false]),
+        ];
+        let mut seen = 0;
+        for moe in [0, 4] {
+            for reads in [Bundles, GateFirst, PredictedPages] {
+                for sparsity in [
+                    SparsityMode::Dense,
+                    SparsityMode::Threshold,
+                    SparsityMode::Predictor,
+                ] {
+                    let Ok(plan) = FfnPlan::resolve(&reading(Some(reads)), &shape(moe), sparsity)
+                    else {
+                        continue;
+                    };
+                    let (_, want) = table
+                        .iter()
+                        .find(|(key, _)| *key == (plan.select, plan.reads))
+                        .unwrap_or_else(|| panic!("{plan:?} has no row"));
+                    let got = [
+                        plan.gate_first(),
+                        plan.predicted_pages(),
+                        plan.selects_clusters(),
+                        plan.predicts(),
+                        plan.thresholds(),
+                        plan.predicted_rows_only(),
+                    ];
+                    assert_eq!(&got, want, "{plan:?}");
+                    seen += 1;
+                }
+            }
+        }
+        assert_eq!(seen, table.len(), "a row no resolved plan reaches");
     }
 }

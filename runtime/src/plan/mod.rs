@@ -18,9 +18,9 @@ mod topology;
 mod validate;
 
 pub use cache::{
-    CachePlan, CachePolicy, ReadPolicy, DEFAULT_COALESCE, DEFAULT_GATE_FIRST_GAP, DEFAULT_MAX_LOADS,
+    CachePlan, CachePolicy, DEFAULT_COALESCE, DEFAULT_GATE_FIRST_GAP, DEFAULT_MAX_LOADS,
 };
-pub use ffn::{FfnPlan, FfnPlanError, FfnSelect};
+pub use ffn::{FfnPlan, FfnPlanError, FfnSelect, ReadPolicy};
 pub use groups::{CoreSet, DenseShapes, GroupPlan, Share, XpuKind};
 pub use hardware::{
     CoreClassProfile, HardwareProfile, KernelRates, MemoryProfile, MessagingProfile, NpuProfile,

@@ -146,7 +146,7 @@ impl CacheFlow {
         selected: bool,
         wants_logits: bool,
     ) -> Result<(), ScheduleError> {
-        let two_phase = self.reads == ReadPolicy::GateFirst && shape == StepShape::Decode;
+        let two_phase = self.reads.gate_first() && shape == StepShape::Decode;
         if two_phase && self.cold_slots < self.map.ffn_clusters {
             return Err(ScheduleError::GateFirstSlots {
                 need: self.map.ffn_clusters,
@@ -450,7 +450,7 @@ impl CacheFlow {
                 continue;
             }
             let ffn_unit = layer < self.map.n_layer && cluster < self.map.ffn_clusters;
-            if self.reads == ReadPolicy::PredictedPages && self.selected_step && ffn_unit {
+            if self.reads.predicted_pages() && self.selected_step && ffn_unit {
                 if !self.acquire_predicted_pages(step, layer, cluster, ready, out) {
                     break;
                 }

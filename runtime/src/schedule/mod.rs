@@ -231,6 +231,11 @@ pub enum ScheduleError {
         ffn: crate::plan::FfnPlan,
         resolved: crate::plan::FfnPlan,
     },
+    #[error("the FFN plan selects {ffn} neurons, but the model's sparse decode is {model}")]
+    FfnOfAnotherDecode {
+        ffn: &'static str,
+        model: &'static str,
+    },
     #[error("gate-first loading keeps a layer's {need} bundles in slots at once, but the cache has {cold} slots for them (a larger budget, or fewer hot slots)")]
     GateFirstSlots { need: u32, cold: u32 },
     #[error(

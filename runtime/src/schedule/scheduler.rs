@@ -3,7 +3,7 @@
 
 use super::cache_flow::{settle_unit, CacheFlow};
 use super::{
-    Awaited, ClusterWork, Command, Event, Program, ReadGeometry, ReadPolicy, ScheduleError, StepId,
+    Awaited, ClusterWork, Command, Event, Program, ReadGeometry, ScheduleError, StepId,
     StepRequest, StepShape, XpuId,
 };
 use crate::cache::{CacheDirectory, LayerCacheStats, UnitMap};
@@ -401,7 +401,7 @@ impl Scheduler {
             });
         }
         let shape = self.shape_of(&request);
-        let selected = self.ffn.select.selects_clusters() && shape == StepShape::Decode;
+        let selected = self.ffn.selects_clusters() && shape == StepShape::Decode;
         if let Some(cache) = self.cache.as_mut() {
             cache.start_step(shape, selected, request.wants_logits())?;
         }
@@ -446,14 +446,13 @@ impl Scheduler {
     /// What the step waits for once `phase` of a step of `shape` is finished, if anything.
     fn awaited_after(&self, shape: StepShape, phase: Phase) -> Option<Awaited> {
         self.cache.as_ref()?;
-        let decode = shape == StepShape::Decode;
-        let selects = self.ffn.select.selects_clusters();
-        match (phase, self.ffn.reads) {
-            (Phase::FfnGateRows, _) => Some(Awaited::GatedPages),
-            (Phase::AttnOutRows, ReadPolicy::PredictedPages) if decode && selects => {
+        let selected = shape == StepShape::Decode && self.ffn.selects_clusters();
+        match phase {
+            Phase::FfnGateRows => Some(Awaited::GatedPages),
+            Phase::AttnOutRows if selected && self.ffn.predicted_pages() => {
                 Some(Awaited::PredictedPages)
             }
-            (Phase::AttnOutRows, _) if decode && selects => Some(Awaited::Clusters),
+            Phase::AttnOutRows if selected => Some(Awaited::Clusters),
             _ => None,
         }
     }
@@ -557,7 +556,7 @@ impl Scheduler {
         out: &mut Vec<Command>,
     ) -> Result<(), ScheduleError> {
         let unexpected = ScheduleError::UnexpectedPrediction { step, layer };
-        if self.ffn.reads == ReadPolicy::PredictedPages {
+        if self.ffn.predicted_pages() {
             return Err(unexpected);
         }
         let bit = |c: u32| {
@@ -616,32 +615,28 @@ impl Scheduler {
         };
         let per = cache.bundle_pages as usize;
         let bit = |i: usize| pages.get(i / 64).is_some_and(|w| w >> (i % 64) & 1 == 1);
-        match self.ffn.reads {
-            ReadPolicy::PredictedPages => {
-                cache.set_layer_pages(pages);
-                let needed = |c: u32| (c as usize * per..(c as usize + 1) * per).any(bit);
-                self.take_predictions(step, layer, needed, unexpected, out)
+        if self.ffn.predicted_pages() {
+            cache.set_layer_pages(pages);
+            let needed = |c: u32| (c as usize * per..(c as usize + 1) * per).any(bit);
+            self.take_predictions(step, layer, needed, unexpected, out)
+        } else if self.ffn.gate_first() {
+            let Some(flight) = self.in_flight.as_mut() else {
+                return Err(unexpected);
+            };
+            let program = match flight.shape {
+                StepShape::Decode => &self.decode,
+                StepShape::Prefill => &self.prefill,
+            };
+            let current = program.phase_layout_at(flight.phase_index).phase;
+            if flight.request.step != step || flight.layer != layer || current != Phase::FfnNeurons
+            {
+                return Err(unexpected);
             }
-            ReadPolicy::GateFirst => {
-                let Some(flight) = self.in_flight.as_mut() else {
-                    return Err(unexpected);
-                };
-                let program = match flight.shape {
-                    StepShape::Decode => &self.decode,
-                    StepShape::Prefill => &self.prefill,
-                };
-                let current = program.phase_layout_at(flight.phase_index).phase;
-                if flight.request.step != step
-                    || flight.layer != layer
-                    || current != Phase::FfnNeurons
-                {
-                    return Err(unexpected);
-                }
-                cache.top_up_gated(flight, program, layer, pages, unexpected, out)?;
-                // Every cluster may have been skipped.
-                self.finish_phase_if_done(out)
-            }
-            ReadPolicy::Bundles => Err(unexpected),
+            cache.top_up_gated(flight, program, layer, pages, unexpected, out)?;
+            // Every cluster may have been skipped.
+            self.finish_phase_if_done(out)
+        } else {
+            Err(unexpected)
         }
     }
 

@@ -4,11 +4,12 @@
 use super::{bits, Injector, DEADLINE, DECODE_STEPS};
 use conductor::runtime::cache::ReadFaults;
 use conductor::runtime::convert::{convert, ConvertOptions};
-use conductor::runtime::exec::{Driver, InlineDriver, Serial, Session, StepError};
+use conductor::runtime::exec::{ffn_plan_of, Driver, InlineDriver, Serial, Session, StepError};
 use conductor::runtime::model::{Model, WeightSource};
 use conductor::runtime::plan::{CachePlan, CachePolicy, ExecutionPlan, IoEngine, Topology};
 use conductor::runtime::quant::Kernels;
 use conductor::runtime::sample::argmax;
+use conductor::runtime::schedule::ScheduleError;
 use conductor::runtime::synthetic::{synthetic_model, SyntheticSpec};
 use conductor_actors::{ActorDriver, ActorOptions};
 use std::fmt;
@@ -202,8 +203,14 @@ impl Fixture {
         &self,
         injector: &Arc<Injector>,
     ) -> Result<InlineDriver<Serial>, StepError> {
-        let mut d =
-            InlineDriver::new(Arc::clone(&self.model), &self.plan, Kernels::best(), Serial)?;
+        let ffn = ffn_plan_of(&self.model, &self.plan).map_err(ScheduleError::from)?;
+        let mut d = InlineDriver::new(
+            Arc::clone(&self.model),
+            &self.plan,
+            ffn,
+            Kernels::best(),
+            Serial,
+        )?;
         d.set_read_faults(Some(Arc::clone(injector) as Arc<dyn ReadFaults>));
         Ok(d)
     }
@@ -216,9 +223,11 @@ impl Fixture {
             model_path: Some(self.path.clone()),
             read_faults: Some(Arc::clone(injector) as Arc<dyn ReadFaults>),
         };
+        let ffn = ffn_plan_of(&self.model, &self.plan).map_err(|e| e.to_string())?;
         ActorDriver::new(
             Arc::clone(&self.model),
             &self.plan,
+            ffn,
             Kernels::best(),
             options,
         )
