@@ -451,14 +451,19 @@ fn threshold_sparse(model: &Model, threshold: f32) -> SparseFfn {
     }
 }
 
-#[test]
-fn sparse_decode_gives_the_same_bits_however_the_clusters_are_split() {
+/// A random-weight model decoding with threshold sparsity that skips some neurons.
+fn threshold_model() -> Model {
     let model = model(&SyntheticSpec {
         seed: 9,
         ..SyntheticSpec::default()
     });
     let sparse = threshold_sparse(&model, 0.05);
-    let model = model.with_sparse(Some(sparse));
+    model.with_sparse(Some(sparse))
+}
+
+#[test]
+fn sparse_decode_gives_the_same_bits_however_the_clusters_are_split() {
+    let model = threshold_model();
     assert_split_invariant(&model, &[PREFILL, &[42], &[7]]);
     // The threshold did skip neurons, and not all of them.
     let stats = &model.sparse().unwrap().stats;
@@ -472,12 +477,7 @@ fn sparse_decode_gives_the_same_bits_however_the_clusters_are_split() {
 #[test]
 fn a_driver_refuses_an_ffn_plan_that_is_not_its_models_sparse_decode() {
     use crate::plan::{ExecutionPlan, FfnPlan, FfnSelect};
-    let model = model(&SyntheticSpec {
-        seed: 9,
-        ..SyntheticSpec::default()
-    });
-    let sparse = threshold_sparse(&model, 0.05);
-    let model = std::sync::Arc::new(model.with_sparse(Some(sparse)));
+    let model = std::sync::Arc::new(threshold_model());
     let plan = ExecutionPlan::default();
     let resolved = super::ffn_plan_of(&model, &plan).unwrap();
     assert_eq!(resolved.select, FfnSelect::Threshold);
