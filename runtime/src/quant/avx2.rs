@@ -23,7 +23,7 @@ use std::arch::x86_64::*;
 mod axpy;
 mod blocks32;
 pub(crate) mod kquants;
-mod q4k_x8;
+pub(crate) mod q4k_x8;
 mod q6k_x8;
 mod quantize;
 pub(crate) mod x8;

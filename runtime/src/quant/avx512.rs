@@ -17,11 +17,14 @@ use super::avx2::{
     dm_chunk, entry_idot, matmul_impl, matvec_impl, matvec_rows_impl, vec_dot_impl, AxpyBlock,
     IDot, Rows, WeightBlock, AXPY_CHUNK, AXPY_GROUP, AXPY_PREFETCH,
 };
-use super::blocks::{ActBlock, BlockQ4_0, BlockQ4_1, BlockQ8_0};
+use super::blocks::{ActBlock, BlockQ4Kx8, BlockQ4_0, BlockQ4_1, BlockQ6Kx8, BlockQ8K, BlockQ8_0};
 use super::gemm::{f16f, tables, transpose8};
+use super::interleave::{matmul_groups_with, Group, GroupKernel, X8};
 use std::arch::x86_64::*;
 
 mod blocks32;
+mod q4k_x8;
+mod q6k_x8;
 
 /// `vpdpbusd` with the AVX512-VL encoding on 256-bit vectors.
 pub(crate) struct Vnni512;
@@ -288,5 +291,35 @@ pub(crate) unsafe fn axpy_rows<B: AxpyBlock16>(
     }
     for k in k..n {
         axpy_group16::<B, 1>(&m, &neurons[k..k + 1], &coefs[k..k + 1], out);
+    }
+}
+
+/// The 512-bit prefill kernel of each interleaved K-quant type (`q4k_x8.rs`, `q6k_x8.rs`).
+pub(crate) trait WideX8: Group {
+    type Kernel: GroupKernel<Self>;
+}
+
+impl WideX8 for BlockQ4Kx8 {
+    type Kernel = q4k_x8::Q4KVnni512;
+}
+
+impl WideX8 for BlockQ6Kx8 {
+    type Kernel = q6k_x8::Q6KVnni512;
+}
+
+/// The entry of the interleaved prefill kernels.
+pub(crate) mod x8 {
+    use super::*;
+
+    /// `out[t * out_stride + r]`, 4 tokens per pass over each group.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(crate) unsafe fn matmul<G: WideX8>(
+        m: X8<'_, G>,
+        acts: &[BlockQ8K],
+        n_tokens: usize,
+        out: &mut [f32],
+        out_stride: usize,
+    ) {
+        matmul_groups_with::<G, G::Kernel, 4>(m, acts, n_tokens, out, out_stride)
     }
 }

@@ -326,11 +326,31 @@ pub(crate) unsafe fn matvec_groups<G: Kernel8>(m: X8<'_, G>, act: &[BlockQ8K], o
     }
 }
 
-/// `out[t * out_stride + r]` = row r of `m` times token t of `acts` (`nb` blocks per token):
-/// P tokens per pass over a group (as many as the ISA's registers hold), then the rest in one
-/// pass of 3 or 2 where P is larger, and one token at a time last. A few tokens (a draft's
-/// verification, a short prompt) thus read and unpack each group's weights once, not once a
-/// token; every lane is its row's scalar dot whatever the pass, so the bits are the same.
+/// A kernel over interleaved super-blocks `G` other than their own [`Kernel8`] (a wider ISA's
+/// prefill GEMM, `avx512/q4k_x8.rs`): the same contract as [`Kernel8::group_dot`].
+#[cfg(all(
+    any(target_arch = "x86_64", target_arch = "aarch64"),
+    not(conductor_portable)
+))]
+pub(crate) trait GroupKernel<G> {
+    type Lanes: Lanes8;
+    unsafe fn group_dot<const T: usize>(w: &[G], a: [&[BlockQ8K]; T]) -> [Self::Lanes; T];
+}
+
+/// Every block type's own kernel is one.
+#[cfg(all(
+    any(target_arch = "x86_64", target_arch = "aarch64"),
+    not(conductor_portable)
+))]
+impl<G: Kernel8> GroupKernel<G> for G {
+    type Lanes = G::Lanes;
+    #[inline(always)]
+    unsafe fn group_dot<const T: usize>(w: &[G], a: [&[BlockQ8K]; T]) -> [Self::Lanes; T] {
+        <G as Kernel8>::group_dot::<T>(w, a)
+    }
+}
+
+/// [`matmul_groups_with`] the block type's own kernel.
 #[cfg(all(
     any(target_arch = "x86_64", target_arch = "aarch64"),
     not(conductor_portable)
@@ -343,24 +363,45 @@ pub(crate) unsafe fn matmul_groups<G: Kernel8, const P: usize>(
     out: &mut [f32],
     out_stride: usize,
 ) {
+    matmul_groups_with::<G, G, P>(m, acts, n_tokens, out, out_stride)
+}
+
+/// `out[t * out_stride + r]` = row r of `m` times token t of `acts` (`nb` blocks per token),
+/// by kernel `K`: P tokens per pass over a group (as many as the ISA's registers hold), then
+/// the rest in one pass of P - 1 down to 2 tokens, and one token at a time last. A few tokens (a
+/// draft's verification, a short prompt) thus read and unpack each group's weights once, not
+/// once a token; every lane is its row's scalar dot whatever the pass, so the bits are the same.
+#[cfg(all(
+    any(target_arch = "x86_64", target_arch = "aarch64"),
+    not(conductor_portable)
+))]
+#[inline(always)]
+pub(crate) unsafe fn matmul_groups_with<G: Group, K: GroupKernel<G>, const P: usize>(
+    m: X8<'_, G>,
+    acts: &[BlockQ8K],
+    n_tokens: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
     assert!(acts.len() >= n_tokens * m.nb);
     for g in 0..m.groups() {
         let mut t = 0;
         while t + P <= n_tokens {
-            group_pass::<G, P>(&m, g, acts, t, out, out_stride);
+            group_pass::<G, K, P>(&m, g, acts, t, out, out_stride);
             t += P;
         }
-        if P > 3 && t + 3 <= n_tokens {
-            group_pass::<G, 3>(&m, g, acts, t, out, out_stride);
-            t += 3;
-        }
-        if P > 2 && t + 2 <= n_tokens {
-            group_pass::<G, 2>(&m, g, acts, t, out, out_stride);
-            t += 2;
-        }
-        while t < n_tokens {
-            group_pass::<G, 1>(&m, g, acts, t, out, out_stride);
-            t += 1;
+        let rest = n_tokens - t;
+        // One pass for what is left (each arm is its own monomorphized kernel).
+        match rest {
+            0 => {}
+            1 => group_pass::<G, K, 1>(&m, g, acts, t, out, out_stride),
+            2 => group_pass::<G, K, 2>(&m, g, acts, t, out, out_stride),
+            3 => group_pass::<G, K, 3>(&m, g, acts, t, out, out_stride),
+            4 => group_pass::<G, K, 4>(&m, g, acts, t, out, out_stride),
+            5 => group_pass::<G, K, 5>(&m, g, acts, t, out, out_stride),
+            6 => group_pass::<G, K, 6>(&m, g, acts, t, out, out_stride),
+            7 => group_pass::<G, K, 7>(&m, g, acts, t, out, out_stride),
+            _ => unreachable!("P <= 8 tokens a pass"),
         }
     }
 }
@@ -371,7 +412,7 @@ pub(crate) unsafe fn matmul_groups<G: Kernel8, const P: usize>(
     not(conductor_portable)
 ))]
 #[inline(always)]
-unsafe fn group_pass<G: Kernel8, const T: usize>(
+unsafe fn group_pass<G: Group, K: GroupKernel<G>, const T: usize>(
     m: &X8<'_, G>,
     g: usize,
     acts: &[BlockQ8K],
@@ -380,7 +421,7 @@ unsafe fn group_pass<G: Kernel8, const T: usize>(
     out_stride: usize,
 ) {
     let tok = |j: usize| &acts[(t + j) * m.nb..(t + j + 1) * m.nb];
-    let v = G::group_dot::<T>(m.group(g), std::array::from_fn(tok));
+    let v = K::group_dot::<T>(m.group(g), std::array::from_fn(tok));
     for (j, v) in v.into_iter().enumerate() {
         let o = (t + j) * out_stride;
         m.scatter(g, &v.to_array(), &mut out[o..o + m.rows]);

@@ -44,10 +44,10 @@ fn bcast(b: &[u8]) -> [u8; 4] {
     b[..4].try_into().expect("4 bytes")
 }
 
-/// The 8 rows' (sumi, summ) of one super-block against the activation blocks of T tokens, one
-/// row per lane: the weights are unpacked once for all T.
+/// The 8 rows' 6-bit scales and mins as bytes, one row per i32 lane: [scales of sub-blocks
+/// 0..4, 4..8, mins of 0..4, 4..8] (the layout of `scalar::q4k_scale_min`).
 #[inline(always)]
-unsafe fn isums<const T: usize>(w: &BlockQ4Kx8, a: [&BlockQ8K; T]) -> [(__m256i, __m256i); T] {
+pub(crate) unsafe fn scales_mins(w: &BlockQ4Kx8) -> [__m256i; 4] {
     let word = |i: usize| {
         let s: &[[u8; 4]; 8] = w.scales[8 * i..8 * i + 8].try_into().expect("8 words");
         // SAFETY (load): exactly the 32 bytes of 8 words.
@@ -57,8 +57,7 @@ unsafe fn isums<const T: usize>(w: &BlockQ4Kx8, a: [&BlockQ8K; T]) -> [(__m256i,
     let m6 = _mm256_set1_epi8(0x3f);
     let m4 = _mm256_set1_epi8(0x0f);
     let m2 = _mm256_set1_epi8(0x03);
-    // The layout of `scalar::q4k_scale_min`, 4 sub-blocks per word: scales 0..4 | 4..8, mins
-    // 0..4 | 4..8 (32-bit shifts: the masks keep each byte's own bits).
+    // 32-bit shifts: the masks keep each byte's own bits.
     let sc_lo = _mm256_and_si256(w0, m6);
     let sc_hi = _mm256_or_si256(
         _mm256_and_si256(w2, m4),
@@ -69,6 +68,15 @@ unsafe fn isums<const T: usize>(w: &BlockQ4Kx8, a: [&BlockQ8K; T]) -> [(__m256i,
         _mm256_and_si256(_mm256_srli_epi32(w2, 4), m4),
         _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(w1, 6), m2), 4),
     );
+    [sc_lo, sc_hi, mn_lo, mn_hi]
+}
+
+/// The 8 rows' (sumi, summ) of one super-block against the activation blocks of T tokens, one
+/// row per lane: the weights are unpacked once for all T.
+#[inline(always)]
+unsafe fn isums<const T: usize>(w: &BlockQ4Kx8, a: [&BlockQ8K; T]) -> [(__m256i, __m256i); T] {
+    let [sc_lo, sc_hi, mn_lo, mn_hi] = scales_mins(w);
+    let m4 = _mm256_set1_epi8(0x0f);
     let mut sums = [(_mm256_setzero_si256(), _mm256_setzero_si256()); T];
     for c in 0..4 {
         // Sub-blocks 2c (low nibbles) and 2c + 1 (high nibbles).

@@ -125,6 +125,11 @@ impl Kernels {
             use avx2::x8::entry;
             let (off, nb) = Self::x8_cols(&w, &cols);
             let a = blocks_of(acts);
+            if self.isa == Isa::Avx512Vnni {
+                use avx512::x8 as wide;
+                // SAFETY: AVX-512 VNNI detected at construction; as below.
+                unsafe { call_x8!(w, (off, nb), wide::matmul(a, n_tokens, out, out_stride)) }
+            }
             // SAFETY: ISA detected at construction; the geometry validated, `acts` has
             // n_tokens * nb blocks and `out` covers every (t, r) written (checked in `matmul`).
             unsafe { call_x8!(w, (off, nb), entry::matmul(a, n_tokens, out, out_stride)) }
