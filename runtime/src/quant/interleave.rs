@@ -368,8 +368,8 @@ pub(crate) unsafe fn matmul_groups<G: Kernel8, const P: usize>(
 
 /// `out[t * out_stride + r]` = row r of `m` times token t of `acts` (`nb` blocks per token),
 /// by kernel `K`: P tokens per pass over a group (as many as the ISA's registers hold), then
-/// the rest in one pass of P - 1 down to 2 tokens, and one token at a time last. A few tokens (a
-/// draft's verification, a short prompt) thus read and unpack each group's weights once, not
+/// the rest in one pass of 3 or 2 where P is larger, and one token at a time last. A few tokens
+/// (a draft's verification, a short prompt) thus read and unpack each group's weights once, not
 /// once a token; every lane is its row's scalar dot whatever the pass, so the bits are the same.
 #[cfg(all(
     any(target_arch = "x86_64", target_arch = "aarch64"),
@@ -390,18 +390,17 @@ pub(crate) unsafe fn matmul_groups_with<G: Group, K: GroupKernel<G>, const P: us
             group_pass::<G, K, P>(&m, g, acts, t, out, out_stride);
             t += P;
         }
-        let rest = n_tokens - t;
-        // One pass for what is left (each arm is its own monomorphized kernel).
-        match rest {
-            0 => {}
-            1 => group_pass::<G, K, 1>(&m, g, acts, t, out, out_stride),
-            2 => group_pass::<G, K, 2>(&m, g, acts, t, out, out_stride),
-            3 => group_pass::<G, K, 3>(&m, g, acts, t, out, out_stride),
-            4 => group_pass::<G, K, 4>(&m, g, acts, t, out, out_stride),
-            5 => group_pass::<G, K, 5>(&m, g, acts, t, out, out_stride),
-            6 => group_pass::<G, K, 6>(&m, g, acts, t, out, out_stride),
-            7 => group_pass::<G, K, 7>(&m, g, acts, t, out, out_stride),
-            _ => unreachable!("P <= 8 tokens a pass"),
+        if P > 3 && t + 3 <= n_tokens {
+            group_pass::<G, K, 3>(&m, g, acts, t, out, out_stride);
+            t += 3;
+        }
+        if P > 2 && t + 2 <= n_tokens {
+            group_pass::<G, K, 2>(&m, g, acts, t, out, out_stride);
+            t += 2;
+        }
+        while t < n_tokens {
+            group_pass::<G, K, 1>(&m, g, acts, t, out, out_stride);
+            t += 1;
         }
     }
 }
