@@ -4,7 +4,10 @@
 //!
 //! Why 512 bits only for the GEMM: measured here (Sapphire Rapids VM), `vpdpbusd` on zmm does
 //! ~1.7x the int8 MACs per second of ymm, and the row-interleaved GEMM is bound by exactly that
-//! instruction. Decode (matvec) is bound by reductions and memory, where wider vectors do not help.
+//! instruction. The 32-element formats' decode (matvec) is bound by reductions and memory, where
+//! wider vectors do not help; the interleaved K-quants' matvec, which unpacks its weights for one
+//! token, runs on zmm too (`q4k_x8.rs`, `q6k_x8.rs`: 1.08x / 1.21x the 1.5B's decode at 1 / 2
+//! threads on an Ice Lake-class VM).
 //!
 //! Same numerics as everywhere: exact integer block sums, then the scalar twin's float steps per
 //! (row, token) lane; results are bit-identical to `scalar.rs`.
@@ -19,7 +22,7 @@ use super::avx2::{
 };
 use super::blocks::{ActBlock, BlockQ4Kx8, BlockQ4_0, BlockQ4_1, BlockQ6Kx8, BlockQ8K, BlockQ8_0};
 use super::gemm::{f16f, tables, transpose8};
-use super::interleave::{matmul_groups_with, Group, GroupKernel, X8};
+use super::interleave::{matmul_groups_with, matvec_groups_with, Group, GroupKernel, X8};
 use std::arch::x86_64::*;
 
 mod blocks32;
@@ -294,7 +297,7 @@ pub(crate) unsafe fn axpy_rows<B: AxpyBlock16>(
     }
 }
 
-/// The 512-bit prefill kernel of each interleaved K-quant type (`q4k_x8.rs`, `q6k_x8.rs`).
+/// The 512-bit kernel of each interleaved K-quant type (`q4k_x8.rs`, `q6k_x8.rs`).
 pub(crate) trait WideX8: Group {
     type Kernel: GroupKernel<Self>;
 }
@@ -307,9 +310,15 @@ impl WideX8 for BlockQ6Kx8 {
     type Kernel = q6k_x8::Q6KVnni512;
 }
 
-/// The entry of the interleaved prefill kernels.
+/// The entries of the interleaved 512-bit kernels.
 pub(crate) mod x8 {
     use super::*;
+
+    /// `out[r]` = row r of `m` times `act`.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(crate) unsafe fn matvec<G: WideX8>(m: X8<'_, G>, act: &[BlockQ8K], out: &mut [f32]) {
+        matvec_groups_with::<G, G::Kernel>(m, act, out)
+    }
 
     /// `out[t * out_stride + r]`, 4 tokens per pass over each group.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]

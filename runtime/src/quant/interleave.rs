@@ -319,9 +319,23 @@ pub(crate) trait Kernel8: Group {
 ))]
 #[inline(always)]
 pub(crate) unsafe fn matvec_groups<G: Kernel8>(m: X8<'_, G>, act: &[BlockQ8K], out: &mut [f32]) {
+    matvec_groups_with::<G, G>(m, act, out)
+}
+
+/// [`matvec_groups`] by kernel `K`.
+#[cfg(all(
+    any(target_arch = "x86_64", target_arch = "aarch64"),
+    not(conductor_portable)
+))]
+#[inline(always)]
+pub(crate) unsafe fn matvec_groups_with<G: Group, K: GroupKernel<G>>(
+    m: X8<'_, G>,
+    act: &[BlockQ8K],
+    out: &mut [f32],
+) {
     assert!(out.len() >= m.rows && act.len() >= m.nb);
     for g in 0..m.groups() {
-        let [v] = G::group_dot::<1>(m.group(g), [&act[..m.nb]]);
+        let [v] = K::group_dot::<1>(m.group(g), [&act[..m.nb]]);
         m.scatter(g, &v.to_array(), out);
     }
 }

@@ -53,9 +53,9 @@
 //!   rows' quants, each 4 activation bytes are broadcast, the scales are decoded for 8 rows at
 //!   once; no per-row shuffles or reductions. Q4_K about twice the in-cache rate of the 4-row
 //!   kernel, Q6_K about 1.1-1.2x; the same bits (each lane does its row's scalar steps).
-//!   With AVX-512 VNNI, prefill's matmul over them is `avx512/q4k_x8.rs`, `avx512/q6k_x8.rs`:
+//!   With AVX-512 VNNI, their matvec and matmul are `avx512/q4k_x8.rs`, `avx512/q6k_x8.rs`:
 //!   64-byte loads of two chunks of the 8 rows, `vpdpbusd` on zmm, the sub-block sums scaled
-//!   in i16 by `vpdpwssd` (decode's matvec stays on the 256-bit kernels, which memory bounds).
+//!   in i16 by `vpdpwssd`.
 //!   On aarch64 with dotprod, `neon/x8.rs` does the same with `sdot` by element (4 rows' 4
 //!   quants per 16-byte load, times one broadcast activation chunk). Without such a kernel
 //!   (scalar, plain NEON, `matvec_rows`) rows are taken back out of the groups and dotted as

@@ -1,6 +1,7 @@
-//! Q4_K prefill over rows interleaved 8 by 8 ([`BlockQ4Kx8`]) on 512-bit vectors: `vpdpbusd`
-//! multiplies 64 weight bytes (two 4-byte chunks of each of the 8 rows) with a token's 8
-//! activation bytes, 4 tokens per weight load. Under the safety contract of `avx2.rs`.
+//! Q4_K matvec and prefill over rows interleaved 8 by 8 ([`BlockQ4Kx8`]) on 512-bit vectors:
+//! `vpdpbusd` multiplies 64 weight bytes (two 4-byte chunks of each of the 8 rows) with a
+//! token's 8 activation bytes, up to 4 tokens per weight load. Under the safety contract of
+//! `avx2.rs`.
 //!
 //! Lanes: the 64 loaded bytes hold chunk k of rows 0..8, then chunk k + 1; one `vpermd` puts
 //! row r's two chunks side by side (i32 lanes 2r, 2r + 1), so one broadcast 8-byte activation

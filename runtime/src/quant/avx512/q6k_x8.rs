@@ -1,6 +1,6 @@
-//! Q6_K prefill over rows interleaved 8 by 8 ([`BlockQ6Kx8`]) on 512-bit vectors, the Q4_K
-//! kernel's scheme (`q4k_x8.rs`) for 16-element sub-blocks. Under the safety contract of
-//! `avx2.rs`.
+//! Q6_K matvec and prefill over rows interleaved 8 by 8 ([`BlockQ6Kx8`]) on 512-bit vectors,
+//! the Q4_K kernel's scheme (`q4k_x8.rs`) for 16-element sub-blocks. Under the safety contract
+//! of `avx2.rs`.
 //!
 //! Per k pair (k, k + 1) of a half n, three 64-byte loads hold the two k's ql, ql and qh chunks
 //! of the 8 rows (`interleave::q6k_part`'s order); three `vpermt2d` put row r's two chunks of

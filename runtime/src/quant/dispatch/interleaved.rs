@@ -74,6 +74,11 @@ impl Kernels {
         #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
         if self.has_interleaved_kernels() {
             use avx2::x8::entry;
+            if self.isa == Isa::Avx512Vnni {
+                use avx512::x8 as wide;
+                // SAFETY: AVX-512 VNNI detected at construction; as below.
+                unsafe { call_x8!(w, (off, nb), wide::matvec(blocks_of(act), out)) }
+            }
             // SAFETY: ISA detected at construction (every SIMD ISA implies AVX2+FMA+F16C); the
             // geometry was validated (its groups are bounds-checked slices), `act` has exactly
             // `nb` activation blocks and `out` `rows` elements.
