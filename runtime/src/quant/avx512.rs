@@ -29,6 +29,22 @@ mod blocks32;
 mod q4k_x8;
 mod q6k_x8;
 
+/// A constant table of 64 bytes (`q4k_x8.rs`, `q6k_x8.rs`) as a vector.
+#[inline(always)]
+unsafe fn load_table<T: Copy, const N: usize>(t: &[T; N]) -> __m512i {
+    const { assert!(std::mem::size_of::<[T; N]>() == 64) };
+    // SAFETY (load): exactly the 64 bytes of `t` (asserted at compile time).
+    _mm512_loadu_si512(t.as_ptr().cast())
+}
+
+/// The 8 bytes of `b` at `at`, broadcast to every 64-bit lane.
+#[inline(always)]
+unsafe fn bcast8(b: &[u8], at: usize) -> __m512i {
+    _mm512_set1_epi64(i64::from_le_bytes(
+        b[at..at + 8].try_into().expect("8 bytes"),
+    ))
+}
+
 /// `vpdpbusd` with the AVX512-VL encoding on 256-bit vectors.
 pub(crate) struct Vnni512;
 

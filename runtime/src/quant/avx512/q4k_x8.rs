@@ -16,6 +16,7 @@
 use super::super::avx2::q4k_x8::scales_mins;
 use super::super::blocks::{BlockQ4Kx8, BlockQ8K};
 use super::super::interleave::GroupKernel;
+use super::{bcast8, load_table};
 use std::arch::x86_64::*;
 
 /// The 512-bit VNNI Q4_K kernel (AVX512F, BW, VNNI).
@@ -50,18 +51,6 @@ const SUB_PAIRS: [[i8; 64]; 2] = {
 /// `vpermd` indices that gather the folded sums: lanes 0..8 the rows' sumi, 8..16 their summ.
 const GATHER: [i32; 16] = [0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15];
 
-#[inline(always)]
-unsafe fn table16(t: &[i32; 16]) -> __m512i {
-    // SAFETY (load): exactly the 64 bytes of `t`.
-    _mm512_loadu_si512(t.as_ptr().cast())
-}
-
-/// The 8 bytes at `at` broadcast to every 64-bit lane.
-#[inline(always)]
-fn bcast8(b: &[u8], at: usize) -> i64 {
-    i64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
-}
-
 /// The 8 rows' bytes of `v` (one row word per i32 lane of a 256-bit vector) as the i16 operand
 /// of sub-blocks 2c, 2c + 1's `vpdpwssd` (see [`SUB_PAIRS`]).
 #[inline(always)]
@@ -71,9 +60,7 @@ unsafe fn per_sub_pair(v: __m256i, c: usize) -> __m512i {
         _mm512_setr_epi64(0, 0, 1, 1, 2, 2, 3, 3),
         _mm512_castsi256_si512(v),
     );
-    // SAFETY (load): exactly the 64 bytes of one table.
-    let t = _mm512_loadu_si512(SUB_PAIRS[c % 2].as_ptr().cast());
-    _mm512_shuffle_epi8(wide, t)
+    _mm512_shuffle_epi8(wide, load_table(&SUB_PAIRS[c % 2]))
 }
 
 impl GroupKernel<BlockQ4Kx8> for Q4KVnni512 {
@@ -84,8 +71,8 @@ impl GroupKernel<BlockQ4Kx8> for Q4KVnni512 {
         for t in &a {
             assert!(t.len() >= w.len());
         }
-        let pair = table16(&PAIR_CHUNKS);
-        let gather = table16(&GATHER);
+        let pair = load_table(&PAIR_CHUNKS);
+        let gather = load_table(&GATHER);
         let m4 = _mm512_set1_epi8(0x0f);
         // Lanes 0..8: the scalar twin's acc per row; 8..16: its accm.
         let mut acc = [_mm512_setzero_ps(); T];
@@ -108,8 +95,8 @@ impl GroupKernel<BlockQ4Kx8> for Q4KVnni512 {
                     let qh = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
                     let at = 64 * c + 4 * k;
                     for t in 0..T {
-                        let ya = _mm512_set1_epi64(bcast8(&ys[t].qs, at));
-                        let yb = _mm512_set1_epi64(bcast8(&ys[t].qs, at + 32));
+                        let ya = bcast8(&ys[t].qs, at);
+                        let yb = bcast8(&ys[t].qs, at + 32);
                         lo[t] = _mm512_dpbusd_epi32(lo[t], ql, ya);
                         hi[t] = _mm512_dpbusd_epi32(hi[t], qh, yb);
                     }
@@ -135,7 +122,7 @@ impl GroupKernel<BlockQ4Kx8> for Q4KVnni512 {
                 let mut summ = _mm512_setzero_si512();
                 for (c, mn) in mn.iter().enumerate() {
                     // Per 128-bit lane: the bsum pairs of sub-blocks 2c, 2c, 2c + 1, 2c + 1.
-                    let bs = _mm512_set1_epi64(bcast8(bsums, 8 * c));
+                    let bs = bcast8(bsums, 8 * c);
                     let bs = _mm512_shuffle_epi32::<_MM_PERM_BBAA>(bs);
                     summ = _mm512_dpwssd_epi32(summ, *mn, bs);
                 }

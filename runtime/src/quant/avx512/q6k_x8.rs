@@ -15,6 +15,7 @@
 
 use super::super::blocks::{BlockQ6Kx8, BlockQ8K};
 use super::super::interleave::{q6k_part, GroupKernel, GROUP_ROWS};
+use super::{bcast8, load_table};
 use std::arch::x86_64::*;
 
 /// The 512-bit VNNI Q6_K kernel (AVX512F, BW, VNNI).
@@ -61,18 +62,6 @@ const SCALE_PAIRS: [i8; 64] = {
     t
 };
 
-#[inline(always)]
-unsafe fn load16(t: &[i32; 16]) -> __m512i {
-    // SAFETY (load): exactly the 64 bytes of `t`.
-    _mm512_loadu_si512(t.as_ptr().cast())
-}
-
-#[inline(always)]
-unsafe fn load64(t: &[i8; 64]) -> __m512i {
-    // SAFETY (load): exactly the 64 bytes of `t`.
-    _mm512_loadu_si512(t.as_ptr().cast())
-}
-
 /// The 64 bytes of 16 chunks starting at chunk group `g` (8 chunks a group).
 #[inline(always)]
 unsafe fn load_groups(w: &BlockQ6Kx8, g: usize) -> __m512i {
@@ -81,12 +70,6 @@ unsafe fn load_groups(w: &BlockQ6Kx8, g: usize) -> __m512i {
         .expect("16 chunks");
     // SAFETY (load): exactly the 64 bytes of 16 chunks.
     _mm512_loadu_si512(c.as_ptr().cast())
-}
-
-/// The 8 bytes at `at` as an i64.
-#[inline(always)]
-fn word8(b: &[u8], at: usize) -> i64 {
-    i64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
 
 /// The rows' quants (0..=63) of positions 4k..4k + 8 of the four quarters of half n, row r's
@@ -100,7 +83,7 @@ unsafe fn quants(w: &BlockQ6Kx8, n: usize, k: usize) -> [__m512i; 4] {
         load_groups(w, g + 2),
         load_groups(w, g + 4),
     );
-    let (lh, hl) = (load16(&LOW_HIGH), load16(&HIGH_LOW));
+    let (lh, hl) = (load_table(&LOW_HIGH), load_table(&HIGH_LOW));
     // z0 = [ql0(k) | ql1(k)], z1 = [qh(k) | ql0(k + 1)], z2 = [ql1(k + 1) | qh(k + 1)].
     let l0 = _mm512_permutex2var_epi32(z0, lh, z1);
     let l1 = _mm512_permutex2var_epi32(z0, hl, z2);
@@ -129,8 +112,8 @@ impl GroupKernel<BlockQ6Kx8> for Q6KVnni512 {
         for t in &a {
             assert!(t.len() >= w.len());
         }
-        let twice = load16(&ROW_TWICE);
-        let even = load16(&EVEN);
+        let twice = load_table(&ROW_TWICE);
+        let even = load_table(&EVEN);
         let mut acc = [_mm256_setzero_ps(); T];
         for (b, x) in w.iter().enumerate() {
             let ys: [&BlockQ8K; T] = std::array::from_fn(|t| &a[t][b]);
@@ -150,15 +133,15 @@ impl GroupKernel<BlockQ6Kx8> for Q6KVnni512 {
                     let mut sc = [_mm512_setzero_si512(); 4];
                     for (qq, sc) in sc.iter_mut().enumerate() {
                         let j = 8 * n + 2 * qq + half;
-                        let picked = _mm512_shuffle_epi8(words[j / 4], load64(&SCALE_BYTE[j % 4]));
+                        let picked =
+                            _mm512_shuffle_epi8(words[j / 4], load_table(&SCALE_BYTE[j % 4]));
                         *sc = _mm512_srai_epi16(picked, 8);
                     }
                     for k in [4 * half, 4 * half + 2] {
                         let q = quants(x, n, k);
                         for t in 0..T {
                             for qq in 0..4 {
-                                let y =
-                                    _mm512_set1_epi64(word8(&ys[t].qs, 128 * n + 32 * qq + 4 * k));
+                                let y = bcast8(&ys[t].qs, 128 * n + 32 * qq + 4 * k);
                                 let p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[qq], y);
                                 sumi[t][qq % 2] = _mm512_dpwssd_epi32(sumi[t][qq % 2], p, sc[qq]);
                             }
@@ -166,7 +149,7 @@ impl GroupKernel<BlockQ6Kx8> for Q6KVnni512 {
                     }
                 }
             }
-            let pairs = load64(&SCALE_PAIRS);
+            let pairs = load_table(&SCALE_PAIRS);
             let sc4: [__m512i; 4] = [
                 _mm512_srai_epi16(_mm512_shuffle_epi8(words[0], pairs), 8),
                 _mm512_srai_epi16(_mm512_shuffle_epi8(words[1], pairs), 8),
@@ -181,7 +164,7 @@ impl GroupKernel<BlockQ6Kx8> for Q6KVnni512 {
                 // 4i + 1; lane 2r + 1: 4i + 2, 4i + 3).
                 let mut corr = _mm512_setzero_si512();
                 for (i, sc) in sc4.iter().enumerate() {
-                    let bs = _mm512_set1_epi64(word8(bsums, 8 * i));
+                    let bs = bcast8(bsums, 8 * i);
                     corr = _mm512_dpwssd_epi32(corr, *sc, bs);
                 }
                 let s = _mm512_add_epi32(sumi[t][0], sumi[t][1]);
