@@ -7,7 +7,9 @@
 //! instruction. The 32-element formats' decode (matvec) is bound by reductions and memory, where
 //! wider vectors do not help; the interleaved K-quants' matvec, which unpacks its weights for one
 //! token, runs on zmm too (`q4k_x8.rs`, `q6k_x8.rs`: 1.08x / 1.21x the 1.5B's decode at 1 / 2
-//! threads on an Ice Lake-class VM).
+//! threads on an Ice Lake-class VM). Their prefill from 8 tokens on unpacks each block of two
+//! groups once a call (`unpacked.rs`, `q4k_gemm.rs`, `q6k_gemm.rs`): 1.2-1.4x the passes that
+//! unpack as they go, on the same VM.
 //!
 //! Same numerics as everywhere: exact integer block sums, then the scalar twin's float steps per
 //! (row, token) lane; results are bit-identical to `scalar.rs`.
@@ -22,12 +24,16 @@ use super::avx2::{
 };
 use super::blocks::{ActBlock, BlockQ4Kx8, BlockQ4_0, BlockQ4_1, BlockQ6Kx8, BlockQ8K, BlockQ8_0};
 use super::gemm::{f16f, tables, transpose8};
-use super::interleave::{matmul_groups_with, matvec_groups_with, Group, GroupKernel, X8};
+use super::interleave::{matmul_groups_with, matvec_groups_with, GroupKernel, X8};
 use std::arch::x86_64::*;
+use unpacked::UnpackOnce;
 
 mod blocks32;
+mod q4k_gemm;
 mod q4k_x8;
+mod q6k_gemm;
 mod q6k_x8;
+mod unpacked;
 
 /// A constant table of 64 bytes (`q4k_x8.rs`, `q6k_x8.rs`) as a vector.
 #[inline(always)]
@@ -43,6 +49,17 @@ unsafe fn bcast8(b: &[u8], at: usize) -> __m512i {
     _mm512_set1_epi64(i64::from_le_bytes(
         b[at..at + 8].try_into().expect("8 bytes"),
     ))
+}
+
+/// The 16 bsums of `y` as four vectors: bsums 4i..4i + 4 in every 64-bit lane of the i-th.
+#[inline(always)]
+unsafe fn bsum_words(y: &BlockQ8K) -> [__m512i; 4] {
+    let bsums: &[u8; 32] = y.bsums.as_flattened().try_into().expect("32 bytes");
+    let mut bs = [_mm512_setzero_si512(); 4];
+    for (i, bs) in bs.iter_mut().enumerate() {
+        *bs = bcast8(bsums, 8 * i);
+    }
+    bs
 }
 
 /// `vpdpbusd` with the AVX512-VL encoding on 256-bit vectors.
@@ -313,10 +330,34 @@ pub(crate) unsafe fn axpy_rows<B: AxpyBlock16>(
     }
 }
 
-/// The 512-bit kernel of each interleaved K-quant type (`q4k_x8.rs`, `q6k_x8.rs`).
-pub(crate) trait WideX8: Group {
+/// The 512-bit kernels of each interleaved K-quant type: passes that unpack as they go
+/// (`q4k_x8.rs`, `q6k_x8.rs`), and prefill's blocks unpacked once a call (`unpacked.rs`,
+/// `q4k_gemm.rs`, `q6k_gemm.rs`).
+pub(crate) trait WideX8: UnpackOnce {
     type Kernel: GroupKernel<Self>;
+
+    /// Prefill: from [`UNPACK_ONCE_FROM`] tokens on, each block of groups is unpacked once for
+    /// all of them; fewer take passes of 4 tokens.
+    #[inline(always)]
+    unsafe fn matmul(
+        m: X8<'_, Self>,
+        acts: &[BlockQ8K],
+        n_tokens: usize,
+        out: &mut [f32],
+        out_stride: usize,
+    ) {
+        if n_tokens >= UNPACK_ONCE_FROM {
+            unpacked::matmul(m, acts, n_tokens, out, out_stride)
+        } else {
+            matmul_groups_with::<Self, Self::Kernel, 4>(m, acts, n_tokens, out, out_stride)
+        }
+    }
 }
+
+/// Tokens from which prefill unpacks its weights once a call (`unpacked.rs`): below, the
+/// unpacking costs more than the passes save (measured on the Xeon VM: Q4_K's 4 tokens slower,
+/// 8 even).
+const UNPACK_ONCE_FROM: usize = 8;
 
 impl WideX8 for BlockQ4Kx8 {
     type Kernel = q4k_x8::Q4KVnni512;
@@ -336,7 +377,7 @@ pub(crate) mod x8 {
         matvec_groups_with::<G, G::Kernel>(m, act, out)
     }
 
-    /// `out[t * out_stride + r]`, 4 tokens per pass over each group.
+    /// `out[t * out_stride + r]` = row r of `m` times token t of `acts`.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     pub(crate) unsafe fn matmul<G: WideX8>(
         m: X8<'_, G>,
@@ -345,6 +386,6 @@ pub(crate) mod x8 {
         out: &mut [f32],
         out_stride: usize,
     ) {
-        matmul_groups_with::<G, G::Kernel, 4>(m, acts, n_tokens, out, out_stride)
+        G::matmul(m, acts, n_tokens, out, out_stride)
     }
 }

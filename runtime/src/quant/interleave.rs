@@ -270,6 +270,11 @@ impl<'a, G: Group> X8<'a, G> {
     pub(crate) fn scatter(&self, g: usize, v: &[f32; GROUP_ROWS], out: &mut [f32]) {
         let first = (g * GROUP_ROWS).max(self.skip);
         let end = ((g + 1) * GROUP_ROWS).min(self.skip + self.rows);
+        if end - first == GROUP_ROWS {
+            // All 8 rows are the matrix's: one copy, not a loop of 8 (a cost a pass can see).
+            out[first - self.skip..end - self.skip].copy_from_slice(v);
+            return;
+        }
         for at in first..end {
             out[at - self.skip] = v[at - g * GROUP_ROWS];
         }

@@ -23,7 +23,7 @@ use std::arch::x86_64::*;
 pub(crate) struct Q4KVnni512;
 
 /// `vpermd` indices: row r's chunks k (lane r) and k + 1 (lane 8 + r) to lanes 2r, 2r + 1.
-const PAIR_CHUNKS: [i32; 16] = [0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15];
+pub(super) const PAIR_CHUNKS: [i32; 16] = [0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15];
 
 /// `vpshufb` tables for the scales (or mins) of sub-blocks 2c, 2c + 1 (p = c % 2), per 128-bit
 /// lane L holding rows 2L and 2L + 1's words (bytes 0..4 and 4..8): as i16, [row 2L's, its
@@ -49,12 +49,12 @@ const SUB_PAIRS: [[i8; 64]; 2] = {
 };
 
 /// `vpermd` indices that gather the folded sums: lanes 0..8 the rows' sumi, 8..16 their summ.
-const GATHER: [i32; 16] = [0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15];
+pub(super) const GATHER: [i32; 16] = [0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15];
 
 /// The 8 rows' bytes of `v` (one row word per i32 lane of a 256-bit vector) as the i16 operand
 /// of sub-blocks 2c, 2c + 1's `vpdpwssd` (see [`SUB_PAIRS`]).
 #[inline(always)]
-unsafe fn per_sub_pair(v: __m256i, c: usize) -> __m512i {
+pub(super) unsafe fn per_sub_pair(v: __m256i, c: usize) -> __m512i {
     // 128-bit lane L = bytes 8L..8L + 16 of `v` twice: rows 2L and 2L + 1 in its low 8 bytes.
     let wide = _mm512_permutexvar_epi64(
         _mm512_setr_epi64(0, 0, 1, 1, 2, 2, 3, 3),

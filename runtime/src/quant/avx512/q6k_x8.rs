@@ -29,7 +29,7 @@ const HIGH_LOW: [i32; 16] = [8, 16, 9, 17, 10, 18, 11, 19, 12, 20, 13, 21, 14, 2
 /// `vpermd` indices: row r's word (lane r of a 256-bit vector) to lanes 2r and 2r + 1.
 const ROW_TWICE: [i32; 16] = [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7];
 /// `vpermd` indices that gather the even lanes (each row's total) into the low 8.
-const EVEN: [i32; 16] = [0, 2, 4, 6, 8, 10, 12, 14, 0, 0, 0, 0, 0, 0, 0, 0];
+pub(super) const EVEN: [i32; 16] = [0, 2, 4, 6, 8, 10, 12, 14, 0, 0, 0, 0, 0, 0, 0, 0];
 
 /// `vpshufb` tables, one per byte b of a row's scale word (in both lanes of the row): byte b into
 /// the high byte of each lane's low i16, zeroes elsewhere (an arithmetic shift of the i16 halves
@@ -62,6 +62,36 @@ const SCALE_PAIRS: [i8; 64] = {
     t
 };
 
+/// Word i of each row's scales (scales 4i..4i + 4) in both of the row's lanes.
+#[inline(always)]
+pub(super) unsafe fn scale_words(x: &BlockQ6Kx8) -> [__m512i; 4] {
+    let twice = load_table(&ROW_TWICE);
+    let mut words = [_mm512_setzero_si512(); 4];
+    for (i, word) in words.iter_mut().enumerate() {
+        let s: &[[u8; 4]; 8] = x.scales[8 * i..8 * i + 8].try_into().expect("8 words");
+        // SAFETY (load): exactly the 32 bytes of 8 words.
+        let v = _mm256_loadu_si256(s.as_ptr().cast());
+        *word = _mm512_permutexvar_epi32(twice, _mm512_castsi256_si512(v));
+    }
+    words
+}
+
+/// Sub-block j's scale as the `vpdpwssd` operand of the products' sums: [scale, 0] in each of
+/// a row's lanes.
+#[inline(always)]
+pub(super) unsafe fn sub_block_scale(words: &[__m512i; 4], j: usize) -> __m512i {
+    _mm512_srai_epi16(
+        _mm512_shuffle_epi8(words[j / 4], load_table(&SCALE_BYTE[j % 4])),
+        8,
+    )
+}
+
+/// Word i's scales as the operand of the -32 offset term (see [`SCALE_PAIRS`]).
+#[inline(always)]
+pub(super) unsafe fn offset_scales(words: &[__m512i; 4], i: usize) -> __m512i {
+    _mm512_srai_epi16(_mm512_shuffle_epi8(words[i], load_table(&SCALE_PAIRS)), 8)
+}
+
 /// The 64 bytes of 16 chunks starting at chunk group `g` (8 chunks a group).
 #[inline(always)]
 unsafe fn load_groups(w: &BlockQ6Kx8, g: usize) -> __m512i {
@@ -75,7 +105,7 @@ unsafe fn load_groups(w: &BlockQ6Kx8, g: usize) -> __m512i {
 /// The rows' quants (0..=63) of positions 4k..4k + 8 of the four quarters of half n, row r's
 /// k and k + 1 in lanes 2r, 2r + 1.
 #[inline(always)]
-unsafe fn quants(w: &BlockQ6Kx8, n: usize, k: usize) -> [__m512i; 4] {
+pub(super) unsafe fn quants(w: &BlockQ6Kx8, n: usize, k: usize) -> [__m512i; 4] {
     // Parts (ql low, ql high, qh) of k, then of k + 1: 6 groups of 8 chunks, in 3 loads.
     let g = q6k_part(n, k, 0);
     let (z0, z1, z2) = (
@@ -112,19 +142,11 @@ impl GroupKernel<BlockQ6Kx8> for Q6KVnni512 {
         for t in &a {
             assert!(t.len() >= w.len());
         }
-        let twice = load_table(&ROW_TWICE);
         let even = load_table(&EVEN);
         let mut acc = [_mm256_setzero_ps(); T];
         for (b, x) in w.iter().enumerate() {
             let ys: [&BlockQ8K; T] = std::array::from_fn(|t| &a[t][b]);
-            // Word i of each row (scales 4i..4i + 4) in both of the row's lanes.
-            let mut words = [_mm512_setzero_si512(); 4];
-            for (i, word) in words.iter_mut().enumerate() {
-                let s: &[[u8; 4]; 8] = x.scales[8 * i..8 * i + 8].try_into().expect("8 words");
-                // SAFETY (load): exactly the 32 bytes of 8 words.
-                let v = _mm256_loadu_si256(s.as_ptr().cast());
-                *word = _mm512_permutexvar_epi32(twice, _mm512_castsi256_si512(v));
-            }
+            let words = scale_words(x);
             // Two accumulators a token (even and odd quarters): shorter dependency chains.
             let mut sumi = [[_mm512_setzero_si512(); 2]; T];
             for n in 0..2 {
@@ -132,10 +154,7 @@ impl GroupKernel<BlockQ6Kx8> for Q6KVnni512 {
                     // Quarter qq's positions 16 * half.. are sub-block j = 8n + 2qq + half.
                     let mut sc = [_mm512_setzero_si512(); 4];
                     for (qq, sc) in sc.iter_mut().enumerate() {
-                        let j = 8 * n + 2 * qq + half;
-                        let picked =
-                            _mm512_shuffle_epi8(words[j / 4], load_table(&SCALE_BYTE[j % 4]));
-                        *sc = _mm512_srai_epi16(picked, 8);
+                        *sc = sub_block_scale(&words, 8 * n + 2 * qq + half);
                     }
                     for k in [4 * half, 4 * half + 2] {
                         let q = quants(x, n, k);
@@ -149,12 +168,11 @@ impl GroupKernel<BlockQ6Kx8> for Q6KVnni512 {
                     }
                 }
             }
-            let pairs = load_table(&SCALE_PAIRS);
             let sc4: [__m512i; 4] = [
-                _mm512_srai_epi16(_mm512_shuffle_epi8(words[0], pairs), 8),
-                _mm512_srai_epi16(_mm512_shuffle_epi8(words[1], pairs), 8),
-                _mm512_srai_epi16(_mm512_shuffle_epi8(words[2], pairs), 8),
-                _mm512_srai_epi16(_mm512_shuffle_epi8(words[3], pairs), 8),
+                offset_scales(&words, 0),
+                offset_scales(&words, 1),
+                offset_scales(&words, 2),
+                offset_scales(&words, 3),
             ];
             // SAFETY (load): exactly the 16 bytes of the 8 f16 d.
             let d = _mm256_cvtph_ps(_mm_loadu_si128(x.d.as_ptr().cast()));

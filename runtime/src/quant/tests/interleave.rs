@@ -197,7 +197,7 @@ fn interleaved_column_ranges_and_matmul_match_the_file_layout() {
                     }
                 }
                 // Prefill's partial down projections: a GEMM over the column range.
-                for n in [1, 2, 3, 5, 7, 9] {
+                for n in [1, 2, 3, 5, 7, 9, 10] {
                     let acts = a.repeat(n);
                     let w = x8(ty, &packed, rows, cols);
                     let mut got = vec![f32::NAN; n * rows];
@@ -212,7 +212,8 @@ fn interleaved_column_ranges_and_matmul_match_the_file_layout() {
                     }
                 }
             }
-            for n in [1, 2, 3, 4, 5, 6, 7, 9] {
+            // (From 8 tokens on, AVX-512's Q4_K takes `q4k_gemm.rs`: passes of 4, then 3, 2, 1.)
+            for n in [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 19] {
                 let arow = GgmlType::Q8_K.bytes_for(cols as u64).unwrap() as usize;
                 let mut acts = vec![0u8; n * arow];
                 for t in 0..n {
@@ -297,21 +298,32 @@ fn interleaved_integer_sums_hold_at_the_extremes() {
                 let w = x8(ty, &packed, 9, cols);
                 let mut out = vec![f32::NAN; 9];
                 k.matvec(w, 0..cols, &a, &mut out);
-                // And as 5 tokens of a matmul (the 4-token pass and the single one).
-                let mut mm = vec![f32::NAN; 5 * 9];
-                k.matmul(w, &a.repeat(5), 5, &mut mm, 9);
-                // The file layout's matmul too (NEON: 2 x 2 `smmla` tiles and their odd row
-                // and token).
-                let mut file = vec![f32::NAN; 5 * 9];
-                let m = MatRef::new(ty, &plain, 9, cols).unwrap();
-                k.matmul(m, &a.repeat(5), 5, &mut file, 9);
+                // And as the tokens of a matmul: 5 (a 4-token pass and a single one), 9 (from
+                // 8 on, AVX-512's Q4_K unpacks its weights once a call: two passes of 4, then
+                // one).
+                let mut mm = Vec::new();
+                let mut file = Vec::new();
+                for n in [5, 9] {
+                    let mut got = vec![f32::NAN; n * 9];
+                    k.matmul(w, &a.repeat(n), n, &mut got, 9);
+                    mm.push(got);
+                    // The file layout's matmul too (NEON: 2 x 2 `smmla` tiles and their odd
+                    // row and token).
+                    let mut got = vec![f32::NAN; n * 9];
+                    let m = MatRef::new(ty, &plain, 9, cols).unwrap();
+                    k.matmul(m, &a.repeat(n), n, &mut got, 9);
+                    file.push(got);
+                }
                 for (r, o) in out.iter().enumerate() {
                     let w = want(ty, &plain, cols, r, &a);
                     assert!(same(*o, w), "{ty} {} y {y} row {r}: {o} vs {w}", k.isa());
-                    for t in 0..5 {
-                        assert!(same(mm[9 * t + r], w), "{ty} {} matmul {t} {r}", k.isa());
-                        let f = file[9 * t + r];
-                        assert!(same(f, w), "{ty} {} file matmul {t} {r}: {f}", k.isa());
+                    for (mm, file) in mm.iter().zip(&file) {
+                        for t in 0..mm.len() / 9 {
+                            let m = mm[9 * t + r];
+                            assert!(same(m, w), "{ty} {} matmul {t} {r}: {m}", k.isa());
+                            let f = file[9 * t + r];
+                            assert!(same(f, w), "{ty} {} file matmul {t} {r}: {f}", k.isa());
+                        }
                     }
                 }
             }
