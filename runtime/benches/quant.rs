@@ -12,7 +12,7 @@
 //! rows only.
 
 use conductor_runtime::quant::interleave::interleave;
-use conductor_runtime::quant::{activation_type, GgmlType, Kernels, Layout, MatRef};
+use conductor_runtime::quant::{activation_type, GgmlType, Isa, Kernels, Layout, MatRef};
 use conductor_runtime::sample::SplitMix64;
 use std::hint::black_box;
 use std::time::Duration;
@@ -207,10 +207,7 @@ fn main() {
         }
         let x = data(4, cols * n);
         // (The scalar kernels would take minutes over the FFN shapes.)
-        for k in kernels
-            .iter()
-            .filter(|k| !ffn || k.isa().name() != "scalar")
-        {
+        for k in kernels.iter().filter(|k| !ffn || k.isa() != Isa::Scalar) {
             let at = activation_type(ty);
             let arow = at.bytes_for(cols as u64).unwrap() as usize;
             let mut acts = vec![0u8; arow * n];

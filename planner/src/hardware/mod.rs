@@ -385,7 +385,7 @@ pub fn measure(
         ),
         format!(
             "Int8 peak (int8_peak_gmacs): the widest integer dot product in a loop with nothing \
-             else, eight independent accumulators; {}.",
+             else, with independent accumulators enough to hide its latency; {}.",
             match peak_notes.is_empty() {
                 true => "not measured on this CPU".to_string(),
                 false => peak_notes.join("; "),
