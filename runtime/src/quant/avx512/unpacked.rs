@@ -124,6 +124,7 @@ pub(super) unsafe fn matmul<K: UnpackOnce>(
             }
         }
         let u = &scratch[..n * group_lines];
+        const { assert!(GROUPS == 2, "one arm below per block size") };
         match n {
             2 => block_tokens::<K, 2>(&m, g0, u, acts, n_tokens, out, out_stride),
             _ => block_tokens::<K, 1>(&m, g0, u, acts, n_tokens, out, out_stride),
