@@ -152,35 +152,38 @@ unsafe fn block_tokens<K: UnpackOnce, const G: usize>(
     for (g, us) in us.iter_mut().enumerate() {
         *us = &u[g * group_lines..(g + 1) * group_lines];
     }
-    let tok = |t: usize| &acts[t * nb..(t + 1) * nb];
     let mut t = 0;
     while t + TOKENS <= n_tokens {
-        let v = K::block_dot::<TOKENS, G>(us, [tok(t), tok(t + 1), tok(t + 2), tok(t + 3)]);
-        for (j, v) in v.into_iter().enumerate() {
-            put(m, g0, v, &mut out[(t + j) * out_stride..]);
-        }
+        pass::<K, TOKENS, G>(m, g0, us, acts, t, out, out_stride);
         t += TOKENS;
     }
     match n_tokens - t {
-        3 => {
-            let v = K::block_dot::<3, G>(us, [tok(t), tok(t + 1), tok(t + 2)]);
-            for (j, v) in v.into_iter().enumerate() {
-                put(m, g0, v, &mut out[(t + j) * out_stride..]);
-            }
-        }
-        2 => {
-            let v = K::block_dot::<2, G>(us, [tok(t), tok(t + 1)]);
-            for (j, v) in v.into_iter().enumerate() {
-                put(m, g0, v, &mut out[(t + j) * out_stride..]);
-            }
-        }
-        1 => put(
-            m,
-            g0,
-            K::block_dot::<1, G>(us, [tok(t)])[0],
-            &mut out[t * out_stride..],
-        ),
+        3 => pass::<K, 3, G>(m, g0, us, acts, t, out, out_stride),
+        2 => pass::<K, 2, G>(m, g0, us, acts, t, out, out_stride),
+        1 => pass::<K, 1, G>(m, g0, us, acts, t, out, out_stride),
         _ => {}
+    }
+}
+
+/// Groups `g0..g0 + G` (`us`) times tokens `t..t + T` of `acts`, into their output rows.
+#[inline(always)]
+unsafe fn pass<K: UnpackOnce, const T: usize, const G: usize>(
+    m: &X8<'_, K>,
+    g0: usize,
+    us: [&[Line]; G],
+    acts: &[BlockQ8K],
+    t: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    let nb = m.nb;
+    let mut a = [&acts[..0]; T];
+    for (j, a) in a.iter_mut().enumerate() {
+        *a = &acts[(t + j) * nb..(t + j + 1) * nb];
+    }
+    let v = K::block_dot::<T, G>(us, a);
+    for (j, v) in v.into_iter().enumerate() {
+        put(m, g0, v, &mut out[(t + j) * out_stride..]);
     }
 }
 
