@@ -45,7 +45,6 @@ fn driver(model: &Arc<Model>, path: Option<PathBuf>) -> ActorDriver {
             topology: Some(Topology::uniform(2)),
             no_pinning: true,
             model_path: path,
-            read_faults: None,
         },
     )
     .unwrap()
@@ -129,7 +128,6 @@ fn a_step_past_its_deadline_fails_and_a_stuck_host_is_replaced() {
                 topology: Some(Topology::uniform(2)),
                 no_pinning: true,
                 model_path: None,
-                read_faults: None,
             },
         )
         .unwrap();

@@ -152,7 +152,6 @@ fn decode_steps_allocate_nothing_per_load() {
                 topology: Some(Topology::uniform(2)),
                 no_pinning: true,
                 model_path: Some(store.clone()),
-                read_faults: None,
             },
         )
         .unwrap();

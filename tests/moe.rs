@@ -107,7 +107,6 @@ fn actors(
         topology: Some(Topology::uniform(threads.max(2))),
         no_pinning: true,
         model_path: path.map(Path::to_path_buf),
-        read_faults: None,
     };
     Box::new(common::actors_with(model, plan, options))
 }

@@ -93,7 +93,6 @@ fn two_threads(store: &Path) -> ActorOptions {
         topology: Some(Topology::uniform(2)),
         no_pinning: true,
         model_path: Some(store.to_path_buf()),
-        read_faults: None,
     }
 }
 

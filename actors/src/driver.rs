@@ -61,10 +61,6 @@ pub struct ActorOptions {
     pub no_pinning: bool,
     /// The model file, for the storage actor.
     pub model_path: Option<PathBuf>,
-    /// Fault injection into every read of the store's units and of the model's embedding rows
-    /// (`Model::set_read_faults`; the fault harness and tests; `None`, the default, in normal
-    /// runs: then the model's are left as they are).
-    pub read_faults: Option<Arc<dyn conductor_runtime::cache::ReadFaults>>,
 }
 
 /// Why the actors could not be set up.
@@ -293,13 +289,8 @@ impl ActorDriver {
             storage_hosts.push(start_storage_host(i, host_spin, runtime.handle().clone())?);
         }
 
-        if options.read_faults.is_some() {
-            model.set_read_faults(options.read_faults.clone());
-        }
-        let cache = open_cache(&model, plan, scheduler.unit_map())?.map(|(arena, mut file)| {
-            file.set_faults(options.read_faults.clone());
-            (arena, Arc::new(file))
-        });
+        let cache = open_cache(&model, plan, scheduler.unit_map())?
+            .map(|(arena, file)| (arena, Arc::new(file)));
         let state = StepState::reading(
             kernels,
             cache.as_ref().map(|(arena, _)| Arc::clone(arena)),

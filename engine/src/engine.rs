@@ -420,7 +420,6 @@ impl EngineBuilder {
                     topology: Some(topology),
                     no_pinning: !self.pin_threads,
                     model_path: Some(path.clone()),
-                    read_faults: None,
                 };
                 let driver = ActorDriver::new(Arc::clone(&model), &plan, ffn, kernels, options)?;
                 let threads = driver.decode_threads() as usize;
@@ -609,16 +608,21 @@ impl Engine {
         }
     }
 
-    /// Installs a probe that sees intermediate tensors by llama.cpp's names (inline driver
-    /// only): what `conductor profile` records activations with.
-    pub fn set_probe(
+    /// [`Engine::eval`] with `probe` seeing its intermediate tensors by llama.cpp's names
+    /// (inline driver only): what `conductor profile` records activations with and `conductor
+    /// logits --tensors` writes. The probe lives for this evaluation only.
+    pub fn eval_probed(
         &mut self,
-        probe: Option<conductor_runtime::exec::Probe>,
+        session: &mut Session,
+        tokens: &[u32],
+        logits_from: usize,
+        on_logits: &mut dyn FnMut(usize, &[f32]),
+        probe: conductor_runtime::exec::Probe,
     ) -> Result<(), Error> {
+        self.check_model_file()?;
         match &mut self.driver {
             AnyDriver::Inline(d) => {
-                d.set_probe(probe);
-                Ok(())
+                Ok(d.eval_probed(session, tokens, logits_from, on_logits, probe)?)
             }
             AnyDriver::Actors(_) => Err(Error::NoProbe),
         }

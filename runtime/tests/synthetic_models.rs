@@ -5,7 +5,7 @@
 mod common;
 
 use common::raw_rows as rows;
-use conductor_runtime::exec::{ffn_plan_of, Driver, InlineDriver, Serial, Session};
+use conductor_runtime::exec::{ffn_plan_of, InlineDriver, Serial, Session};
 use conductor_runtime::gguf::GgufFile;
 use conductor_runtime::model::Model;
 use conductor_runtime::plan::{ExecutionPlan, FfnActivation};
@@ -119,7 +119,6 @@ fn frequencies_of_the_wrong_shape_are_refused() {
 fn ffn_inputs(model: &Arc<Model>, chunks: usize, len: usize) -> Vec<Vec<f32>> {
     let n_layer = model.config().n_layer as usize;
     let inputs = Arc::new(Mutex::new(vec![Vec::new(); n_layer]));
-    let sink = Arc::clone(&inputs);
     let mut driver = InlineDriver::new(
         Arc::clone(model),
         &ExecutionPlan::default(),
@@ -128,11 +127,14 @@ fn ffn_inputs(model: &Arc<Model>, chunks: usize, len: usize) -> Vec<Vec<f32>> {
         Serial,
     )
     .unwrap();
-    driver.set_probe(Some(Box::new(move |name: &str, rows: &[f32], _| {
-        if let Some(l) = name.strip_prefix("ffn_norm-") {
-            sink.lock().unwrap()[l.parse::<usize>().unwrap()].extend_from_slice(rows);
-        }
-    })));
+    let recorder = || -> conductor_runtime::exec::Probe {
+        let sink = Arc::clone(&inputs);
+        Box::new(move |name: &str, rows: &[f32], _| {
+            if let Some(l) = name.strip_prefix("ffn_norm-") {
+                sink.lock().unwrap()[l.parse::<usize>().unwrap()].extend_from_slice(rows);
+            }
+        })
+    };
     let mut session = Session::new(model, len).unwrap();
     let vocab = u64::from(model.config().n_vocab);
     for c in 0..chunks {
@@ -140,7 +142,10 @@ fn ffn_inputs(model: &Arc<Model>, chunks: usize, len: usize) -> Vec<Vec<f32>> {
             .map(|i| (mix((c * len + i) as u64) % vocab) as u32)
             .collect();
         session.clear();
-        driver.eval_last(&mut session, &tokens).unwrap();
+        let last = tokens.len() - 1;
+        driver
+            .eval_probed(&mut session, &tokens, last, &mut |_, _| {}, recorder())
+            .unwrap();
     }
     drop(driver);
     let out = std::mem::take(&mut *inputs.lock().unwrap());

@@ -50,22 +50,25 @@ pub fn run(args: LogitsArgs) -> Result<()> {
         bail!("token id {bad} is outside the model's vocabulary ({n_vocab})");
     }
     let records = Arc::new(Mutex::new(Vec::new()));
-    if args.tensors.is_some() {
-        let sink = Arc::clone(&records);
-        engine.set_probe(Some(Box::new(move |name: &str, rows: &[f32], _| {
-            put_record(&mut sink.lock().expect("probe sink"), name, rows);
-        })))?;
-    }
     let mut session = engine.session(Some(args.ids.len()))?;
     let mut bytes = Vec::with_capacity(args.ids.len() * n_vocab * 4);
     let mut next = 0;
-    engine.eval(&mut session, &args.ids, 0, &mut |start, rows| {
+    let mut on_logits = |start: usize, rows: &[f32]| {
         assert_eq!(start, next, "logits come in position order");
         next += rows.len() / n_vocab;
         for v in rows {
             bytes.extend_from_slice(&v.to_le_bytes());
         }
-    })?;
+    };
+    if args.tensors.is_some() {
+        let sink = Arc::clone(&records);
+        let probe = Box::new(move |name: &str, rows: &[f32], _| {
+            put_record(&mut sink.lock().expect("probe sink"), name, rows);
+        });
+        engine.eval_probed(&mut session, &args.ids, 0, &mut on_logits, probe)?;
+    } else {
+        engine.eval(&mut session, &args.ids, 0, &mut on_logits)?;
+    }
     if next != args.ids.len() {
         bail!("logits of {next} of {} positions", args.ids.len());
     }
@@ -77,7 +80,6 @@ pub fn run(args: LogitsArgs) -> Result<()> {
     };
     write(&args.out, &bytes)?;
     if let Some(path) = &args.tensors {
-        engine.set_probe(None)?;
         let data = std::mem::take(&mut *records.lock().expect("probe sink"));
         write(path, &data)?;
     }

@@ -243,7 +243,6 @@ pub fn actor_driver(
         topology: Some(conductor::runtime::plan::Topology::uniform(threads.max(2))),
         no_pinning: true,
         model_path: None,
-        read_faults: None,
     };
     Box::new(
         ActorDriver::new(

@@ -106,17 +106,19 @@ pub fn profile_model(
     };
     // Every layer's FFN input (after its norm) of the chunk being evaluated.
     let inputs: Arc<Mutex<Vec<Vec<f32>>>> = Arc::new(Mutex::new(vec![Vec::new(); n_layer]));
-    let sink = Arc::clone(&inputs);
-    engine.set_probe(Some(Box::new(move |name: &str, rows: &[f32], _width| {
-        if let Some(l) = name.strip_prefix("ffn_norm-") {
-            if let Ok(l) = l.parse::<usize>() {
-                let mut inputs = sink.lock().unwrap_or_else(|e| e.into_inner());
-                if let Some(v) = inputs.get_mut(l) {
-                    v.extend_from_slice(rows);
+    let recorder = || -> conductor_runtime::exec::Probe {
+        let sink = Arc::clone(&inputs);
+        Box::new(move |name: &str, rows: &[f32], _width| {
+            if let Some(l) = name.strip_prefix("ffn_norm-") {
+                if let Ok(l) = l.parse::<usize>() {
+                    let mut inputs = sink.lock().unwrap_or_else(|e| e.into_inner());
+                    if let Some(v) = inputs.get_mut(l) {
+                        v.extend_from_slice(rows);
+                    }
                 }
             }
-        }
-    })))?;
+        })
+    };
     let add_bos = engine.tokenizer().add_bos();
     let bos = engine.tokenizer().bos();
     let grid = sparsity_grid();
@@ -137,7 +139,7 @@ pub fn profile_model(
             chunk[0] = b;
         }
         session.clear();
-        engine.eval(&mut session, &chunk, ctx - 1, &mut |_, _| {})?;
+        engine.eval_probed(&mut session, &chunk, ctx - 1, &mut |_, _| {}, recorder())?;
         let chunk_inputs = std::mem::replace(
             &mut *inputs.lock().unwrap_or_else(|e| e.into_inner()),
             vec![Vec::new(); n_layer],
@@ -158,8 +160,6 @@ pub fn profile_model(
         });
         progress(Stage::Recording, (i + 1) as f32 / n_chunks as f32);
     }
-    engine.set_probe(None)?;
-    drop(inputs);
     let layers: Vec<LayerProfile> = stats
         .iter_mut()
         .map(|s| {

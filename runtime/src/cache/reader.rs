@@ -258,7 +258,7 @@ impl BundleFile {
             extents,
             verify: storage.verify,
             reads,
-            faults: None,
+            faults: model.read_faults().cloned(),
             issued: IssuedReads::default(),
         }))
     }
@@ -270,11 +270,6 @@ impl BundleFile {
             requests: self.issued.requests.load(Ordering::Relaxed),
             submissions: self.issued.submissions.load(Ordering::Relaxed),
         }
-    }
-
-    /// Injects faults into every later read of the store (`None`: none; the default).
-    pub fn set_faults(&mut self, faults: Option<Arc<dyn ReadFaults>>) {
-        self.faults = faults;
     }
 
     /// The fault the injector (if any) decides for a read of `len` bytes at `offset`.

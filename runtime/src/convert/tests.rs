@@ -319,7 +319,6 @@ fn a_store_s_embedding_rows_are_read_with_faults_and_checked() {
     )
     .unwrap();
     let whole = Model::open(&src, WeightSource::Mapped).unwrap();
-    let model = Model::open(&dst, WeightSource::RESIDENT).unwrap();
     let n = spec.n_embd as usize;
     let (mut want, mut got) = (vec![0f32; n], vec![0f32; n]);
     whole.embed(5, &mut want).unwrap();
@@ -328,7 +327,12 @@ fn a_store_s_embedding_rows_are_read_with_faults_and_checked() {
         ReadFault::Short(3),
         ReadFault::Flip(77),
     ])));
-    model.set_read_faults(Some(faults.clone()));
+    let options = crate::model::LoadOptions {
+        source: WeightSource::RESIDENT,
+        read_faults: Some(faults.clone()),
+        ..Default::default()
+    };
+    let model = Model::open(&dst, options).unwrap();
     for what in ["a failed read", "a short read", "a flipped bit"] {
         got.fill(0.0);
         let e = model.embed(5, &mut got).expect_err(what).to_string();
@@ -336,14 +340,15 @@ fn a_store_s_embedding_rows_are_read_with_faults_and_checked() {
     }
     model.embed(5, &mut got).unwrap();
     assert_eq!(got, want);
-    // Without faults set, none are asked.
+    // A model loaded without faults asks none.
     faults
         .0
         .lock()
         .unwrap()
         .push(ReadFault::Fail(std::io::ErrorKind::Other));
-    model.set_read_faults(None);
+    let model = Model::open(&dst, WeightSource::RESIDENT).unwrap();
     model.embed(6, &mut got).unwrap();
+    assert_eq!(faults.0.lock().unwrap().len(), 1, "no fault was asked for");
 }
 
 /// Without a layout asked for, a SwiGLU model (dense decode by default) keeps its down blocks,

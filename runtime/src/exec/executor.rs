@@ -75,6 +75,8 @@ pub struct StepState {
     pub(super) blocks: Vec<f32>,
     pub(super) delta: Vec<f32>,
     pub(super) logits: Vec<f32>,
+    /// The observer of one evaluation ([`super::InlineDriver::eval_probed`]), there only
+    /// while it runs: not a mode, the bits computed are the same with or without one.
     pub(super) probe: Option<Probe>,
     /// The neuron cache's slots, when a store's FFN is read through it.
     pub(super) cache: Option<std::sync::Arc<crate::cache::SlotArena>>,
@@ -142,13 +144,6 @@ impl StepState {
             gated_activity: Activity::default(),
             ffn,
         }
-    }
-
-    /// Installs (or removes) a [`Probe`]: an observer of intermediate tensors, not a mode
-    /// (the bits computed are the same with or without one), so it may come and go between
-    /// steps (the profiler installs one for its pass and removes it).
-    pub fn set_probe(&mut self, probe: Option<Probe>) {
-        self.probe = probe;
     }
 
     pub(super) fn emit(&mut self, name: impl FnOnce() -> String, which: Tensor, width: usize) {

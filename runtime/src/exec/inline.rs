@@ -91,11 +91,6 @@ impl<R: ClusterRunner> InlineDriver<R> {
         })
     }
 
-    /// Installs a probe that sees intermediate tensors (see [`super::Probe`]).
-    pub fn set_probe(&mut self, probe: Option<super::Probe>) {
-        self.state.set_probe(probe);
-    }
-
     /// The neuron cache's counters per layer (plans with a cache).
     pub fn cache_stats(&self) -> Option<&[crate::cache::LayerCacheStats]> {
         self.dispatcher.scheduler().cache_stats()
@@ -115,16 +110,6 @@ impl<R: ClusterRunner> InlineDriver<R> {
             io_ns: 0,
             decode_compute_ns: 0,
         })
-    }
-
-    /// Injects faults into every later read of the store (plans with a cache) and of the
-    /// model's embedding rows ([`Model::set_read_faults`]); `None`: none, the default. For the
-    /// fault harness and tests.
-    pub fn set_read_faults(&mut self, faults: Option<Arc<dyn crate::cache::ReadFaults>>) {
-        self.model.set_read_faults(faults.clone());
-        if let Some((_, file)) = self.cache.as_mut() {
-            file.set_faults(faults);
-        }
     }
 
     /// Cache slots held now (plans with a cache): 0 between steps, done or failed; more is a
@@ -424,6 +409,24 @@ pub fn open_cache(
         .map_err(|e| io(e.to_string()))?
         .ok_or(ScheduleError::CacheWithoutStore)?;
     Ok(Some((Arc::new(arena), file)))
+}
+
+impl<R: ClusterRunner + Send> InlineDriver<R> {
+    /// [`Driver::eval`] with `probe` seeing its intermediate tensors (see [`super::Probe`]);
+    /// the probe is dropped when the evaluation ends, done or failed.
+    pub fn eval_probed(
+        &mut self,
+        session: &mut Session,
+        tokens: &[u32],
+        logits_from: usize,
+        on_logits: &mut dyn FnMut(usize, &[f32]),
+        probe: super::Probe,
+    ) -> Result<(), StepError> {
+        self.state.probe = Some(probe);
+        let result = self.eval(session, tokens, logits_from, on_logits);
+        self.state.probe = None;
+        result
+    }
 }
 
 impl<R: ClusterRunner + Send> Driver for InlineDriver<R> {

@@ -118,6 +118,8 @@ pub struct Model {
     path: Option<std::path::PathBuf>,
     /// Token embeddings read from the file per token (they are not in memory).
     embd_rows: Option<RowReader>,
+    /// Faults injected into every read of the file after the load ([`LoadOptions::read_faults`]).
+    read_faults: Option<Arc<dyn crate::read_faults::ReadFaults>>,
     /// Sparse FFN decode (thresholds, predictors, transposed down projections), if enabled:
     /// given at construction ([`LoadOptions::sparse`]), fixed afterwards.
     sparse: Option<crate::sparse::SparseFfn>,
@@ -154,14 +156,8 @@ impl DownBlocks {
 /// Reads rows of a tensor from the model file (one small read each, through the page cache).
 struct RowReader {
     file: std::fs::File,
-    /// The row's bytes as read, and the faults injected into the reads (the fault harness).
-    state: Mutex<RowReads>,
-}
-
-#[derive(Default)]
-struct RowReads {
-    scratch: Vec<u8>,
-    faults: Option<Arc<dyn crate::read_faults::ReadFaults>>,
+    /// The row's bytes as read.
+    scratch: Mutex<Vec<u8>>,
 }
 
 impl Model {
@@ -394,6 +390,7 @@ impl Model {
             resident_only: false,
             path: None,
             embd_rows: None,
+            read_faults: None,
             sparse: None,
             down_blocks: None,
         })
@@ -444,18 +441,11 @@ impl Model {
             .expect("a store loaded whole holds its bundles")
     }
 
-    /// Injects faults into the reads of embedding rows, when the model reads them from its file
-    /// per token (a store that streams its output; otherwise there are no such reads). `None`
-    /// (the default): none. For the fault harness and tests; the drivers' `set_read_faults`
-    /// set it together with their store's.
-    pub fn set_read_faults(&self, faults: Option<Arc<dyn crate::read_faults::ReadFaults>>) {
-        if let Some(reader) = &self.embd_rows {
-            reader
-                .state
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .faults = faults;
-        }
+    /// The faults injected into the reads of the file after the load (the fault harness and
+    /// tests: [`LoadOptions::read_faults`]); `None`, the default: none. The store's reader and
+    /// the embedding-row reads take them from here.
+    pub fn read_faults(&self) -> Option<&Arc<dyn crate::read_faults::ReadFaults>> {
+        self.read_faults.as_ref()
     }
 
     /// Writes the embedding of `token` into `out` (`n_embd` values).
@@ -469,11 +459,8 @@ impl Model {
         if let Some(reader) = &self.embd_rows {
             let t = &self.tok_embd;
             let rb = t.row_bytes();
-            let mut state = reader.state.lock().unwrap_or_else(|e| e.into_inner());
-            let RowReads {
-                scratch: buf,
-                faults,
-            } = &mut *state;
+            let mut buf = reader.scratch.lock().unwrap_or_else(|e| e.into_inner());
+            let buf = &mut *buf;
             let start = (t.bytes.start + token as usize * rb) as u64;
             // With page checksums the row's whole pages are read and checked (every time: a
             // row is read per token, a page or two).
@@ -500,7 +487,7 @@ impl Model {
                     .as_deref()
                     .map_or(String::new(), |p| p.display().to_string())
             };
-            let fault = crate::read_faults::ReadFault::of(faults.as_deref(), offset, len);
+            let fault = crate::read_faults::ReadFault::of(self.read_faults.as_deref(), offset, len);
             let read = reader.file.read_exact_at(buf, offset).map(|()| len);
             match fault.apply(&mut [&mut buf[..]], read) {
                 Ok(got) if got == len => Ok(()),

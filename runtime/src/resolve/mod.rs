@@ -101,6 +101,7 @@ impl ResolvedPlan {
             sparse,
             layout: self.layout,
             drop_tokenizer_metadata: true,
+            read_faults: None,
         }
     }
 }

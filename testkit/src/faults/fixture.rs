@@ -4,12 +4,11 @@
 use super::{bits, Injector, DEADLINE, DECODE_STEPS};
 use conductor::runtime::cache::ReadFaults;
 use conductor::runtime::convert::{convert, ConvertOptions};
-use conductor::runtime::exec::{ffn_plan_of, Driver, InlineDriver, Serial, Session, StepError};
-use conductor::runtime::model::{Model, WeightSource};
+use conductor::runtime::exec::{ffn_plan_of, Driver, InlineDriver, Serial, Session};
+use conductor::runtime::model::{LoadOptions, Model, WeightSource};
 use conductor::runtime::plan::{CachePlan, CachePolicy, ExecutionPlan, IoEngine, Topology};
 use conductor::runtime::quant::Kernels;
 use conductor::runtime::sample::argmax;
-use conductor::runtime::schedule::ScheduleError;
 use conductor::runtime::synthetic::{synthetic_model, SyntheticSpec};
 use conductor_actors::{ActorDriver, ActorOptions};
 use std::fmt;
@@ -21,7 +20,11 @@ use std::time::Duration;
 #[derive(Clone)]
 pub struct Fixture {
     pub path: PathBuf,
+    /// The model loaded without faults (the drivers get one loaded with the injector:
+    /// [`Fixture::model_with`]).
     pub model: Arc<Model>,
+    /// How the model is loaded.
+    pub source: WeightSource,
     pub plan: ExecutionPlan,
     pub prompt: Vec<u32>,
     pub n_ctx: usize,
@@ -96,7 +99,7 @@ impl Fixture {
             std::fs::metadata(&store).map_or(0, |m| m.len()) >> 10,
             units / 2,
         );
-        Fixture::with(store, model, plan, describe)
+        Fixture::with(store, WeightSource::STREAMED, model, plan, describe)
     }
 
     /// A neuron store run under `budget` (what `--memory` gives it: `conductor::apply_budget`).
@@ -105,7 +108,8 @@ impl Fixture {
         budget: conductor::runtime::cache::MemoryBudget,
     ) -> Result<Fixture, String> {
         let err = |e: &dyn fmt::Display| e.to_string();
-        let mut model = Model::open(path, WeightSource::STREAMED).map_err(|e| err(&e))?;
+        let mut source = WeightSource::STREAMED;
+        let mut model = Model::open(path, source).map_err(|e| err(&e))?;
         let mut plan = ExecutionPlan {
             step_deadline_ms: DEADLINE.as_millis() as u64 * 4,
             ..ExecutionPlan::default()
@@ -114,7 +118,8 @@ impl Fixture {
         let split =
             conductor::apply_budget(&model, &mut plan, budget, n_ctx).map_err(|e| err(&e))?;
         if !split.plan.stream_attention {
-            model = Model::open(path, WeightSource::RESIDENT).map_err(|e| err(&e))?;
+            source = WeightSource::RESIDENT;
+            model = Model::open(path, source).map_err(|e| err(&e))?;
         }
         plan.storage.direct_io = false;
         let describe = format!(
@@ -128,11 +133,12 @@ impl Fixture {
                 "resident"
             }
         );
-        Fixture::with(path.to_path_buf(), model, plan, describe)
+        Fixture::with(path.to_path_buf(), source, model, plan, describe)
     }
 
     fn with(
         path: PathBuf,
+        source: WeightSource,
         model: Model,
         plan: ExecutionPlan,
         describe: String,
@@ -146,6 +152,7 @@ impl Fixture {
         let mut fixture = Fixture {
             path,
             model,
+            source,
             plan,
             prompt,
             n_ctx: 128,
@@ -199,20 +206,24 @@ impl Fixture {
         Ok(())
     }
 
-    pub(super) fn inline(
-        &self,
-        injector: &Arc<Injector>,
-    ) -> Result<InlineDriver<Serial>, StepError> {
-        let ffn = ffn_plan_of(&self.model, &self.plan).map_err(ScheduleError::from)?;
-        let mut d = InlineDriver::new(
-            Arc::clone(&self.model),
-            &self.plan,
-            ffn,
-            Kernels::best(),
-            Serial,
-        )?;
-        d.set_read_faults(Some(Arc::clone(injector) as Arc<dyn ReadFaults>));
-        Ok(d)
+    pub(super) fn inline(&self, injector: &Arc<Injector>) -> Result<InlineDriver<Serial>, String> {
+        let model = self.model_with(injector)?;
+        let ffn = ffn_plan_of(&model, &self.plan).map_err(|e| e.to_string())?;
+        InlineDriver::new(model, &self.plan, ffn, Kernels::best(), Serial)
+            .map_err(|e| e.to_string())
+    }
+
+    /// The fixture's model loaded again with `injector` on its reads (the embedding rows', and
+    /// through it the drivers' store reads).
+    pub(super) fn model_with(&self, injector: &Arc<Injector>) -> Result<Arc<Model>, String> {
+        let options = LoadOptions {
+            source: self.source,
+            read_faults: Some(Arc::clone(injector) as Arc<dyn ReadFaults>),
+            ..LoadOptions::default()
+        };
+        Model::open(&self.path, options)
+            .map(Arc::new)
+            .map_err(|e| e.to_string())
     }
 
     pub(super) fn actors(&self, injector: &Arc<Injector>) -> Result<ActorDriver, String> {
@@ -221,17 +232,11 @@ impl Fixture {
             topology: Some(Topology::uniform(2)),
             no_pinning: true,
             model_path: Some(self.path.clone()),
-            read_faults: Some(Arc::clone(injector) as Arc<dyn ReadFaults>),
         };
-        let ffn = ffn_plan_of(&self.model, &self.plan).map_err(|e| e.to_string())?;
-        ActorDriver::new(
-            Arc::clone(&self.model),
-            &self.plan,
-            ffn,
-            Kernels::best(),
-            options,
-        )
-        .map_err(|e| e.to_string())
+        let model = self.model_with(injector)?;
+        let ffn = ffn_plan_of(&model, &self.plan).map_err(|e| e.to_string())?;
+        ActorDriver::new(model, &self.plan, ffn, Kernels::best(), options)
+            .map_err(|e| e.to_string())
     }
 
     /// The plan's step deadline.

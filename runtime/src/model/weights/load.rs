@@ -2,12 +2,13 @@
 //! weights are held, the sparse decode, the decode layout). What comes out is never changed
 //! afterwards; a different choice is a new load.
 
-use super::{DecodeLayout, Model, ModelError, RowReader, RowReads};
+use super::{DecodeLayout, Model, ModelError, RowReader};
 use crate::gguf::{GgufError, GgufFile};
+use crate::read_faults::ReadFaults;
 use crate::sparse::SparseFfn;
 use crate::store::{is_attention_matrix, stays_on_storage};
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// Where a loaded model's weights are held.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -61,6 +62,10 @@ pub struct LoadOptions {
     /// Frees the tokenizer's arrays in the parsed metadata (the bulk of a GGUF header), for a
     /// caller that has already built its tokenizer from them.
     pub drop_tokenizer_metadata: bool,
+    /// Faults injected into every read of the file after the load: the embedding rows read
+    /// per token, and the neuron store's reads by the drivers' caches. For the fault harness
+    /// and tests; `None`, the default, in normal use.
+    pub read_faults: Option<Arc<dyn ReadFaults>>,
 }
 
 /// Weights from `source`, decoded dense in the file's layout, the metadata kept whole.
@@ -82,6 +87,7 @@ impl Model {
             sparse,
             layout,
             drop_tokenizer_metadata,
+            read_faults,
         } = options.into();
         let mut model = match source {
             WeightSource::Mapped => Model::whole(path, GgufFile::open(path)?)?,
@@ -92,6 +98,7 @@ impl Model {
             } => Model::resident(path, stream_output, stream_attention)?,
         };
         model.sparse = sparse;
+        model.read_faults = read_faults;
         if drop_tokenizer_metadata {
             model.file.release_arrays(&[
                 "tokenizer.ggml.tokens",
@@ -140,7 +147,7 @@ impl Model {
                     path: path.display().to_string(),
                     source,
                 })?,
-                state: Mutex::new(RowReads::default()),
+                scratch: Mutex::new(Vec::new()),
             });
         }
         Ok(model)
