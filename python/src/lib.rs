@@ -82,15 +82,7 @@ fn memory_budget(value: &Bound<'_, PyAny>) -> PyResult<MemoryBudget> {
 }
 
 fn sparsity_mode(name: &str) -> PyResult<Option<SparsityMode>> {
-    match name.to_ascii_lowercase().as_str() {
-        "default" => Ok(None),
-        "dense" => Ok(Some(SparsityMode::Dense)),
-        "threshold" => Ok(Some(SparsityMode::Threshold)),
-        "predictor" => Ok(Some(SparsityMode::Predictor)),
-        _ => Err(value_error(format!(
-            "sparsity={name:?}: one of \"default\", \"dense\", \"threshold\", \"predictor\""
-        ))),
-    }
+    SparsityMode::setting(name).map_err(value_error)
 }
 
 /// A loaded model served in-process. `conductor.Llama` wraps it.

@@ -54,8 +54,8 @@ impl DraftArgs {
         if self.draft.as_deref() == Some("self") {
             bail!("--draft self is not built yet: use --draft ngram, or a draft model");
         }
-        if model.engine.sparsity == SparsityArg::Default {
-            model.engine.sparsity = SparsityArg::Dense;
+        if model.engine.sparsity == SparsityArg::DEFAULT {
+            model.engine.sparsity = SparsityArg::DENSE;
         }
         model.engine.step_logits = max as usize + 1;
         let limits = DraftLimits::new(max as usize, min as usize)?;

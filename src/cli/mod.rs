@@ -181,15 +181,13 @@ pub struct EngineArgs {
     /// reads in flight at once; with `pread`, adjacent ones merged into one vectored read.
     #[arg(long = "io-batch")]
     pub io_batch: Option<u32>,
-    /// Which FFN neurons decode computes: `dense` (all), `threshold` (gate rows of all,
-    /// up/down of those whose |act(gate)| passes the layer's threshold), `predictor` (gate
-    /// rows only of the neurons the layer's predictor names, then the threshold), `default`
-    /// (in memory: dense for SwiGLU models such as SmolLM2; for ReLU models (and their neuron
-    /// stores) with an activation profile, their natural zeros with the profile's predictors,
-    /// or threshold without; a PowerInfer file's own predictors. Under --memory: the operating
-    /// point `conductor profile` measured, the fastest within 3% perplexity of dense; dense
-    /// without a profile).
-    #[arg(long = "sparsity", value_enum, default_value_t = SparsityArg::Default)]
+    /// Which FFN neurons decode computes (the values below), or `default`: in memory dense
+    /// for SwiGLU models such as SmolLM2; for ReLU models (and their neuron stores) with an
+    /// activation profile, their natural zeros with the profile's predictors, or threshold
+    /// without; a PowerInfer file's own predictors. Under --memory: the operating point
+    /// `conductor profile` measured, the fastest within 3% perplexity of dense; dense without
+    /// a profile.
+    #[arg(long = "sparsity", value_parser = sparsity_setting(), default_value = SparsityMode::DEFAULT_SETTING)]
     pub sparsity: SparsityArg,
     /// Target share of FFN neurons skipped: 0.3 or 30% (default 30% for SwiGLU models, 0 =
     /// the natural zeros for ReLU models).
@@ -233,27 +231,33 @@ pub struct EngineArgs {
     pub reserve: Option<(u64, String)>,
 }
 
-/// Which FFN neurons decode computes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
-pub enum SparsityArg {
-    Dense,
-    Threshold,
-    Predictor,
-    /// The shipped default: in memory dense for SwiGLU models, sparse for profiled ReLU models
-    /// and PowerInfer files; under --memory the profile's measured operating point.
-    #[default]
-    Default,
-}
+/// Which FFN neurons decode computes: a mode, or `None` for the shipped default
+/// ([`SparsityMode::setting`] parses it, so a new mode is named in the runtime only).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SparsityArg(pub Option<SparsityMode>);
 
 impl SparsityArg {
+    pub const DEFAULT: SparsityArg = SparsityArg(None);
+    pub const DENSE: SparsityArg = SparsityArg(Some(SparsityMode::Dense));
+
     fn mode(self) -> Option<SparsityMode> {
-        match self {
-            SparsityArg::Dense => Some(SparsityMode::Dense),
-            SparsityArg::Threshold => Some(SparsityMode::Threshold),
-            SparsityArg::Predictor => Some(SparsityMode::Predictor),
-            SparsityArg::Default => None,
-        }
+        self.0
     }
+}
+
+/// `--sparsity`'s values, each with its help, parsed by [`SparsityMode::setting`].
+fn sparsity_setting() -> impl clap::builder::TypedValueParser<Value = SparsityArg> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+    let values = std::iter::once(
+        PossibleValue::new(SparsityMode::DEFAULT_SETTING).help("the shipped choice (above)"),
+    )
+    .chain(
+        SparsityMode::ALL
+            .into_iter()
+            .map(|m| PossibleValue::new(m.name()).help(m.describe())),
+    );
+    PossibleValuesParser::new(values)
+        .map(|text| SparsityArg(SparsityMode::setting(&text).expect("one of the possible values")))
 }
 
 pub(crate) fn parse_down_type(s: &str) -> Result<GgmlType, String> {

@@ -12,7 +12,6 @@ use conductor::runtime::convert::chosen_down_layout;
 use conductor::runtime::model::FfnActivation;
 use conductor::runtime::sparse::operating::{ChosenPoint, OperatingPoint, PointSource};
 use conductor::runtime::sparse::profile::{interpolate, ModelProfile, PredictorPoint};
-use conductor::runtime::sparse::SparsityMode;
 use conductor::runtime::store::{DownLayout, DEFAULT_BUNDLE_NEURONS};
 use conductor::DEFAULT_SPARSITY;
 use conductor_planner::predictor::PredictorConfig;
@@ -125,7 +124,7 @@ pub fn run(args: ProfileArgs) -> Result<()> {
     let mut model_args = args.model.clone();
     // Activations are recorded through the inline driver's probe, densely.
     model_args.engine.driver = super::DriverArg::Inline;
-    model_args.engine.sparsity = super::SparsityArg::Dense;
+    model_args.engine.sparsity = super::SparsityArg::DENSE;
     model_args.engine.context = Some(args.ctx_size);
     model_args.engine.prompts_only = true;
     let threads = model_args.threads();
@@ -282,11 +281,7 @@ fn choose_point(
             model_args.engine.prompts_only = true;
             model_args.engine.sparse_keep_down_layout = block_columns;
             model_args.engine.sparse_profile = Some(profile_path.to_path_buf());
-            model_args.engine.sparsity = match point.mode {
-                SparsityMode::Dense => super::SparsityArg::Dense,
-                SparsityMode::Threshold => super::SparsityArg::Threshold,
-                SparsityMode::Predictor => super::SparsityArg::Predictor,
-            };
+            model_args.engine.sparsity = super::SparsityArg(Some(point.mode));
             model_args.engine.target_sparsity = Some(point.sparsity);
             model_args.engine.predictor_recall = point.predictor_recall;
             let at = Instant::now();
