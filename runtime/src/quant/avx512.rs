@@ -347,7 +347,7 @@ pub(crate) trait WideX8: UnpackOnce {
         out_stride: usize,
     ) {
         if n_tokens >= UNPACK_ONCE_FROM {
-            unpacked::matmul(m, acts, n_tokens, out, out_stride)
+            unpacked::matmul::<Self, _>(m, acts, n_tokens, out, out_stride)
         } else {
             matmul_groups_with::<Self, Self::Kernel, 4>(m, acts, n_tokens, out, out_stride)
         }
@@ -357,7 +357,7 @@ pub(crate) trait WideX8: UnpackOnce {
 /// Tokens from which prefill unpacks its weights once a call (`unpacked.rs`): below, the
 /// unpacking costs more than the passes save (measured on the Xeon VM: Q4_K's 4 tokens slower,
 /// 8 even).
-const UNPACK_ONCE_FROM: usize = 8;
+pub(crate) const UNPACK_ONCE_FROM: usize = 8;
 
 impl WideX8 for BlockQ4Kx8 {
     type Kernel = q4k_x8::Q4KVnni512;
@@ -387,5 +387,18 @@ pub(crate) mod x8 {
         out_stride: usize,
     ) {
         G::matmul(m, acts, n_tokens, out, out_stride)
+    }
+
+    /// [`matmul`] of a matrix in file layout (rows of `G::Row`), its rows packed into groups
+    /// as they are unpacked (`unpacked::FileRows`): for [`UNPACK_ONCE_FROM`] tokens or more.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(crate) unsafe fn matmul_rows<G: WideX8>(
+        m: Rows<'_>,
+        acts: &[BlockQ8K],
+        n_tokens: usize,
+        out: &mut [f32],
+        out_stride: usize,
+    ) {
+        unpacked::matmul::<G, _>(unpacked::FileRows(m), acts, n_tokens, out, out_stride)
     }
 }

@@ -12,7 +12,12 @@
 //! one broadcast activation word serves every group of the block. Each type's unpacking and
 //! block kernel is in [`UnpackOnce`] (`q4k_gemm.rs`, `q6k_gemm.rs`); their integer sums and
 //! float steps per row are the pass kernel's, so the bits are the same.
+//!
+//! The groups come from a matrix interleaved at load ([`X8`]) or from one in file layout
+//! ([`FileRows`]: a neuron store's matrices, the sparse FFN's, `--no-interleave`), whose rows
+//! are packed 8 at a time just before they are unpacked.
 
+use super::super::avx2::Rows;
 use super::super::blocks::BlockQ8K;
 use super::super::interleave::{Group, GROUP_ROWS, X8};
 use std::arch::x86_64::*;
@@ -96,17 +101,82 @@ thread_local! {
     static SCRATCH: RefCell<Vec<Line>> = const { RefCell::new(Vec::new()) };
 }
 
-/// `out[t * out_stride + r]` = row r of `m` times token t of `acts` (`m.nb` blocks a token).
+/// Where prefill's groups of 8 rows come from.
+pub(super) trait Groups<K: UnpackOnce> {
+    /// Super-blocks of a row (of the column range).
+    fn nb(&self) -> usize;
+    /// Groups holding the matrix's rows.
+    fn groups(&self) -> usize;
+    /// Group `g`'s super-blocks unpacked into `lines` ([`UnpackOnce::LINES`] each).
+    unsafe fn unpack_group(&self, g: usize, lines: &mut [Line]);
+    /// Group `g`'s 8 results into the rows they hold (`out[r]` for row r).
+    fn scatter(&self, g: usize, v: &[f32; GROUP_ROWS], out: &mut [f32]);
+}
+
+impl<K: UnpackOnce> Groups<K> for X8<'_, K> {
+    fn nb(&self) -> usize {
+        self.nb
+    }
+
+    fn groups(&self) -> usize {
+        X8::groups(self)
+    }
+
+    #[inline(always)]
+    unsafe fn unpack_group(&self, g: usize, lines: &mut [Line]) {
+        for (x, u) in self.group(g).iter().zip(lines.chunks_exact_mut(K::LINES)) {
+            <K as UnpackOnce>::unpack(x, u);
+        }
+    }
+
+    fn scatter(&self, g: usize, v: &[f32; GROUP_ROWS], out: &mut [f32]) {
+        X8::scatter(self, g, v, out)
+    }
+}
+
+/// A matrix in file layout: group g is rows 8g..8g + 8, packed as [`Group::pack`] interleaves
+/// them at load (a last group short of rows repeats its last row; its results there are not
+/// stored).
+pub(super) struct FileRows<'a>(pub(super) Rows<'a>);
+
+impl<K: UnpackOnce> Groups<K> for FileRows<'_> {
+    fn nb(&self) -> usize {
+        self.0.nb
+    }
+
+    fn groups(&self) -> usize {
+        self.0.rows.div_ceil(GROUP_ROWS)
+    }
+
+    #[inline(always)]
+    unsafe fn unpack_group(&self, g: usize, lines: &mut [Line]) {
+        let last = self.0.rows - 1;
+        let rows: [&[K::Row]; GROUP_ROWS] =
+            std::array::from_fn(|i| self.0.row::<K::Row>((g * GROUP_ROWS + i).min(last)));
+        for (b, u) in lines.chunks_exact_mut(K::LINES).enumerate() {
+            <K as UnpackOnce>::unpack(&K::pack(rows.map(|r| &r[b])), u);
+        }
+    }
+
+    fn scatter(&self, g: usize, v: &[f32; GROUP_ROWS], out: &mut [f32]) {
+        let first = g * GROUP_ROWS;
+        let n = (self.0.rows - first).min(GROUP_ROWS);
+        out[first..first + n].copy_from_slice(&v[..n]);
+    }
+}
+
+/// `out[t * out_stride + r]` = row r of `m` times token t of `acts` (`m.nb()` blocks a token).
 #[inline(always)]
-pub(super) unsafe fn matmul<K: UnpackOnce>(
-    m: X8<'_, K>,
+pub(super) unsafe fn matmul<K: UnpackOnce, M: Groups<K>>(
+    m: M,
     acts: &[BlockQ8K],
     n_tokens: usize,
     out: &mut [f32],
     out_stride: usize,
 ) {
-    assert!(acts.len() >= n_tokens * m.nb);
-    let group_lines = m.nb * K::LINES;
+    let nb = m.nb();
+    assert!(acts.len() >= n_tokens * nb);
+    let group_lines = nb * K::LINES;
     // Taken out and put back, not borrowed in a closure: a closure would not inherit this
     // function's target features, and the kernels inlined into it would lose them.
     let mut scratch = SCRATCH.take();
@@ -118,16 +188,13 @@ pub(super) unsafe fn matmul<K: UnpackOnce>(
     while g0 < groups {
         let n = (groups - g0).min(GROUPS);
         for g in 0..n {
-            let lines = &mut scratch[g * group_lines..(g + 1) * group_lines];
-            for (x, u) in m.group(g0 + g).iter().zip(lines.chunks_exact_mut(K::LINES)) {
-                <K as UnpackOnce>::unpack(x, u);
-            }
+            m.unpack_group(g0 + g, &mut scratch[g * group_lines..(g + 1) * group_lines]);
         }
         let u = &scratch[..n * group_lines];
         const { assert!(GROUPS == 2, "one arm below per block size") };
         match n {
-            2 => block_tokens::<K, 2>(&m, g0, u, acts, n_tokens, out, out_stride),
-            _ => block_tokens::<K, 1>(&m, g0, u, acts, n_tokens, out, out_stride),
+            2 => block_tokens::<K, M, 2>(&m, g0, u, acts, n_tokens, out, out_stride),
+            _ => block_tokens::<K, M, 1>(&m, g0, u, acts, n_tokens, out, out_stride),
         }
         g0 += n;
     }
@@ -137,8 +204,8 @@ pub(super) unsafe fn matmul<K: UnpackOnce>(
 /// Groups `g0..g0 + G` (unpacked in `u`) times every token: passes of [`TOKENS`], then one of
 /// 3, 2 or 1.
 #[inline(always)]
-unsafe fn block_tokens<K: UnpackOnce, const G: usize>(
-    m: &X8<'_, K>,
+unsafe fn block_tokens<K: UnpackOnce, M: Groups<K>, const G: usize>(
+    m: &M,
     g0: usize,
     u: &[Line],
     acts: &[BlockQ8K],
@@ -146,29 +213,28 @@ unsafe fn block_tokens<K: UnpackOnce, const G: usize>(
     out: &mut [f32],
     out_stride: usize,
 ) {
-    let nb = m.nb;
-    let group_lines = nb * K::LINES;
+    let group_lines = m.nb() * K::LINES;
     let mut us = [&u[..0]; G];
     for (g, us) in us.iter_mut().enumerate() {
         *us = &u[g * group_lines..(g + 1) * group_lines];
     }
     let mut t = 0;
     while t + TOKENS <= n_tokens {
-        pass::<K, TOKENS, G>(m, g0, us, acts, t, out, out_stride);
+        pass::<K, M, TOKENS, G>(m, g0, us, acts, t, out, out_stride);
         t += TOKENS;
     }
     match n_tokens - t {
-        3 => pass::<K, 3, G>(m, g0, us, acts, t, out, out_stride),
-        2 => pass::<K, 2, G>(m, g0, us, acts, t, out, out_stride),
-        1 => pass::<K, 1, G>(m, g0, us, acts, t, out, out_stride),
+        3 => pass::<K, M, 3, G>(m, g0, us, acts, t, out, out_stride),
+        2 => pass::<K, M, 2, G>(m, g0, us, acts, t, out, out_stride),
+        1 => pass::<K, M, 1, G>(m, g0, us, acts, t, out, out_stride),
         _ => {}
     }
 }
 
 /// Groups `g0..g0 + G` (`us`) times tokens `t..t + T` of `acts`, into their output rows.
 #[inline(always)]
-unsafe fn pass<K: UnpackOnce, const T: usize, const G: usize>(
-    m: &X8<'_, K>,
+unsafe fn pass<K: UnpackOnce, M: Groups<K>, const T: usize, const G: usize>(
+    m: &M,
     g0: usize,
     us: [&[Line]; G],
     acts: &[BlockQ8K],
@@ -176,24 +242,29 @@ unsafe fn pass<K: UnpackOnce, const T: usize, const G: usize>(
     out: &mut [f32],
     out_stride: usize,
 ) {
-    let nb = m.nb;
+    let nb = m.nb();
     let mut a = [&acts[..0]; T];
     for (j, a) in a.iter_mut().enumerate() {
         *a = &acts[(t + j) * nb..(t + j + 1) * nb];
     }
     let v = K::block_dot::<T, G>(us, a);
     for (j, v) in v.into_iter().enumerate() {
-        put(m, g0, v, &mut out[(t + j) * out_stride..]);
+        put::<K, M, G>(m, g0, v, &mut out[(t + j) * out_stride..]);
     }
 }
 
 /// Groups `g0..g0 + G`'s results for one token into its output row `out`.
 #[inline(always)]
-unsafe fn put<K: Group, const G: usize>(m: &X8<'_, K>, g0: usize, v: [__m256; G], out: &mut [f32]) {
+unsafe fn put<K: UnpackOnce, M: Groups<K>, const G: usize>(
+    m: &M,
+    g0: usize,
+    v: [__m256; G],
+    out: &mut [f32],
+) {
     for (g, v) in v.into_iter().enumerate() {
         let mut rows = [0f32; GROUP_ROWS];
         // SAFETY (store): exactly the 32 bytes of `rows`.
         _mm256_storeu_ps(rows.as_mut_ptr(), v);
-        m.scatter(g0 + g, &rows, &mut out[..m.rows]);
+        m.scatter(g0 + g, &rows, out);
     }
 }

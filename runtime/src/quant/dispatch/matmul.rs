@@ -75,6 +75,31 @@ impl Kernels {
             // SAFETY: ISA detected at construction; geometry validated above, `acts` has
             // n_tokens * nb blocks and `out` covers every (t, r) written (checked above).
             unsafe {
+                // Q4_K and Q6_K in file layout take the interleaved kernels' unpacked blocks,
+                // their rows packed into groups on the way (the same bits).
+                if self.isa == Isa::Avx512Vnni && n_tokens >= avx512::UNPACK_ONCE_FROM {
+                    match w.ty {
+                        GgmlType::Q4_K => {
+                            return avx512::x8::matmul_rows::<BlockQ4Kx8>(
+                                m,
+                                blocks_of(acts),
+                                n_tokens,
+                                out,
+                                out_stride,
+                            )
+                        }
+                        GgmlType::Q6_K => {
+                            return avx512::x8::matmul_rows::<BlockQ6Kx8>(
+                                m,
+                                blocks_of(acts),
+                                n_tokens,
+                                out,
+                                out_stride,
+                            )
+                        }
+                        _ => {}
+                    }
+                }
                 if self.isa != Isa::Scalar {
                     callk!(
                         w.ty,

@@ -138,17 +138,16 @@ fn interleaved_gemms_are_exact_at_the_ends_of_the_ranges() {
                 cols,
                 layout: Layout::X8 { skip: 0 },
             };
+            // And in file layout, whose rows the 512-bit GEMM packs into groups as it goes.
+            let file = MatRef::new(ty, &plain, rows, cols).unwrap();
             for q in [127i8, -127] {
                 let acts: Vec<u8> = (0..n_tokens)
                     .flat_map(|t| act_k(nb, if t % 3 == 0 { -q } else { q }))
                     .collect();
-                check(
-                    m,
-                    &plain,
-                    &acts,
-                    n_tokens,
-                    &format!("{ty} scale {scale} q {q}"),
-                );
+                for (m, layout) in [(m, "interleaved"), (file, "file layout")] {
+                    let what = format!("{ty} {layout} scale {scale} q {q}");
+                    check(m, &plain, &acts, n_tokens, &what);
+                }
             }
         }
     }
