@@ -1,9 +1,9 @@
 //! The f32 network being trained (`fc2 · ReLU(fc1 · x)`) and one rank's training run: its
-//! seeded initialisation, forward and backward passes on the F32 dot kernels, and AdamW steps.
+//! seeded initialisation, forward and backward passes on the f32 GEMM, and AdamW steps.
 //! Kept apart from the rank search in `train.rs`, which only drives it.
 
 use super::TrainingSet;
-use conductor_runtime::quant::{GgmlType, Kernels, MatRef};
+use conductor_runtime::quant::{F32Matrix, Kernels};
 use conductor_runtime::sample::SplitMix64;
 use conductor_runtime::sparse::predictor::{add_bias, bitset_words};
 
@@ -53,57 +53,17 @@ impl Net {
     }
 }
 
-/// Little-endian bytes of `src` into `dst` (the F32 layout of the quant kernels).
-fn put_f32(dst: &mut [u8], src: &[f32]) {
-    for (d, s) in dst.chunks_exact_mut(4).zip(src) {
-        d.copy_from_slice(&s.to_le_bytes());
-    }
-}
-
-/// The transpose of the `rows × cols` matrix `src`, as F32 bytes (`cols × rows`).
-fn put_transposed(dst: &mut [u8], src: &[f32], rows: usize, cols: usize) {
+/// `dst` (`cols × rows`) = the transpose of the `rows × cols` matrix `src`, in tiles that stay
+/// in cache.
+fn transpose_into(dst: &mut [f32], src: &[f32], rows: usize, cols: usize) {
     const TILE: usize = 16;
     for r0 in (0..rows).step_by(TILE) {
         for c0 in (0..cols).step_by(TILE) {
             for r in r0..(r0 + TILE).min(rows) {
                 for c in c0..(c0 + TILE).min(cols) {
-                    let o = 4 * (c * rows + r);
-                    dst[o..o + 4].copy_from_slice(&src[r * cols + c].to_le_bytes());
+                    dst[c * rows + r] = src[r * cols + c];
                 }
             }
-        }
-    }
-}
-
-/// `out[i * out_stride + j] = dot(a row i, w row j)` for `m` rows `a` and `n` rows `w` of `k`
-/// F32 values (as bytes), tiled so that a block of `w` rows stays in cache across tokens. Each
-/// output is one F32 dot of the quant kernels (a fixed reduction order).
-#[allow(clippy::too_many_arguments)]
-fn mm_nt(
-    kernels: &Kernels,
-    w: &[u8],
-    n: usize,
-    a: &[u8],
-    m: usize,
-    k: usize,
-    out: &mut [f32],
-    out_stride: usize,
-) {
-    let rb = (32 * 1024 / (4 * k)).clamp(4, n.max(4));
-    let tb = (256 * 1024 / (4 * k)).clamp(1, m.max(1));
-    for j0 in (0..n).step_by(rb) {
-        let j1 = (j0 + rb).min(n);
-        let mat = MatRef::new(GgmlType::F32, &w[4 * k * j0..4 * k * j1], j1 - j0, k)
-            .expect("F32 block geometry");
-        for i0 in (0..m).step_by(tb) {
-            let i1 = (i0 + tb).min(m);
-            kernels.matmul(
-                mat,
-                &a[4 * k * i0..4 * k * i1],
-                i1 - i0,
-                &mut out[i0 * out_stride + j0..],
-                out_stride,
-            );
         }
     }
 }
@@ -118,22 +78,20 @@ pub(super) struct Trainer<'s, 'a> {
     adam_m: Vec<f32>,
     adam_v: Vec<f32>,
     pub(super) step: u64,
-    /// F32 bytes of w1 (`r × d`), w2 (`f × r`) and w2ᵀ (`r × f`), refreshed after each step.
-    w1b: Vec<u8>,
-    w2b: Vec<u8>,
-    w2tb: Vec<u8>,
-    // Per-batch buffers (`bsz` tokens).
-    xb: Vec<u8>,
-    xtb: Vec<u8>,
-    hpre: Vec<f32>,
-    hb: Vec<u8>,
-    htb: Vec<u8>,
-    z: Vec<f32>,
-    gb: Vec<u8>,
-    gtb: Vec<u8>,
+    // Per-batch buffers (`bsz` tokens). The products run with the tokens as columns
+    // (`w · xᵀ`), so that the weights, the largest operands, are used as they are stored and
+    // only activations are transposed.
+    /// The inputs, token by token (`b × d`), and transposed (`d × b`).
+    x: Vec<f32>,
+    xt: Vec<f32>,
+    /// fc1 before and after the ReLU (`r × b`), and h again token by token (`b × r`).
+    hpre_t: Vec<f32>,
+    h_t: Vec<f32>,
+    h: Vec<f32>,
+    /// fc2's output, then its gradient (`f × b`).
+    z_t: Vec<f32>,
+    /// The gradient at the hidden layer (`b × r`).
     dh: Vec<f32>,
-    dhtb: Vec<u8>,
-    xrows: Vec<f32>,
 }
 
 impl<'s, 'a> Trainer<'s, 'a> {
@@ -162,7 +120,7 @@ impl<'s, 'a> Trainer<'s, 'a> {
             }
         }
         let n = net.len();
-        let mut t = Trainer {
+        Trainer {
             set,
             kernels: Kernels::best(),
             net,
@@ -171,108 +129,86 @@ impl<'s, 'a> Trainer<'s, 'a> {
             adam_m: vec![0.0; n],
             adam_v: vec![0.0; n],
             step: 0,
-            w1b: vec![0; 4 * r * d],
-            w2b: vec![0; 4 * f * r],
-            w2tb: vec![0; 4 * r * f],
-            xb: vec![0; 4 * batch * d],
-            xtb: vec![0; 4 * batch * d],
-            hpre: vec![0.0; batch * r],
-            hb: vec![0; 4 * batch * r],
-            htb: vec![0; 4 * batch * r],
-            z: vec![0.0; batch * f],
-            gb: vec![0; 4 * batch * f],
-            gtb: vec![0; 4 * batch * f],
+            x: vec![0.0; batch * d],
+            xt: vec![0.0; d * batch],
+            hpre_t: vec![0.0; r * batch],
+            h_t: vec![0.0; r * batch],
+            h: vec![0.0; batch * r],
+            z_t: vec![0.0; f * batch],
             dh: vec![0.0; batch * r],
-            dhtb: vec![0; 4 * batch * r],
-            xrows: vec![0.0; batch * d],
-        };
-        t.refresh_weights();
-        t
+        }
     }
 
-    fn refresh_weights(&mut self) {
-        let Net { r, f, .. } = self.net;
-        put_f32(&mut self.w1b, self.net.w1(&self.params));
-        let w2 = self.net.w2(&self.params);
-        put_f32(&mut self.w2b, w2);
-        put_transposed(&mut self.w2tb, w2, f, r);
-    }
-
-    /// One Adam step on the tokens `idx`.
+    /// One Adam step on the tokens `idx`. Every product is one [`Kernels::gemm_f32`] (each
+    /// output a fixed chain of fmas, the same bits on every ISA).
     pub(super) fn step(&mut self, idx: &[usize], lr: f32, pos_weight: f32, weight_decay: f32) {
         let Net { r, d, f } = self.net;
         let b = idx.len();
         let k = &self.kernels;
         // Gather the batch rows.
-        for (row, &t) in self.xrows.chunks_exact_mut(d).zip(idx) {
+        for (row, &t) in self.x.chunks_exact_mut(d).zip(idx) {
             row.copy_from_slice(self.set.row(t));
         }
-        let xrows = &self.xrows[..b * d];
-        put_f32(&mut self.xb[..4 * b * d], xrows);
-        put_transposed(&mut self.xtb[..4 * b * d], xrows, b, d);
+        let x = &self.x[..b * d];
+        let xt = &mut self.xt[..d * b];
+        transpose_into(xt, x, b, d);
 
-        // Forward: hpre = x·w1ᵀ + b1, h = ReLU(hpre), z = h·w2ᵀ + b2.
-        let hpre = &mut self.hpre[..b * r];
-        mm_nt(k, &self.w1b, r, &self.xb, b, d, hpre, r);
-        let b1 = self.net.b1(&self.params);
-        for row in hpre.chunks_exact_mut(r) {
-            add_bias(row, b1);
+        // Forward: hpreᵀ = w1·xᵀ + b1, h = ReLU(hpre), zᵀ = w2·hᵀ + b2.
+        let (w1, w2) = (self.net.w1(&self.params), self.net.w2(&self.params));
+        let hpre_t = &mut self.hpre_t[..r * b];
+        k.gemm_f32(F32Matrix::rows(w1, r, d), F32Matrix::rows(xt, d, b), hpre_t);
+        for (row, &bias) in hpre_t.chunks_exact_mut(b).zip(self.net.b1(&self.params)) {
+            row.iter_mut().for_each(|v| *v += bias);
         }
-        for (dst, &v) in self.hb.chunks_exact_mut(4).zip(hpre.iter()) {
-            dst.copy_from_slice(&v.max(0.0).to_le_bytes());
+        let h_t = &mut self.h_t[..r * b];
+        for (h, &v) in h_t.iter_mut().zip(hpre_t.iter()) {
+            *h = v.max(0.0);
         }
-        let hb = &self.hb[..4 * b * r];
-        let z = &mut self.z[..b * f];
-        mm_nt(k, &self.w2b, f, hb, b, r, z, f);
-        let b2 = self.net.b2(&self.params);
+        let h = &mut self.h[..b * r];
+        transpose_into(h, h_t, r, b);
+        let z_t = &mut self.z_t[..f * b];
+        k.gemm_f32(F32Matrix::rows(w2, f, r), F32Matrix::rows(h_t, r, b), z_t);
         // dL/dz of the weighted BCE, mean over tokens: w_y · (σ(z) − y) / b.
         let (wp, wn) = (pos_weight / b as f32, 1.0 / b as f32);
         let words = bitset_words(f);
-        for (zrow, &t) in z.chunks_exact_mut(f).zip(idx) {
-            let bits = &self.set.active[t * words..(t + 1) * words];
-            for (n, (zv, bias)) in zrow.iter_mut().zip(b2).enumerate() {
-                let y = (bits[n / 64] >> (n % 64)) & 1 == 1;
+        for (n, (zrow, bias)) in z_t
+            .chunks_exact_mut(b)
+            .zip(self.net.b2(&self.params))
+            .enumerate()
+        {
+            for (zv, &t) in zrow.iter_mut().zip(idx) {
+                let y = (self.set.active[t * words + n / 64] >> (n % 64)) & 1 == 1;
                 let s = 1.0 / (1.0 + (-(*zv + bias)).exp());
                 *zv = if y { (s - 1.0) * wp } else { s * wn };
             }
         }
-        let g = &*z;
-        put_f32(&mut self.gb[..4 * b * f], g);
-        put_transposed(&mut self.gtb[..4 * b * f], g, b, f);
-        // hᵀ (the ReLU of hpre, transposed).
-        for ti in 0..b {
-            for j in 0..r {
-                let v = self.hpre[ti * r + j].max(0.0);
-                let o = 4 * (j * b + ti);
-                self.htb[o..o + 4].copy_from_slice(&v.to_le_bytes());
-            }
-        }
+        let g_t = &*z_t;
 
         // Backward.
         let [s0, s1, s2] = self.net.split();
         let (gw1, rest) = self.grad.split_at_mut(s0);
         let (gb1, rest) = rest.split_at_mut(s1 - s0);
         let (gw2, gb2) = rest.split_at_mut(s2 - s1);
-        // db2 = Σ_t g[t], dw2[n][j] = Σ_t g[t][n] h[t][j].
-        gb2.fill(0.0);
-        for row in g.chunks_exact(f) {
-            add_bias(gb2, row);
+        // db2 = Σ_t g[t] (in token order), dw2 = gᵀ·h.
+        for (sum, row) in gb2.iter_mut().zip(g_t.chunks_exact(b)) {
+            *sum = row.iter().fold(0.0, |acc, &v| acc + v);
         }
-        mm_nt(k, &self.htb, r, &self.gtb, f, b, gw2, r);
-        // dh = g·w2, masked by the ReLU; db1 = Σ_t dh[t]; dw1[j][i] = Σ_t dh[t][j] x[t][i].
+        k.gemm_f32(F32Matrix::rows(g_t, f, b), F32Matrix::rows(h, b, r), gw2);
+        // dh = g·w2, masked by the ReLU; db1 = Σ_t dh[t]; dw1 = dhᵀ·x.
         let dh = &mut self.dh[..b * r];
-        mm_nt(k, &self.w2tb, r, &self.gb[..4 * b * f], b, f, dh, r);
-        for (dv, &hp) in dh.iter_mut().zip(self.hpre.iter()) {
-            if hp <= 0.0 {
-                *dv = 0.0;
+        k.gemm_f32(F32Matrix::columns(g_t, b, f), F32Matrix::rows(w2, f, r), dh);
+        for (t, row) in dh.chunks_exact_mut(r).enumerate() {
+            for (j, dv) in row.iter_mut().enumerate() {
+                if hpre_t[j * b + t] <= 0.0 {
+                    *dv = 0.0;
+                }
             }
         }
         gb1.fill(0.0);
         for row in dh.chunks_exact(r) {
             add_bias(gb1, row);
         }
-        put_transposed(&mut self.dhtb[..4 * b * r], dh, b, r);
-        mm_nt(k, &self.xtb, d, &self.dhtb[..4 * b * r], r, b, gw1, d);
+        k.gemm_f32(F32Matrix::columns(dh, r, b), F32Matrix::rows(x, b, d), gw1);
 
         // AdamW (decoupled weight decay on fc1/fc2, not on the biases).
         self.step += 1;
@@ -299,6 +235,5 @@ impl<'s, 'a> Trainer<'s, 'a> {
                 *p = *p * keep - lr_t * *m / (v.sqrt() + 1e-8);
             }
         }
-        self.refresh_weights();
     }
 }

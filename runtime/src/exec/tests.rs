@@ -418,6 +418,39 @@ fn interleaved_kquant_weights_give_the_file_layouts_bits() {
 }
 
 #[test]
+fn sparse_decode_interleaves_attention_and_the_head_but_not_the_ffn() {
+    let x8 = |l: Layout| matches!(l, Layout::X8 { .. });
+    let sparse = |m: Model| {
+        let s = threshold_sparse(&m, 0.05);
+        m.with_sparse(Some(s))
+    };
+    let plain = sparse(q4k_model(19, false));
+    let want = run(&plain, &[PREFILL, &[42], &[7]], Split::Whole);
+    let mut model = sparse(q4k_model(19, false));
+    assert!(model.interleave_kquants().unwrap() > 0);
+    for l in model.layers() {
+        for t in [&l.wq, &l.wk, &l.wv, &l.wo] {
+            let want_x8 = matches!(t.ty, GgmlType::Q4_K | GgmlType::Q6_K);
+            assert_eq!(x8(t.layout), want_x8, "{} {}", t.name, t.ty);
+        }
+        // Sparse decode picks single rows of these.
+        for t in [&l.gate, &l.up, &l.down] {
+            assert_eq!(t.layout, Layout::Rows, "{} {}", t.name, t.ty);
+        }
+    }
+    assert!(x8(model.output().layout));
+    let got = assert_split_invariant(&model, &[PREFILL, &[42], &[7]]);
+    assert_eq!(got.phases, want.phases);
+    assert_eq!(got.logits, want.logits);
+    let stats = &model.sparse().unwrap().stats;
+    let (neurons, active) = (
+        stats.neurons.load(Ordering::Relaxed),
+        stats.active.load(Ordering::Relaxed),
+    );
+    assert!(0 < active && active < neurons, "{active} of {neurons}");
+}
+
+#[test]
 fn expert_phases_give_the_same_bits_however_the_clusters_are_split() {
     let model = model(&SyntheticSpec {
         n_ff: 64,

@@ -64,6 +64,8 @@
 //!   8 tokens on (on plain AVX2 for the 4- and 5-bit formats, whose products fit its i16
 //!   sums, 4 or 8 groups at a time). `avx512.rs`: the same with 16 rows per zmm.
 //! * `f16_rows.rs`: attention's products over a tile of f16 cache rows (the same bits).
+//! * `f32_gemm.rs`: [`Kernels::gemm_f32`], the float GEMM the predictors train with (AVX2 and
+//!   AVX-512 tiles; each output one fma chain in order, so every ISA gives the same bits).
 //! * `neon.rs` (aarch64): activation quantizers (Q8_0, Q8_1, Q8_K); dot, 4-row matvec, sparse
 //!   rows, 4x4 matmul tiles and `axpy_rows` of the 32-element formats; Q2_K, Q3_K, Q4_K, Q5_K,
 //!   Q6_K and IQ4_XS dots (their matvec and matmul are the per-row loop over those dots, but
@@ -83,6 +85,7 @@
 
 mod blocks;
 mod f16_rows;
+mod f32_gemm;
 mod format;
 mod ggml_type;
 pub mod interleave;
@@ -175,6 +178,7 @@ pub use blocks::{
     BlockIQ4NL, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4Kx8, BlockQ4_0, BlockQ4_1,
     BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ6Kx8, BlockQ8K, BlockQ8_0, BlockQ8_1,
 };
+pub use f32_gemm::F32Matrix;
 pub use format::{
     activation_type, dequantize_row, quantize_row, row_bytes, transpose_requantize,
     transpose_requantize_cols, try_activation_type, QuantError,

@@ -12,6 +12,7 @@ use proptest::prelude::*;
 
 mod coverage;
 mod dequant_fixture;
+mod f32_gemm;
 mod gemm;
 mod interleave;
 mod rows;

@@ -35,6 +35,9 @@ pub const LEVELS: [f32; 9] = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9];
 /// Reuse is measured over windows of 1 to this many previous tokens.
 pub const REUSE_WINDOW: usize = 5;
 
+/// The number of levels.
+const L: usize = LEVELS.len();
+
 /// The share of activations whose fewest carrying neurons measure skew (PowerInfer's "hot"
 /// neurons take about 80% of activations).
 pub const HOT_MASS: f64 = 0.8;
@@ -93,13 +96,18 @@ pub struct LayerStats {
     sum_abs: Vec<f64>,
     /// Per neuron: Σ |act(gate) · up|.
     neuron_mass: Vec<f64>,
-    /// Per level, then neuron: tokens in which the neuron fired.
-    level_active: Vec<u32>,
-    /// Per level, then neuron: 1 + the chunk position of its last firing (0: not yet).
-    last_fired: Vec<u32>,
-    /// Per level: active (token, neuron) pairs past a chunk's first [`REUSE_WINDOW`] tokens by
-    /// how many tokens back the neuron last fired (1..=REUSE_WINDOW; the last: longer or never).
-    reuse_ages: Vec<[u64; REUSE_WINDOW + 1]>,
+    /// Per neuron, then f = 0..=L: tokens in which it fired at exactly the first f levels (the
+    /// levels ascend, so the levels a neuron fires at are always the first few).
+    fired_counts: Vec<u32>,
+    /// Per neuron: how many levels it fired at in each of the last [`REUSE_WINDOW`] tokens of
+    /// this chunk, a byte each, the latest lowest (0 before the chunk's first token).
+    recent: Vec<u64>,
+    /// Past a chunk's first [`REUSE_WINDOW`] tokens, (token, neuron) pairs by f, the levels
+    /// fired at.
+    counted_fired: [u64; L + 1],
+    /// The same pairs, for k = 1..=REUSE_WINDOW, by min(f, the most levels the neuron fired at
+    /// in the k tokens before): at levels below that value it fired within k tokens before.
+    within: [[u64; L + 1]; REUSE_WINDOW],
     tokens: u64,
 }
 
@@ -191,9 +199,10 @@ impl LayerStats {
             active: vec![0; n_ff],
             sum_abs: vec![0.0; n_ff],
             neuron_mass: vec![0.0; n_ff],
-            level_active: vec![0; n_ff * LEVELS.len()],
-            last_fired: vec![0; n_ff * LEVELS.len()],
-            reuse_ages: vec![[0; REUSE_WINDOW + 1]; LEVELS.len()],
+            fired_counts: vec![0; n_ff * (L + 1)],
+            recent: vec![0; n_ff],
+            counted_fired: [0; L + 1],
+            within: [[0; L + 1]; REUSE_WINDOW],
             tokens: 0,
         }
     }
@@ -217,7 +226,8 @@ impl LayerStats {
         });
         let (importance, reference, levels) = (&first.importance, first.reference, &first.levels);
         // A new sequence: nothing fired before its first token.
-        self.last_fired.fill(0);
+        self.recent.fill(0);
+        const WINDOW_BYTES: u64 = (1 << (8 * REUSE_WINDOW)) - 1;
         for (pos, (row, up)) in acts
             .chunks_exact(n_ff)
             .zip(ups.chunks_exact(n_ff))
@@ -225,7 +235,6 @@ impl LayerStats {
         {
             self.tokens += 1;
             let counted = pos >= REUSE_WINDOW;
-            let now = pos as u32 + 1;
             for j in 0..n_ff {
                 let (a, u) = (row[j], up[j]);
                 let score = a.abs() * importance[j];
@@ -242,18 +251,23 @@ impl LayerStats {
                 self.zero_acts += u64::from(a == 0.0);
                 self.active[j] += u64::from(score > reference);
                 self.sum_abs[j] += a.abs() as f64;
-                // Levels ascend: the neuron is active at the first `fired` of them.
-                let fired = levels.iter().take_while(|&&t| score > t).count();
-                for (i, ages) in self.reuse_ages.iter_mut().enumerate().take(fired) {
-                    let at = i * n_ff + j;
-                    self.level_active[at] += 1;
-                    if counted {
-                        let last = self.last_fired[at];
-                        let age = if last == 0 { u32::MAX } else { now - last };
-                        ages[(age as usize).min(REUSE_WINDOW + 1) - 1] += 1;
+                // Levels ascend: the neuron is active at the first `fired` of them (counted
+                // without branches: which levels a score passes is data, and unpredictable).
+                let fired = levels
+                    .iter()
+                    .map(|&t| usize::from(score > t))
+                    .sum::<usize>();
+                self.fired_counts[j * (L + 1) + fired] += 1;
+                let recent = self.recent[j];
+                if counted {
+                    self.counted_fired[fired] += 1;
+                    let mut most = 0;
+                    for (k, by_value) in self.within.iter_mut().enumerate() {
+                        most = most.max((recent >> (8 * k)) as u8 as usize);
+                        by_value[fired.min(most)] += 1;
                     }
-                    self.last_fired[at] = now;
                 }
+                self.recent[j] = (recent << 8 | fired as u64) & WINDOW_BYTES;
             }
         }
     }
@@ -279,6 +293,22 @@ impl LayerStats {
             }
         }
         (f32::INFINITY, BINS)
+    }
+
+    /// At level `i`, the counted active (token, neuron) pairs by how many tokens back the
+    /// neuron last fired at that level: 1..=REUSE_WINDOW, and last, longer ago or never.
+    fn reuse_ages(&self, i: usize) -> [u64; REUSE_WINDOW + 1] {
+        let above = |by_value: &[u64; L + 1]| by_value[i + 1..].iter().sum::<u64>();
+        let mut ages = [0; REUSE_WINDOW + 1];
+        // Fired at level i within the last k tokens, cumulative in k.
+        let mut before = 0;
+        for (age, by_value) in ages.iter_mut().zip(&self.within) {
+            let within = above(by_value);
+            *age = within - before;
+            before = within;
+        }
+        ages[REUSE_WINDOW] = above(&self.counted_fired) - before;
+        ages
     }
 
     /// The layer's profile over the sparsities of `grid`.
@@ -308,9 +338,14 @@ impl LayerStats {
             .iter()
             .enumerate()
             .map(|(i, &target)| {
-                let counts = &self.level_active[i * n_ff..(i + 1) * n_ff];
+                // Tokens in which each neuron fired at level i: at more than i levels.
+                let counts: Vec<u32> = self
+                    .fired_counts
+                    .chunks_exact(L + 1)
+                    .map(|by_fired| by_fired[i + 1..].iter().sum())
+                    .collect();
                 let active: u64 = counts.iter().map(|&c| u64::from(c)).sum();
-                let ages = &self.reuse_ages[i];
+                let ages = self.reuse_ages(i);
                 let seen: u64 = ages.iter().sum();
                 let mut within = 0u64;
                 let reuse = ages[..REUSE_WINDOW]
@@ -481,6 +516,72 @@ mod tests {
         assert_eq!(hot_share(&[]), 0.0);
         assert_eq!(hot_share(&[0.0, 0.0]), 0.0);
         assert_eq!(hot_share(&[7.0, 1.0, 1.0, 1.0]), 0.5);
+    }
+
+    #[test]
+    fn levels_match_a_direct_count_over_random_chunks() {
+        // Random activations over three chunks of uneven length (one shorter than the reuse
+        // window): every level's frequencies and reuse shares are those of counting, for each
+        // active (token, neuron), how many tokens back in its chunk it last fired.
+        let n_ff = 37;
+        let mut rng = crate::sample::SplitMix64::new(11);
+        let chunks: Vec<(Vec<f32>, Vec<f32>)> = [50, 3, 29]
+            .iter()
+            .map(|&t| {
+                // Sticky neurons: each token keeps most of the previous one's activations.
+                let mut acts = vec![0f32; t * n_ff];
+                for i in 0..acts.len() {
+                    let fresh = rng.signed_unit() * (1.0 + (i % n_ff) as f32 / 10.0);
+                    acts[i] = if i >= n_ff && rng.signed_unit() < 0.2 {
+                        acts[i - n_ff]
+                    } else {
+                        fresh
+                    };
+                }
+                let ups = (0..t * n_ff).map(|_| rng.signed_unit()).collect();
+                (acts, ups)
+            })
+            .collect();
+        let norms: Vec<f32> = (0..n_ff).map(|j| 0.5 + j as f32 / 40.0).collect();
+        let mut stats = LayerStats::new(norms, 0.5);
+        for (a, u) in &chunks {
+            stats.add(a, u);
+        }
+        let p = stats.finish(&sparsity_grid());
+        let tokens: usize = chunks.iter().map(|(a, _)| a.len() / n_ff).sum();
+        for (i, level) in p.levels.iter().enumerate() {
+            let fires = |a: f32, j: usize| a.abs() * p.importance[j] > level.threshold;
+            let mut count = vec![0u64; n_ff];
+            let mut ages = [0u64; REUSE_WINDOW + 1];
+            for (acts, _) in &chunks {
+                let rows: Vec<&[f32]> = acts.chunks_exact(n_ff).collect();
+                for (pos, row) in rows.iter().enumerate() {
+                    for j in (0..n_ff).filter(|&j| fires(row[j], j)) {
+                        count[j] += 1;
+                        if pos >= REUSE_WINDOW {
+                            let back = (1..=REUSE_WINDOW)
+                                .find(|&k| fires(rows[pos - k][j], j))
+                                .unwrap_or(REUSE_WINDOW + 1);
+                            ages[back - 1] += 1;
+                        }
+                    }
+                }
+            }
+            let want_frequency: Vec<f32> = count
+                .iter()
+                .map(|&c| (c as f64 / tokens as f64) as f32)
+                .collect();
+            assert_eq!(level.frequency, want_frequency, "level {i}");
+            let seen: u64 = ages.iter().sum();
+            assert!(seen > 0, "level {i}");
+            let want_reuse: Vec<f32> = (1..=REUSE_WINDOW)
+                .map(|k| (ages[..k].iter().sum::<u64>() as f64 / seen as f64) as f32)
+                .collect();
+            assert_eq!(level.reuse, want_reuse, "level {i}");
+        }
+        // The levels differ, and reuse grows with the window.
+        assert!(p.levels[0].active_share > p.levels[8].active_share);
+        assert!(p.levels[4].reuse[0] < p.levels[4].reuse[4]);
     }
 
     #[test]

@@ -36,7 +36,7 @@ impl Model {
     /// This model laid out for decode as `layout` says, before it is shared: the down
     /// projections as block-columns first (the copy reads the file's layout), then the K-quant
     /// matrices interleaved. A neuron store or a model held resident-only stays as it is (its
-    /// FFN comes from storage a bundle at a time), and so do the matrices of a model with
+    /// FFN comes from storage a bundle at a time), and so do the FFN matrices of a model with
     /// sparse decode (which picks single rows).
     pub fn laid_out(mut self, layout: DecodeLayout) -> Result<Model, ModelError> {
         if let Some(neurons) = layout.down_blocks {
@@ -54,26 +54,22 @@ impl Model {
     /// of attention and of the FFN, and the output projection unless it is the token
     /// embeddings (read a row at a time); matrices whose rows are not a multiple of 8 stay as
     /// they are. Not for neuron stores nor models held resident-only (their weights come from
-    /// storage a neuron at a time), nor with sparse FFN decode (which picks single rows).
-    /// Results do not change: every kernel gives the file layout's bits. Returns the bytes
-    /// interleaved.
+    /// storage a neuron at a time). With sparse FFN decode, which picks single rows of the FFN
+    /// matrices, only attention and the output projection are interleaved. Results do not
+    /// change: every kernel gives the file layout's bits. Returns the bytes interleaved.
     pub(crate) fn interleave_kquants(&mut self) -> Result<usize, ModelError> {
-        if self.store.is_some() || self.resident_only || self.sparse().is_some() {
+        if self.store.is_some() || self.resident_only {
             return Ok(0);
         }
+        let ffn_too = self.sparse().is_none();
         let tied = self.output.bytes == self.tok_embd.bytes;
         let mut done = 0;
         let mut mats: Vec<&mut TensorRef> = Vec::new();
         for l in &mut self.layers {
-            mats.extend([
-                &mut l.wq,
-                &mut l.wk,
-                &mut l.wv,
-                &mut l.wo,
-                &mut l.gate,
-                &mut l.up,
-                &mut l.down,
-            ]);
+            mats.extend([&mut l.wq, &mut l.wk, &mut l.wv, &mut l.wo]);
+            if ffn_too {
+                mats.extend([&mut l.gate, &mut l.up, &mut l.down]);
+            }
         }
         if !tied {
             mats.push(&mut self.output);
@@ -96,7 +92,7 @@ impl Model {
             self.config.n_expert.max(1) as usize,
             self.config.ffn_per_expert() as usize,
         );
-        if let Some(blocks) = &mut self.down_blocks {
+        if let Some(blocks) = self.down_blocks.as_mut().filter(|_| ffn_too) {
             let m = blocks.neurons;
             for (l, layer) in self.layers.iter().enumerate() {
                 let down = &layer.down;

@@ -60,6 +60,16 @@ fn fallbacks(k: &Kernels, ty: GgmlType) -> BTreeSet<String> {
             note(&format!("matmul_x8_{n_tokens}"));
         }
     }
+    if ty == GgmlType::F32 {
+        let (a, b) = (random_data(5, 7 * 9, 1.0), random_data(6, 9 * 40, 1.0));
+        let mut c = vec![0f32; 7 * 40];
+        k.gemm_f32(
+            F32Matrix::rows(&a, 7, 9),
+            F32Matrix::rows(&b, 9, 40),
+            &mut c,
+        );
+        note("gemm_f32");
+    }
     if format::axpy_type(ty) {
         let (neurons, coefs) = ([2u32, 7, 2], [0.5f32, -1.0, 2.0]);
         let t = MatRef::new(ty, &data, ROWS, COLS).expect("a matrix");
@@ -100,7 +110,20 @@ fn expected(isa: Isa) -> Vec<(GgmlType, &'static [&'static str])> {
                 "matvec_rows",
             ];
             let x8 = if isa == Isa::Neon { X8_ROWS } else { K_ROWS };
-            let mut table: Vec<_> = [F32, F16, BF16].map(|t| (t, FLOAT_ROWS_AXPY)).to_vec();
+            // The training GEMM (`gemm_f32`) has no NEON kernel yet.
+            const F32_ROWS: &[&str] = &[
+                "axpy_rows",
+                "gemm_f32",
+                "matmul16",
+                "matmul3",
+                "matvec",
+                "matvec_rows",
+            ];
+            let mut table = vec![
+                (F32, F32_ROWS),
+                (F16, FLOAT_ROWS_AXPY),
+                (BF16, FLOAT_ROWS_AXPY),
+            ];
             table.extend([(Q4_K, x8), (Q6_K, x8)]);
             table.extend([Q2_K, Q3_K, Q5_K, IQ4_XS].map(|t| (t, K_ROWS)));
             table
