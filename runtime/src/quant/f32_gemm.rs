@@ -8,6 +8,9 @@
 //! horizontal sum is needed (a dot-product formulation would spend most of its time in them
 //! when `k` is a batch of 32).
 //!
+//! Kernels: AVX2 and AVX-512 on x86-64, NEON on aarch64; a transposed `B` (never asked for by
+//! the trainer) takes the scalar loop.
+//!
 //! Blocking: `k` in slices of [`K_SLICE`] (a chain continues across slices through `C`, which
 //! holds it exactly as f32), then panels of two vectors of columns, then tiles of a few rows
 //! whose accumulators stay in registers.
@@ -103,6 +106,13 @@ impl Kernels {
             }
             return;
         }
+        #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
+        if !b.transposed && self.isa != Isa::Scalar {
+            // SAFETY: NEON is the aarch64 baseline; the sizes of `a`, `b` and `c` were checked
+            // above and `shape` is taken from them.
+            unsafe { arm::gemm_neon(shape, a, b.data, c) };
+            return;
+        }
         audit::fallback(self.isa, "gemm_f32", GgmlType::F32);
         gemm_scalar(shape, a, b, c);
     }
@@ -124,113 +134,123 @@ fn gemm_scalar(s: Shape, a: F32Matrix<'_>, b: F32Matrix<'_>, c: &mut [f32]) {
     }
 }
 
-#[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
-mod x86 {
-    //! The same loop nest for 256- and 512-bit vectors: a panel is two vectors of columns (the
-    //! last one masked where `n` ends inside it), a tile `R` rows of the panel, `2R`
-    //! accumulators in registers.
+// The SIMD kernels: one loop nest for every vector width. A panel is two vectors of columns
+// (the last one masked where `n` ends inside it), a tile `R` rows of the panel, `2R`
+// accumulators in registers.
 
-    use super::{F32Matrix, Shape, K_SLICE};
+#[cfg(all(
+    any(target_arch = "x86_64", target_arch = "aarch64"),
+    not(conductor_portable)
+))]
+/// One panel's pointers (its first column) and the slice of `k` being run.
+struct Panel<M> {
+    a: *const f32,
+    si: usize,
+    sk: usize,
+    b: *const f32,
+    n: usize,
+    c: *mut f32,
+    k: std::ops::Range<usize>,
+    masks: [M; 2],
+}
 
-    /// One panel's pointers (its first column) and the slice of `k` being run.
-    struct Panel<M> {
-        a: *const f32,
-        si: usize,
-        sk: usize,
-        b: *const f32,
-        n: usize,
-        c: *mut f32,
-        k: std::ops::Range<usize>,
-        masks: [M; 2],
-    }
-
-    /// Generates one ISA's GEMM, `$gemm`, over tiles of at most `$rows` rows (`$tile`), with
-    /// `$v` the helpers for its vectors.
-    macro_rules! gemm_for {
-        ($gemm:ident, $tile:ident, $features:literal, $rows:literal, $v:ident) => {
-            /// # Safety
-            /// The CPU has the target features; `a` is `m × k`, `b` holds `k × n`, `c` `m × n`.
-            #[target_feature(enable = $features)]
-            pub(super) unsafe fn $gemm(s: Shape, a: F32Matrix<'_>, b: &[f32], c: &mut [f32]) {
-                const PANEL: usize = 2 * $v::LANES;
-                let (si, sk) = a.strides();
-                for k0 in (0..s.k).step_by(K_SLICE) {
-                    for j0 in (0..s.n).step_by(PANEL) {
-                        let width = (s.n - j0).min(PANEL);
-                        let panel = Panel {
-                            a: a.data.as_ptr(),
-                            si,
-                            sk,
-                            b: b.as_ptr().add(j0),
-                            n: s.n,
-                            c: c.as_mut_ptr().add(j0),
-                            k: k0..(k0 + K_SLICE).min(s.k),
-                            masks: [
-                                $v::mask(width.min($v::LANES)),
-                                $v::mask(width.saturating_sub($v::LANES)),
-                            ],
+#[cfg(all(
+    any(target_arch = "x86_64", target_arch = "aarch64"),
+    not(conductor_portable)
+))]
+/// Generates one ISA's GEMM, `$gemm`, over tiles of at most `$rows` rows (`$tile`), with
+/// `$v` the helpers for its vectors.
+macro_rules! gemm_for {
+    ($gemm:ident, $tile:ident, $features:literal, $rows:literal, $v:ident) => {
+        /// # Safety
+        /// The CPU has the target features; `a` is `m × k`, `b` holds `k × n`, `c` `m × n`.
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn $gemm(s: Shape, a: F32Matrix<'_>, b: &[f32], c: &mut [f32]) {
+            const PANEL: usize = 2 * $v::LANES;
+            let (si, sk) = a.strides();
+            for k0 in (0..s.k).step_by(K_SLICE) {
+                for j0 in (0..s.n).step_by(PANEL) {
+                    let width = (s.n - j0).min(PANEL);
+                    let panel = Panel {
+                        a: a.data.as_ptr(),
+                        si,
+                        sk,
+                        b: b.as_ptr().add(j0),
+                        n: s.n,
+                        c: c.as_mut_ptr().add(j0),
+                        k: k0..(k0 + K_SLICE).min(s.k),
+                        masks: [
+                            $v::mask(width.min($v::LANES)),
+                            $v::mask(width.saturating_sub($v::LANES)),
+                        ],
+                    };
+                    let mut i = 0;
+                    while i < s.m {
+                        // Full tiles, then the last rows in tiles of 4, 2 and 1.
+                        i += match s.m - i {
+                            r if r >= $rows => $tile::<$rows>(&panel, i),
+                            r if r >= 4 => $tile::<4>(&panel, i),
+                            r if r >= 2 => $tile::<2>(&panel, i),
+                            _ => $tile::<1>(&panel, i),
                         };
-                        let mut i = 0;
-                        while i < s.m {
-                            // Full tiles, then the last rows in tiles of 4, 2 and 1.
-                            i += match s.m - i {
-                                r if r >= $rows => $tile::<$rows>(&panel, i),
-                                r if r >= 4 => $tile::<4>(&panel, i),
-                                r if r >= 2 => $tile::<2>(&panel, i),
-                                _ => $tile::<1>(&panel, i),
-                            };
-                        }
                     }
                 }
             }
+        }
 
-            /// Rows `i..i + R` of one panel over one slice of `k`: the accumulators start at
-            /// zero on the first slice and continue from `c` on later ones. Returns `R`.
-            #[target_feature(enable = $features)]
-            #[inline]
-            unsafe fn $tile<const R: usize>(p: &Panel<$v::Mask>, i: usize) -> usize {
-                let mut acc = [[$v::zero(); 2]; R];
-                if p.k.start > 0 {
-                    for (r, row) in acc.iter_mut().enumerate() {
-                        for (h, v) in row.iter_mut().enumerate() {
-                            // SAFETY: row i + r < m; the mask covers only columns < n.
-                            *v = $v::load(
-                                p.c.add((i + r) * p.n).wrapping_add(h * $v::LANES),
-                                p.masks[h],
-                            );
-                        }
-                    }
-                }
-                for kk in p.k.clone() {
-                    // SAFETY: kk < k and the masked columns are < n, so every lane loaded is
-                    // inside `b` (the second vector's pointer may lie past the end when its
-                    // mask is empty, hence `wrapping_add`: masked lanes are never touched);
-                    // row i + r < m and kk < k keep the broadcast inside `a`.
-                    let brow = p.b.add(kk * p.n);
-                    let bv = [
-                        $v::load(brow, p.masks[0]),
-                        $v::load(brow.wrapping_add($v::LANES), p.masks[1]),
-                    ];
-                    for (r, row) in acc.iter_mut().enumerate() {
-                        let av = $v::splat(*p.a.add((i + r) * p.si + kk * p.sk));
-                        row[0] = $v::fma(av, bv[0], row[0]);
-                        row[1] = $v::fma(av, bv[1], row[1]);
-                    }
-                }
-                for (r, row) in acc.iter().enumerate() {
-                    for (h, v) in row.iter().enumerate() {
-                        // SAFETY: as for the loads of `c` above.
-                        $v::store(
+        /// Rows `i..i + R` of one panel over one slice of `k`: the accumulators start at
+        /// zero on the first slice and continue from `c` on later ones. Returns `R`.
+        #[target_feature(enable = $features)]
+        #[inline]
+        unsafe fn $tile<const R: usize>(p: &Panel<$v::Mask>, i: usize) -> usize {
+            let mut acc = [[$v::zero(); 2]; R];
+            if p.k.start > 0 {
+                for (r, row) in acc.iter_mut().enumerate() {
+                    for (h, v) in row.iter_mut().enumerate() {
+                        // SAFETY: row i + r < m; the mask covers only columns < n.
+                        *v = $v::load(
                             p.c.add((i + r) * p.n).wrapping_add(h * $v::LANES),
                             p.masks[h],
-                            *v,
                         );
                     }
                 }
-                R
             }
-        };
-    }
+            for kk in p.k.clone() {
+                // SAFETY: kk < k and the masked columns are < n, so every lane loaded is
+                // inside `b` (the second vector's pointer may lie past the end when its
+                // mask is empty, hence `wrapping_add`: masked lanes are never touched);
+                // row i + r < m and kk < k keep the broadcast inside `a`.
+                let brow = p.b.add(kk * p.n);
+                let bv = [
+                    $v::load(brow, p.masks[0]),
+                    $v::load(brow.wrapping_add($v::LANES), p.masks[1]),
+                ];
+                for (r, row) in acc.iter_mut().enumerate() {
+                    let av = $v::splat(*p.a.add((i + r) * p.si + kk * p.sk));
+                    row[0] = $v::fma(av, bv[0], row[0]);
+                    row[1] = $v::fma(av, bv[1], row[1]);
+                }
+            }
+            for (r, row) in acc.iter().enumerate() {
+                for (h, v) in row.iter().enumerate() {
+                    // SAFETY: as for the loads of `c` above.
+                    $v::store(
+                        p.c.add((i + r) * p.n).wrapping_add(h * $v::LANES),
+                        p.masks[h],
+                        *v,
+                    );
+                }
+            }
+            R
+        }
+    };
+}
+
+#[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
+mod x86 {
+    //! 256-bit (AVX2 + FMA) and 512-bit (AVX-512 F) vectors.
+
+    use super::{F32Matrix, Panel, Shape, K_SLICE};
 
     /// 256-bit vectors (AVX2 + FMA); masks are lane vectors for `vmaskmovps`.
     mod v256 {
@@ -301,4 +321,62 @@ mod x86 {
 
     gemm_for!(gemm_avx2, tile_avx2, "avx2,fma", 6, v256);
     gemm_for!(gemm_avx512, tile_avx512, "avx2,fma,avx512f", 12, v512);
+}
+
+#[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
+mod arm {
+    //! 128-bit NEON vectors (the aarch64 baseline). NEON has no masked loads: a panel's
+    //! ragged last columns go through a 4-lane buffer.
+
+    use super::{F32Matrix, Panel, Shape, K_SLICE};
+
+    mod v128 {
+        use std::arch::aarch64::*;
+        /// How many of the 4 lanes are columns of the matrix.
+        pub(super) type Mask = usize;
+        pub(super) const LANES: usize = 4;
+        #[inline(always)]
+        pub(super) unsafe fn mask(w: usize) -> Mask {
+            w.min(LANES)
+        }
+        #[inline(always)]
+        pub(super) unsafe fn zero() -> float32x4_t {
+            vdupq_n_f32(0.0)
+        }
+        #[inline(always)]
+        pub(super) unsafe fn splat(x: f32) -> float32x4_t {
+            vdupq_n_f32(x)
+        }
+        /// `a · b + c`, fused.
+        #[inline(always)]
+        pub(super) unsafe fn fma(a: float32x4_t, b: float32x4_t, c: float32x4_t) -> float32x4_t {
+            vfmaq_f32(c, a, b)
+        }
+        /// SAFETY (callers): the first `m` lanes at `p` are readable.
+        #[inline(always)]
+        pub(super) unsafe fn load(p: *const f32, m: Mask) -> float32x4_t {
+            if m == LANES {
+                return vld1q_f32(p);
+            }
+            let mut lanes = [0f32; LANES];
+            for (i, v) in lanes.iter_mut().enumerate().take(m) {
+                *v = *p.add(i);
+            }
+            vld1q_f32(lanes.as_ptr())
+        }
+        /// SAFETY (callers): the first `m` lanes at `p` are writable.
+        #[inline(always)]
+        pub(super) unsafe fn store(p: *mut f32, m: Mask, v: float32x4_t) {
+            if m == LANES {
+                return vst1q_f32(p, v);
+            }
+            let mut lanes = [0f32; LANES];
+            vst1q_f32(lanes.as_mut_ptr(), v);
+            for (i, &x) in lanes.iter().enumerate().take(m) {
+                *p.add(i) = x;
+            }
+        }
+    }
+
+    gemm_for!(gemm_neon, tile_neon, "neon", 8, v128);
 }

@@ -64,8 +64,9 @@
 //!   8 tokens on (on plain AVX2 for the 4- and 5-bit formats, whose products fit its i16
 //!   sums, 4 or 8 groups at a time). `avx512.rs`: the same with 16 rows per zmm.
 //! * `f16_rows.rs`: attention's products over a tile of f16 cache rows (the same bits).
-//! * `f32_gemm.rs`: [`Kernels::gemm_f32`], the float GEMM the predictors train with (AVX2 and
-//!   AVX-512 tiles; each output one fma chain in order, so every ISA gives the same bits).
+//! * `f32_gemm.rs`: [`Kernels::gemm_f32`], the float GEMM the predictors train with (AVX2,
+//!   AVX-512 and NEON tiles; each output one fma chain in order, so every ISA gives the same
+//!   bits).
 //! * `neon.rs` (aarch64): activation quantizers (Q8_0, Q8_1, Q8_K); dot, 4-row matvec, sparse
 //!   rows, 4x4 matmul tiles and `axpy_rows` of the 32-element formats; Q2_K, Q3_K, Q4_K, Q5_K,
 //!   Q6_K and IQ4_XS dots (their matvec and matmul are the per-row loop over those dots, but

@@ -110,20 +110,7 @@ fn expected(isa: Isa) -> Vec<(GgmlType, &'static [&'static str])> {
                 "matvec_rows",
             ];
             let x8 = if isa == Isa::Neon { X8_ROWS } else { K_ROWS };
-            // The training GEMM (`gemm_f32`) has no NEON kernel yet.
-            const F32_ROWS: &[&str] = &[
-                "axpy_rows",
-                "gemm_f32",
-                "matmul16",
-                "matmul3",
-                "matvec",
-                "matvec_rows",
-            ];
-            let mut table = vec![
-                (F32, F32_ROWS),
-                (F16, FLOAT_ROWS_AXPY),
-                (BF16, FLOAT_ROWS_AXPY),
-            ];
+            let mut table: Vec<_> = [F32, F16, BF16].map(|t| (t, FLOAT_ROWS_AXPY)).to_vec();
             table.extend([(Q4_K, x8), (Q6_K, x8)]);
             table.extend([Q2_K, Q3_K, Q5_K, IQ4_XS].map(|t| (t, K_ROWS)));
             table
