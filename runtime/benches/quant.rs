@@ -164,6 +164,7 @@ fn main() {
     }
 
     sparse_down(&kernels, &want);
+    few_tokens(&want);
 
     println!(
         "\n{:<34} {:>9} {:>10} {:>9} {:>11}",
@@ -426,6 +427,64 @@ fn sparse_down(kernels: &[Kernels], want: &dyn Fn(&str) -> bool) {
                 secs * 1e6,
                 w.len() as f64 / secs / 1e9,
                 w.len() as f64 / p10 / 1e9
+            );
+        }
+    }
+}
+
+/// A step of a few tokens against one of one token (speculative decoding verifies its drafts
+/// in such steps): Qwen2.5-Coder-1.5B's FFN matrices as it loads them (interleaved), the best
+/// ISA, weights rotated through copies of ~250 MB so that they come from DRAM as in decode.
+/// `x1` is the time of the n-token product over that of one token.
+fn few_tokens(want: &dyn Fn(&str) -> bool) {
+    let k = Kernels::best();
+    println!(
+        "\n{:<34} {:>9} {:>10} {:>9}",
+        "few tokens (rows x cols x tokens)", "isa", "us/call", "x1"
+    );
+    for (ty, rows, cols) in [(GgmlType::Q4_K, 8960, 1536), (GgmlType::Q6_K, 1536, 8960)] {
+        if !want(&format!("few {ty}")) {
+            continue;
+        }
+        let file = quantized(ty, rows, cols, 8);
+        let w = interleave(MatRef::new(ty, &file, rows, cols).unwrap()).unwrap();
+        let copies: Vec<Vec<u8>> = (0..(250 << 20) / w.len() + 1).map(|_| w.clone()).collect();
+        let at = activation_type(ty);
+        let arow = at.bytes_for(cols as u64).unwrap() as usize;
+        let mut one = 0.0;
+        for n in 1..=9 {
+            let x = data(9, cols * n);
+            let mut acts = vec![0u8; arow * n];
+            for (src, dst) in x.chunks(cols).zip(acts.chunks_mut(arow)) {
+                k.quantize_activations(ty, src, dst);
+            }
+            let mut out = vec![0f32; rows * n];
+            let mut i = 0;
+            let (secs, _) = median_secs(
+                || {
+                    i = (i + 1) % copies.len();
+                    let m = MatRef {
+                        ty,
+                        data: &copies[i],
+                        rows,
+                        cols,
+                        layout: Layout::X8 { skip: 0 },
+                    };
+                    k.matmul(m, black_box(&acts), n, &mut out, rows);
+                    black_box(&out);
+                },
+                Duration::from_millis(200),
+                5,
+            );
+            if n == 1 {
+                one = secs;
+            }
+            println!(
+                "{:<34} {:>9} {:>10.1} {:>9.2}",
+                format!("few {ty}-x8 {rows}x{cols}x{n}"),
+                k.isa().name(),
+                secs * 1e6,
+                secs / one
             );
         }
     }

@@ -1,7 +1,8 @@
 //! Where dispatch fell back to its generic path on a SIMD ISA: row-by-row dots where a
 //! matrix kernel is missing (`matvec`, `matvec_rows`, `matmul`, the interleaved ones), or the
-//! scalar kernel (`vec_dot`, `axpy_rows`, `quantize_activations`). A kernel missing from a
-//! match arm would otherwise go unnoticed: the generic path gives the same bits, only slower.
+//! scalar kernel (`vec_dot`, `axpy_rows`, `quantize_activations`, `gemm_f32`): the kernel
+//! table (`table.rs`) has no entry for the pair. A kernel missing from the table would
+//! otherwise go unnoticed: the generic path gives the same bits, only slower.
 //! `tests/coverage.rs` runs every (operation, type) pair and holds the fallbacks to a written
 //! table; outside tests the record is nothing.
 

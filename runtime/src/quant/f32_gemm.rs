@@ -15,7 +15,7 @@
 //! holds it exactly as f32), then panels of two vectors of columns, then tiles of a few rows
 //! whose accumulators stay in registers.
 
-use super::{audit, GgmlType, Isa, Kernels};
+use super::{audit, GgmlType, Kernels};
 
 /// Rows of `k` per pass over a panel: 256 rows of a 32-column panel of `B` are 32 KiB.
 const K_SLICE: usize = 256;
@@ -93,25 +93,10 @@ impl Kernels {
             c.fill(0.0);
             return;
         }
-        #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
-        if !b.transposed && self.isa != Isa::Scalar {
-            // SAFETY: the ISA was detected when this `Kernels` was built (every x86 SIMD ISA
-            // implies AVX2 + FMA); the sizes of `a`, `b` and `c` were checked above and
-            // `shape` is taken from them.
-            unsafe {
-                match self.isa {
-                    Isa::Avx512Vnni => x86::gemm_avx512(shape, a, b.data, c),
-                    _ => x86::gemm_avx2(shape, a, b.data, c),
-                }
-            }
-            return;
-        }
-        #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
-        if !b.transposed && self.isa != Isa::Scalar {
-            // SAFETY: NEON is the aarch64 baseline; the sizes of `a`, `b` and `c` were checked
-            // above and `shape` is taken from them.
-            unsafe { arm::gemm_neon(shape, a, b.data, c) };
-            return;
+        if let (false, Some(gemm)) = (b.transposed, self.table.gemm_f32) {
+            // SAFETY: the table is this CPU's (`table.rs`); the sizes of `a`, `b` and `c` were
+            // checked above and `shape` is taken from them.
+            return unsafe { gemm(shape, a, b.data, c) };
         }
         audit::fallback(self.isa, "gemm_f32", GgmlType::F32);
         gemm_scalar(shape, a, b, c);
@@ -119,7 +104,7 @@ impl Kernels {
 }
 
 #[derive(Clone, Copy)]
-struct Shape {
+pub(in crate::quant) struct Shape {
     m: usize,
     n: usize,
     k: usize,
@@ -165,7 +150,7 @@ macro_rules! gemm_for {
         /// # Safety
         /// The CPU has the target features; `a` is `m × k`, `b` holds `k × n`, `c` `m × n`.
         #[target_feature(enable = $features)]
-        pub(super) unsafe fn $gemm(s: Shape, a: F32Matrix<'_>, b: &[f32], c: &mut [f32]) {
+        pub(in crate::quant) unsafe fn $gemm(s: Shape, a: F32Matrix<'_>, b: &[f32], c: &mut [f32]) {
             const PANEL: usize = 2 * $v::LANES;
             let (si, sk) = a.strides();
             for k0 in (0..s.k).step_by(K_SLICE) {
@@ -247,7 +232,7 @@ macro_rules! gemm_for {
 }
 
 #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
-mod x86 {
+pub(super) mod x86 {
     //! 256-bit (AVX2 + FMA) and 512-bit (AVX-512 F) vectors.
 
     use super::{F32Matrix, Panel, Shape, K_SLICE};
@@ -324,7 +309,7 @@ mod x86 {
 }
 
 #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
-mod arm {
+pub(super) mod arm {
     //! 128-bit NEON vectors (the aarch64 baseline). NEON has no masked loads: a panel's
     //! ragged last columns go through a 4-lane buffer.
 

@@ -24,11 +24,12 @@
 //! # Files
 //! `format.rs`: the format API (`quantize_row`, `dequantize_row`, `row_bytes`,
 //! [`activation_type`], `transpose_requantize`). `matrix.rs`: [`MatRef`] and its [`Layout`].
-//! `isa.rs`: [`Isa`] and its detection. This file: [`Kernels`], which dispatches each operation
-//! to the kernel of its ISA and type: the decode dots here, the rest in `dispatch/` (prefill's
-//! `matmul`, the interleaved layout's products, sparse rows' `axpy_rows`, the f16 helpers).
-//! `audit.rs`: where dispatch fell back to a generic path, held to a table by
-//! `tests/coverage.rs`.
+//! `isa.rs`: [`Isa`] and its detection. `table.rs`: the kernel table, for each (operation,
+//! type) the function an ISA runs, built once per ISA (`table/x86.rs`, `table/arm.rs`). This
+//! file: [`Kernels`], whose safe methods check sizes and call the table's entry: the decode
+//! dots here, the rest in `dispatch/` (prefill's `matmul`, the interleaved layout's products,
+//! sparse rows' `axpy_rows`, the f16 helpers). `audit.rs`: where an empty entry sent an
+//! operation down its generic path, held to a written list by `tests/coverage.rs`.
 //!
 //! # ISA paths (files)
 //! * `scalar.rs`: portable reference; the only path on targets other than x86-64 and aarch64
@@ -76,7 +77,8 @@
 //!   (inline asm). Float `axpy_rows` stays scalar there.
 //!
 //! [`Kernels::best`] picks AVX512-VNNI, else AVX-VNNI, else AVX2, else scalar on x86-64; on
-//! aarch64 NEON+dotprod+i8mm, else NEON+dotprod, else NEON.
+//! aarch64 NEON+dotprod+i8mm, else NEON+dotprod, else NEON; the table of that ISA is built
+//! then, once.
 //!
 //! # Contracts
 //! Format functions ([`quantize_row`], [`dequantize_row`]) return [`QuantError`] on unsupported
@@ -103,68 +105,6 @@ mod gemm;
 #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
 pub(crate) mod neon;
 
-/// `return $module::$func::<Block>(args)` for the 32-element weight formats (Q4_0, Q4_1, Q8_0,
-/// Q5_0, Q5_1, IQ4_NL),
-/// the types whose kernels are generic over the block; falls through for any other type.
-#[cfg(all(
-    any(target_arch = "x86_64", target_arch = "aarch64"),
-    not(conductor_portable)
-))]
-macro_rules! call32 {
-    ($ty:expr, $m:ident :: $f:ident ( $($arg:expr),* )) => {
-        match $ty {
-            GgmlType::Q4_0 => return $m::$f::<BlockQ4_0>($($arg),*),
-            GgmlType::Q4_1 => return $m::$f::<BlockQ4_1>($($arg),*),
-            GgmlType::Q8_0 => return $m::$f::<BlockQ8_0>($($arg),*),
-            GgmlType::Q5_0 => return $m::$f::<BlockQ5_0>($($arg),*),
-            GgmlType::Q5_1 => return $m::$f::<BlockQ5_1>($($arg),*),
-            GgmlType::IQ4_NL => return $m::$f::<BlockIQ4NL>($($arg),*),
-            _ => {}
-        }
-    };
-}
-
-/// `return $entry::$func(x8_of::<Group>(w, off, nb), args)` for the interleaved types (Q4_K,
-/// Q6_K; `interleave.rs`); falls through for any other type.
-#[cfg(all(
-    any(target_arch = "x86_64", target_arch = "aarch64"),
-    not(conductor_portable)
-))]
-macro_rules! call_x8 {
-    ($w:expr, ($off:expr, $nb:expr), $m:ident :: $f:ident ( $($arg:expr),* )) => {
-        match $w.ty {
-            GgmlType::Q4_K => {
-                return $m::$f(interleave::x8_of::<BlockQ4Kx8>(&$w, $off, $nb), $($arg),*)
-            }
-            GgmlType::Q6_K => {
-                return $m::$f(interleave::x8_of::<BlockQ6Kx8>(&$w, $off, $nb), $($arg),*)
-            }
-            _ => {}
-        }
-    };
-}
-
-/// `return $module::$func::<Block>(args)` for the 256-element super-block formats dotted with
-/// Q8_K (the K-quants and IQ4_XS, see `avx2/kquants.rs`, `neon/kquants.rs`); falls through for
-/// any other type.
-#[cfg(all(
-    any(target_arch = "x86_64", target_arch = "aarch64"),
-    not(conductor_portable)
-))]
-macro_rules! callk {
-    ($ty:expr, $m:ident :: $f:ident ( $($arg:expr),* )) => {
-        match $ty {
-            GgmlType::Q2_K => return $m::$f::<BlockQ2K>($($arg),*),
-            GgmlType::Q3_K => return $m::$f::<BlockQ3K>($($arg),*),
-            GgmlType::Q4_K => return $m::$f::<BlockQ4K>($($arg),*),
-            GgmlType::Q5_K => return $m::$f::<BlockQ5K>($($arg),*),
-            GgmlType::Q6_K => return $m::$f::<BlockQ6K>($($arg),*),
-            GgmlType::IQ4_XS => return $m::$f::<BlockIQ4XS>($($arg),*),
-            _ => {}
-        }
-    };
-}
-
 /// From this many tokens on, `matmul` repacks weight rows (see `gemm.rs`); below it the repack
 /// is not amortized and the 4x4 tile kernel is used. Both give identical bits.
 #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
@@ -172,6 +112,7 @@ const PACKED_MIN_TOKENS: usize = 8;
 
 mod audit;
 mod dispatch;
+mod table;
 #[cfg(test)]
 mod tests;
 
@@ -199,11 +140,27 @@ use blocks::as_bytes;
 use half::f16;
 use std::ops::Range;
 
-/// The compute kernels, bound to one ISA. Copy it freely; construction is the only place the CPU
-/// is checked, so a `Kernels` with a SIMD ISA exists only on a CPU that has it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The compute kernels, bound to one ISA: its kernel table (`table.rs`), built once, holds the
+/// function this CPU runs for each (operation, type). Copy it freely; construction is the only
+/// place the CPU is checked, so a `Kernels` with a SIMD ISA exists only on a CPU that has it.
+#[derive(Clone, Copy)]
 pub struct Kernels {
     isa: Isa,
+    table: &'static table::Table,
+}
+
+impl PartialEq for Kernels {
+    fn eq(&self, other: &Kernels) -> bool {
+        self.isa == other.isa
+    }
+}
+
+impl Eq for Kernels {}
+
+impl std::fmt::Debug for Kernels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kernels").field("isa", &self.isa).finish()
+    }
 }
 
 /// Validated matvec/matmul geometry, shared by all ISAs.
@@ -279,12 +236,18 @@ impl Kernels {
 
     /// The portable reference kernels.
     pub fn scalar() -> Kernels {
-        Kernels { isa: Isa::Scalar }
+        Kernels {
+            isa: Isa::Scalar,
+            table: table::Table::of(Isa::Scalar),
+        }
     }
 
     /// Kernels for `isa`, if this CPU supports it.
     pub fn with_isa(isa: Isa) -> Option<Kernels> {
-        isa.is_available().then_some(Kernels { isa })
+        isa.is_available().then(|| Kernels {
+            isa,
+            table: table::Table::of(isa),
+        })
     }
 
     /// Every ISA this CPU supports (for tests and benchmarks).
@@ -316,12 +279,7 @@ impl Kernels {
     /// which is slower than the file's layout: a model is interleaved at load only where this
     /// holds (the results are the same bits either way).
     pub fn has_interleaved_kernels(&self) -> bool {
-        match self.isa {
-            Isa::Scalar => false,
-            #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
-            Isa::Neon => false,
-            _ => cfg!(not(conductor_portable)),
-        }
+        self.table.matvec_x8.get(GgmlType::Q4_K).is_some()
     }
 
     /// Quantizes an activation vector into `activation_type(weight)` (f32 bytes for F16/F32).
@@ -333,46 +291,15 @@ impl Kernels {
         let at = activation_type(weight);
         let bytes = row_bytes(at, src.len()).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(dst.len(), bytes, "activation buffer size for {weight}");
-        match (self.isa, at) {
-            #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
-            (Isa::Avx2 | Isa::AvxVnni | Isa::Avx512Vnni, GgmlType::Q8_0) => {
-                // SAFETY: a SIMD `Kernels` is only built after detecting AVX2+FMA+F16C;
-                // the block view has exactly src.len()/32 blocks.
-                unsafe { avx2::plain::quantize_q8_0(src, blocks_of_mut(dst)) }
-            }
-            #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
-            (Isa::Avx2 | Isa::AvxVnni | Isa::Avx512Vnni, GgmlType::Q8_1) => {
-                // SAFETY: as above.
-                unsafe { avx2::plain::quantize_q8_1(src, blocks_of_mut(dst)) }
-            }
-            #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
-            (Isa::Avx2 | Isa::AvxVnni | Isa::Avx512Vnni, GgmlType::Q8_K) => {
-                // SAFETY: as above.
-                unsafe { avx2::plain::quantize_q8_k(src, blocks_of_mut(dst)) }
-            }
-            #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
-            (Isa::Neon | Isa::NeonDot | Isa::NeonI8mm, GgmlType::Q8_0) => {
-                // SAFETY: NEON is the aarch64 baseline (and was detected at construction); the
-                // block view has exactly src.len()/32 blocks.
-                unsafe { neon::plain::quantize_q8_0(src, blocks_of_mut(dst)) }
-            }
-            #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
-            (Isa::Neon | Isa::NeonDot | Isa::NeonI8mm, GgmlType::Q8_1) => {
-                // SAFETY: as above.
-                unsafe { neon::plain::quantize_q8_1(src, blocks_of_mut(dst)) }
-            }
-            #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
-            (Isa::Neon | Isa::NeonDot | Isa::NeonI8mm, GgmlType::Q8_K) => {
-                // SAFETY: as above (src.len()/256 blocks).
-                unsafe { neon::plain::quantize_q8_k(src, blocks_of_mut(dst)) }
-            }
-            _ => {
-                if at != GgmlType::F32 {
-                    audit::fallback(self.isa, "quantize_activations", weight);
-                }
-                quantize_row(at, src, dst).unwrap_or_else(|e| panic!("{e}"))
-            }
+        if let Some(quantize) = self.table.quantize.get(at) {
+            // SAFETY: the table is this CPU's (`table.rs`); `dst` was checked to hold exactly
+            // the activation blocks of `src`, a whole number of them.
+            return unsafe { quantize(src, dst) };
         }
+        if at != GgmlType::F32 {
+            audit::fallback(self.isa, "quantize_activations", weight);
+        }
+        quantize_row(at, src, dst).unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// Dot product of `n` weights (`w`, layout `weight`) with `n` activations (`act`, layout
@@ -394,53 +321,10 @@ impl Kernels {
 
     /// The dispatch behind `vec_dot`, with lengths already checked.
     fn dot_dispatch(&self, weight: GgmlType, n: usize, w: &[u8], act: &[u8]) -> f32 {
-        #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
-        if self.isa != Isa::Scalar {
-            use avx2::kquants::entry as kq;
-            use avx2::{plain, vnni};
-            use avx512::narrow;
-            // SAFETY: the ISA was detected when this `Kernels` was built (every SIMD ISA implies
-            // AVX2+FMA+F16C); the block views cover exactly the lengths checked by the caller.
-            unsafe {
-                let (w, a) = (w, act);
-                match self.isa {
-                    Isa::AvxVnni => call32!(weight, vnni::vec_dot(blocks_of(w), blocks_of(a))),
-                    Isa::Avx512Vnni => {
-                        call32!(weight, narrow::vec_dot(blocks_of(w), blocks_of(a)))
-                    }
-                    _ => call32!(weight, plain::vec_dot(blocks_of(w), blocks_of(a))),
-                }
-                callk!(weight, kq::vec_dot(blocks_of(w), blocks_of(a)));
-                match weight {
-                    GgmlType::F32 => return plain::dot_f32(n, w, a),
-                    GgmlType::F16 => return plain::dot_f16(n, w, a),
-                    GgmlType::BF16 => return plain::dot_bf16(n, w, a),
-                    _ => {}
-                }
-            }
-        }
-        #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
-        if self.isa != Isa::Scalar {
-            use neon::kquants::{dot as kq_dot, plain as kq_plain};
-            use neon::{dot, plain};
-            let (w, a) = (w, act);
-            // SAFETY: the ISA was detected when this `Kernels` was built (NEON is the aarch64
-            // baseline, NeonDot and NeonI8mm imply dotprod); the block views cover exactly the lengths
-            // checked by the caller.
-            unsafe {
-                if matches!(self.isa, Isa::NeonDot | Isa::NeonI8mm) {
-                    call32!(weight, dot::vec_dot(blocks_of(w), blocks_of(a)));
-                    callk!(weight, kq_dot::dot(blocks_of(w), blocks_of(a)));
-                }
-                call32!(weight, plain::vec_dot(blocks_of(w), blocks_of(a)));
-                callk!(weight, kq_plain::dot(blocks_of(w), blocks_of(a)));
-                match weight {
-                    GgmlType::F32 => return plain::dot_f32(n, w, a),
-                    GgmlType::F16 => return plain::dot_f16(n, w, a),
-                    GgmlType::BF16 => return plain::dot_bf16(n, w, a),
-                    _ => {}
-                }
-            }
+        if let Some(dot) = self.table.dot.get(weight) {
+            // SAFETY: the table is this CPU's (`table.rs`); the caller checked both lengths
+            // against `n`.
+            return unsafe { dot(n, w, act) };
         }
         audit::fallback(self.isa, "vec_dot", weight);
         match weight {
@@ -502,39 +386,11 @@ impl Kernels {
         let ab = row_bytes(at, g.ncols).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(act.len(), ab, "matvec activation bytes");
         assert_eq!(out.len(), w.rows, "matvec output length");
-        #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
-        {
-            use avx2::kquants::entry as kq;
-            use avx2::{plain, vnni};
-            use avx512::narrow;
-            let m = g.rows();
-            // SAFETY: ISA detected at construction; `m` was validated by `geometry` (every row
-            // slice it hands out is bounds-checked slicing), `act` has exactly `nb` activation
-            // blocks, and `out` has `rows` elements.
-            unsafe {
-                if self.isa != Isa::Scalar {
-                    callk!(w.ty, kq::matvec(m, blocks_of(act), out));
-                }
-                match self.isa {
-                    Isa::Scalar => {}
-                    Isa::Avx2 => call32!(w.ty, plain::matvec(m, blocks_of(act), out)),
-                    Isa::AvxVnni => call32!(w.ty, vnni::matvec(m, blocks_of(act), out)),
-                    Isa::Avx512Vnni => call32!(w.ty, narrow::matvec(m, blocks_of(act), out)),
-                }
-            }
-        }
-        #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
-        if self.isa != Isa::Scalar {
-            use neon::{dot, plain};
-            let m = g.neon_rows();
-            // SAFETY: ISA detected at construction; `m` was validated by `geometry` (rows are
-            // bounds-checked slices), `act` has exactly `nb` activation blocks, `out` `rows`.
-            unsafe {
-                if matches!(self.isa, Isa::NeonDot | Isa::NeonI8mm) {
-                    call32!(w.ty, dot::matvec(m, blocks_of(act), out));
-                }
-                call32!(w.ty, plain::matvec(m, blocks_of(act), out));
-            }
+        if let Some(matvec) = self.table.matvec.get(w.ty) {
+            // SAFETY: the table is this CPU's (`table.rs`); `g` was validated by `geometry`
+            // (every row it hands out is a bounds-checked slice), `act` has exactly `nb`
+            // activation blocks and `out` `rows` elements.
+            return unsafe { matvec(g, act, out) };
         }
         audit::fallback(self.isa, "matvec", w.ty);
         for (r, o) in out.iter_mut().enumerate() {
@@ -560,41 +416,11 @@ impl Kernels {
         if let Some(&r) = pick.iter().find(|&&r| r as usize >= w.rows) {
             panic!("matvec_rows: row {r} outside 0..{}", w.rows);
         }
-        #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
-        {
-            use avx2::kquants::entry as kq;
-            use avx2::{plain, vnni};
-            use avx512::narrow;
-            let m = g.rows();
-            // SAFETY: ISA detected at construction; every picked row was checked above and is
-            // sliced with bounds checks; `act` has exactly `nb` activation blocks and `out` one
-            // element per pick.
-            unsafe {
-                if self.isa != Isa::Scalar {
-                    callk!(w.ty, kq::matvec_rows(m, pick, blocks_of(act), out));
-                }
-                match self.isa {
-                    Isa::Scalar => {}
-                    Isa::Avx2 => call32!(w.ty, plain::matvec_rows(m, pick, blocks_of(act), out)),
-                    Isa::AvxVnni => call32!(w.ty, vnni::matvec_rows(m, pick, blocks_of(act), out)),
-                    Isa::Avx512Vnni => {
-                        call32!(w.ty, narrow::matvec_rows(m, pick, blocks_of(act), out))
-                    }
-                }
-            }
-        }
-        #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
-        if self.isa != Isa::Scalar {
-            use neon::{dot, plain};
-            let m = g.neon_rows();
-            // SAFETY: ISA detected at construction; every picked row was checked above and is
-            // sliced with bounds checks; `act` has `nb` blocks and `out` one element per pick.
-            unsafe {
-                if matches!(self.isa, Isa::NeonDot | Isa::NeonI8mm) {
-                    call32!(w.ty, dot::matvec_rows(m, pick, blocks_of(act), out));
-                }
-                call32!(w.ty, plain::matvec_rows(m, pick, blocks_of(act), out));
-            }
+        if let Some(matvec_rows) = self.table.matvec_rows.get(w.ty) {
+            // SAFETY: the table is this CPU's (`table.rs`); every picked row was checked above
+            // and is sliced with bounds checks, `act` has exactly `nb` activation blocks and
+            // `out` one element per pick.
+            return unsafe { matvec_rows(g, pick, act, out) };
         }
         audit::fallback(self.isa, "matvec_rows", w.ty);
         for (&r, o) in pick.iter().zip(out.iter_mut()) {

@@ -29,7 +29,7 @@ impl Kernels {
     /// # Panics
     /// As [`Kernels::axpy_rows`].
     pub fn axpy_rows_add(&self, w: MatRef<'_>, neurons: &[u32], coefs: &[f32], out: &mut [f32]) {
-        let stride = w.validate().unwrap_or_else(|e| panic!("{e}"));
+        let g = Self::geometry(&w, 0..w.cols);
         assert!(axpy_type(w.ty), "axpy_rows: {} is not supported", w.ty);
         assert_eq!(
             coefs.len(),
@@ -44,53 +44,13 @@ impl Kernels {
                 w.rows
             );
         }
-        #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
-        if self.isa != Isa::Scalar {
-            use avx2::plain;
-            let m = avx2::Rows {
-                data: w.data,
-                stride,
-                off: 0,
-                nb: w.cols / w.ty.block_size(),
-                rows: w.rows,
-            };
-            // SAFETY: the ISA was detected at construction (every SIMD ISA implies AVX2+FMA+F16C,
-            // and Avx512Vnni the AVX-512 features); `m` describes the validated matrix (rows are
-            // bounds-checked slices), `out` has `cols` elements and coefs match neurons.
-            unsafe {
-                if self.isa == Isa::Avx512Vnni {
-                    call32!(w.ty, avx512::axpy_rows(m, neurons, coefs, out));
-                }
-                call32!(w.ty, plain::axpy_rows(m, neurons, coefs, out));
-                match w.ty {
-                    GgmlType::F32 => {
-                        return plain::axpy_rows_f32(w.data, stride, neurons, coefs, out)
-                    }
-                    GgmlType::F16 => {
-                        return plain::axpy_rows_f16(w.data, stride, neurons, coefs, out)
-                    }
-                    GgmlType::BF16 => {
-                        return plain::axpy_rows_bf16(w.data, stride, neurons, coefs, out)
-                    }
-                    _ => {}
-                }
-            }
-        }
-        #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
-        if self.isa != Isa::Scalar {
-            let m = neon::Rows {
-                data: w.data,
-                stride,
-                off: 0,
-                nb: w.cols / w.ty.block_size(),
-                rows: w.rows,
-            };
-            use neon::plain;
-            // SAFETY: NEON detected at construction; `m` describes the validated matrix (rows
-            // are bounds-checked slices), `out` has `cols` elements and coefs match neurons.
-            unsafe { call32!(w.ty, plain::axpy_rows(m, neurons, coefs, out)) }
+        if let Some(axpy) = self.table.axpy_rows.get(w.ty) {
+            // SAFETY: the table is this CPU's (`quant/table.rs`); `g` describes the validated
+            // matrix (rows are bounds-checked slices), `out` has `cols` elements, every neuron
+            // is a row and the coefficients match the neurons.
+            return unsafe { axpy(g, neurons, coefs, out) };
         }
         audit::fallback(self.isa, "axpy_rows", w.ty);
-        scalar::axpy_rows(w.ty, w.data, stride, neurons, coefs, out)
+        scalar::axpy_rows(w.ty, w.data, g.stride, neurons, coefs, out)
     }
 }

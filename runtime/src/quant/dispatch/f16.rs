@@ -1,4 +1,5 @@
-//! f16 conversions and attention's products over an f16 KV cache.
+//! f16 conversions and attention's products over an f16 KV cache, from the kernel table
+//! (every ISA has an entry: the scalar functions on `Scalar`).
 
 use crate::quant::*;
 
@@ -9,17 +10,8 @@ impl Kernels {
     /// If the lengths differ.
     pub fn f32_to_f16(&self, src: &[f32], dst: &mut [f16]) {
         assert_eq!(src.len(), dst.len(), "f32_to_f16 lengths");
-        #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
-        if self.isa != Isa::Scalar {
-            // SAFETY: F16C/AVX detected at construction; lengths equal.
-            return unsafe { avx2::plain::f32_to_f16_row(src, dst) };
-        }
-        #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
-        if self.isa != Isa::Scalar {
-            // SAFETY: NEON detected at construction (the aarch64 baseline); lengths checked.
-            return unsafe { neon::plain::f32_to_f16_row(src, dst) };
-        }
-        scalar::f32_to_f16_row(src, dst)
+        // SAFETY: the table is this CPU's (`quant/table.rs`); the lengths were checked.
+        unsafe { (self.table.f16.f32_to_f16)(src, dst) }
     }
 
     /// f16 to f32 (exact).
@@ -28,17 +20,8 @@ impl Kernels {
     /// If the lengths differ.
     pub fn f16_to_f32(&self, src: &[f16], dst: &mut [f32]) {
         assert_eq!(src.len(), dst.len(), "f16_to_f32 lengths");
-        #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
-        if self.isa != Isa::Scalar {
-            // SAFETY: F16C/AVX detected at construction; lengths equal.
-            return unsafe { avx2::plain::f16_to_f32_row(src, dst) };
-        }
-        #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
-        if self.isa != Isa::Scalar {
-            // SAFETY: NEON detected at construction (the aarch64 baseline); lengths checked.
-            return unsafe { neon::plain::f16_to_f32_row(src, dst) };
-        }
-        scalar::f16_to_f32_row(src, dst)
+        // SAFETY: the table is this CPU's (`quant/table.rs`); the lengths were checked.
+        unsafe { (self.table.f16.f16_to_f32)(src, dst) }
     }
 
     /// Dot of an f32 vector with an f16 row (attention scores over an f16 K cache).
@@ -47,17 +30,8 @@ impl Kernels {
     /// If the lengths differ.
     pub fn dot_f32_f16(&self, x: &[f32], y: &[f16]) -> f32 {
         assert_eq!(x.len(), y.len(), "dot_f32_f16 lengths");
-        #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
-        if self.isa != Isa::Scalar {
-            // SAFETY: AVX2/FMA/F16C detected at construction; lengths equal.
-            return unsafe { avx2::plain::dot_f32_f16(x, y) };
-        }
-        #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
-        if self.isa != Isa::Scalar {
-            // SAFETY: NEON detected at construction (the aarch64 baseline); lengths checked.
-            return unsafe { neon::plain::dot_f32_f16(x, y) };
-        }
-        scalar::dot_f32_f16(x, y)
+        // SAFETY: the table is this CPU's (`quant/table.rs`); the lengths were checked.
+        unsafe { (self.table.f16.dot_f32_f16)(x, y) }
     }
 
     /// `y[i] += a * x[i]` (one fma each) for an f16 row `x` (attention over an f16 V cache).
@@ -66,16 +40,7 @@ impl Kernels {
     /// If the lengths differ.
     pub fn axpy_f16(&self, a: f32, x: &[f16], y: &mut [f32]) {
         assert_eq!(x.len(), y.len(), "axpy_f16 lengths");
-        #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
-        if self.isa != Isa::Scalar {
-            // SAFETY: AVX2/FMA/F16C detected at construction; lengths equal.
-            return unsafe { avx2::plain::axpy_f16(a, x, y) };
-        }
-        #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
-        if self.isa != Isa::Scalar {
-            // SAFETY: NEON detected at construction (the aarch64 baseline); lengths checked.
-            return unsafe { neon::plain::axpy_f16(a, x, y) };
-        }
-        scalar::axpy_f16(a, x, y)
+        // SAFETY: the table is this CPU's (`quant/table.rs`); the lengths were checked.
+        unsafe { (self.table.f16.axpy_f16)(a, x, y) }
     }
 }

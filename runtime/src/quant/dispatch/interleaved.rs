@@ -71,26 +71,11 @@ impl Kernels {
         let ab = row_bytes(GgmlType::Q8_K, cols.len()).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(act.len(), ab, "matvec activation bytes");
         assert_eq!(out.len(), w.rows, "matvec output length");
-        #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
-        if self.has_interleaved_kernels() {
-            use avx2::x8::entry;
-            if self.isa == Isa::Avx512Vnni {
-                use avx512::x8 as wide;
-                // SAFETY: AVX-512 VNNI detected at construction; as below.
-                unsafe { call_x8!(w, (off, nb), wide::matvec(blocks_of(act), out)) }
-            }
-            // SAFETY: ISA detected at construction (every SIMD ISA implies AVX2+FMA+F16C); the
-            // geometry was validated (its groups are bounds-checked slices), `act` has exactly
-            // `nb` activation blocks and `out` `rows` elements.
-            unsafe { call_x8!(w, (off, nb), entry::matvec(blocks_of(act), out)) }
-        }
-        #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
-        if self.has_interleaved_kernels() {
-            use neon::x8::entry;
-            // SAFETY: dotprod detected at construction; the geometry was validated (its groups
-            // are bounds-checked slices), `act` has exactly `nb` activation blocks and `out`
-            // `rows` elements.
-            unsafe { call_x8!(w, (off, nb), entry::matvec(blocks_of(act), out)) }
+        if let Some(matvec) = self.table.matvec_x8.get(w.ty) {
+            // SAFETY: the table is this CPU's (`quant/table.rs`); the geometry was validated
+            // (its groups are bounds-checked slices), `act` has exactly `nb` activation blocks
+            // and `out` `rows` elements.
+            return unsafe { matvec(&w, (off, nb), act, out) };
         }
         audit::fallback(self.isa, "matvec_x8", w.ty);
         self.x8_row_dots(&w, (off, nb), 0..w.rows, act, out);
@@ -125,28 +110,12 @@ impl Kernels {
         out_stride: usize,
     ) {
         let arow = row_bytes(GgmlType::Q8_K, cols.len()).unwrap_or_else(|e| panic!("{e}"));
-        #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
-        if self.has_interleaved_kernels() {
-            use avx2::x8::entry;
+        if let Some(matmul) = self.table.matmul_x8.get(w.ty) {
             let (off, nb) = Self::x8_cols(&w, &cols);
-            let a = blocks_of(acts);
-            if self.isa == Isa::Avx512Vnni {
-                use avx512::x8 as wide;
-                // SAFETY: AVX-512 VNNI detected at construction; as below.
-                unsafe { call_x8!(w, (off, nb), wide::matmul(a, n_tokens, out, out_stride)) }
-            }
-            // SAFETY: ISA detected at construction; the geometry validated, `acts` has
-            // n_tokens * nb blocks and `out` covers every (t, r) written (checked in `matmul`).
-            unsafe { call_x8!(w, (off, nb), entry::matmul(a, n_tokens, out, out_stride)) }
-        }
-        #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
-        if self.has_interleaved_kernels() {
-            use neon::x8::entry;
-            let (off, nb) = Self::x8_cols(&w, &cols);
-            let a = blocks_of(acts);
-            // SAFETY: dotprod detected at construction; the geometry validated, `acts` has
-            // n_tokens * nb blocks and `out` covers every (t, r) written (checked in `matmul`).
-            unsafe { call_x8!(w, (off, nb), entry::matmul(a, n_tokens, out, out_stride)) }
+            // SAFETY: the table is this CPU's (`quant/table.rs`); the geometry was validated,
+            // `acts` has n_tokens * nb blocks and `out` covers every (t, r) written (checked in
+            // `matmul`).
+            return unsafe { matmul(&w, (off, nb), acts, n_tokens, out, out_stride) };
         }
         audit::fallback(self.isa, "matmul_x8", w.ty);
         for t in 0..n_tokens {

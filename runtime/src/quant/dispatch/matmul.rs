@@ -1,6 +1,6 @@
 //! Prefill's products: [`Kernels::matmul`] and [`Kernels::matmul_cols`], dispatched to the
-//! packed GEMMs from `PACKED_MIN_TOKENS` tokens on, the 4x4 tiles below that, and the per-row
-//! dots where a type has neither.
+//! kernel table's entry of the type (on x86-64 the packed GEMMs from `PACKED_MIN_TOKENS`
+//! tokens on, the 4x4 tiles below that), and the per-row dots where a type has none.
 
 use crate::quant::*;
 
@@ -65,124 +65,11 @@ impl Kernels {
             return self.matmul_x8(w, cols, acts, n_tokens, out, out_stride);
         }
         let g = Self::geometry(&w, cols);
-        #[cfg(all(target_arch = "x86_64", not(conductor_portable)))]
-        {
-            use avx2::kquants::entry as kq;
-            use avx2::{plain, vnni};
-            use avx512::narrow;
-            let m = g.rows();
-            let packed = n_tokens >= PACKED_MIN_TOKENS;
-            // SAFETY: ISA detected at construction; geometry validated above, `acts` has
-            // n_tokens * nb blocks and `out` covers every (t, r) written (checked above).
-            unsafe {
-                // Q4_K and Q6_K in file layout take the interleaved kernels' unpacked blocks,
-                // their rows packed into groups on the way (the same bits).
-                if self.isa == Isa::Avx512Vnni && n_tokens >= avx512::UNPACK_ONCE_FROM {
-                    match w.ty {
-                        GgmlType::Q4_K => {
-                            return avx512::x8::matmul_rows::<BlockQ4Kx8>(
-                                m,
-                                blocks_of(acts),
-                                n_tokens,
-                                out,
-                                out_stride,
-                            )
-                        }
-                        GgmlType::Q6_K => {
-                            return avx512::x8::matmul_rows::<BlockQ6Kx8>(
-                                m,
-                                blocks_of(acts),
-                                n_tokens,
-                                out,
-                                out_stride,
-                            )
-                        }
-                        _ => {}
-                    }
-                }
-                if self.isa != Isa::Scalar {
-                    callk!(
-                        w.ty,
-                        kq::matmul(m, blocks_of(acts), n_tokens, out, out_stride)
-                    );
-                }
-                match self.isa {
-                    Isa::Scalar => {}
-                    Isa::Avx512Vnni if packed => {
-                        call32!(
-                            w.ty,
-                            avx512::matmul_packed16(m, blocks_of(acts), n_tokens, out, out_stride)
-                        )
-                    }
-                    Isa::AvxVnni if packed => {
-                        call32!(
-                            w.ty,
-                            gemm::matmul_vnni(m, blocks_of(acts), n_tokens, out, out_stride)
-                        )
-                    }
-                    // Without VNNI the packed scheme sums in i16: 4- and 5-bit weights only
-                    // (`gemm::i16_groups`); 8-bit ones take the 4x4 tiles there.
-                    Isa::Avx2 if packed => {
-                        call32!(
-                            w.ty,
-                            gemm::matmul_avx2(m, blocks_of(acts), n_tokens, out, out_stride)
-                        )
-                    }
-                    Isa::Avx2 => call32!(
-                        w.ty,
-                        plain::matmul(m, blocks_of(acts), n_tokens, out, out_stride)
-                    ),
-                    Isa::AvxVnni => call32!(
-                        w.ty,
-                        vnni::matmul(m, blocks_of(acts), n_tokens, out, out_stride)
-                    ),
-                    Isa::Avx512Vnni => {
-                        call32!(
-                            w.ty,
-                            narrow::matmul(m, blocks_of(acts), n_tokens, out, out_stride)
-                        )
-                    }
-                }
-            }
-        }
-        #[cfg(all(target_arch = "aarch64", not(conductor_portable)))]
-        if self.isa != Isa::Scalar {
-            use neon::kquants::{dot as kq_dot, mm as kq_mm, plain as kq_plain};
-            use neon::{dot, mm, plain};
-            let m = g.neon_rows();
-            // SAFETY: ISA detected at construction (NeonI8mm implies dotprod and i8mm);
-            // geometry validated above, `acts` has n_tokens * nb blocks and `out` covers every
-            // (t, r) written (checked above).
-            unsafe {
-                if self.isa == Isa::NeonI8mm {
-                    call32!(
-                        w.ty,
-                        mm::matmul(m, blocks_of(acts), n_tokens, out, out_stride)
-                    );
-                    callk!(
-                        w.ty,
-                        kq_mm::matmul(m, blocks_of(acts), n_tokens, out, out_stride)
-                    );
-                }
-                if matches!(self.isa, Isa::NeonDot | Isa::NeonI8mm) {
-                    call32!(
-                        w.ty,
-                        dot::matmul(m, blocks_of(acts), n_tokens, out, out_stride)
-                    );
-                    callk!(
-                        w.ty,
-                        kq_dot::matmul(m, blocks_of(acts), n_tokens, out, out_stride)
-                    );
-                }
-                call32!(
-                    w.ty,
-                    plain::matmul(m, blocks_of(acts), n_tokens, out, out_stride)
-                );
-                callk!(
-                    w.ty,
-                    kq_plain::matmul(m, blocks_of(acts), n_tokens, out, out_stride)
-                );
-            }
+        if let Some(matmul) = self.table.matmul.get(w.ty) {
+            // SAFETY: the table is this CPU's (`quant/table.rs`); the geometry was validated
+            // above, `acts` has n_tokens * nb blocks and `out` covers every (t, r) written
+            // (checked above).
+            return unsafe { matmul(g, acts, n_tokens, out, out_stride) };
         }
         audit::fallback(self.isa, "matmul", w.ty);
         for t in 0..n_tokens {

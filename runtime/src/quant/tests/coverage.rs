@@ -1,7 +1,7 @@
 //! Which (operation, type) pairs run a kernel of their own, per ISA: every pair is run on every
 //! ISA this CPU has, and the pairs whose dispatch fell back to its generic path (`audit.rs`:
-//! row-by-row dots, or scalar code) must be exactly the ones written here. A missing match arm
-//! fails this test instead of making a model silently slower; a new kernel shortens its list.
+//! row-by-row dots, or scalar code, where the kernel table has no entry) must be exactly the ones
+//! written here. A kernel missing from the table fails this test instead of making a model silently slower; a new kernel shortens its list.
 
 use super::*;
 use crate::quant::interleave::{interleavable, interleave};
@@ -142,4 +142,26 @@ fn simd_kernels_cover_the_table_and_nothing_falls_to_scalar_unlisted() {
         wrong.is_empty(),
         "{wrong:?} differ from the table:\n{report}"
     );
+}
+
+#[test]
+fn each_isa_builds_its_kernel_table_once_and_the_f16_helpers_are_in_it() {
+    for k in Kernels::available() {
+        let again = Kernels::with_isa(k.isa()).expect("available");
+        assert!(
+            std::ptr::eq(k.table, again.table),
+            "{}: a second table",
+            k.isa().name()
+        );
+        // Attention's f16 helpers come from the same table: the SIMD ISAs' are not the
+        // scalar functions.
+        let scalar = Kernels::scalar().table.f16.dot_f32_f16 as usize;
+        let own = k.table.f16.dot_f32_f16 as usize;
+        assert_eq!(own == scalar, k.isa() == Isa::Scalar, "{}", k.isa().name());
+    }
+    let best = Kernels::best();
+    assert!(std::ptr::eq(
+        best.table,
+        Kernels::with_isa(best.isa()).unwrap().table
+    ));
 }
