@@ -257,8 +257,8 @@ fn sparse_decode_end_to_end() {
     );
     assert_ne!(at_half, at_zero);
 
-    // Bit-identical whatever the threads and the driver.
-    for mode in [SparsityMode::Threshold, SparsityMode::Predictor] {
+    // Bit-identical whatever the threads and the driver, in every sparse mode.
+    for mode in SparsityMode::ALL.into_iter().filter(|m| m.is_sparse()) {
         let reference =
             decode_logits(&mut build(&model, DriverKind::Inline, 1, settings(mode, 0.5)).unwrap());
         for (driver, threads) in [

@@ -99,9 +99,7 @@ fn build(
     profile.validate()?;
     let shape = &workload.model.shape;
     let ffn = match workload.ffn {
-        Some(select) => {
-            FfnPlan::resolve(plan, shape, select.sparsity()).map_err(ScheduleError::from)?
-        }
+        Some(select) => FfnPlan::with_select(plan, shape, select).map_err(ScheduleError::from)?,
         None => FfnPlan::implied(plan, shape),
     };
     let mut scheduler = Scheduler::with_ffn(shape, plan, ffn)?;

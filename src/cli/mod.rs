@@ -245,19 +245,33 @@ impl SparsityArg {
     }
 }
 
+/// Every sparsity mode as a command-line value, with its help.
+fn sparsity_modes() -> impl Iterator<Item = clap::builder::PossibleValue> {
+    SparsityMode::ALL
+        .into_iter()
+        .map(|m| clap::builder::PossibleValue::new(m.name()).help(m.describe()))
+}
+
 /// `--sparsity`'s values, each with its help, parsed by [`SparsityMode::setting`].
 fn sparsity_setting() -> impl clap::builder::TypedValueParser<Value = SparsityArg> {
     use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
     let values = std::iter::once(
         PossibleValue::new(SparsityMode::DEFAULT_SETTING).help("the shipped choice (above)"),
     )
-    .chain(
-        SparsityMode::ALL
-            .into_iter()
-            .map(|m| PossibleValue::new(m.name()).help(m.describe())),
-    );
+    .chain(sparsity_modes());
     PossibleValuesParser::new(values)
         .map(|text| SparsityArg(SparsityMode::setting(&text).expect("one of the possible values")))
+}
+
+/// A sparsity mode by name, `default` aside (`conductor plan --sparsity`).
+pub(crate) fn sparsity_mode() -> impl clap::builder::TypedValueParser<Value = SparsityMode> {
+    use clap::builder::{PossibleValuesParser, TypedValueParser};
+    PossibleValuesParser::new(sparsity_modes()).map(|text| {
+        SparsityMode::setting(&text)
+            .ok()
+            .flatten()
+            .expect("one of the possible values")
+    })
 }
 
 pub(crate) fn parse_down_type(s: &str) -> Result<GgmlType, String> {

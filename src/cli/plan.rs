@@ -67,8 +67,8 @@ pub struct PlanArgs {
     /// model's activation profile (`conductor profile`); its neuron frequencies drive the
     /// simulated steps and rank the hot segment's bundles. Under --memory with `threshold`,
     /// gate-first reads (`run --gate-first`) are candidates too.
-    #[arg(long = "sparsity", value_enum, default_value_t = PlanSparsity::Dense)]
-    sparsity: PlanSparsity,
+    #[arg(long = "sparsity", value_parser = super::sparsity_mode(), default_value = "dense")]
+    sparsity: SparsityMode,
     /// Target share of FFN neurons skipped (default 30% for SwiGLU models, 0 = the natural
     /// zeros for ReLU models).
     #[arg(long = "target-sparsity", value_parser = super::parse_share)]
@@ -87,14 +87,6 @@ pub struct PlanArgs {
     /// Where to write the plan: JSON, TOML (.toml) or bincode (.bin).
     #[arg(short = 'o', long = "output")]
     output: PathBuf,
-}
-
-/// Which sparse decode a plan carries.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum PlanSparsity {
-    Dense,
-    Threshold,
-    Predictor,
 }
 
 pub fn run(args: PlanArgs) -> Result<()> {
@@ -194,7 +186,7 @@ fn load_model(args: &PlanArgs) -> Result<Loaded> {
                 NAMED_SHAPES.join(", ")
             )
         })?;
-        if args.sparsity != PlanSparsity::Dense {
+        if args.sparsity.is_sparse() {
             bail!("--sparsity needs a model file with an activation profile, not a shape");
         }
         let file_bytes = model.dense_weight_bytes();
@@ -212,10 +204,10 @@ fn load_model(args: &PlanArgs) -> Result<Loaded> {
         .with_context(|| format!("cannot read model file {}", path.display()))?;
     let model = Model::open(&path, WeightSource::Mapped)
         .with_context(|| format!("cannot load {}", path.display()))?;
-    let (sparse, ffn) = match args.sparsity {
-        PlanSparsity::Dense => (None, None),
-        mode => {
-            let (sparse, ffn) = load_sparse(args, &path, &model, mode)?;
+    let (sparse, ffn) = match args.sparsity.is_sparse() {
+        false => (None, None),
+        true => {
+            let (sparse, ffn) = load_sparse(args, &path, &model, args.sparsity)?;
             (Some(sparse), Some(ffn))
         }
     };
@@ -238,7 +230,7 @@ fn load_sparse(
     args: &PlanArgs,
     path: &Path,
     model: &Model,
-    mode: PlanSparsity,
+    mode: SparsityMode,
 ) -> Result<(Sparse, SparseFfn)> {
     let beside = ModelProfile::default_path(path);
     let profile_path = args.sparse_profile.clone().unwrap_or_else(|| {
@@ -261,13 +253,12 @@ fn load_sparse(
     let target = args
         .target_sparsity
         .unwrap_or(if relu { 0.0 } else { DEFAULT_SPARSITY });
-    let mode = match mode {
-        PlanSparsity::Predictor => SparsityMode::Predictor,
-        _ => SparsityMode::Threshold,
+    let thresholds = match mode.gate_threshold() {
+        true => (0..profile.layers.len())
+            .map(|l| profile.threshold(l, target))
+            .collect::<Result<Vec<f32>, _>>()?,
+        false => Vec::new(),
     };
-    let thresholds = (0..profile.layers.len())
-        .map(|l| profile.threshold(l, target))
-        .collect::<Result<Vec<f32>, _>>()?;
     let point = OperatingPoint {
         mode,
         sparsity: target,

@@ -84,7 +84,7 @@ pub(super) fn resolve_sparsity(
     let profile_path = profile_path(model, path, settings);
     let relu = model.config().activation == FfnActivation::Relu;
     let mode = match settings.mode {
-        Some(SparsityMode::Dense) => return Ok(None),
+        Some(mode) if !mode.is_sparse() => return Ok(None),
         // The router is a mixture of experts' sparsity; neuron-level sparse decode is not
         // built for it.
         Some(_) if model.config().is_moe() => return Err(SparseError::MixtureOfExperts.into()),
@@ -98,7 +98,7 @@ pub(super) fn resolve_sparsity(
         None => DEFAULT_SPARSITY_MODE,
     };
     // A PowerInfer file brings its own predictors and transposed down projection.
-    if model.store().is_none() && (mode == SparsityMode::Predictor || settings.mode.is_none()) {
+    if model.store().is_none() && (mode.predicts() || settings.mode.is_none()) {
         let c = model.config();
         let pi = read_powerinfer(
             model.file(),
@@ -110,9 +110,16 @@ pub(super) fn resolve_sparsity(
         .map_err(SparseError::from)?;
         if let Some(pi) = pi.filter(|p| p.has_predictors()) {
             let down_type = settings.down_type.unwrap_or(DEFAULT_SPARSE_DOWN_TYPE);
-            let sparse = SparseFfn::from_powerinfer(model, pi, down_type)?;
+            // By default the file's predictors decide.
+            let mode = if mode.predicts() {
+                mode
+            } else {
+                SparsityMode::Predictor
+            };
+            let sparse = SparseFfn::from_powerinfer(model, pi, mode, down_type)?;
             say(&format!(
-                "sparsity: predictor (the PowerInfer file's own predictors), +{:.1} MiB",
+                "sparsity: {} (the PowerInfer file's own predictors), +{:.1} MiB",
+                mode.name(),
                 sparse.bytes() as f64 / (1 << 20) as f64
             ));
             return Ok(Some(sparse));
@@ -133,7 +140,7 @@ pub(super) fn resolve_sparsity(
     // else its natural zeros through the predictors (or the threshold without them).
     let chosen = profile.operating_point.as_ref().map(|c| c.point);
     let point = match (settings.mode, chosen) {
-        (None, Some(p)) if budgeted && p.mode != SparsityMode::Dense => OperatingPoint {
+        (None, Some(p)) if budgeted && p.mode.is_sparse() => OperatingPoint {
             sparsity: settings.target.unwrap_or(p.sparsity),
             predictor_recall: settings.predictor_recall.or(p.predictor_recall),
             ..p
@@ -184,7 +191,7 @@ fn measured_default(
         ));
         return Ok(None);
     };
-    if chosen.point.mode == SparsityMode::Dense {
+    if !chosen.point.mode.is_sparse() {
         say(&format!(
             "sparsity: dense (the activation profile measured no sparse decode within {:.0}% perplexity of dense)",
             DEFAULT_TOLERANCE * 100.0
@@ -212,9 +219,11 @@ fn build(
     settings: &SparsitySettings,
     say: &mut dyn FnMut(&str),
 ) -> Result<SparseFfn, Error> {
-    if let (SparsityMode::Predictor, Some(p), None) =
-        (point.mode, &profile.predictors, point.predictor_recall)
-    {
+    if let (true, Some(p), None) = (
+        point.mode.predicts(),
+        &profile.predictors,
+        point.predictor_recall,
+    ) {
         if point.sparsity + 1e-6 < p.sparsity {
             say(&format!(
                 "sparsity: the predictors were trained for {:.0}% sparsity; at {:.0}% they miss more of the neurons the threshold keeps",

@@ -24,9 +24,8 @@ pub use sizes::{planned_store_sizes, planned_store_sizes_with, DEFAULT_HEADER_BY
 use conductor_runtime::cache::{fit_plan_to_budget, BudgetError, BudgetSplit, StoreSizes};
 use conductor_runtime::plan::ModelIdentity;
 use conductor_runtime::plan::{
-    ExecutionPlan, HardwareProfile, ModelDescription, PlanPrediction, SparsityPlan,
+    ExecutionPlan, FfnSelect, HardwareProfile, ModelDescription, PlanPrediction, SparsityPlan,
 };
-use conductor_runtime::sparse::SparsityMode;
 use conductor_runtime::trace::StepActivity;
 use conductor_simulator::{simulate, SimError, SimOptions, SimReport, Workload};
 
@@ -173,10 +172,10 @@ pub fn search(
     if budget.is_some() && request.store.is_none() {
         return Err(SearchError::NotAStore);
     }
-    let threshold = request
-        .sparsity
-        .as_ref()
-        .is_some_and(|s| s.mode == SparsityMode::Threshold);
+    let threshold = request.sparsity.as_ref().is_some_and(|s| {
+        // Gate-first reads serve a selection by the gate's threshold.
+        FfnSelect::of(&request.model.shape, s.mode) == Ok(FfnSelect::Threshold)
+    });
     let list = candidates(
         &request.model,
         &request.profile,

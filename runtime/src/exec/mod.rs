@@ -30,7 +30,7 @@ pub use inline::{open_cache, InlineDriver};
 pub use session::{Session, StepError};
 
 use crate::model::Model;
-use crate::plan::FfnPlan;
+use crate::plan::{FfnPlan, FfnSelect};
 use std::sync::Arc;
 
 /// How `model` computes and reads decode's FFN under `plan`: its sparse decode's selection
@@ -55,7 +55,7 @@ pub fn scheduler_for(
     ffn: FfnPlan,
 ) -> Result<crate::schedule::Scheduler, crate::schedule::ScheduleError> {
     let decodes = model.sparse().map_or(Default::default(), |s| s.mode);
-    if ffn.select.sparsity() != decodes {
+    if FfnSelect::of(&model.shape(), decodes).ok() != Some(ffn.select) {
         return Err(crate::schedule::ScheduleError::FfnOfAnotherDecode {
             ffn: ffn.select.name(),
             model: decodes.name(),

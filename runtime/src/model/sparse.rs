@@ -8,7 +8,7 @@ use crate::quant::{transpose_requantize, GgmlType, MatRef};
 use crate::sparse::operating::OperatingPoint;
 use crate::sparse::powerinfer::PowerInferSparse;
 use crate::sparse::profile::ModelProfile;
-use crate::sparse::{SparseError, SparseFfn, SparseLayer, SparseStats};
+use crate::sparse::{SparseError, SparseFfn, SparseLayer, SparseStats, NO_THRESHOLD};
 
 impl SparseFfn {
     /// Sparse decode of `model` at an operating `point` (not dense), from its `profile`. In
@@ -30,14 +30,14 @@ impl SparseFfn {
             return Err(SparseError::MixtureOfExperts);
         }
         profile.model.check(&ModelIdentity::of(model))?;
-        let predictors = match mode {
-            SparsityMode::Predictor => Some(
+        let predictors = match mode.predicts() {
+            true => Some(
                 profile
                     .predictors
                     .as_ref()
                     .ok_or(SparseError::NoPredictors)?,
             ),
-            _ => None,
+            false => None,
         };
         let mut layers = Vec::with_capacity(model.layers().len());
         for (l, w) in model.layers().iter().enumerate() {
@@ -65,7 +65,10 @@ impl SparseFfn {
                 }
             };
             layers.push(SparseLayer {
-                threshold: profile.threshold(l, sparsity)?,
+                threshold: match mode.gate_threshold() {
+                    true => profile.threshold(l, sparsity)?,
+                    false => NO_THRESHOLD,
+                },
                 importance: profile.layers[l].importance.clone(),
                 predictor,
                 down_t,
@@ -82,14 +85,15 @@ impl SparseFfn {
         })
     }
 
-    /// Sparse decode with a PowerInfer model's own predictors: a neuron runs when its
-    /// predictor logit reaches the file's threshold, and then only its ReLU decides (activation
-    /// threshold 0). The file's transposed down projection is used as stored when every layer
+    /// Sparse decode in `mode` with a PowerInfer model's own predictors: a neuron runs when
+    /// its predictor logit reaches the file's threshold (where the mode predicts), and then
+    /// only its ReLU decides (activation threshold 0, where the mode has one). The file's transposed down projection is used as stored when every layer
     /// has one of a type the kernels read; otherwise the model's is transposed into
     /// `fallback_down_type`.
     pub fn from_powerinfer(
         model: &Model,
         pi: PowerInferSparse,
+        mode: SparsityMode,
         fallback_down_type: GgmlType,
     ) -> Result<SparseFfn, SparseError> {
         if model.config().is_moe() {
@@ -109,14 +113,18 @@ impl SparseFfn {
                     .map_err(|source| SparseError::Transpose { layer: l, source })?,
             };
             layers.push(SparseLayer {
-                threshold: 0.0,
+                threshold: if mode.gate_threshold() {
+                    0.0
+                } else {
+                    NO_THRESHOLD
+                },
                 importance: vec![1.0; n_ff],
                 predictor: layer.predictor,
                 down_t: Some(down_t),
             });
         }
         Ok(SparseFfn {
-            mode: SparsityMode::Predictor,
+            mode,
             sparsity: 0.0,
             layers,
             down_type,

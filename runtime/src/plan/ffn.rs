@@ -1,11 +1,14 @@
-//! The selection module: how decode chooses and reads FFN neurons, resolved once into an
-//! [`FfnPlan`] — which neurons a step computes ([`FfnSelect`]) and how a store's bundles are
-//! read for them ([`ReadPolicy`]). The scheduler (what it awaits and loads), the cache's flow
-//! and budget, the executor (what a cluster computes) and the simulator (what it charges) ask
-//! this module their questions (`gate_first`, `predicted_pages`, `selects_clusters`,
-//! `predicts`, `thresholds`, `predicted_rows_only`) instead of comparing variants, so a mode
-//! that answers them as an existing one does is added here and in its tests alone; which
-//! neurons pass is computed in `exec/selection.rs`.
+//! The FFN plan: how decode chooses and reads FFN neurons, resolved once into an [`FfnPlan`]
+//! — which neurons a step computes ([`FfnSelect`], from the sparsity mode) and how a store's
+//! bundles are read for them ([`ReadPolicy`]). The scheduler (what it awaits and loads), the
+//! cache's flow and budget, the executor (what a cluster computes) and the simulator (what it
+//! charges) ask this module their questions (`gate_first`, `predicted_pages`,
+//! `selects_clusters`, `predicts`, `thresholds`, `predicted_rows_only`) instead of comparing
+//! variants. A sparsity mode likewise says what it does (`SparsityMode::predicts`,
+//! `gate_threshold`), and the selection, the sparse decode's build, its cost and the engine's
+//! defaults derive from those answers: a mode that combines them anew is added in
+//! `plan/sparsity.rs` and its tests alone. Which neurons pass is computed in
+//! `exec/selection.rs` and `exec/sparse_ffn.rs`.
 
 use super::{ExecutionPlan, ModelShape, SparsityMode};
 use serde::{Deserialize, Serialize};
@@ -26,26 +29,23 @@ pub enum FfnSelect {
 }
 
 impl FfnSelect {
-    /// The selection of a model of `shape` decoding with `sparsity`: a mixture's router is its
-    /// sparsity, so it takes no other.
+    /// The selection of a model of `shape` decoding with `sparsity`, from what the mode says
+    /// it does ([`SparsityMode::predicts`], [`SparsityMode::gate_threshold`]): a mixture's
+    /// router is its sparsity, so it takes no other.
     pub fn of(shape: &ModelShape, sparsity: SparsityMode) -> Result<FfnSelect, FfnPlanError> {
-        match (shape.is_moe(), sparsity) {
-            (true, SparsityMode::Dense) => Ok(FfnSelect::Experts),
-            (true, other) => Err(FfnPlanError::SparseExperts(other.name())),
-            (false, SparsityMode::Dense) => Ok(FfnSelect::Dense),
-            (false, SparsityMode::Threshold) => Ok(FfnSelect::Threshold),
-            (false, SparsityMode::Predictor) => Ok(FfnSelect::Predicted),
+        if shape.is_moe() {
+            return match sparsity.is_sparse() {
+                false => Ok(FfnSelect::Experts),
+                true => Err(FfnPlanError::SparseExperts(sparsity.name())),
+            };
         }
-    }
-
-    /// The sparse decode that selects this way on a model whose shape allows it (a
-    /// mixture's experts are its dense decode): [`FfnSelect::of`]'s inverse.
-    pub fn sparsity(self) -> SparsityMode {
-        match self {
-            FfnSelect::Dense | FfnSelect::Experts => SparsityMode::Dense,
-            FfnSelect::Threshold => SparsityMode::Threshold,
-            FfnSelect::Predicted => SparsityMode::Predictor,
-        }
+        Ok(if sparsity.predicts() {
+            FfnSelect::Predicted
+        } else if sparsity.gate_threshold() {
+            FfnSelect::Threshold
+        } else {
+            FfnSelect::Dense
+        })
     }
 
     /// Whether decode steps compute only some clusters, chosen after each layer's attention
@@ -150,18 +150,36 @@ pub enum FfnPlanError {
     },
     #[error("{0} sparsity on a mixture of experts: its router is its sparsity (use dense)")]
     SparseExperts(&'static str),
+    #[error("a {select} FFN selection on a model {}", if *.moe { "that is a mixture of experts (it selects its experts)" } else { "without experts" })]
+    SelectsOtherShape { select: &'static str, moe: bool },
 }
 
 impl FfnPlan {
     /// The FFN plan of a model of `shape` decoding with `sparsity` under `plan` (its cache's
-    /// read policy). Refused where the reads need a selection the sparsity does not give:
-    /// gate-first pages need the gate's threshold, predicted pages a selection of clusters.
+    /// read policy). Refused where the reads need a selection the sparsity does not give
+    /// ([`FfnPlan::with_select`]).
     pub fn resolve(
         plan: &ExecutionPlan,
         shape: &ModelShape,
         sparsity: SparsityMode,
     ) -> Result<FfnPlan, FfnPlanError> {
-        let select = FfnSelect::of(shape, sparsity)?;
+        FfnPlan::with_select(plan, shape, FfnSelect::of(shape, sparsity)?)
+    }
+
+    /// The FFN plan that selects with `select` under `plan`'s reads, for a model of `shape`.
+    /// Refused where the two disagree: gate-first pages need the gate's threshold, predicted
+    /// pages a selection of clusters; a mixture selects its experts and nothing else does.
+    pub fn with_select(
+        plan: &ExecutionPlan,
+        shape: &ModelShape,
+        select: FfnSelect,
+    ) -> Result<FfnPlan, FfnPlanError> {
+        if shape.is_moe() != (select == FfnSelect::Experts) {
+            return Err(FfnPlanError::SelectsOtherShape {
+                select: select.name(),
+                moe: shape.is_moe(),
+            });
+        }
         let reads = plan.cache.as_ref().map_or(ReadPolicy::Bundles, |c| c.reads);
         let need = match (reads, select) {
             (ReadPolicy::GateFirst, FfnSelect::Predicted) => {
@@ -283,6 +301,11 @@ mod tests {
             (Some(PredictedPages), S::Threshold, None),
             (Some(PredictedPages), S::Predictor, Some(Predicted)),
         ];
+        // Every mode under every read: a new mode adds its rows.
+        for mode in SparsityMode::ALL {
+            let rows = table.iter().filter(|(_, m, _)| *m == mode).count();
+            assert_eq!(rows, 4, "{mode:?}");
+        }
         for (reads, sparsity, want) in table {
             let got = FfnPlan::resolve(&reading(reads), &dense, sparsity);
             let expected_reads = reads.unwrap_or(Bundles);
@@ -338,20 +361,33 @@ mod tests {
             ] {
                 let plan = reading(reads);
                 let implied = FfnPlan::implied(&plan, &shape(moe));
-                let sparsity = implied.select.sparsity();
+                let again = FfnPlan::with_select(&plan, &shape(moe), implied.select);
                 // A mixture cannot read gate-first pages at all; every other implied plan is
-                // one `resolve` gives.
+                // one `with_select` gives, and one some sparsity mode resolves to.
                 if moe > 0 && reads == Some(ReadPolicy::GateFirst) {
-                    assert!(FfnPlan::resolve(&plan, &shape(moe), sparsity).is_err());
+                    assert!(again.is_err());
                 } else {
-                    assert_eq!(
-                        FfnPlan::resolve(&plan, &shape(moe), sparsity),
-                        Ok(implied),
+                    assert_eq!(again, Ok(implied), "{moe} {reads:?}");
+                    assert!(
+                        SparsityMode::ALL
+                            .iter()
+                            .any(|&m| FfnPlan::resolve(&plan, &shape(moe), m) == Ok(implied)),
                         "{moe} {reads:?}"
                     );
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_selection_for_the_other_kind_of_model_is_refused() {
+        let plan = reading(None);
+        for select in [FfnSelect::Dense, FfnSelect::Threshold, FfnSelect::Predicted] {
+            let e = FfnPlan::with_select(&plan, &shape(4), select).unwrap_err();
+            assert!(e.to_string().contains("mixture of experts"), "{e}");
+        }
+        let e = FfnPlan::with_select(&plan, &shape(0), FfnSelect::Experts).unwrap_err();
+        assert!(e.to_string().contains("without experts"), "{e}");
     }
 
     /// The answers every question of the module gives, for every plan `resolve` accepts: what
@@ -373,14 +409,10 @@ mod tests {
             ((Experts, Bundles), [false, false, true, false, false, false]),
             ((Experts, PredictedPages), [false, true, true, false, false, false]),
         ];
-        let mut seen = 0;
+        let mut seen = std::collections::HashSet::new();
         for moe in [0, 4] {
             for reads in [Bundles, GateFirst, PredictedPages] {
-                for sparsity in [
-                    SparsityMode::Dense,
-                    SparsityMode::Threshold,
-                    SparsityMode::Predictor,
-                ] {
+                for sparsity in SparsityMode::ALL {
                     let Ok(plan) = FfnPlan::resolve(&reading(Some(reads)), &shape(moe), sparsity)
                     else {
                         continue;
@@ -398,10 +430,10 @@ mod tests {
                         plan.predicted_rows_only(),
                     ];
                     assert_eq!(&got, want, "{plan:?}");
-                    seen += 1;
+                    seen.insert((plan.select, plan.reads));
                 }
             }
         }
-        assert_eq!(seen, table.len(), "a row no resolved plan reaches");
+        assert_eq!(seen.len(), table.len(), "a row no resolved plan reaches");
     }
 }

@@ -1,4 +1,7 @@
-//! Sparse decode as a plan sets it: how decode chooses the FFN neurons it computes.
+//! Sparse decode as a plan sets it: how decode chooses the FFN neurons it computes. Each mode
+//! answers what it does ([`SparsityMode::predicts`], [`SparsityMode::gate_threshold`]); its
+//! consumers ask those questions, never match on the variants, so a mode is added here (its
+//! name, description and answers) and in its tests.
 
 use serde::{Deserialize, Serialize};
 
@@ -23,6 +26,25 @@ impl SparsityMode {
         SparsityMode::Threshold,
         SparsityMode::Predictor,
     ];
+
+    /// Whether decode skips FFN neurons at all (every mode but dense).
+    pub fn is_sparse(self) -> bool {
+        self.predicts() || self.gate_threshold()
+    }
+
+    /// Decode runs each layer's predictor after its attention and computes (and, under a
+    /// cache, reads) only the neurons it names: the mode needs a profile with predictors (or
+    /// a PowerInfer file's own).
+    pub fn predicts(self) -> bool {
+        self == SparsityMode::Predictor
+    }
+
+    /// Of the neurons a step computes, only those whose activated gate passes the layer's
+    /// threshold get their up row and down column (the profile calibrates the thresholds for
+    /// the target sparsity).
+    pub fn gate_threshold(self) -> bool {
+        matches!(self, SparsityMode::Threshold | SparsityMode::Predictor)
+    }
 
     /// The setting `default`: no mode named, the shipped choice ([`SparsityMode::setting`]).
     pub const DEFAULT_SETTING: &'static str = "default";

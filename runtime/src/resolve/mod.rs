@@ -138,9 +138,9 @@ pub fn resolve(
         None => ExecutionPlan::for_topology(topology),
     };
     let budgeted = settings.memory.is_some();
-    let predicts = settings.sparsity == SparsityMode::Predictor;
+    let predicts = settings.sparsity.predicts();
     settings.overrides.apply(&mut plan, budgeted, predicts)?;
-    if settings.sparsity != SparsityMode::Dense && settings.all_tokens {
+    if settings.sparsity.is_sparse() && settings.all_tokens {
         plan.decode_max_tokens = plan.decode_max_tokens.max(plan.prefill_max_tokens);
     }
     // The plan's reads and the sparse decode must agree (the gate decides gate-first pages, the

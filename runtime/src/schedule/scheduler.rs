@@ -127,7 +127,7 @@ impl Scheduler {
         }
         // The FFN plan must be one its plan and shape resolve to (a trace or a caller may
         // bring any): a selection its reads cannot serve is refused by name.
-        let resolved = FfnPlan::resolve(plan, shape, ffn.select.sparsity())?;
+        let resolved = FfnPlan::with_select(plan, shape, ffn.select)?;
         if resolved != ffn {
             return Err(ScheduleError::FfnPlanMismatch { ffn, resolved });
         }

@@ -37,6 +37,10 @@ pub enum SparseError {
     MixtureOfExperts,
 }
 
+/// The threshold of a mode without one ([`crate::plan::SparsityMode::gate_threshold`]): every
+/// neuron a step computes passes it.
+pub const NO_THRESHOLD: f32 = f32::NEG_INFINITY;
+
 /// One layer's sparse-decode data.
 pub struct SparseLayer {
     /// Neuron `j` is active when |act(gate_j)| · `importance[j]` is above `threshold`.

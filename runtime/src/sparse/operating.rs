@@ -51,16 +51,14 @@ impl OperatingPoint {
 
     /// "threshold 30%", "predictor 30% at recall 0.95", "dense".
     pub fn describe(&self) -> String {
-        match self.mode {
-            SparsityMode::Dense => "dense".into(),
-            mode => {
-                let recall = self
-                    .predictor_recall
-                    .map(|r| format!(" at recall {r:.2}"))
-                    .unwrap_or_default();
-                format!("{} {:.0}%{recall}", mode.name(), self.sparsity * 100.0)
-            }
+        if !self.mode.is_sparse() {
+            return self.mode.name().into();
         }
+        let recall = self
+            .predictor_recall
+            .map(|r| format!(" at recall {r:.2}"))
+            .unwrap_or_default();
+        format!("{} {:.0}%{recall}", self.mode.name(), self.sparsity * 100.0)
     }
 }
 
@@ -129,13 +127,15 @@ impl ChosenPoint {
 }
 
 /// FFN weights a decode token reads at `point`, as a share of dense, averaged over layers
-/// (weights counted, not bytes): the gate rows computed (every one, or the predicted ones),
-/// the up rows and down columns of the neurons that fire, and the predictor's own two
-/// matrices. Shares come from the profile: `1 − max(sparsity, natural zeros)` neurons fire
-/// under the threshold; a predictor names its held-out `predicted` share and keeps its
-/// `recall` of those.
+/// (weights counted, not bytes), from what its mode does: the gate rows computed (every one,
+/// or the predicted ones, with the predictor's own two matrices), and the up rows and down
+/// columns of the neurons that pass (with a threshold, those it keeps of them; without, every
+/// one computed). Shares come from the profile: `1 − max(sparsity, natural zeros)` neurons
+/// pass the threshold; a predictor names its held-out `predicted` share and keeps its
+/// `recall` of those the threshold would.
 pub fn point_cost(profile: &ModelProfile, point: &OperatingPoint) -> Result<f32, ProfileError> {
-    if point.mode == SparsityMode::Dense {
+    let mode = point.mode;
+    if !mode.is_sparse() {
         return Ok(1.0);
     }
     let m = &profile.model;
@@ -144,10 +144,11 @@ pub fn point_cost(profile: &ModelProfile, point: &OperatingPoint) -> Result<f32,
     for (l, layer) in profile.layers.iter().enumerate() {
         // The threshold keeps the target's share, or fewer where more are naturally zero.
         let active = 1.0 - f64::from(point.sparsity.max(layer.zero_fraction));
-        let cost = match point.mode {
-            SparsityMode::Dense => 1.0,
-            SparsityMode::Threshold => (1.0 + 2.0 * active) / 3.0,
-            SparsityMode::Predictor => {
+        // (share of gate rows computed, share of the threshold's neurons among them, the
+        // predictor's weights as a share of the layer's)
+        let (computed, recall, predictor) = match mode.predicts() {
+            false => (1.0, 1.0, 0.0),
+            true => {
                 let set = profile
                     .predictors
                     .as_ref()
@@ -163,10 +164,14 @@ pub fn point_cost(profile: &ModelProfile, point: &OperatingPoint) -> Result<f32,
                     }
                 };
                 let rank = set.layers[l].rank() as f64;
-                rank * (embd + ff) / (3.0 * embd * ff) + (predicted + 2.0 * active * recall) / 3.0
+                (predicted, recall, rank * (embd + ff) / (3.0 * embd * ff))
             }
         };
-        total += cost;
+        let passed = match mode.gate_threshold() {
+            true => active * recall,
+            false => computed,
+        };
+        total += predictor + (computed + 2.0 * passed) / 3.0;
     }
     Ok((total / profile.layers.len().max(1) as f64) as f32)
 }

@@ -188,7 +188,7 @@ fn harness(shape: &ModelShape, plan: &ExecutionPlan, select: FfnSelect) -> Harne
         FfnSelect::Predicted => ReadPolicy::PredictedPages,
         _ => ReadPolicy::GateFirst,
     };
-    let ffn = FfnPlan::resolve(&plan, shape, select.sparsity()).unwrap();
+    let ffn = FfnPlan::with_select(&plan, shape, select).unwrap();
     Harness::new(Scheduler::with_ffn(shape, &plan, ffn).unwrap(), shape)
 }
 
