@@ -300,6 +300,10 @@ mod tests {
             (Some(PredictedPages), S::Dense, None),
             (Some(PredictedPages), S::Threshold, None),
             (Some(PredictedPages), S::Predictor, Some(Predicted)),
+            (None, S::PredictorOnly, Some(Predicted)),
+            (Some(Bundles), S::PredictorOnly, Some(Predicted)),
+            (Some(GateFirst), S::PredictorOnly, None),
+            (Some(PredictedPages), S::PredictorOnly, Some(Predicted)),
         ];
         // Every mode under every read: a new mode adds its rows.
         for mode in SparsityMode::ALL {

@@ -17,14 +17,18 @@ pub enum SparsityMode {
     Threshold,
     /// Gate rows only of the neurons the layer's predictor names, then the threshold.
     Predictor,
+    /// Every neuron the layer's predictor names, whole: the predictor alone decides.
+    #[serde(rename = "predictor-only")]
+    PredictorOnly,
 }
 
 impl SparsityMode {
     /// Every mode, in the order settings list them.
-    pub const ALL: [SparsityMode; 3] = [
+    pub const ALL: [SparsityMode; 4] = [
         SparsityMode::Dense,
         SparsityMode::Threshold,
         SparsityMode::Predictor,
+        SparsityMode::PredictorOnly,
     ];
 
     /// Whether decode skips FFN neurons at all (every mode but dense).
@@ -36,7 +40,7 @@ impl SparsityMode {
     /// cache, reads) only the neurons it names: the mode needs a profile with predictors (or
     /// a PowerInfer file's own).
     pub fn predicts(self) -> bool {
-        self == SparsityMode::Predictor
+        matches!(self, SparsityMode::Predictor | SparsityMode::PredictorOnly)
     }
 
     /// Of the neurons a step computes, only those whose activated gate passes the layer's
@@ -54,6 +58,7 @@ impl SparsityMode {
             SparsityMode::Dense => "dense",
             SparsityMode::Threshold => "threshold",
             SparsityMode::Predictor => "predictor",
+            SparsityMode::PredictorOnly => "predictor-only",
         }
     }
 
@@ -66,6 +71,9 @@ impl SparsityMode {
             }
             SparsityMode::Predictor => {
                 "gate rows only of the neurons the layer's predictor names, then the threshold"
+            }
+            SparsityMode::PredictorOnly => {
+                "every neuron the layer's predictor names, whole (no threshold: the predictor alone decides)"
             }
         }
     }
