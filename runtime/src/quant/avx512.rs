@@ -106,7 +106,12 @@ struct Packed16 {
 unsafe fn pack16<W: WeightBlock>(rows: [&[W]; 16], nb: usize, dst: &mut [Packed16]) {
     for (b, p) in dst.iter_mut().enumerate().take(nb) {
         for half in 0..2 {
-            let u: [__m256i; 8] = std::array::from_fn(|r| rows[8 * half + r][b].unsigned_quants());
+            // A loop, not `array::from_fn`: a closure does not inherit the caller's target
+            // features, so the intrinsics inside it would be calls, not instructions.
+            let mut u = [_mm256_setzero_si256(); 8];
+            for (r, u) in u.iter_mut().enumerate() {
+                *u = rows[8 * half + r][b].unsigned_quants();
+            }
             for (g, v) in transpose8(u).into_iter().enumerate() {
                 _mm256_storeu_si256(p.w[g][32 * half..].as_mut_ptr().cast(), v);
             }
@@ -160,7 +165,10 @@ pub(crate) unsafe fn matmul_packed16<W: WeightBlock>(
             for (b, p) in packed.iter().enumerate() {
                 let idx: [usize; 4] = std::array::from_fn(|j| toks[j] * nb + b);
                 let ys = idx.map(|i| acts[i].qs());
-                let mut s: [__m512i; 4] = std::array::from_fn(|j| _mm512_set1_epi32(corr[idx[j]]));
+                let mut s = [_mm512_setzero_si512(); 4];
+                for (s, &i) in s.iter_mut().zip(&idx) {
+                    *s = _mm512_set1_epi32(corr[i]);
+                }
                 for (g, wg) in p.w.iter().enumerate() {
                     let wg = _mm512_loadu_si512(wg.as_ptr().cast());
                     for j in 0..4 {

@@ -75,7 +75,10 @@ pub(crate) const fn i16_groups(max: i32) -> usize {
 impl<const G: usize> PackedDot for MaddPacked<G> {
     #[inline(always)]
     unsafe fn block4(w: &[[u8; 32]; 8], y: [&[u8; 32]; 4], corr: [i32; 4]) -> [__m256i; 4] {
-        let mut s32: [__m256i; 4] = std::array::from_fn(|j| _mm256_set1_epi32(corr[j]));
+        let mut s32 = [_mm256_setzero_si256(); 4];
+        for (s, &c) in s32.iter_mut().zip(&corr) {
+            *s = _mm256_set1_epi32(c);
+        }
         for chunk in 0..8 / G {
             let mut s = [_mm256_setzero_si256(); 4];
             for (g, wg) in w.iter().enumerate().skip(chunk * G).take(G) {
@@ -99,7 +102,10 @@ pub(crate) struct VnniPacked;
 impl PackedDot for VnniPacked {
     #[inline(always)]
     unsafe fn block4(w: &[[u8; 32]; 8], y: [&[u8; 32]; 4], corr: [i32; 4]) -> [__m256i; 4] {
-        let mut s: [__m256i; 4] = std::array::from_fn(|j| _mm256_set1_epi32(corr[j]));
+        let mut s = [_mm256_setzero_si256(); 4];
+        for (s, &c) in s.iter_mut().zip(&corr) {
+            *s = _mm256_set1_epi32(c);
+        }
         for (g, wg) in w.iter().enumerate() {
             let wg = loadw(wg);
             for j in 0..4 {
@@ -151,7 +157,12 @@ pub(crate) fn f16f(b: [u8; 2]) -> f32 {
 #[inline(always)]
 unsafe fn pack<W: WeightBlock>(rows: [&[W]; 8], nb: usize, dst: &mut [Packed]) {
     for (b, p) in dst.iter_mut().enumerate().take(nb) {
-        let u: [__m256i; 8] = std::array::from_fn(|r| rows[r][b].unsigned_quants());
+        // A loop, not `array::from_fn`: a closure does not inherit the caller's target
+        // features, so the intrinsics inside it would be calls, not instructions.
+        let mut u = [_mm256_setzero_si256(); 8];
+        for (u, row) in u.iter_mut().zip(rows) {
+            *u = row[b].unsigned_quants();
+        }
         let t = transpose8(u);
         for (dst, v) in p.w.iter_mut().zip(t) {
             _mm256_storeu_si256(dst.as_mut_ptr().cast(), v);
