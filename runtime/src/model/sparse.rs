@@ -87,9 +87,9 @@ impl SparseFfn {
 
     /// Sparse decode in `mode` with a PowerInfer model's own predictors: a neuron runs when
     /// its predictor logit reaches the file's threshold (where the mode predicts), and then
-    /// only its ReLU decides (activation threshold 0, where the mode has one). The file's transposed down projection is used as stored when every layer
-    /// has one of a type the kernels read; otherwise the model's is transposed into
-    /// `fallback_down_type`.
+    /// only its ReLU decides (activation threshold 0, where the mode has one). The file's
+    /// transposed down projection is used as stored when every layer has one of a type the
+    /// kernels read; otherwise the model's is transposed into `fallback_down_type`.
     pub fn from_powerinfer(
         model: &Model,
         pi: PowerInferSparse,

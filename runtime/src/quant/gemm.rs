@@ -72,13 +72,21 @@ pub(crate) const fn i16_groups(max: i32) -> usize {
     }
 }
 
+/// Each of `corr` in every lane of its register. A loop, not `array::map`: a closure does not
+/// inherit the caller's target features, so the intrinsic inside it would be a call.
+#[inline(always)]
+unsafe fn splat4(corr: [i32; 4]) -> [__m256i; 4] {
+    let mut s = [_mm256_setzero_si256(); 4];
+    for (s, c) in s.iter_mut().zip(corr) {
+        *s = _mm256_set1_epi32(c);
+    }
+    s
+}
+
 impl<const G: usize> PackedDot for MaddPacked<G> {
     #[inline(always)]
     unsafe fn block4(w: &[[u8; 32]; 8], y: [&[u8; 32]; 4], corr: [i32; 4]) -> [__m256i; 4] {
-        let mut s32 = [_mm256_setzero_si256(); 4];
-        for (s, &c) in s32.iter_mut().zip(&corr) {
-            *s = _mm256_set1_epi32(c);
-        }
+        let mut s32 = splat4(corr);
         for chunk in 0..8 / G {
             let mut s = [_mm256_setzero_si256(); 4];
             for (g, wg) in w.iter().enumerate().skip(chunk * G).take(G) {
@@ -102,10 +110,7 @@ pub(crate) struct VnniPacked;
 impl PackedDot for VnniPacked {
     #[inline(always)]
     unsafe fn block4(w: &[[u8; 32]; 8], y: [&[u8; 32]; 4], corr: [i32; 4]) -> [__m256i; 4] {
-        let mut s = [_mm256_setzero_si256(); 4];
-        for (s, &c) in s.iter_mut().zip(&corr) {
-            *s = _mm256_set1_epi32(c);
-        }
+        let mut s = splat4(corr);
         for (g, wg) in w.iter().enumerate() {
             let wg = loadw(wg);
             for j in 0..4 {
