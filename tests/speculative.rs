@@ -13,8 +13,8 @@ use conductor::runtime::sample::SamplingParams;
 use conductor::runtime::sparse::profile::ModelProfile;
 use conductor::runtime::sparse::SparsityMode;
 use conductor::{
-    DraftLimits, DriverKind, Engine, Error, GenerateOptions, GenerationStats, ModelDrafter,
-    NgramDrafter, SparsitySettings, Speculation,
+    DraftLimits, Drafter, DriverKind, Engine, Error, GenerateOptions, GenerationStats,
+    ModelDrafter, NgramDrafter, SparsitySettings, Speculation,
 };
 use std::ops::ControlFlow;
 use std::path::Path;
@@ -185,6 +185,58 @@ fn a_draft_model_keeps_the_targets_tokens() {
         if sampling.temperature == 0.0 {
             // The draft is the target: every drafted token it was confident of is right.
             assert_eq!(stats.draft_accepted, stats.drafted, "{stats:?}");
+        }
+    }
+}
+
+/// What a drafter was asked: `prime` or `draft`, and the tokens it was handed.
+type Calls = std::sync::Arc<std::sync::Mutex<Vec<(&'static str, Vec<u32>)>>>;
+
+/// Records what the engine hands a drafter, and drafts what prompt lookup would.
+struct Recording {
+    calls: Calls,
+}
+
+impl Drafter for Recording {
+    fn prime(&mut self, history: &[u32]) -> Result<(), Error> {
+        self.calls.lock().unwrap().push(("prime", history.to_vec()));
+        Ok(())
+    }
+
+    fn draft(&mut self, context: &[u32], max: usize, out: &mut Vec<u32>) -> Result<(), Error> {
+        self.calls.lock().unwrap().push(("draft", context.to_vec()));
+        NgramDrafter::default().draft(context, max, out)
+    }
+}
+
+/// A drafter reads each generation's prompt once, before its first draft (a draft model's
+/// prefill, charged to the prompt), and each draft then sees that prompt and what followed.
+#[test]
+fn a_drafter_reads_each_prompt_before_its_first_draft() {
+    let mut target = engine(&common::default_model(), DriverKind::Inline, None);
+    let prompt = target.tokenize(PROMPT);
+    let calls = Calls::default();
+    let drafter = Recording {
+        calls: std::sync::Arc::clone(&calls),
+    };
+    let mut speculation = Speculation::new(Box::new(drafter), DraftLimits::default()).unpaced();
+    for _ in 0..2 {
+        let (tokens, _) = generate(
+            &mut target,
+            &SamplingParams::greedy(),
+            12,
+            Some(&mut speculation),
+        );
+        let calls = std::mem::take(&mut *calls.lock().unwrap());
+        assert_eq!(calls[0], ("prime", prompt.clone()), "{calls:?}");
+        assert!(calls.len() > 1 && calls[1..].iter().all(|(what, _)| *what == "draft"));
+        for (_, context) in &calls[1..] {
+            assert!(context.starts_with(&prompt) && context.len() > prompt.len());
+            let made = &context[prompt.len()..];
+            assert!(
+                tokens.starts_with(made),
+                "{made:?} is not a start of {tokens:?}"
+            );
         }
     }
 }

@@ -32,7 +32,8 @@ use crate::step::{write, Counters, StepShared};
 use crate::storage::{QueuedLoads, Storage, StorageArgs, StorageError, StorageFile};
 use conductor_runtime::cache::CacheReport;
 use conductor_runtime::exec::{
-    open_cache, DenseBackend, Driver, GroupOutput, Session, StepError, StepState, WholeMatmul,
+    open_cache, ClusterRunner, DenseBackend, Driver, GroupOutput, Session, StepError, StepState,
+    WholeMatmul,
 };
 use conductor_runtime::model::{KvCache, Model};
 use conductor_runtime::plan::{
@@ -784,6 +785,12 @@ fn start_actors(
 impl Driver for ActorDriver {
     fn model(&self) -> &Arc<Model> {
         &self.model
+    }
+
+    fn rest(&self) {
+        for host in &self.hosts {
+            ClusterRunner::rest(&*host.pool);
+        }
     }
 
     fn max_step_tokens(&self) -> usize {

@@ -49,6 +49,8 @@ struct Shared {
     busy: AtomicBool,
     shutdown: AtomicBool,
     sleepers: AtomicUsize,
+    /// Set by [`WorkerPool::rest`], cleared by the next job: waiting helpers park at once.
+    resting: AtomicBool,
     lock: Mutex<()>,
     wake: Condvar,
     spin_iterations: u32,
@@ -130,6 +132,7 @@ impl WorkerPool {
             busy: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
             sleepers: AtomicUsize::new(0),
+            resting: AtomicBool::new(false),
             lock: Mutex::new(()),
             wake: Condvar::new(),
             spin_iterations: config.spin_iterations,
@@ -207,7 +210,8 @@ fn helper_loop(shared: &Shared, worker: usize) {
             if epoch(s) != seen {
                 break s;
             }
-            if spins < shared.spin_iterations {
+            // Parking early is always safe: the wake-up protocol below does not depend on it.
+            if spins < shared.spin_iterations && !shared.resting.load(Ordering::Relaxed) {
                 spins += 1;
                 // Phases follow each other within microseconds: spin. Past that, yield while
                 // spinning, so a thread that is not ours (the application's, sampling the next
@@ -266,9 +270,21 @@ fn helper_loop(shared: &Shared, worker: usize) {
     }
 }
 
+impl WorkerPool {
+    /// Helpers parked now.
+    #[cfg(test)]
+    pub(crate) fn parked(&self) -> usize {
+        self.shared.sleepers.load(Ordering::SeqCst)
+    }
+}
+
 impl ClusterRunner for WorkerPool {
     fn workers(&self) -> usize {
         self.threads
+    }
+
+    fn rest(&self) {
+        self.shared.resting.store(true, Ordering::Relaxed);
     }
 
     fn run(&self, outs: &mut [&mut [f32]], f: &(dyn Fn(usize, usize, &mut [f32]) + Sync)) {
@@ -293,6 +309,7 @@ impl ClusterRunner for WorkerPool {
             }
         }
         let _release = Release(&shared.busy);
+        shared.resting.store(false, Ordering::Relaxed);
         let state = shared.state.load(Ordering::Acquire);
         debug_assert_eq!(
             state & (OPEN | PARTICIPANTS),

@@ -89,6 +89,34 @@ fn helpers_wake_up_after_parking() {
     );
 }
 
+/// Helpers that would spin for ever between jobs park once the pool rests (the cores go to
+/// another engine), and the next job wakes them.
+#[test]
+fn helpers_park_when_the_pool_rests_and_wake_for_the_next_job() {
+    let pool = WorkerPool::new(PoolConfig {
+        spin_iterations: u32::MAX,
+        ..PoolConfig::new(3)
+    })
+    .unwrap();
+    let expected: Vec<f32> = (0..64 * 4).map(|v| v as f32).collect();
+    let wait_for = |parked: usize, what: &str| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while pool.parked() != parked {
+            assert!(std::time::Instant::now() < deadline, "{what}");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    };
+    for _ in 0..3 {
+        assert_eq!(fill(&pool, 64), expected);
+        wait_for(0, "the job did not wake the helpers");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert_eq!(pool.parked(), 0, "spinning helpers parked without a rest");
+        pool.rest();
+        wait_for(2, "helpers still spinning after the rest");
+    }
+    assert_eq!(fill(&pool, 64), expected);
+}
+
 /// Workers pinned to cores the process may not use (as an Android app may be refused
 /// them) run unpinned: every item still runs exactly once, and the refusals are counted.
 #[test]

@@ -735,6 +735,12 @@ impl Engine {
         Ok(driver.logits())
     }
 
+    /// Another engine computes next on the same cores for a while (a draft model, its
+    /// target): this one's threads waiting for a step park now instead of spinning through it.
+    pub fn rest(&mut self) {
+        self.driver.get().rest();
+    }
+
     /// Evaluates `tokens` and returns the logits of the last one.
     pub fn eval_last(&mut self, session: &mut Session, tokens: &[u32]) -> Result<&[f32], Error> {
         self.check_model_file()?;

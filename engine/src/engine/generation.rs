@@ -335,6 +335,16 @@ impl Generation<'_> {
     }
 
     /// The pending token's logits (computed in `took`): draws the next token.
+    /// Whether no decode step has run yet (the prompt alone is evaluated).
+    pub(super) fn is_first_step(&self) -> bool {
+        self.stats.decode_evals == 0
+    }
+
+    /// Work on the prompt done after it was evaluated (a draft model reading it) took `took`.
+    pub(super) fn charge_prompt(&mut self, took: Duration) {
+        self.stats.prompt_time += took;
+    }
+
     pub fn evaluated(&mut self, logits: &[f32], took: Duration) -> Result<(), Error> {
         self.to_eval = None;
         self.stats.decode_time += took;

@@ -22,6 +22,19 @@ pub trait Drafter: Send {
     /// Appends to `out` up to `max` tokens likely to follow `context` (every token so far: the
     /// target has evaluated all but the last).
     fn draft(&mut self, context: &[u32], max: usize, out: &mut Vec<u32>) -> Result<(), Error>;
+
+    /// Reads `history` (the prompt, evaluated by the target) before the first draft of a
+    /// generation, so that the first draft does not pay for it: a draft model evaluates it in
+    /// its own session. Nothing by default.
+    fn prime(&mut self, _history: &[u32]) -> Result<(), Error> {
+        Ok(())
+    }
+
+    /// Whether drafting computes on the cores the target computes on (a draft model): the
+    /// target's waiting threads then park before it drafts instead of spinning through it.
+    fn shares_cores(&self) -> bool {
+        false
+    }
 }
 
 /// Prompt lookup (llama.cpp's `llama-lookup`): finds the latest earlier occurrence of the
@@ -109,7 +122,36 @@ fn top_probability(logits: &[f32], top: u32) -> f32 {
 }
 
 impl Drafter for ModelDrafter {
+    fn prime(&mut self, history: &[u32]) -> Result<(), Error> {
+        let kept = reuse_prefix(&mut self.session, history);
+        let room = self.session.n_ctx() - self.session.n_past();
+        if kept < history.len() && history.len() - kept <= room {
+            self.engine.eval_last(&mut self.session, &history[kept..])?;
+        }
+        // The target steps next: this engine's threads must not spin through its step.
+        self.engine.rest();
+        Ok(())
+    }
+
+    fn shares_cores(&self) -> bool {
+        true
+    }
+
     fn draft(&mut self, context: &[u32], max: usize, out: &mut Vec<u32>) -> Result<(), Error> {
+        let result = self.draft_greedily(context, max, out);
+        self.engine.rest();
+        result
+    }
+}
+
+impl ModelDrafter {
+    /// Up to `max` tokens after `context`, while the draft model is sure of them.
+    fn draft_greedily(
+        &mut self,
+        context: &[u32],
+        max: usize,
+        out: &mut Vec<u32>,
+    ) -> Result<(), Error> {
         let kept = reuse_prefix(&mut self.session, context);
         let room = self.session.n_ctx() - self.session.n_past();
         let max = max.min(room.saturating_sub(context.len() - kept));
@@ -167,14 +209,17 @@ impl DraftLimits {
     }
 }
 
-/// A drafter and how much to ask of it. The draft length follows what the target keeps:
-/// it doubles while every drafted token is kept and falls back to one more than were kept.
-/// And drafting must pay: where the tokens a second of drafted steps (drafting included) fall
-/// below those of one-token steps — in memory a step of nine tokens can cost several one-token
-/// steps, since it is compute-bound where one token is bound by memory — the length halves, and
-/// at one drafting pauses for a while before it is tried again, twice as long each time it
-/// fails again. A step whose drafter found nothing counts as a drafted step (its drafting cost
-/// time). The length never changes the output, only how many steps make it.
+/// A drafter and how much to ask of it. The draft length follows what the target keeps: it
+/// doubles while every drafted token is kept and falls back to one more than were kept; a
+/// drafted step that makes fewer tokens a second than one-token steps halves it (in memory a
+/// step of nine tokens can cost several one-token steps: it is compute-bound where one token is
+/// bound by memory). Whether to draft at all is judged over a round of [`ROUND_STEPS`] steps
+/// that asked the drafter, its drafting, its steps that found nothing and a draft model's
+/// catching up included: a round that made fewer tokens a second than one-token steps pauses
+/// drafting for a while, twice as long each time it fails again. A round, not a step, because
+/// a draft model is unsure at the start of an answer and then sure for long stretches (code
+/// repeated with edits), and because it catches up on the text of a pause in its first step
+/// after it. The length never changes the output, only how many steps make it.
 pub struct Speculation {
     drafter: Box<dyn Drafter>,
     limits: DraftLimits,
@@ -183,14 +228,14 @@ pub struct Speculation {
     tokens: Vec<u32>,
     /// Tokens to ask for next step.
     length: usize,
-    /// Tokens a second of one-token steps, and of drafted steps (moving averages).
+    /// Tokens a second of one-token steps (a moving average).
     plain_rate: Option<f64>,
-    drafted_rate: Option<f64>,
-    /// Steps left without drafting, after drafting did not pay.
+    /// The round under way: steps that asked the drafter, the tokens they made, their time.
+    round: Round,
+    /// Steps left without drafting, after a round did not pay.
     pause: u32,
-    /// How long the next pause lasts: [`PAUSE_STEPS`], doubled each time drafting fails to pay
-    /// again after one (a draft model catches up on the text it missed when it resumes, a
-    /// prefill that costs several steps), back to [`PAUSE_STEPS`] once it pays.
+    /// How long the next pause lasts: [`PAUSE_STEPS`], doubled each time a round fails to pay
+    /// again, back to [`PAUSE_STEPS`] once one pays.
     next_pause: u32,
     /// Drafted steps since the last one-token step.
     since_plain: u32,
@@ -201,11 +246,26 @@ pub struct Speculation {
     context: Vec<u32>,
 }
 
+/// Steps that asked the drafter, and what they made.
+#[derive(Clone, Copy, Debug, Default)]
+struct Round {
+    steps: u32,
+    tokens: usize,
+    time: Duration,
+}
+
 fn average(old: Option<f64>, new: f64) -> Option<f64> {
     Some(old.map_or(new, |old| 0.75 * old + 0.25 * new))
 }
 
-/// One-token steps taken after drafting did not pay, before it is tried again (the first
+/// The draft length a text starts with: 4, within the limits.
+fn initial_length(limits: DraftLimits) -> usize {
+    4.clamp(limits.min.max(1), limits.max)
+}
+
+/// Steps that ask the drafter before drafting is judged.
+const ROUND_STEPS: u32 = 16;
+/// One-token steps taken after a round did not pay, before drafting is tried again (the first
 /// time; see [`Speculation::next_pause`]).
 const PAUSE_STEPS: u32 = 16;
 /// The longest pause.
@@ -218,10 +278,10 @@ impl Speculation {
     pub fn new(drafter: Box<dyn Drafter>, limits: DraftLimits) -> Speculation {
         Speculation {
             drafter,
-            length: limits.max.min(4),
+            length: initial_length(limits),
             limits,
             plain_rate: None,
-            drafted_rate: None,
+            round: Round::default(),
             pause: 0,
             next_pause: PAUSE_STEPS,
             since_plain: 0,
@@ -239,16 +299,36 @@ impl Speculation {
         self
     }
 
+    /// A generation starts after `history` (its prompt, evaluated): the drafter reads it, and
+    /// what the last text taught the draft length and its pauses is forgotten (the rates of
+    /// steps are the engine's and stay).
+    pub(super) fn start(
+        &mut self,
+        history: &[u32],
+        rest_target: &mut dyn FnMut(),
+    ) -> Result<(), Error> {
+        self.length = initial_length(self.limits);
+        self.pause = 0;
+        self.next_pause = PAUSE_STEPS;
+        self.round = Round::default();
+        if self.drafter.shares_cores() {
+            rest_target();
+        }
+        self.drafter.prime(history)
+    }
+
     /// The tokens to verify after `pending`, which follows `history` (what the session
     /// holds): at most `room` of them; empty while drafting pauses or when the drafter has
     /// fewer than the minimum. Returns whether the drafter was asked: a step after a draft
     /// that found nothing still paid for the drafting, and is timed as a drafted step.
+    /// `rest_target` runs before a drafter that shares the target's cores drafts.
     pub(super) fn propose(
         &mut self,
         history: &[u32],
         pending: u32,
         room: usize,
         out: &mut Vec<u32>,
+        rest_target: &mut dyn FnMut(),
     ) -> Result<bool, Error> {
         out.clear();
         let max = self.length.min(room);
@@ -261,6 +341,9 @@ impl Speculation {
         self.context.clear();
         self.context.extend_from_slice(history);
         self.context.push(pending);
+        if self.drafter.shares_cores() {
+            rest_target();
+        }
         self.drafter.draft(&self.context, max, out)?;
         out.truncate(max);
         if out.len() < self.limits.min {
@@ -279,31 +362,35 @@ impl Speculation {
     /// tokens drafted: the drafter found none worth verifying, and the step was one token).
     pub(super) fn verified(&mut self, drafted: usize, kept: usize, took: Duration) {
         self.since_plain += 1;
-        let rate = (kept + 1) as f64 / took.as_secs_f64().max(1e-9);
-        self.drafted_rate = average(self.drafted_rate, rate);
-        let pays = match (self.paced, self.plain_rate, self.drafted_rate) {
-            (true, Some(plain), Some(drafted)) => drafted >= plain,
-            _ => true,
+        let plain = self.plain_rate.filter(|_| self.paced);
+        let slower = |tokens: usize, time: Duration| {
+            plain.is_some_and(|plain| (tokens as f64 / time.as_secs_f64().max(1e-9)) < plain)
         };
-        if pays && drafted > 0 {
+        // A step that found nothing says nothing of the length.
+        if drafted > 0 {
+            self.length = if slower(kept + 1, took) {
+                self.length / 2
+            } else if kept == drafted {
+                self.length * 2
+            } else {
+                kept + 1
+            }
+            .max(self.limits.min)
+            .clamp(1, self.limits.max);
+        }
+        self.round.steps += 1;
+        self.round.tokens += kept + 1;
+        self.round.time += took;
+        if self.round.steps < ROUND_STEPS {
+            return;
+        }
+        let round = std::mem::take(&mut self.round);
+        if slower(round.tokens, round.time) {
+            self.pause = self.next_pause;
+            self.next_pause = (self.next_pause * 2).min(MAX_PAUSE_STEPS);
+        } else {
             self.next_pause = PAUSE_STEPS;
         }
-        self.length = if pays && drafted == 0 {
-            self.length
-        } else if !pays {
-            if self.length <= 1 {
-                self.pause = self.next_pause;
-                self.next_pause = (self.next_pause * 2).min(MAX_PAUSE_STEPS);
-                self.drafted_rate = None;
-            }
-            (self.length / 2).max(1)
-        } else if kept == drafted {
-            (self.length * 2).min(self.limits.max)
-        } else {
-            kept + 1
-        }
-        .max(self.limits.min)
-        .min(self.limits.max);
     }
 }
 
@@ -321,11 +408,19 @@ impl Engine {
         let Some(pending) = generation.pending() else {
             return Ok(());
         };
-        let t0 = Instant::now();
         let Some(speculation) = speculation else {
+            let t0 = Instant::now();
             let logits = self.driver.get().eval_last(session, &[pending])?;
             return generation.evaluated(logits, t0.elapsed());
         };
+        if generation.is_first_step() {
+            // The drafter reads the prompt: prompt processing, as the target's was.
+            let t0 = Instant::now();
+            let driver = self.driver.get();
+            speculation.start(session.tokens(), &mut || driver.rest())?;
+            generation.charge_prompt(t0.elapsed());
+        }
+        let t0 = Instant::now();
         // Room for the drafted tokens: in the context, in one step, and in what the
         // generation may still hand out after the pending token's successor.
         let room = (session.n_ctx() - session.n_past())
@@ -334,7 +429,11 @@ impl Engine {
             .min(self.max_step_logits().saturating_sub(1))
             .min(generation.room().saturating_sub(1));
         let mut drafted = std::mem::take(&mut speculation.drafted);
-        let asked = speculation.propose(session.tokens(), pending, room, &mut drafted)?;
+        let driver = self.driver.get();
+        let asked =
+            speculation.propose(session.tokens(), pending, room, &mut drafted, &mut || {
+                driver.rest()
+            })?;
         let result = if drafted.is_empty() {
             let logits = self.driver.get().eval_last(session, &[pending])?;
             if asked {
@@ -434,10 +533,12 @@ mod tests {
         assert_eq!(s.length, 4);
         // No draft before a one-token step has been timed, though the text repeats.
         let mut out = Vec::new();
-        s.propose(&[1, 2, 3, 1, 2], 3, 8, &mut out).unwrap();
+        s.propose(&[1, 2, 3, 1, 2], 3, 8, &mut out, &mut || {})
+            .unwrap();
         assert!(out.is_empty());
         s.stepped(ms(100));
-        s.propose(&[1, 2, 3, 1, 2], 3, 8, &mut out).unwrap();
+        s.propose(&[1, 2, 3, 1, 2], 3, 8, &mut out, &mut || {})
+            .unwrap();
         assert_eq!(out, [1, 2, 3]);
         s.stepped(ms(100)); // 10 tokens a second without drafts
                             // Bound by reads: 4 drafts kept for 140 ms, 36 tokens a second: longer.
@@ -447,59 +548,92 @@ mod tests {
         assert_eq!(s.length, 8);
         s.verified(8, 2, ms(150));
         assert_eq!(s.length, 3);
-        // Bound by compute: steps that make fewer tokens a second than one-token steps
-        // shorten the draft, then pause drafting.
+        // A step that found nothing leaves the length alone.
+        s.verified(0, 0, ms(140));
+        assert_eq!(s.length, 3);
+        // Bound by compute: a step that makes fewer tokens a second than one-token steps
+        // halves the draft, though every drafted token was kept.
         let mut t = Speculation::new(Box::new(NgramDrafter::default()), limits);
         t.stepped(ms(100));
-        t.verified(4, 4, ms(1000)); // every draft kept, but 5 tokens a second
-        assert_eq!(t.length, 2);
-        t.verified(2, 0, ms(300));
+        t.verified(4, 4, ms(1000)); // 5 tokens a second
+        assert_eq!((t.length, t.pause), (2, 0));
+        t.verified(2, 2, ms(400));
         assert_eq!((t.length, t.pause), (1, 0));
-        t.verified(1, 0, ms(300));
-        assert_eq!((t.length, t.pause), (1, PAUSE_STEPS));
-        let mut out = Vec::new();
-        t.propose(&[1, 2, 3, 1, 2], 3, 8, &mut out).unwrap();
-        assert!(out.is_empty());
-        assert_eq!(t.pause, PAUSE_STEPS - 1);
-        // A drafter that finds nothing, slowly (a draft model unsure of its next token), also
-        // pauses drafting: its steps are one token, and slower than those without it.
-        let mut w = Speculation::new(Box::new(NgramDrafter::default()), limits);
-        w.stepped(ms(100));
-        w.verified(0, 0, ms(110));
-        assert_eq!((w.length, w.pause), (2, 0));
-        w.verified(0, 0, ms(110));
-        w.verified(0, 0, ms(110));
-        assert_eq!((w.length, w.pause), (1, PAUSE_STEPS));
-        // Failing again after the pause pauses twice as long; a step that pays resets it.
-        w.pause = 0;
-        w.verified(0, 0, ms(110));
-        assert_eq!((w.length, w.pause), (1, 2 * PAUSE_STEPS));
-        w.pause = 0;
-        w.verified(1, 1, ms(100));
-        assert_eq!((w.length, w.pause), (2, 0));
-        for _ in 0..8 {
-            if w.pause == 0 {
-                w.verified(0, 0, ms(400));
-            }
-        }
-        assert_eq!((w.length, w.pause), (1, PAUSE_STEPS));
-        // One that finds nothing but costs nothing keeps its length.
-        let mut z = Speculation::new(Box::new(NgramDrafter::default()), limits);
-        z.stepped(ms(100));
-        z.verified(0, 0, ms(90));
-        assert_eq!((z.length, z.pause), (4, 0));
+        t.verified(1, 1, ms(300));
+        assert_eq!((t.length, t.pause), (1, 0));
         // Unpaced, neither the first step nor slow steps stop drafting.
         let mut v = Speculation::new(Box::new(NgramDrafter::default()), limits).unpaced();
-        v.propose(&[1, 2, 3, 1, 2], 3, 8, &mut out).unwrap();
+        v.propose(&[1, 2, 3, 1, 2], 3, 8, &mut out, &mut || {})
+            .unwrap();
         assert_eq!(out, [1, 2, 3]);
         v.stepped(ms(100));
         v.verified(4, 4, ms(1000));
         assert_eq!((v.length, v.pause), (8, 0));
         // The minimum holds.
         let strict = DraftLimits::new(8, 6).unwrap();
-        let mut u = Speculation::new(Box::new(NgramDrafter::default()), strict);
+        let mut u = Speculation::new(Box::new(NgramDrafter::default()), strict).unpaced();
+        assert_eq!(u.length, 6);
+        u.propose(&[1, 2, 3, 4, 5, 6, 7, 8, 1], 2, 8, &mut out, &mut || {})
+            .unwrap();
+        assert_eq!(out, [3, 4, 5, 6, 7, 8]);
         u.verified(8, 2, ms(100));
         assert_eq!(u.length, 6);
+    }
+
+    /// Runs `steps` steps that asked the drafter, each making `tokens` in `took`.
+    fn round(s: &mut Speculation, steps: u32, drafted: usize, kept: usize, took: Duration) {
+        for _ in 0..steps {
+            s.verified(drafted, kept, took);
+        }
+    }
+
+    #[test]
+    fn drafting_pauses_after_a_round_that_did_not_pay_and_not_before() {
+        let limits = DraftLimits::new(8, 1).unwrap();
+        let mut s = Speculation::new(Box::new(NgramDrafter::default()), limits);
+        s.stepped(ms(100)); // 10 tokens a second without drafts
+                            // An answer's start: the drafter finds nothing for a while, and each try costs a
+                            // little. No pause before the round is over...
+        round(&mut s, 6, 0, 0, ms(140));
+        assert_eq!(s.pause, 0);
+        // ... where drafts make up for it: 6 x 1 + 10 x 5 tokens in 6 x 140 + 10 x 300 ms,
+        // 14.6 tokens a second.
+        round(&mut s, ROUND_STEPS - 6, 4, 4, ms(300));
+        assert_eq!((s.pause, s.next_pause), (0, PAUSE_STEPS));
+        // Prose: the drafter rarely finds anything and its tries cost time. The round ends in
+        // a pause; once it is over, the drafter is asked again, and another round that does
+        // not pay pauses twice as long.
+        round(&mut s, ROUND_STEPS, 0, 0, ms(130));
+        assert_eq!((s.pause, s.next_pause), (PAUSE_STEPS, 2 * PAUSE_STEPS));
+        let mut out = Vec::new();
+        for _ in 0..PAUSE_STEPS {
+            assert!(!s
+                .propose(&[1, 2, 3, 1, 2], 3, 8, &mut out, &mut || {})
+                .unwrap());
+            assert!(out.is_empty());
+        }
+        s.stepped(ms(100));
+        assert!(s
+            .propose(&[1, 2, 3, 1, 2], 3, 8, &mut out, &mut || {})
+            .unwrap());
+        round(&mut s, ROUND_STEPS - 1, 0, 0, ms(130));
+        assert_eq!((s.pause, s.next_pause), (0, 2 * PAUSE_STEPS));
+        round(&mut s, 1, 0, 0, ms(130));
+        assert_eq!((s.pause, s.next_pause), (2 * PAUSE_STEPS, 4 * PAUSE_STEPS));
+        // A round that pays sets the next pause back.
+        s.pause = 0;
+        round(&mut s, ROUND_STEPS, 2, 2, ms(150));
+        assert_eq!((s.pause, s.next_pause), (0, PAUSE_STEPS));
+        // A drafter that costs nothing and finds nothing pays (its steps are one-token steps).
+        round(&mut s, ROUND_STEPS, 0, 0, ms(95));
+        assert_eq!(s.pause, 0);
+        // A new text forgets the pause and the length, not the rate to beat.
+        round(&mut s, ROUND_STEPS, 0, 0, ms(400));
+        s.verified(1, 0, ms(400));
+        assert!(s.pause > 0);
+        s.start(&[1, 2, 3], &mut || {}).unwrap();
+        assert_eq!((s.pause, s.next_pause, s.length), (0, PAUSE_STEPS, 4));
+        assert!(s.plain_rate.is_some());
     }
 
     #[test]

@@ -434,6 +434,10 @@ impl<R: ClusterRunner + Send> Driver for InlineDriver<R> {
         &self.model
     }
 
+    fn rest(&self) {
+        self.runner.rest();
+    }
+
     fn max_step_tokens(&self) -> usize {
         self.dispatcher.scheduler().max_step_tokens() as usize
     }

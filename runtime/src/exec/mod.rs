@@ -108,6 +108,10 @@ pub trait Driver: Send {
     ) -> Result<(), StepError>;
 
     /// Logits of the last step that computed any, `[token][n_vocab]`.
+    /// The cores go to other work for a while (another engine's steps): threads waiting for
+    /// the next step park now instead of spinning ([`ClusterRunner::rest`]).
+    fn rest(&self) {}
+
     fn logits(&self) -> &[f32];
 
     /// Evaluates `tokens` after what `session` holds, in steps no larger than the plan allows.
@@ -191,6 +195,10 @@ pub trait ClusterRunner: Sync {
 
     /// Calls `f(worker, i, outs[i])` exactly once for every `i`, and returns when all are done.
     fn run(&self, outs: &mut [&mut [f32]], f: &(dyn Fn(usize, usize, &mut [f32]) + Sync));
+
+    /// The cores go to other work for a while (another engine's steps: a draft model's):
+    /// workers waiting for the next job park now instead of spinning. The next job wakes them.
+    fn rest(&self) {}
 }
 
 /// Runs every cluster on the calling thread, in order.
