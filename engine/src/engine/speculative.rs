@@ -299,6 +299,13 @@ impl Speculation {
         self
     }
 
+    /// Before the drafter computes: the target rests if they share the cores.
+    fn make_room(&self, rest_target: &mut dyn FnMut()) {
+        if self.drafter.shares_cores() {
+            rest_target();
+        }
+    }
+
     /// A generation starts after `history` (its prompt, evaluated): the drafter reads it, and
     /// what the last text taught the draft length and its pauses is forgotten (the rates of
     /// steps are the engine's and stay).
@@ -311,9 +318,7 @@ impl Speculation {
         self.pause = 0;
         self.next_pause = PAUSE_STEPS;
         self.round = Round::default();
-        if self.drafter.shares_cores() {
-            rest_target();
-        }
+        self.make_room(rest_target);
         self.drafter.prime(history)
     }
 
@@ -341,9 +346,7 @@ impl Speculation {
         self.context.clear();
         self.context.extend_from_slice(history);
         self.context.push(pending);
-        if self.drafter.shares_cores() {
-            rest_target();
-        }
+        self.make_room(rest_target);
         self.drafter.draft(&self.context, max, out)?;
         out.truncate(max);
         if out.len() < self.limits.min {
