@@ -49,7 +49,7 @@ struct Shared {
     busy: AtomicBool,
     shutdown: AtomicBool,
     sleepers: AtomicUsize,
-    /// Set by [`WorkerPool::rest`], cleared by the next job: waiting helpers park at once.
+    /// Set by `rest` ([`ClusterRunner::rest`]), cleared by the next job: waiting helpers park at once.
     resting: AtomicBool,
     lock: Mutex<()>,
     wake: Condvar,

@@ -334,7 +334,6 @@ impl Generation<'_> {
         self.options.max_tokens - self.stats.generated.len()
     }
 
-    /// The pending token's logits (computed in `took`): draws the next token.
     /// Whether no decode step has run yet (the prompt alone is evaluated).
     pub(super) fn is_first_step(&self) -> bool {
         self.stats.decode_evals == 0
@@ -345,6 +344,7 @@ impl Generation<'_> {
         self.stats.prompt_time += took;
     }
 
+    /// The pending token's logits (computed in `took`): draws the next token.
     pub fn evaluated(&mut self, logits: &[f32], took: Duration) -> Result<(), Error> {
         self.to_eval = None;
         self.stats.decode_time += took;

@@ -543,8 +543,9 @@ mod tests {
         s.propose(&[1, 2, 3, 1, 2], 3, 8, &mut out, &mut || {})
             .unwrap();
         assert_eq!(out, [1, 2, 3]);
-        s.stepped(ms(100)); // 10 tokens a second without drafts
-                            // Bound by reads: 4 drafts kept for 140 ms, 36 tokens a second: longer.
+        // 10 tokens a second without drafts. Bound by reads: 4 drafts kept for 140 ms, 36 tokens
+        // a second: longer.
+        s.stepped(ms(100));
         s.verified(4, 4, ms(140));
         assert_eq!(s.length, 8);
         s.verified(8, 8, ms(200));
@@ -583,7 +584,7 @@ mod tests {
         assert_eq!(u.length, 6);
     }
 
-    /// Runs `steps` steps that asked the drafter, each making `tokens` in `took`.
+    /// Runs `steps` steps that asked the drafter, each keeping `kept` of `drafted` in `took`.
     fn round(s: &mut Speculation, steps: u32, drafted: usize, kept: usize, took: Duration) {
         for _ in 0..steps {
             s.verified(drafted, kept, took);
@@ -594,9 +595,10 @@ mod tests {
     fn drafting_pauses_after_a_round_that_did_not_pay_and_not_before() {
         let limits = DraftLimits::new(8, 1).unwrap();
         let mut s = Speculation::new(Box::new(NgramDrafter::default()), limits);
-        s.stepped(ms(100)); // 10 tokens a second without drafts
-                            // An answer's start: the drafter finds nothing for a while, and each try costs a
-                            // little. No pause before the round is over...
+        // 10 tokens a second without drafts.
+        s.stepped(ms(100));
+        // An answer's start: the drafter finds nothing for a while, and each try costs a
+        // little. No pause before the round is over...
         round(&mut s, 6, 0, 0, ms(140));
         assert_eq!(s.pause, 0);
         // ... where drafts make up for it: 6 x 1 + 10 x 5 tokens in 6 x 140 + 10 x 300 ms,

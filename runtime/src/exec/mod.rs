@@ -107,11 +107,11 @@ pub trait Driver: Send {
         tokens: &[u32],
     ) -> Result<(), StepError>;
 
-    /// Logits of the last step that computed any, `[token][n_vocab]`.
     /// The cores go to other work for a while (another engine's steps): threads waiting for
     /// the next step park now instead of spinning ([`ClusterRunner::rest`]).
     fn rest(&self) {}
 
+    /// Logits of the last step that computed any, `[token][n_vocab]`.
     fn logits(&self) -> &[f32];
 
     /// Evaluates `tokens` after what `session` holds, in steps no larger than the plan allows.
