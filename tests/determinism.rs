@@ -134,6 +134,53 @@ fn logits_are_bit_identical_across_drivers_thread_counts_and_group_splits() {
     );
 }
 
+/// A head over part of the vocabulary (a draft model's, `ExecutionPlan::output_vocab`): the
+/// tokens it keeps get the bits of the whole head, on both drivers and however the groups
+/// share the output; the others are minus infinity, in prefill's rows and decode's alike.
+#[test]
+fn a_head_over_part_of_the_vocabulary_keeps_its_tokens_bits_and_leaves_out_the_rest() {
+    let (model, tokens) = synthetic();
+    let n_vocab = model.config().n_vocab as usize;
+    let mut whole = ExecutionPlan::default();
+    // Several output clusters, the last one cut short by the head.
+    whole.decode.output_rows = 48;
+    whole.prefill.output_rows = 48;
+    let reference = logit_bits(&mut *inline(&model, 1, &whole), &tokens, 80);
+    let head = 100;
+    assert!(head % 48 != 0 && head < n_vocab);
+    let expected: Vec<u32> = reference
+        .chunks_exact(n_vocab)
+        .flat_map(|row| {
+            let left_out = std::iter::repeat_n(f32::NEG_INFINITY.to_bits(), n_vocab - head);
+            row[..head].iter().copied().chain(left_out)
+        })
+        .collect();
+    let with_head = |plan: &ExecutionPlan| ExecutionPlan {
+        output_vocab: Some(head as u32),
+        ..plan.clone()
+    };
+    let mut split = split_plan();
+    split.decode.output_rows = 48;
+    split.prefill.output_rows = 48;
+    let (whole, split) = (with_head(&whole), with_head(&split));
+    for (driver, bits) in [
+        (
+            "inline",
+            logit_bits(&mut *inline(&model, 2, &whole), &tokens, 80),
+        ),
+        (
+            "actors",
+            logit_bits(&mut *actors(&model, 2, &whole), &tokens, 80),
+        ),
+        (
+            "actors, split",
+            logit_bits(&mut *actors(&model, 2, &split), &tokens, 80),
+        ),
+    ] {
+        assert!(bits == expected, "{driver}: the head's logits differ");
+    }
+}
+
 /// (number of logits, CRC-32 of their bits) of the default model over the first 100 tokens of
 /// the first long reference prompt and 8 of its greedy tokens, as computed on x86-64 (AVX2 and
 /// scalar alike, 2026-12-05; the digest of the whole prompt before it was stored from AVX-512

@@ -145,6 +145,7 @@ pub struct EngineBuilder {
     topology: Option<Topology>,
     pin_threads: bool,
     sparsity: SparsitySettings,
+    output_vocab: Option<u32>,
     say: Box<dyn FnMut(&str)>,
 }
 
@@ -176,6 +177,14 @@ impl EngineBuilder {
     /// budget the rows beyond the first are held out of the budget before it is split.
     pub fn step_logits(mut self, rows: usize) -> Self {
         self.step_logits = rows.max(1);
+        self
+    }
+
+    /// The output projection over tokens `0..n` only, the others never chosen: a draft
+    /// model's head over the most frequent tokens of a byte-pair vocabulary (in memory;
+    /// [`ExecutionPlan::output_vocab`]).
+    pub fn output_vocab(mut self, n: u32) -> Self {
+        self.output_vocab = Some(n);
         self
     }
 
@@ -383,6 +392,7 @@ impl EngineBuilder {
             down_blocks: self.down_blocks,
             interleave: self.interleave,
             kernels: self.kernels,
+            output_vocab: self.output_vocab,
         };
         let resolved = resolve(settings, &facts, &topology)?;
         for note in &resolved.notes {
@@ -447,7 +457,9 @@ impl From<ResolveError> for Error {
             ResolveError::Settings(e) => Error::Settings(e),
             ResolveError::Ffn(e) => ScheduleError::from(e).into(),
             ResolveError::Budget(e) => Error::Budget(e),
-            other @ ResolveError::BudgetWithReserved { .. } => Error::Resolve(other),
+            other @ (ResolveError::BudgetWithReserved { .. }
+            | ResolveError::OutputVocab { .. }
+            | ResolveError::OutputVocabWithBudget) => Error::Resolve(other),
         }
     }
 }
@@ -553,6 +565,7 @@ impl Engine {
             topology: None,
             pin_threads: true,
             sparsity: SparsitySettings::default(),
+            output_vocab: None,
             say: Box::new(|line| eprintln!("{line}")),
         }
     }

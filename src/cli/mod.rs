@@ -229,6 +229,10 @@ pub struct EngineArgs {
     /// by `--draft MODEL`: the draft model).
     #[arg(skip)]
     pub reserve: Option<(u64, String)>,
+    /// The output projection over tokens `0..n` only (set for a draft model by
+    /// `--draft-vocab`).
+    #[arg(skip)]
+    pub output_vocab: Option<u32>,
 }
 
 /// Which FFN neurons decode computes: a mode, or `None` for the shipped default
@@ -368,6 +372,9 @@ pub fn load_engine(model: Option<&Path>, threads: usize, engine: &EngineArgs) ->
     }
     if let Some((bytes, what)) = &engine.reserve {
         builder = builder.reserve(*bytes, what.clone());
+    }
+    if let Some(n) = engine.output_vocab {
+        builder = builder.output_vocab(n);
     }
     if let Some(policy) = engine.cache_policy {
         builder = builder.cache_policy(match policy {

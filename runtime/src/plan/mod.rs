@@ -109,6 +109,13 @@ pub struct ExecutionPlan {
     /// plans: [`DEFAULT_STEP_DEADLINE_MS`].
     #[serde(default = "default_step_deadline_ms")]
     pub step_deadline_ms: u64,
+    /// The output projection computes the logits of tokens `0..n` only; the others are
+    /// minus infinity. A draft model's head over the vocabulary's most frequent tokens (a
+    /// byte-pair vocabulary numbers its tokens in the order its merges were learned, the
+    /// most frequent first): its proposals are only proposals, and the head is a large
+    /// share of a small model's bytes. In memory only. `None`: the whole vocabulary.
+    #[serde(default)]
+    pub output_vocab: Option<u32>,
 }
 
 /// A step's deadline when the plan names none: 30 minutes. Legitimate steps can be long: a
@@ -203,6 +210,7 @@ impl Default for ExecutionPlan {
             sparsity: None,
             predicted: None,
             step_deadline_ms: DEFAULT_STEP_DEADLINE_MS,
+            output_vocab: None,
         }
     }
 }

@@ -42,6 +42,9 @@ pub struct RunSettings {
     /// kernel.
     pub interleave: bool,
     pub kernels: Kernels,
+    /// The output projection over tokens `0..n` only (a draft model's head; in memory),
+    /// over the plan's [`ExecutionPlan::output_vocab`].
+    pub output_vocab: Option<u32>,
 }
 
 /// What the plan needs to know of the model, read from its header.
@@ -121,6 +124,10 @@ pub enum ResolveError {
     Budget(#[from] BudgetError),
     #[error("the memory budget holds {what} ({held} MiB) besides the model, which then lacks room: give at least {need} MiB for both")]
     BudgetWithReserved { what: String, held: u64, need: u64 },
+    #[error("an output vocabulary of {asked} tokens: the model has {n_vocab}, and the head needs at least 1")]
+    OutputVocab { asked: u32, n_vocab: u32 },
+    #[error("a head over part of the vocabulary is for a draft model held in memory, not under a memory budget")]
+    OutputVocabWithBudget,
 }
 
 /// The plan `settings` ask for on a model of `facts` over `topology`.
@@ -140,6 +147,16 @@ pub fn resolve(
     let budgeted = settings.memory.is_some();
     let predicts = settings.sparsity.predicts();
     settings.overrides.apply(&mut plan, budgeted, predicts)?;
+    plan.output_vocab = settings.output_vocab.or(plan.output_vocab);
+    if let Some(asked) = plan.output_vocab {
+        let n_vocab = facts.shape.n_vocab;
+        if asked == 0 || asked > n_vocab {
+            return Err(ResolveError::OutputVocab { asked, n_vocab });
+        }
+        if budgeted {
+            return Err(ResolveError::OutputVocabWithBudget);
+        }
+    }
     if settings.sparsity.is_sparse() && settings.all_tokens {
         plan.decode_max_tokens = plan.decode_max_tokens.max(plan.prefill_max_tokens);
     }

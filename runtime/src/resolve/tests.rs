@@ -72,6 +72,7 @@ fn settings(memory: Option<BudgetAsk>) -> RunSettings {
         down_blocks: true,
         interleave: true,
         kernels: Kernels::scalar(),
+        output_vocab: None,
     }
 }
 
@@ -215,6 +216,46 @@ fn a_plan_for_another_model_is_refused() {
     };
     let refused = resolve(given, &facts(false), &Topology::uniform(2));
     assert!(matches!(refused, Err(ResolveError::Plan(_))), "{refused:?}");
+}
+
+#[test]
+fn a_head_over_part_of_the_vocabulary_is_checked_against_the_model() {
+    let topology = Topology::uniform(2);
+    let n_vocab = shape(false).n_vocab;
+    let head = |asked, memory| RunSettings {
+        output_vocab: Some(asked),
+        ..settings(memory)
+    };
+    let r = resolve(head(n_vocab / 2, None), &facts(false), &topology).unwrap();
+    assert_eq!(r.plan.output_vocab, Some(n_vocab / 2));
+    // The command line's over the plan's.
+    let planned = RunSettings {
+        plan: Some(ExecutionPlan {
+            output_vocab: Some(7),
+            ..ExecutionPlan::default()
+        }),
+        ..head(9, None)
+    };
+    assert_eq!(
+        resolve(planned, &facts(false), &topology)
+            .unwrap()
+            .plan
+            .output_vocab,
+        Some(9)
+    );
+    for asked in [0, n_vocab + 1] {
+        let refused = resolve(head(asked, None), &facts(false), &topology);
+        assert!(
+            matches!(refused, Err(ResolveError::OutputVocab { asked: a, n_vocab: v }) if a == asked && v == n_vocab),
+            "{refused:?}"
+        );
+    }
+    let budgeted = head(n_vocab / 2, Some(ask(least_budget(256, 1), Some(256), 1)));
+    let refused = resolve(budgeted, &facts(true), &topology);
+    assert!(
+        matches!(refused, Err(ResolveError::OutputVocabWithBudget)),
+        "{refused:?}"
+    );
 }
 
 #[test]

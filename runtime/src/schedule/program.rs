@@ -175,6 +175,14 @@ impl Program {
         }
     }
 
+    /// Cuts the output projection to the rows of tokens `0..n_vocab` (clusters of the same
+    /// size as before): the plan's [`crate::plan::ExecutionPlan::output_vocab`].
+    pub fn limit_output(&mut self, n_vocab: u32, shares: &[(XpuId, u32)]) {
+        let size = self.output.clusters.first().map_or(1, |r| r.len() as u32);
+        let clusters = cut_into_clusters(n_vocab, size, 1);
+        self.output = PhaseClusters::new(Phase::OutputRows, clusters, shares);
+    }
+
     /// Inserts `FfnGateRows` before `FfnNeurons`, both with one cluster per bundle (gate-first
     /// loading: each bundle's gate rows are computed before the rest of it is read, and its
     /// pages are decided bundle by bundle).

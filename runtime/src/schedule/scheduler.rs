@@ -220,6 +220,18 @@ impl Scheduler {
         if cache.is_some() && ffn.gate_first() {
             decode.gate_first(&decode_shares);
         }
+        if let Some(n) = plan.output_vocab {
+            // `resolve` refuses these with the model's words; a plan given to the scheduler
+            // directly (the simulator's) is checked here.
+            if n == 0 || n > shape.n_vocab || cache.is_some() {
+                return Err(ScheduleError::Plan(crate::plan::PlanError::Parse(format!(
+                    "output_vocab {n}: needs 1 to {} tokens, in memory",
+                    shape.n_vocab
+                ))));
+            }
+            decode.limit_output(n, &decode_shares);
+            prefill.limit_output(n, &prefill_shares);
+        }
         let most_clusters = [&decode, &prefill]
             .iter()
             .flat_map(|p| p.layer_phases.iter().chain(std::iter::once(&p.output)))
