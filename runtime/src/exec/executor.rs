@@ -427,17 +427,18 @@ impl StepState {
                 let n_out = n - self.request.logits_from as usize;
                 self.logits.resize(n_out * vocab, 0.0);
                 gather_row_blocks(&self.blocks, clusters, n_out, vocab, &mut self.logits);
+                if let Some(cap) = c.final_logit_softcap {
+                    for v in &mut self.logits {
+                        *v = (*v / cap).tanh() * cap;
+                    }
+                }
                 // A head over part of the vocabulary (the plan's `output_vocab`): the tokens
-                // it leaves out are never chosen.
+                // it leaves out are never chosen (after the softcap, which would make minus
+                // infinity -cap).
                 let head = clusters.last().map_or(0, |r| r.end as usize);
                 if head < vocab {
                     for row in self.logits.chunks_exact_mut(vocab) {
                         row[head..].fill(f32::NEG_INFINITY);
-                    }
-                }
-                if let Some(cap) = c.final_logit_softcap {
-                    for v in &mut self.logits {
-                        *v = (*v / cap).tanh() * cap;
                     }
                 }
             }
