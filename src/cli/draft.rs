@@ -136,18 +136,21 @@ fn draft_vocab(path: &Path, asked: u32) -> Result<Option<u32>> {
     if asked == 0 {
         return Ok(None);
     }
-    let file = GgufFile::open(path)
-        .with_context(|| format!("reading the draft model {}", path.display()))?;
-    let n_vocab = ModelConfig::from_gguf(&file)?.n_vocab;
+    let n_vocab = draft_config(path)?.n_vocab;
     Ok((asked < n_vocab).then_some(asked))
+}
+
+/// The draft model's header.
+fn draft_config(path: &Path) -> Result<ModelConfig> {
+    let read = || format!("reading the draft model {}", path.display());
+    let file = GgufFile::open(path).with_context(read)?;
+    ModelConfig::from_gguf(&file).with_context(read)
 }
 
 /// What a draft model takes in memory beside the target: its weights (read whole), the KV
 /// cache of a session of `n_ctx` tokens, and the runtime's base.
 fn draft_footprint(path: &Path, n_ctx: usize) -> Result<u64> {
-    let read = || format!("reading the draft model {}", path.display());
-    let file = GgufFile::open(path).with_context(read)?;
-    let c = ModelConfig::from_gguf(&file).with_context(read)?;
+    let c = draft_config(path)?;
     let kv = kv_bytes_per_position(
         c.n_layer as usize,
         c.n_head_kv as usize,
@@ -155,6 +158,8 @@ fn draft_footprint(path: &Path, n_ctx: usize) -> Result<u64> {
     )
     .and_then(|p| p.checked_mul(n_ctx as u64))
     .context("the draft model's KV cache size overflows")?;
-    let weights = std::fs::metadata(path).with_context(read)?.len();
+    let weights = std::fs::metadata(path)
+        .with_context(|| format!("reading the draft model {}", path.display()))?
+        .len();
     Ok(weights + kv + RUNTIME_BASE)
 }
