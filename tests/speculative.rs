@@ -150,12 +150,57 @@ fn ngram_drafts_keep_the_tokens_under_a_memory_budget() {
         .on_progress(|_| {})
         .build()
         .unwrap();
-    let err = draft_refused(&mut engine);
+    let err = draft_refused(&mut engine, &mut ngram(4));
     assert!(matches!(err, Error::DraftNoRoom), "{err}");
 }
 
-/// Why `engine` refuses prompt-lookup drafts for a stream.
-fn draft_refused(engine: &mut Engine) -> Error {
+/// `--draft self`: under a budget the target drafts for itself from what the budget keeps
+/// resident (its cache's hot segment, reading nothing). The tokens are those of plain
+/// decoding, greedy and sampled, on both drivers and on a Q4_K_M store; drafts are made, and
+/// kept on greedy code. The budgets keep some units and stream the others (these small
+/// models' fixed parts take most of a half-size budget, whose drafts would rarely be kept).
+/// In memory, where everything is resident, it is refused.
+#[test]
+fn resident_drafts_keep_the_tokens_under_a_memory_budget() {
+    let dir = ScratchDir::new("speculative-resident");
+    let resident = || Speculation::resident(DraftLimits::new(8, 1).unwrap()).unpaced();
+    let cases = [
+        (common::default_model(), DriverKind::Actors, 115.0),
+        (common::default_model(), DriverKind::Inline, 115.0),
+        (common::gemma3_model(), DriverKind::Actors, 80.0),
+    ];
+    for (model, driver, percent) in cases {
+        let store = dir.store(&model, &ConvertOptions::default());
+        let budget = Some(MemoryBudget::PercentOfModel(percent));
+        let mut engine = engine(&store, driver, budget);
+        for sampling in [SamplingParams::greedy(), sampled(1.0)] {
+            let what = format!("{} {driver:?} {sampling:?}", model.display());
+            let (plain, _) = generate(&mut engine, &sampling, 32, None);
+            let before = engine.cache_report().unwrap().loads;
+            let (drafted, stats) = generate(&mut engine, &sampling, 32, Some(&mut resident()));
+            assert_eq!(drafted, plain, "{what}");
+            assert!(stats.drafted > 0, "{what}: {stats:?}");
+            if sampling.temperature == 0.0 {
+                assert!(stats.draft_accepted > 0, "{what}: {stats:?}");
+            }
+            // Drafting read nothing: the loads are the verifying steps' alone, fewer than
+            // one-token steps would read (each reads every unit the budget does not keep).
+            let loads = engine.cache_report().unwrap().loads - before;
+            let (_, again) = generate(&mut engine, &sampling, 32, None);
+            let plain_loads = engine.cache_report().unwrap().loads - before - loads;
+            assert!(
+                0 < loads && loads < plain_loads,
+                "{what}: {loads} against {plain_loads}, {again:?}"
+            );
+        }
+    }
+    let mut in_memory = engine(&common::default_model(), DriverKind::Inline, None);
+    let err = draft_refused(&mut in_memory, &mut resident());
+    assert!(matches!(err, Error::DraftSelfInMemory), "{err}");
+}
+
+/// Why `engine` refuses `draft`'s drafts for a stream.
+fn draft_refused(engine: &mut Engine, draft: &mut Speculation) -> Error {
     let prompt = engine.tokenize(PROMPT);
     let mut session = engine.session(Some(128)).unwrap();
     let options = GenerateOptions {
@@ -163,9 +208,8 @@ fn draft_refused(engine: &mut Engine) -> Error {
         sampling: SamplingParams::greedy(),
         ignore_eos: true,
     };
-    let mut draft = ngram(4);
     let stream = engine.stream(&mut session, &prompt, &options).unwrap();
-    stream.with_draft(&mut draft).err().unwrap()
+    stream.with_draft(draft).err().unwrap()
 }
 
 /// A draft model decoding greedily: the default model drafting for itself agrees with itself
@@ -293,7 +337,7 @@ fn sparse_decode_refuses_a_draft() {
         .build()
         .unwrap();
     assert!(engine.model().sparse().is_some());
-    let err = draft_refused(&mut engine);
+    let err = draft_refused(&mut engine, &mut ngram(4));
     assert!(matches!(err, Error::DraftNeedsDense), "{err}");
 }
 

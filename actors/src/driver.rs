@@ -556,6 +556,7 @@ impl ActorDriver {
         session: &mut Session,
         tokens: &[u32],
         logits_from: u32,
+        resident_only: bool,
     ) -> Result<(), StepError> {
         self.ensure_healthy()?;
         let request = StepRequest {
@@ -564,6 +565,7 @@ impl ActorDriver {
             n_past: session.n_past() as u32,
             logits_from,
             sequences: 1,
+            resident_only,
         };
         self.next_step += 1;
         // Lend the session's KV cache to the actors for this step.
@@ -803,7 +805,11 @@ impl Driver for ActorDriver {
         tokens: &[u32],
         logits_from: u32,
     ) -> Result<(), StepError> {
-        self.run_step(session, tokens, logits_from)
+        self.run_step(session, tokens, logits_from, false)
+    }
+
+    fn step_resident(&mut self, session: &mut Session, token: u32) -> Result<(), StepError> {
+        self.run_step(session, &[token], 0, true)
     }
 
     fn step_many_sequences(

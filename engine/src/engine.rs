@@ -91,6 +91,8 @@ pub enum Error {
     DraftNeedsDense,
     #[error("speculative decoding under a memory budget needs room in it for the drafted tokens' logits: build the engine with EngineBuilder::step_logits (the drafts' length and one)")]
     DraftNoRoom,
+    #[error("--draft self drafts from what a memory budget keeps resident; without --memory everything is resident and its drafts would cost what the target's steps cost: use --draft ngram or a draft model")]
+    DraftSelfInMemory,
     /// A plan the settings cannot give (a budget too small beside a reservation).
     #[error(transparent)]
     Resolve(ResolveError),

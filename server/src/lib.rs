@@ -170,8 +170,8 @@ fn start(
             template
         }
     };
-    if speculation.is_some() {
-        engine.check_can_draft()?;
+    if let Some(speculation) = &speculation {
+        engine.check_can_draft(speculation)?;
     }
     let tool_syntax = tool_syntax(&template);
     if let Ok(syntax) = &tool_syntax {

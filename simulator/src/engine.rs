@@ -587,6 +587,7 @@ mod tests {
                         n_past: 0,
                         logits_from: 0,
                         sequences: 1,
+                        resident_only: false,
                     },
                 )),
             }));

@@ -159,11 +159,10 @@ pub fn simulate(
 ) -> Result<SimReport, SimError> {
     let (scheduler, machine) = build(profile, plan, workload)?;
     let ffn = scheduler.ffn();
-    let decode_steps = workload
-        .steps(scheduler.max_step_tokens())
-        .iter()
-        .filter(|s| s.decode_index.is_some())
-        .count() as u32;
+    let steps = workload.steps(scheduler.max_step_tokens());
+    let decoding = steps.iter().filter(|s| s.decode_index.is_some());
+    let drafting_steps = decoding.clone().filter(|s| s.request.resident_only).count() as u32;
+    let decode_steps = decoding.count() as u32 - drafting_steps;
     let sched_group = plan
         .group_index(&plan.decode_on[0].group)
         .expect("a validated plan names known groups");
@@ -218,6 +217,7 @@ pub fn simulate(
         n_prompt: workload.n_prompt,
         n_gen: workload.n_gen,
         decode_steps,
+        drafting_steps,
         threads,
         steps: outcome.timings,
         ttft_ns: 0,

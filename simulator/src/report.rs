@@ -87,6 +87,9 @@ pub struct SimReport {
     pub n_gen: u32,
     /// Decode steps that made the `n_gen` tokens (`n_gen` without a draft).
     pub decode_steps: u32,
+    /// Resident-only steps that drafted tokens for the decode steps to verify (a target
+    /// drafting for itself, [`crate::DraftWorkload::resident`]; 0 otherwise).
+    pub drafting_steps: u32,
     /// Threads of the scheduler's group (what `conductor bench` reports as threads).
     pub threads: u32,
     /// Every step in order: prefill steps, then decode steps.
@@ -134,16 +137,16 @@ impl SimReport {
             self.prefill_ns
         };
         self.time_between_tokens = TokenTimes::of(&decode);
-        self.decode_ns_per_token = if self.decode_steps == self.n_gen {
+        self.decode_ns_per_token = if self.decode_steps == self.n_gen && self.drafting_steps == 0 {
             self.time_between_tokens.mean_ns
         } else {
             decode.iter().map(|&x| x as f64).sum::<f64>() / f64::from(self.n_gen.max(1))
         };
     }
 
-    /// Steps the prompt took (every step before the first decode step).
+    /// Steps the prompt took (every step before the first decode or drafting step).
     fn steps_in_prompt(&self) -> u32 {
-        (self.steps.len() as u32).saturating_sub(self.decode_steps)
+        (self.steps.len() as u32).saturating_sub(self.decode_steps + self.drafting_steps)
     }
 
     /// Predicted prompt-processing speed, tokens per second (`None` without a prompt).

@@ -62,14 +62,18 @@ pub struct Workload {
 /// --draft-acceptance A`). Each decode step evaluates the pending token and `tokens` drafted
 /// ones in one step, with logits for every one (what `Engine::step_generation` runs), and
 /// yields the expected number of tokens: the drafted tokens are kept, in order, each with
-/// probability `acceptance` while the ones before it were. The drafter's own cost is not
-/// modelled (prompt lookup costs next to nothing; a draft model does not).
+/// probability `acceptance` while the ones before it were. The drafter's own cost is
+/// modelled when the target drafts for itself (`resident`, `--draft self`), not otherwise
+/// (prompt lookup costs next to nothing; a draft model does not).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct DraftWorkload {
     /// Drafted tokens a step verifies (≥ 1).
     pub tokens: u32,
     /// The chance a drafted token is kept, given the ones before it were (0..=1).
     pub acceptance: f64,
+    /// The target drafts for itself (`--draft self`): each verifying step follows `tokens`
+    /// resident-only one-token steps (what the budget keeps computed, nothing read).
+    pub resident: bool,
 }
 
 impl DraftWorkload {
@@ -179,9 +183,10 @@ impl Workload {
     /// The steps of the run, in order: prefill steps split exactly as `InlineDriver::eval`
     /// splits a prompt (chunks of `max_step_tokens`, logits for the last token only), then the
     /// decode steps (one token each, with logits; with a draft, the pending token and the
-    /// drafted ones, with logits for each, until `n_gen` tokens are made: step `i` makes the
-    /// tokens that take the running expectation `(i + 1) · tokens_per_step` past a whole
-    /// number).
+    /// drafted ones, with logits for each, until `n_gen` tokens are made: verifying step `i`
+    /// makes the tokens that take the running expectation `(i + 1) · tokens_per_step` past a
+    /// whole number; a target drafting for itself drafts them first, one resident-only step
+    /// each).
     pub fn steps(&self, max_step_tokens: u32) -> Vec<PlannedStep> {
         let mut out = Vec::new();
         let max = max_step_tokens.max(1);
@@ -197,6 +202,7 @@ impl Workload {
                     n_past: start,
                     logits_from: logits_from.saturating_sub(start).min(len),
                     sequences: 1,
+                    resident_only: false,
                 },
                 decode_index: None,
             });
@@ -210,9 +216,27 @@ impl Workload {
             Some(d) => ((d.tokens + 1).min(max), d.tokens_per_step()),
             None => (1, 1.0),
         };
+        let drafting = self
+            .draft
+            .filter(|d| d.resident)
+            .map_or(0, |_| n_tokens - 1);
         let expected = |i: u32| (f64::from(i) * per_step).floor() as u32;
-        let (mut made, mut i) = (0, 0);
+        let (mut made, mut verified, mut i) = (0, 0, 0);
         while made < self.n_gen {
+            for k in 0..drafting {
+                out.push(PlannedStep {
+                    request: StepRequest {
+                        step: out.len() as u64,
+                        n_tokens: 1,
+                        n_past: first_pos + made + k,
+                        logits_from: 0,
+                        sequences: 1,
+                        resident_only: true,
+                    },
+                    decode_index: Some(i),
+                });
+                i += 1;
+            }
             out.push(PlannedStep {
                 request: StepRequest {
                     step: out.len() as u64,
@@ -220,10 +244,12 @@ impl Workload {
                     n_past: first_pos + made,
                     logits_from: 0,
                     sequences: 1,
+                    resident_only: false,
                 },
                 decode_index: Some(i),
             });
-            made += (expected(i + 1) - expected(i)).clamp(1, self.n_gen - made);
+            made += (expected(verified + 1) - expected(verified)).clamp(1, self.n_gen - made);
+            verified += 1;
             i += 1;
         }
         out
@@ -266,6 +292,7 @@ mod tests {
         w.draft = Some(DraftWorkload {
             tokens: 3,
             acceptance: 0.5,
+            resident: false,
         });
         // 1 + 0.5 + 0.25 + 0.125 = 1.875 tokens a step: the running expectation passes
         // 1, 3, 5, 7, 9 and 10 (cut to n_gen) after steps 1..=6.
@@ -284,13 +311,43 @@ mod tests {
         w.draft = Some(DraftWorkload {
             tokens: 3,
             acceptance: 0.0,
+            resident: false,
         });
         assert_eq!(w.steps(512).len(), 10);
         w.draft = Some(DraftWorkload {
             tokens: 3,
             acceptance: 1.0,
+            resident: false,
         });
         assert_eq!(w.steps(512).len(), 3);
+        // Drafting for itself: three resident-only steps before each verifying step, at the
+        // positions the drafted tokens take.
+        w.draft = Some(DraftWorkload {
+            tokens: 3,
+            acceptance: 1.0,
+            resident: true,
+        });
+        let got: Vec<_> = w
+            .steps(512)
+            .iter()
+            .map(|s| {
+                (
+                    s.request.n_tokens,
+                    s.request.n_past,
+                    s.request.resident_only,
+                )
+            })
+            .collect();
+        let round = |at: u32| {
+            [
+                (1, at, true),
+                (1, at + 1, true),
+                (1, at + 2, true),
+                (4, at, false),
+            ]
+        };
+        let want: Vec<_> = [0, 4, 8].into_iter().flat_map(round).collect();
+        assert_eq!(got, want);
     }
 
     #[test]

@@ -11,7 +11,11 @@ use conductor_simulator::{simulate, DraftWorkload, SimOptions, Workload};
 
 fn drafted(w: &Workload, tokens: u32, acceptance: f64) -> Workload {
     Workload {
-        draft: Some(DraftWorkload { tokens, acceptance }),
+        draft: Some(DraftWorkload {
+            tokens,
+            acceptance,
+            resident: false,
+        }),
         ..w.clone()
     }
 }
@@ -41,6 +45,37 @@ fn kept_drafts_divide_the_reads_a_token_costs_under_a_cache() {
     assert_eq!(half.decode_steps, 13);
     let c = half.gen_tok_s().unwrap();
     assert!(a < c && c < b, "{a} < {c} < {b}");
+}
+
+/// A target drafting for itself (`--draft self`): its drafting steps compute what the cache
+/// keeps and read nothing, so the reads are the verifying steps' alone, and their compute
+/// costs time: the prediction lies between plain decoding and drafts that cost nothing.
+#[test]
+fn drafting_from_what_is_resident_reads_nothing_and_costs_its_compute() {
+    let w = store_workload("smollm2-135m", 8, 24);
+    let plan = cache_plan(90, 82);
+    let plain = run(&pc(), &plan, &w);
+    let free = run(&pc(), &plan, &drafted(&w, 3, 1.0));
+    let mut own = drafted(&w, 3, 1.0);
+    own.draft.as_mut().unwrap().resident = true;
+    let own = run(&pc(), &plan, &own);
+    assert_eq!((own.decode_steps, own.drafting_steps), (6, 18));
+    assert_eq!(own.steps.len(), 1 + 6 + 18);
+    assert_eq!(own.cache_misses, free.cache_misses);
+    assert!(
+        own.cache_hits > free.cache_hits,
+        "{} {}",
+        own.cache_hits,
+        free.cache_hits
+    );
+    let (a, b, c) = (
+        plain.gen_tok_s().unwrap(),
+        own.gen_tok_s().unwrap(),
+        free.gen_tok_s().unwrap(),
+    );
+    assert!(a < b && b < c, "{a} < {b} < {c} tok/s");
+    // The prompt is the prompt's step alone.
+    assert_eq!(own.prefill_ns, plain.prefill_ns);
 }
 
 #[test]

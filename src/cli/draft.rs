@@ -13,11 +13,13 @@ use std::path::{Path, PathBuf};
 #[derive(Args, Clone, Debug, Default)]
 pub struct DraftArgs {
     /// Speculative decoding: `ngram` (continuations looked up in the prompt and the text so
-    /// far: no weights read, no memory taken) or a draft model with the target's vocabulary (a
-    /// file or a known name, e.g. qwen2.5-coder-0.5b for qwen2.5-coder-1.5b). The target
-    /// verifies the drafted tokens in one step; the output is the target's own. Needs dense
-    /// decode (the default unless --sparsity says otherwise).
-    #[arg(long = "draft", value_name = "ngram|MODEL")]
+    /// far: no weights read, no memory taken), `self` (under --memory: the target computed
+    /// from what the budget keeps resident, attention, the cache's hot segment and the
+    /// resident part of the head, reading nothing from storage), or a draft model with the
+    /// target's vocabulary (a file or a known name, e.g. qwen2.5-coder-0.5b for
+    /// qwen2.5-coder-1.5b). The target verifies the drafted tokens in one step; the output is
+    /// the target's own. Needs dense decode (the default unless --sparsity says otherwise).
+    #[arg(long = "draft", value_name = "ngram|self|MODEL")]
     pub draft: Option<String>,
     /// The most tokens drafted for one step.
     #[arg(long = "draft-max", default_value_t = DraftLimits::default().max as i64, allow_negative_numbers = true)]
@@ -38,14 +40,22 @@ pub struct DraftArgs {
 pub const DEFAULT_DRAFT_VOCAB: u32 = 32768;
 
 /// What [`DraftArgs::prepare`] resolved, for [`Draft::speculation`]: the limits and the
-/// draft model's file.
+/// drafter.
 #[derive(Clone, Debug)]
 pub struct Draft {
     limits: DraftLimits,
-    /// `None`: `ngram`.
-    model: Option<PathBuf>,
+    source: DraftSource,
     /// `--draft-vocab` (0: the whole vocabulary).
     vocab: u32,
+}
+
+/// Who drafts.
+#[derive(Clone, Debug)]
+enum DraftSource {
+    Ngram,
+    /// The target, from what its budget keeps resident.
+    Resident,
+    Model(PathBuf),
 }
 
 impl DraftArgs {
@@ -63,16 +73,16 @@ impl DraftArgs {
         if min < 0 {
             bail!("--draft-min must be 0 or more, not {min}");
         }
-        if self.draft.as_deref() == Some("self") {
-            bail!("--draft self is not built yet: use --draft ngram, or a draft model");
+        if self.draft.as_deref() == Some("self") && model.engine.memory.is_none() {
+            bail!(conductor::Error::DraftSelfInMemory);
         }
         if model.engine.sparsity == SparsityArg::DEFAULT {
             model.engine.sparsity = SparsityArg::DENSE;
         }
         model.engine.step_logits = max as usize + 1;
         let limits = DraftLimits::new(max as usize, min as usize)?;
-        let draft_model = self.draft_model()?;
-        if let (Some(path), Some(_)) = (&draft_model, model.engine.memory) {
+        let source = self.source()?;
+        if let (DraftSource::Model(path), Some(_)) = (&source, model.engine.memory) {
             // The draft model is held in memory beside the target: out of the budget.
             let n_ctx = model.engine.context.unwrap_or(conductor::BUDGET_CONTEXT);
             let bytes = draft_footprint(path, n_ctx)?;
@@ -80,20 +90,21 @@ impl DraftArgs {
         }
         Ok(Some(Draft {
             limits,
-            model: draft_model,
+            source,
             vocab: self.draft_vocab,
         }))
     }
 
-    /// The draft model's file, fetched if it is a known name (`None`: no draft, or `ngram`).
-    fn draft_model(&self) -> Result<Option<PathBuf>> {
+    /// Who drafts: a draft model's file is fetched if it is a known name.
+    fn source(&self) -> Result<DraftSource> {
         match self.draft.as_deref() {
-            None | Some("ngram") => Ok(None),
+            None | Some("ngram") => Ok(DraftSource::Ngram),
+            Some("self") => Ok(DraftSource::Resident),
             Some(name) => {
                 let path =
                     fetch::resolve_model(Some(Path::new(name)), &mut |line| eprintln!("{line}"))
                         .with_context(|| format!("the draft model {name}"))?;
-                Ok(Some(path))
+                Ok(DraftSource::Model(path))
             }
         }
     }
@@ -109,9 +120,10 @@ impl Draft {
         target: &Engine,
         n_ctx: usize,
     ) -> Result<Speculation> {
-        let drafter: Box<dyn conductor::Drafter> = match &self.model {
-            None => Box::new(NgramDrafter::default()),
-            Some(path) => {
+        let drafter: Box<dyn conductor::Drafter> = match &self.source {
+            DraftSource::Ngram => Box::new(NgramDrafter::default()),
+            DraftSource::Resident => return Ok(Speculation::resident(self.limits)),
+            DraftSource::Model(path) => {
                 let mut draft = model.clone();
                 draft.model = Some(path.clone());
                 // The target's plan names the target; the draft's steps are one token, in

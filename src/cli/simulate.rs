@@ -84,6 +84,10 @@ pub struct SimulateArgs {
     /// (what `run --draft` reports as accepted, e.g. 0.8); the prediction's tokens a step follow.
     #[arg(long = "draft-acceptance", value_name = "A", value_parser = super::parse_share, requires = "draft_tokens")]
     draft_acceptance: Option<f32>,
+    /// With --draft-tokens: the target drafts for itself (`run --draft self`), one
+    /// resident-only step a drafted token before each verifying step, their time counted.
+    #[arg(long = "draft-self", requires = "draft_tokens")]
+    draft_self: bool,
     /// Print `conductor bench --json` lines instead of a report.
     #[arg(long = "json")]
     json: bool,
@@ -120,6 +124,7 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         (Some(tokens), Some(acceptance)) => Some(DraftWorkload {
             tokens,
             acceptance: f64::from(acceptance),
+            resident: args.draft_self,
         }),
         _ => None,
     };
@@ -285,9 +290,10 @@ fn print_report(r: &SimReport, wall: std::time::Duration) {
         );
         if r.decode_steps != r.n_gen {
             println!(
-                "  draft        {} verifying steps, {:.2} tokens a step",
+                "  draft        {} verifying steps, {:.2} tokens a step; {} drafting steps",
                 r.decode_steps,
-                f64::from(r.n_gen) / f64::from(r.decode_steps.max(1))
+                f64::from(r.n_gen) / f64::from(r.decode_steps.max(1)),
+                r.drafting_steps
             );
         }
     }

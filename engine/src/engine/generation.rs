@@ -294,7 +294,7 @@ impl<'a> TokenStream<'a> {
     /// memory budget, drafts are as long as [`super::EngineBuilder::step_logits`] held room
     /// for (build the engine with the drafts' length and one: without, a draft is refused).
     pub fn with_draft(mut self, speculation: &'a mut Speculation) -> Result<Self, Error> {
-        self.engine.check_can_draft()?;
+        self.engine.check_can_draft(speculation)?;
         self.speculation = Some(speculation);
         Ok(self)
     }

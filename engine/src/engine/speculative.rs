@@ -221,7 +221,9 @@ impl DraftLimits {
 /// repeated with edits), and because it catches up on the text of a pause in its first step
 /// after it. The length never changes the output, only how many steps make it.
 pub struct Speculation {
-    drafter: Box<dyn Drafter>,
+    /// `None`: the target drafts for itself from what it keeps resident
+    /// ([`Engine::draft_resident`], `--draft self`).
+    drafter: Option<Box<dyn Drafter>>,
     limits: DraftLimits,
     /// A step's drafted tokens, and the pending token followed by them.
     drafted: Vec<u32>,
@@ -276,6 +278,18 @@ const RETIME_AFTER: u32 = 8;
 
 impl Speculation {
     pub fn new(drafter: Box<dyn Drafter>, limits: DraftLimits) -> Speculation {
+        Speculation::with_source(Some(drafter), limits)
+    }
+
+    /// `--draft self`: the target drafts for itself with steps that compute only what its
+    /// plan keeps resident and read nothing from storage ([`Engine::draft_resident`]), for
+    /// a model larger than its memory budget. Needs an engine with a neuron cache
+    /// ([`Engine::check_can_draft`]).
+    pub fn resident(limits: DraftLimits) -> Speculation {
+        Speculation::with_source(None, limits)
+    }
+
+    fn with_source(drafter: Option<Box<dyn Drafter>>, limits: DraftLimits) -> Speculation {
         Speculation {
             drafter,
             length: initial_length(limits),
@@ -301,7 +315,7 @@ impl Speculation {
 
     /// Before the drafter computes: the target rests if they share the cores.
     fn make_room(&self, rest_target: &mut dyn FnMut()) {
-        if self.drafter.shares_cores() {
+        if self.drafter.as_ref().is_some_and(|d| d.shares_cores()) {
             rest_target();
         }
     }
@@ -319,7 +333,24 @@ impl Speculation {
         self.next_pause = PAUSE_STEPS;
         self.round = Round::default();
         self.make_room(rest_target);
-        self.drafter.prime(history)
+        match &mut self.drafter {
+            Some(drafter) => drafter.prime(history),
+            None => Ok(()),
+        }
+    }
+
+    /// How many tokens to draft for a step with `room` for them: `None` while drafting
+    /// pauses, before a one-token step times the rate to beat, or when the room is under the
+    /// minimum.
+    fn ask(&mut self, room: usize) -> Option<usize> {
+        let max = self.length.min(room);
+        // A one-token step first, and again now and then: the rate drafted steps must beat.
+        let retime = self.paced && (self.plain_rate.is_none() || self.since_plain >= RETIME_AFTER);
+        if retime || self.pause > 0 || max == 0 || max < self.limits.min {
+            self.pause = self.pause.saturating_sub(1);
+            return None;
+        }
+        Some(max)
     }
 
     /// The tokens to verify after `pending`, which follows `history` (what the session
@@ -336,23 +367,26 @@ impl Speculation {
         rest_target: &mut dyn FnMut(),
     ) -> Result<bool, Error> {
         out.clear();
-        let max = self.length.min(room);
-        // A one-token step first, and again now and then: the rate drafted steps must beat.
-        let retime = self.paced && (self.plain_rate.is_none() || self.since_plain >= RETIME_AFTER);
-        if retime || self.pause > 0 || max == 0 || max < self.limits.min {
-            self.pause = self.pause.saturating_sub(1);
+        let Some(max) = self.ask(room) else {
             return Ok(false);
-        }
+        };
         self.context.clear();
         self.context.extend_from_slice(history);
         self.context.push(pending);
         self.make_room(rest_target);
-        self.drafter.draft(&self.context, max, out)?;
+        if let Some(drafter) = &mut self.drafter {
+            drafter.draft(&self.context, max, out)?;
+        }
+        self.keep_if_long_enough(out, max);
+        Ok(true)
+    }
+
+    /// A draft of more than `max` tokens is cut; one under the minimum is not verified.
+    fn keep_if_long_enough(&self, out: &mut Vec<u32>, max: usize) {
         out.truncate(max);
         if out.len() < self.limits.min {
             out.clear();
         }
-        Ok(true)
     }
 
     /// A one-token step without drafting took `took`.
@@ -432,11 +466,20 @@ impl Engine {
             .min(self.max_step_logits().saturating_sub(1))
             .min(generation.room().saturating_sub(1));
         let mut drafted = std::mem::take(&mut speculation.drafted);
-        let driver = self.driver.get();
-        let asked =
+        let asked = if speculation.drafter.is_some() {
+            let driver = self.driver.get();
             speculation.propose(session.tokens(), pending, room, &mut drafted, &mut || {
                 driver.rest()
-            })?;
+            })?
+        } else if let Some(max) = speculation.ask(room) {
+            drafted.clear();
+            self.draft_resident(session, pending, max, &mut drafted)?;
+            speculation.keep_if_long_enough(&mut drafted, max);
+            true
+        } else {
+            drafted.clear();
+            false
+        };
         let result = if drafted.is_empty() {
             let logits = self.driver.get().eval_last(session, &[pending])?;
             if asked {
@@ -450,6 +493,38 @@ impl Engine {
             self.verify(session, generation, speculation, pending, &drafted, t0)
         };
         speculation.drafted = drafted;
+        result
+    }
+
+    /// Up to `max` tokens to follow `pending`, drafted by this engine for itself: one
+    /// resident-only step a token ([`conductor_runtime::exec::Driver::step_resident`]: what
+    /// the plan keeps resident, nothing read), greedily while the drafted distribution is sure
+    /// of its token, as a draft model drafts. The session is as it was after: the verifying
+    /// step writes the drafted positions' KV entries anew.
+    fn draft_resident(
+        &mut self,
+        session: &mut Session,
+        pending: u32,
+        max: usize,
+        out: &mut Vec<u32>,
+    ) -> Result<(), Error> {
+        let n_past = session.n_past();
+        let driver = self.driver.get();
+        let mut token = pending;
+        let mut draft = || -> Result<(), Error> {
+            while out.len() < max {
+                driver.step_resident(session, token)?;
+                let logits = driver.logits();
+                token = argmax(logits);
+                if top_probability(logits, token) < DEFAULT_DRAFT_P_MIN {
+                    break;
+                }
+                out.push(token);
+            }
+            Ok(())
+        };
+        let result = draft();
+        session.truncate(n_past);
         result
     }
 
@@ -480,10 +555,15 @@ impl Engine {
     /// Whether this engine can verify drafts: dense decode (the FFN a one-token step computes
     /// must be the dense one a multi-token step computes) and room for the drafted tokens'
     /// logits ([`super::EngineBuilder::step_logits`]).
-    pub fn check_can_draft(&self) -> Result<(), Error> {
+    /// With [`Speculation::resident`] (`--draft self`), a neuron cache too: without one
+    /// everything is resident and the drafts would cost what the target's steps cost.
+    pub fn check_can_draft(&self, speculation: &Speculation) -> Result<(), Error> {
         check_dense(self)?;
         if self.max_step_logits() < 2 {
             return Err(Error::DraftNoRoom);
+        }
+        if speculation.drafter.is_none() && self.cache_report().is_none() {
+            return Err(Error::DraftSelfInMemory);
         }
         Ok(())
     }

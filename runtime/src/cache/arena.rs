@@ -108,6 +108,9 @@ pub struct SlotArena {
     data: Vec<Range<usize>>,
     /// Bumped each time a slot is given to a unit.
     generations: Vec<AtomicU64>,
+    /// The units a resident-only step computes ([`crate::cache::resident_step_units`]);
+    /// empty: every unit.
+    resident: Vec<bool>,
     /// The slots' bytes: held for its drop, after the slots'.
     _memory: SlotMemory,
 }
@@ -145,8 +148,23 @@ impl SlotArena {
             table: (0..map.n_units()).map(|_| AtomicU32::new(NONE)).collect(),
             data: extents.iter().map(|e| e.data.clone()).collect(),
             generations: (0..n_slots).map(|_| AtomicU64::new(0)).collect(),
+            resident: Vec::new(),
             _memory: memory,
         })
+    }
+
+    /// The arena of a plan whose resident-only steps compute the units flagged in `resident`
+    /// ([`crate::cache::resident_step_units`], one flag per unit).
+    pub fn with_resident_step_units(mut self, resident: Vec<bool>) -> SlotArena {
+        self.resident = resident;
+        self
+    }
+
+    /// Whether a resident-only step computes `(layer, cluster)` (it is not read for one).
+    pub fn in_resident_step(&self, layer: u32, cluster: u32) -> bool {
+        self.resident
+            .get(self.unit(layer, cluster))
+            .is_none_or(|&kept| kept)
     }
 
     /// How units are numbered.

@@ -15,6 +15,7 @@
 //! cold, the baseline the segmented policy is measured against.
 
 use super::UnitMap;
+use crate::neuron::Phase;
 use crate::plan::{CachePlan, CachePolicy};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
@@ -100,40 +101,70 @@ pub struct CacheDirectory {
     gap: u32,
 }
 
+/// The units the hot segment keeps for good, in the order its slots go to them: first the
+/// plan's `hot_units` (out of range or repeated ones skipped; when there are any, the units
+/// every token reads, streamed attention and output projection, come before them), then
+/// units in `map`'s hot order (every layer's first clusters, round-robin over layers: without
+/// a ranking every neuron is as hot as any other). What a resident-only step computes
+/// ([`crate::schedule::StepRequest::resident_only`]), with the units that are not streamed.
+pub fn hot_segment(plan: &CachePlan, map: &UnitMap) -> Vec<u32> {
+    let n_units = map.n_units();
+    let mut hot = match plan.policy {
+        CachePolicy::Segmented => plan.hot_slots.min(plan.slots).min(n_units),
+        CachePolicy::Lru => 0,
+    };
+    // Clusters that are not hot need at least one cold slot to pass through.
+    if hot < n_units && hot == plan.slots {
+        hot = hot.saturating_sub(1);
+    }
+    // With a ranking (sparse decode), streamed attention and output projection go first:
+    // every token reads all of them, no FFN unit is hotter.
+    let output: Vec<u32> = if plan.hot_units.is_empty() {
+        Vec::new()
+    } else {
+        map.every_token_units().collect()
+    };
+    let ranked = plan.hot_units.iter().filter_map(|&u| map.from_plain(u));
+    let mut taken = vec![false; n_units as usize];
+    let mut segment = Vec::with_capacity(hot as usize);
+    for unit in output.into_iter().chain(ranked).chain(map.hot_order()) {
+        if segment.len() == hot as usize {
+            break;
+        }
+        if !std::mem::replace(&mut taken[unit as usize], true) {
+            segment.push(unit);
+        }
+    }
+    segment
+}
+
+/// The units of `map` a resident-only step computes, a flag each
+/// ([`crate::schedule::StepRequest::resident_only`]): those of the [`hot_segment`], and
+/// streamed attention, which a layer cannot do without (read if it is not in). The scheduler
+/// leaves the others unread and the executor leaves them out, from this one list.
+pub fn resident_step_units(plan: &CachePlan, map: &UnitMap) -> Vec<bool> {
+    let mut kept: Vec<bool> = (0..map.n_units())
+        .map(|u| {
+            let (layer, cluster) = map.layer_cluster(u);
+            let phase = map.phase_cluster(layer, cluster).0;
+            matches!(phase, Phase::QkvHeads | Phase::AttnOutRows)
+        })
+        .collect();
+    for u in hot_segment(plan, map) {
+        kept[u as usize] = true;
+    }
+    kept
+}
+
 impl CacheDirectory {
-    /// A directory for the units of `map`. Hot slots go first to the plan's `hot_units` (out
-    /// of range or repeated ones are skipped; when there are any, the output projection's
-    /// units come before them), then to units in `map`'s hot order (every
-    /// layer's first clusters, round-robin over layers: without a ranking every neuron is as
-    /// hot as any other).
+    /// A directory for the units of `map`, whose hot slots go to the [`hot_segment`].
     pub fn new(plan: &CachePlan, map: &UnitMap) -> CacheDirectory {
         let n_units = map.n_units();
-        let mut hot = match plan.policy {
-            CachePolicy::Segmented => plan.hot_slots.min(plan.slots).min(n_units),
-            CachePolicy::Lru => 0,
-        };
-        // Clusters that are not hot need at least one cold slot to pass through.
-        if hot < n_units && hot == plan.slots {
-            hot = hot.saturating_sub(1);
-        }
+        let segment = hot_segment(plan, map);
+        let hot = segment.len() as u32;
         let mut hot_slot = vec![None; n_units as usize];
-        // With a ranking (sparse decode), streamed attention and output projection go first:
-        // every token reads all of them, no FFN unit is hotter.
-        let output: Vec<u32> = if plan.hot_units.is_empty() {
-            Vec::new()
-        } else {
-            map.every_token_units().collect()
-        };
-        let ranked = plan.hot_units.iter().filter_map(|&u| map.from_plain(u));
-        let mut next = 0;
-        for unit in output.into_iter().chain(ranked).chain(map.hot_order()) {
-            if next == hot {
-                break;
-            }
-            if hot_slot[unit as usize].is_none() {
-                hot_slot[unit as usize] = Some(next);
-                next += 1;
-            }
+        for (slot, &unit) in segment.iter().enumerate() {
+            hot_slot[unit as usize] = Some(slot as u32);
         }
         let slots: Vec<Slot> = (0..plan.slots)
             .map(|s| Slot {

@@ -25,7 +25,10 @@ pub use budget::{
     split_sizes_for, BudgetError, BudgetSplit, MemoryBudget, StoreSizes, RUNTIME_BASE,
     RUNTIME_PER_TOKEN, RUNTIME_PER_UNIT,
 };
-pub use directory::{Acquired, CacheDirectory, LayerCacheStats, PagesAcquired, Want};
+pub use directory::{
+    hot_segment, resident_step_units, Acquired, CacheDirectory, LayerCacheStats, PagesAcquired,
+    Want,
+};
 pub use reader::{
     direct_io_refused, open_for_reads, open_for_reads_with, read_full, unit_extents, BundleFile,
     Extent, IssuedCounts, LoadError, OpenError,

@@ -121,6 +121,7 @@ impl StepState {
                 n_past: 0,
                 logits_from: 0,
                 sequences: 1,
+                resident_only: false,
             },
             positions: Vec::new(),
             x: Vec::new(),
@@ -369,6 +370,7 @@ impl StepState {
                 }
                 let mut needed = std::mem::take(&mut self.needed);
                 self.find_ffn_needed(model, program, &mut needed);
+                self.leave_out_unresident(program, layer, &mut needed);
                 self.needed = needed;
             }
             Phase::FfnNeurons => {
@@ -439,6 +441,18 @@ impl StepState {
                 if head < vocab {
                     for row in self.logits.chunks_exact_mut(vocab) {
                         row[head..].fill(f32::NEG_INFINITY);
+                    }
+                }
+                // A resident-only step's output rows left unread: their tokens cannot follow.
+                let streamed = self.cache.as_deref().is_some_and(|a| a.streams(phase));
+                if self.request.resident_only && streamed {
+                    for (i, rows) in clusters.iter().enumerate() {
+                        // (An output cluster is its unit.)
+                        if self.left_out(c.n_layer, i as u32) {
+                            for row in self.logits.chunks_exact_mut(vocab) {
+                                row[units(rows)].fill(f32::NEG_INFINITY);
+                            }
+                        }
                     }
                 }
             }

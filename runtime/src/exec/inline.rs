@@ -167,6 +167,7 @@ impl<R: ClusterRunner> InlineDriver<R> {
         session: &mut Session,
         tokens: &[u32],
         logits_from: u32,
+        resident_only: bool,
     ) -> Result<(), StepError> {
         let request = StepRequest {
             step: self.next_step,
@@ -174,6 +175,7 @@ impl<R: ClusterRunner> InlineDriver<R> {
             n_past: session.n_past() as u32,
             logits_from,
             sequences: 1,
+            resident_only,
         };
         self.next_step += 1;
         self.state
@@ -404,7 +406,9 @@ pub fn open_cache(
         .path()
         .ok_or_else(|| io("the neuron cache needs the store's file path".into()))?;
     let extents = unit_extents(model, map, plan.decode.output_rows);
-    let arena = SlotArena::new(c.slots, map, &extents).map_err(io)?;
+    let arena = SlotArena::new(c.slots, map, &extents)
+        .map_err(io)?
+        .with_resident_step_units(crate::cache::resident_step_units(c, map));
     let file = BundleFile::open_with(path, model, map, extents, &plan.storage)
         .map_err(|e| io(e.to_string()))?
         .ok_or(ScheduleError::CacheWithoutStore)?;
@@ -448,7 +452,11 @@ impl<R: ClusterRunner + Send> Driver for InlineDriver<R> {
         tokens: &[u32],
         logits_from: u32,
     ) -> Result<(), StepError> {
-        self.run_step(session, tokens, logits_from)
+        self.run_step(session, tokens, logits_from, false)
+    }
+
+    fn step_resident(&mut self, session: &mut Session, token: u32) -> Result<(), StepError> {
+        self.run_step(session, &[token], 0, true)
     }
 
     fn step_many_sequences(

@@ -81,6 +81,14 @@ pub trait Driver: Send {
         logits_from: u32,
     ) -> Result<(), StepError>;
 
+    /// A one-token decode step of `token` after what `session` holds, computed from what the
+    /// plan keeps resident and reading nothing
+    /// ([`crate::schedule::StepRequest::resident_only`]): a draft of `--draft self`. Its
+    /// logits ([`Driver::logits`]) are minus infinity for tokens whose output rows are not
+    /// resident. On success the session holds the token, with KV entries computed from the
+    /// resident weights alone: truncate it before the step that verifies the drafts.
+    fn step_resident(&mut self, session: &mut Session, token: u32) -> Result<(), StepError>;
+
     /// A multi-sequence decode step (continuous batching): `tokens[i]` is the next token of
     /// `sessions[i]`, each at its own position against its own KV cache, all in one step
     /// whose every weight read serves them all. Every token gets logits
@@ -180,6 +188,7 @@ pub fn multi_step_request(
         n_past: 0,
         logits_from: 0,
         sequences: n,
+        resident_only: false,
     };
     let positions = sessions.iter().map(|s| s.n_past() as u32).collect();
     Ok((request, positions, n_ctx))

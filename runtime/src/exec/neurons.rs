@@ -195,6 +195,10 @@ impl StepState {
                         continue;
                     }
                 }
+                // Left out of a resident-only step: never read.
+                if self.left_out(layer_index, bundle) {
+                    continue;
+                }
                 let bytes = BundleBytes::of(model, cache, layer_index, bundle, || {
                     format!("layer {layer_index} bundle {bundle} computed before it was loaded")
                 });

@@ -49,6 +49,10 @@ impl StepState {
                 return cx.project(model.rows(w, rows), act, n, out, m);
             };
             let c = arena.map().unit_cluster(work.phase, first + i as u32);
+            // Left out of a resident-only step: never read (the finish masks its rows).
+            if self.left_out(layer_index, c) {
+                return out[..n * m].fill(0.0);
+            }
             let slot = read_slot(arena, layer_index, c, || {
                 format!("{:?} cluster {c} computed before it was loaded", work.phase)
             });

@@ -38,6 +38,30 @@ impl StepState {
         }
     }
 
+    /// In a resident-only step, the FFN clusters of `layer` none of whose bundles it computes
+    /// are not needed ([`crate::schedule::StepRequest::resident_only`]).
+    pub(super) fn leave_out_unresident(&self, program: &Program, layer: u32, needed: &mut [u64]) {
+        if !self.request.resident_only || self.cache.is_none() {
+            return;
+        }
+        for c in 0..program.clusters(Phase::FfnNeurons).len() {
+            let mut bundles = program.units_of_cluster(Phase::FfnNeurons, c as u32);
+            if bundles.all(|b| self.left_out(layer, b)) {
+                needed[c / 64] &= !(1 << (c % 64));
+            }
+        }
+    }
+
+    /// Whether unit `(layer, cluster)` of the neuron cache is left out of this step: a
+    /// resident-only step computes only the units it keeps for good.
+    pub(super) fn left_out(&self, layer: u32, cluster: u32) -> bool {
+        self.request.resident_only
+            && self
+                .cache
+                .as_deref()
+                .is_some_and(|a| !a.in_resident_step(layer, cluster))
+    }
+
     /// The current layer's active FFN neurons, token by token, for the event the scheduler
     /// awaits after a finished phase ([`crate::schedule::owed_event`] turns them into needed
     /// clusters or pages): after a gate phase, the neurons whose gate fires; after attention,

@@ -229,6 +229,7 @@ fn run_with(model: &Model, steps: &[&[u32]], split: Split, kernels: Kernels) -> 
             n_past,
             logits_from: 0,
             sequences: 1,
+            resident_only: false,
         };
         state
             .begin_step(model, &request, tokens, model.config().n_ctx_train as usize)

@@ -64,6 +64,8 @@ pub(super) struct CacheFlow {
     /// Slots units without a hot slot share: a gate phase keeps a layer's bundles pinned,
     /// so it needs a layer's worth; an FFN cluster's bundles must fit at once.
     pub cold_slots: u32,
+    /// The units a resident-only step computes ([`crate::cache::resident_step_units`]).
+    resident: Vec<bool>,
     /// The batch's last load and how many loads its run has.
     run: Option<(RunTail, u32)>,
     /// Per cluster of the phase computing: its units not in yet (it goes out at 0).
@@ -84,6 +86,7 @@ impl CacheFlow {
         gate_pages: u32,
         bundle_pages: u32,
         cold_slots: u32,
+        resident: Vec<bool>,
     ) -> CacheFlow {
         let n_units = map.n_units();
         CacheFlow {
@@ -103,6 +106,7 @@ impl CacheFlow {
             bundle_pages,
             layer_pages: Vec::new(),
             cold_slots,
+            resident,
             run: None,
             missing: Vec::new(),
             newly_ready: Vec::new(),
@@ -139,12 +143,14 @@ impl CacheFlow {
         self.run = None;
     }
 
-    /// A step of `shape` starts; `selected`: it waits for each layer's selection.
+    /// A step of `shape` starts; `selected`: it waits for each layer's selection;
+    /// `resident_only`: the units it would read are left out (skipped from the start).
     pub fn start_step(
         &mut self,
         shape: StepShape,
         selected: bool,
         wants_logits: bool,
+        resident_only: bool,
     ) -> Result<(), ScheduleError> {
         let two_phase = self.reads.gate_first() && shape == StepShape::Decode;
         if two_phase && self.cold_slots < self.map.ffn_clusters {
@@ -154,6 +160,13 @@ impl CacheFlow {
             });
         }
         self.units.fill(UnitState::NotAcquired);
+        if resident_only {
+            for (state, &kept) in self.units.iter_mut().zip(&self.resident) {
+                if !kept {
+                    *state = UnitState::Skipped;
+                }
+            }
+        }
         self.two_phase = two_phase;
         self.selected_step = selected;
         self.gate = if selected {
@@ -203,18 +216,23 @@ impl CacheFlow {
         for (xpu, range) in &layout.parts {
             let mut run_start = None;
             for c in range.clone().chain(std::iter::once(range.end)) {
-                let ready = c < range.end && {
+                // A cluster whose every unit is skipped adds nothing: neither sent nor
+                // waited for (drivers sum only the clusters a step needs).
+                let (mut ready, mut skipped) = (false, false);
+                if c < range.end {
                     let mut missing = 0;
+                    skipped = true;
                     for unit in self.cluster_units(program, phase, c) {
                         let u = self.unit(flight.layer, unit);
                         match self.units[u] {
-                            UnitState::Ready | UnitState::Skipped => {}
-                            _ => missing += 1,
+                            UnitState::Skipped => {}
+                            UnitState::Ready => skipped = false,
+                            _ => (missing, skipped) = (missing + 1, false),
                         }
                     }
                     self.missing[c as usize] = missing;
-                    missing == 0
-                };
+                    ready = missing == 0 && !skipped;
+                }
                 match (ready, run_start) {
                     (true, None) => run_start = Some(c),
                     (false, Some(s)) => {
@@ -240,7 +258,7 @@ impl CacheFlow {
                             self.units[u] = UnitState::Sent;
                         }
                     }
-                } else if c < range.end {
+                } else if c < range.end && !skipped {
                     flight.waiting += 1;
                 }
             }

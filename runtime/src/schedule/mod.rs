@@ -56,6 +56,14 @@ pub struct StepRequest {
     /// A multi-sequence step always runs in the decode shape, whatever its size, so that each
     /// sequence computes exactly what its own decode step would; `n_past` is then unused (0).
     pub sequences: u32,
+    /// A one-token decode step computed from what the plan keeps resident for good, reading
+    /// nothing (`--draft self`): attention and norms, and of the units that stream through
+    /// the neuron cache those of its hot segment ([`crate::cache::hot_segment`]; streamed
+    /// attention is read all the same, a layer cannot do without it). An FFN bundle left out
+    /// adds nothing; a token whose output rows are left out gets minus infinity. Without a
+    /// cache everything is resident and the step is an ordinary one.
+    #[serde(default)]
+    pub resident_only: bool,
 }
 
 impl StepRequest {
@@ -199,6 +207,8 @@ pub enum ScheduleError {
     Busy { running: StepId, new: StepId },
     #[error("a step needs at least one token")]
     EmptyStep,
+    #[error("a resident-only step is one decode token, not {n_tokens}")]
+    ResidentOnlyShape { n_tokens: u32 },
     #[error("a step of {n_tokens} tokens in {sequences} sequences: a multi-sequence step has one token per sequence")]
     BadSequences { n_tokens: u32, sequences: u32 },
     #[error("step of {n_tokens} tokens is larger than the plan's largest prefill step ({max})")]

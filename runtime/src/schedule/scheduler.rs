@@ -173,6 +173,7 @@ impl Scheduler {
                     return Err(ScheduleError::GateFirstWithoutStore);
                 }
                 let mut directory = CacheDirectory::new(c, &map);
+                let resident = crate::cache::resident_step_units(c, &map);
                 let cold_slots = directory.cold_slots();
                 if pages {
                     directory = directory.with_pages(bundle_pages);
@@ -186,6 +187,7 @@ impl Scheduler {
                     gate_pages,
                     bundle_pages,
                     cold_slots,
+                    resident,
                 ))
             }
         };
@@ -413,9 +415,15 @@ impl Scheduler {
             });
         }
         let shape = self.shape_of(&request);
+        if request.resident_only && (shape != StepShape::Decode || request.n_tokens != 1) {
+            return Err(ScheduleError::ResidentOnlyShape {
+                n_tokens: request.n_tokens,
+            });
+        }
         let selected = self.ffn.selects_clusters() && shape == StepShape::Decode;
         if let Some(cache) = self.cache.as_mut() {
-            cache.start_step(shape, selected, request.wants_logits())?;
+            let resident = request.resident_only;
+            cache.start_step(shape, selected, request.wants_logits(), resident)?;
         }
         self.in_flight = Some(InFlight {
             request,
@@ -425,8 +433,7 @@ impl Scheduler {
             outstanding: std::mem::take(&mut self.spare_outstanding),
             waiting: 0,
         });
-        self.issue_current_phase(out);
-        Ok(())
+        self.issue_current_phase(out)
     }
 
     fn cluster_done(
@@ -506,8 +513,7 @@ impl Scheduler {
                 return self.finish_step(out);
             }
         }
-        self.issue_current_phase(out);
-        Ok(())
+        self.issue_current_phase(out)
     }
 
     fn finish_step(&mut self, out: &mut Vec<Command>) -> Result<(), ScheduleError> {
@@ -528,7 +534,7 @@ impl Scheduler {
 
     /// Sends the current phase's clusters to the processor groups: one message per group,
     /// each a contiguous share fixed by the plan.
-    fn issue_current_phase(&mut self, out: &mut Vec<Command>) {
+    fn issue_current_phase(&mut self, out: &mut Vec<Command>) -> Result<(), ScheduleError> {
         let flight = self.in_flight.as_mut().expect("a step is in flight");
         let program = match flight.shape {
             StepShape::Decode => &self.decode,
@@ -540,7 +546,8 @@ impl Scheduler {
         flight.waiting = 0;
         if let Some(cache) = self.cache.as_mut().filter(|c| c.map.streams(phase)) {
             cache.issue_phase(flight, program, layout, out);
-            return;
+            // Every cluster may have been skipped (a resident-only step's).
+            return self.finish_phase_if_done(out);
         }
         for (xpu, range) in &layout.parts {
             let (xpu, range) = (*xpu, range.clone());
@@ -556,6 +563,7 @@ impl Scheduler {
                 },
             });
         }
+        Ok(())
     }
 
     /// Marks the clusters of `layer` that no token needs as skipped (sending them at once when

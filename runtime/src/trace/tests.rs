@@ -59,6 +59,7 @@ fn sample() -> Trace {
                     n_past: 0,
                     logits_from: 0,
                     sequences: 1,
+                    resident_only: false,
                 }),
                 commands: vec![Command::Compute {
                     xpu: XpuId(0),

@@ -486,6 +486,80 @@ fn a_cache_holding_every_unit_loads_nothing_after_the_first_step() {
     }
 }
 
+/// A resident-only step (`--draft self`'s drafts) reads nothing: the units it computes are the
+/// hot segment's, loaded by the steps before it, and it sends no compute for a cluster whose
+/// units it leaves out but still finishes every phase. A step of more than one token cannot
+/// be resident-only.
+#[test]
+fn a_resident_only_step_reads_nothing_and_computes_what_the_cache_keeps() {
+    // 2 layers of 5 bundles and 2 output clusters: 12 units, 6 of them hot.
+    let model = store_shape(2, 32);
+    let cache = CachePlan {
+        slots: 8,
+        hot_slots: 6,
+        policy: CachePolicy::Segmented,
+        max_loads: 3,
+        stream_output: true,
+        stream_attention: false,
+        coalesce: 1,
+        hot_units: Vec::new(),
+        reads: ReadPolicy::Bundles,
+        gate_first_gap: 0,
+    };
+    let plan = cached_plan(ExecutionPlan::default(), 50, cache.clone());
+    let s = Scheduler::new(&model, &plan).unwrap();
+    let map = s.unit_map().unwrap().clone();
+    let resident = crate::cache::resident_step_units(&cache, &map);
+    let (hot_slot, n_hot) = hot_slots_of(&cache, &map);
+    assert_eq!(n_hot, 6);
+    for (u, &kept) in resident.iter().enumerate() {
+        assert_eq!(kept, hot_slot[u].is_some(), "unit {u}");
+    }
+    let mut h = Harness::new(s, &model);
+    let mut pick = [0, 2, 1].into_iter().cycle();
+    h.run_step(request(1, 6, 5), &all_active, &mut pick, &mut NoChecks);
+    h.take();
+    let mut resident_step = request(2, 1, 0);
+    resident_step.resident_only = true;
+    h.run_step(resident_step, &all_active, &mut pick, &mut NoChecks);
+    let (cmds, _) = h.take();
+    assert!(
+        !cmds.iter().any(|c| matches!(c, Command::Load { .. })),
+        "{cmds:?}"
+    );
+    assert!(matches!(cmds.last(), Some(Command::StepDone { step: 2 })));
+    let s = h.d.scheduler();
+    let program = s.program(StepShape::Decode);
+    let mut computed = vec![false; map.n_units() as usize];
+    for c in &cmds {
+        if let Command::Compute { work, .. } = c {
+            let streamed = matches!(work.phase, Phase::FfnNeurons | Phase::OutputRows);
+            for cluster in work.clusters.clone().filter(|_| streamed) {
+                let units = match work.phase {
+                    Phase::FfnNeurons => program.units_of_cluster(work.phase, cluster),
+                    _ => cluster..cluster + 1,
+                };
+                for unit in units {
+                    computed[map.unit(work.layer, unit) as usize] = true;
+                }
+            }
+        }
+    }
+    // Every cluster it sends has a unit it keeps (bundles of one cluster here).
+    assert_eq!(computed, resident);
+    let finished = cmds
+        .iter()
+        .filter(|c| matches!(c, Command::FinishPhase { .. }))
+        .count();
+    assert_eq!(finished, program.layer_phases.len() * 2 + 1);
+    // One token, decode: nothing else is resident-only.
+    let mut h = Harness::new(Scheduler::new(&model, &plan).unwrap(), &model);
+    let mut two = request(1, 2, 1);
+    two.resident_only = true;
+    let err = h.feed(Event::StepRequested(two), &all_active, &mut NoChecks);
+    assert_eq!(err, Err(ScheduleError::ResidentOnlyShape { n_tokens: 2 }));
+}
+
 #[test]
 fn io_uring_reads_carry_any_loads_and_positional_reads_adjacent_ones() {
     let model = store_shape(2, 32);
@@ -610,7 +684,7 @@ proptest! {
                     1 => n_tokens - 1,
                     _ => 0,
                 };
-                let req = StepRequest { step: i as StepId + 1, n_tokens, n_past, logits_from, sequences: 1 };
+                let req = StepRequest { step: i as StepId + 1, n_tokens, n_past, logits_from, sequences: 1, resident_only: false };
                 n_past += n_tokens;
                 req
             })

@@ -44,6 +44,7 @@ fn request(step: StepId, n_tokens: u32, logits_from: u32) -> StepRequest {
         n_past: 0,
         logits_from,
         sequences: 1,
+        resident_only: false,
     }
 }
 

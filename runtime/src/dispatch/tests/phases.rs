@@ -23,6 +23,7 @@ fn a_multi_sequence_step_runs_in_the_decode_shape_whatever_its_size() {
     assert_eq!(s.shape_for(12), StepShape::Prefill);
     let req = StepRequest {
         sequences: 12,
+        resident_only: false,
         ..request(3, 12, 0)
     };
     assert_eq!(s.shape_of(&req), StepShape::Decode);
@@ -42,6 +43,7 @@ fn a_multi_sequence_step_runs_in_the_decode_shape_whatever_its_size() {
     for sequences in [0, 5] {
         let bad = StepRequest {
             sequences,
+            resident_only: false,
             ..request(4, 12, 0)
         };
         assert_eq!(
