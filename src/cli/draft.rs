@@ -73,7 +73,8 @@ impl DraftArgs {
         if min < 0 {
             bail!("--draft-min must be 0 or more, not {min}");
         }
-        if self.draft.as_deref() == Some("self") && model.engine.memory.is_none() {
+        let source = self.source()?;
+        if matches!(source, DraftSource::Resident) && model.engine.memory.is_none() {
             bail!(conductor::Error::DraftSelfInMemory);
         }
         if model.engine.sparsity == SparsityArg::DEFAULT {
@@ -81,7 +82,6 @@ impl DraftArgs {
         }
         model.engine.step_logits = max as usize + 1;
         let limits = DraftLimits::new(max as usize, min as usize)?;
-        let source = self.source()?;
         if let (DraftSource::Model(path), Some(_)) = (&source, model.engine.memory) {
             // The draft model is held in memory beside the target: out of the budget.
             let n_ctx = model.engine.context.unwrap_or(conductor::BUDGET_CONTEXT);
