@@ -5,13 +5,16 @@
 //! - mapped (the default without a budget): the truncation happens between two steps; the
 //!   next step fails with an error naming the file and the truncation, and the process lives.
 //! - read into memory (`--no-mmap`): the next step gives the same bits as on an untouched file.
+//! - mapped, generating through a token stream whose reader pauses (longer than
+//!   `MODEL_FILE_CHECK_PAUSE`) while the file is cut: the stream's next token is that error.
 //!
 //! A file cut while a step reads the map still faults (`SIGBUS`); docs/reliability.md says so.
 
 mod common;
 
 use common::ScratchDir;
-use conductor::{DriverKind, Engine};
+use conductor::runtime::sample::SamplingParams;
+use conductor::{DriverKind, Engine, GenerateOptions, MODEL_FILE_CHECK_PAUSE};
 use std::io::{BufRead, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -40,8 +43,11 @@ fn crc(logits: &[f32]) -> u32 {
 
 /// The child: loads the model, runs the prompt, says `ready`, waits for a line on stdin (the
 /// parent truncates the file meanwhile), runs one more step and prints how it went.
-fn child(path: &Path, mmap: bool) {
-    let mut e = engine(path, mmap);
+fn child(path: &Path, mode: &str) {
+    if mode == "stream" {
+        return stream_child(path);
+    }
+    let mut e = engine(path, mode == "mmap");
     let mut session = e.session(Some(32)).unwrap();
     e.eval_last(&mut session, &PROMPT).unwrap();
     // libtest prints `test NAME ... ` first, without a newline: the markers are looked for
@@ -52,15 +58,44 @@ fn child(path: &Path, mmap: bool) {
     std::io::stdin().read_line(&mut line).unwrap();
     match e.eval_last(&mut session, &[7]) {
         Ok(logits) => println!("step ok {:08x}", crc(logits)),
-        Err(err) => {
-            let mut why = err.to_string();
-            let mut source = std::error::Error::source(&err);
-            while let Some(s) = source {
-                why.push_str(&format!(": {s}"));
-                source = s.source();
-            }
-            println!("step err {why}")
-        }
+        Err(err) => println!("step err {}", chain(&err)),
+    }
+    std::io::stdout().flush().unwrap();
+}
+
+/// An error and its sources, one line.
+fn chain(err: &dyn std::error::Error) -> String {
+    let mut why = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        why.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    why
+}
+
+/// The child of the stream mode: a mapped model generating through a token stream, two
+/// tokens (one step) taken before `ready`, the next one after the pause.
+fn stream_child(path: &Path) {
+    let mut e = engine(path, true);
+    let mut session = e.session(Some(32)).unwrap();
+    let options = GenerateOptions {
+        max_tokens: 8,
+        sampling: SamplingParams::greedy(),
+        ignore_eos: true,
+    };
+    let mut stream = e.stream(&mut session, &PROMPT, &options).unwrap();
+    for _ in 0..2 {
+        stream.next().unwrap().unwrap();
+    }
+    println!("child-ready");
+    std::io::stdout().flush().unwrap();
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).unwrap();
+    match stream.next() {
+        Some(Ok(piece)) => println!("step ok {:?}", piece.token),
+        Some(Err(err)) => println!("step err {}", chain(&err)),
+        None => println!("step ended"),
     }
     std::io::stdout().flush().unwrap();
 }
@@ -69,7 +104,7 @@ fn child(path: &Path, mmap: bool) {
 fn a_model_file_truncated_under_a_running_engine_fails_the_next_step_or_is_not_seen() {
     if let Ok(role) = std::env::var(ROLE) {
         let (mode, path) = role.split_once(':').unwrap();
-        child(Path::new(path), mode == "mmap");
+        child(Path::new(path), mode);
         return;
     }
     let dir = ScratchDir::new("mmap-truncation");
@@ -80,7 +115,7 @@ fn a_model_file_truncated_under_a_running_engine_fails_the_next_step_or_is_not_s
         e.eval_last(&mut session, &PROMPT).unwrap();
         format!("{:08x}", crc(e.eval_last(&mut session, &[7]).unwrap()))
     };
-    for mode in ["mmap", "read"] {
+    for mode in ["mmap", "read", "stream"] {
         let victim = dir.join(&format!("victim-{mode}.gguf"));
         std::fs::copy(&source, &victim).unwrap();
         let mut child = Command::new(std::env::current_exe().unwrap())
@@ -112,6 +147,8 @@ fn a_model_file_truncated_under_a_running_engine_fails_the_next_step_or_is_not_s
             .unwrap();
         f.set_len(len / 10).unwrap();
         drop(f);
+        // A reader's pause: longer than a stream lets go unchecked.
+        std::thread::sleep(MODEL_FILE_CHECK_PAUSE * 20);
         let mut stdin = child.stdin.take().unwrap();
         writeln!(stdin, "go").unwrap();
         let mut rest = String::new();
@@ -125,7 +162,7 @@ fn a_model_file_truncated_under_a_running_engine_fails_the_next_step_or_is_not_s
             .lines()
             .find_map(|l| l.find("step ").map(|at| &l[at..]))
             .unwrap_or_else(|| panic!("{mode}: no step line in {rest}"));
-        if mode == "mmap" {
+        if mode != "read" {
             assert!(
                 step.starts_with("step err")
                     && step.contains("truncated")

@@ -288,11 +288,35 @@ fn every_architecture_converts_and_decodes_under_every_cache_with_the_same_bits(
             synthetic_model(&spec).unwrap().to_bytes().unwrap()
         });
         let blocks = uniform_dir.store(&uniform, &ConvertOptions::block_columns(256));
-        let d = worst(
-            &run(&mut inline(&blocks, None)).unwrap(),
-            &run(&mut inline(&uniform, None)).unwrap(),
-        );
+        let from_blocks = run(&mut inline(&blocks, None)).unwrap();
+        let d = worst(&from_blocks, &run(&mut inline(&uniform, None)).unwrap());
         assert!(d <= 1e-4, "{arch}: block columns drift {d} from the source");
+        // Interleaved 8 rows by 8 (the default) or in the source's rows: the same bits, in
+        // memory and through a cache.
+        let info = |path: &Path| {
+            Model::open(path, WeightSource::Mapped)
+                .unwrap()
+                .store()
+                .unwrap()
+                .layout
+        };
+        assert!(
+            info(&blocks).interleaved,
+            "{arch}: block columns are interleaved by default"
+        );
+        let rows_options = ConvertOptions::block_columns(256).rows_as_in_the_source();
+        let rows = uniform_dir.store(&uniform, &rows_options);
+        assert!(!info(&rows).interleaved, "{arch}");
+        assert!(
+            run(&mut inline(&rows, None)).unwrap() == from_blocks,
+            "{arch}: interleaved bundles give other bits than rows"
+        );
+        let through_cache = cache(2, 1, CachePolicy::Segmented, 2);
+        assert!(
+            run(&mut inline(&blocks, through_cache.clone())).unwrap()
+                == run(&mut inline(&rows, through_cache)).unwrap(),
+            "{arch}: interleaved bundles give other bits than rows through a cache"
+        );
 
         let store_path = dir.store(&source, &ConvertOptions::neuron_columns(64));
         let reference = run(&mut inline(&store_path, None)).unwrap();

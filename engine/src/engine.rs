@@ -31,6 +31,7 @@ mod speculative;
 
 pub use generation::{
     GenerateOptions, Generation, GenerationStats, Piece, SampleHook, StopReason, TokenStream,
+    MODEL_FILE_CHECK_PAUSE,
 };
 pub use memory::release_freed_memory;
 use memory::{fit_default_context, physical_memory};
@@ -762,8 +763,10 @@ impl Engine {
         Ok(self.driver.get().eval_last(session, tokens)?)
     }
 
-    /// Before each step: a memory-mapped model file that was truncated or modified since it
-    /// was loaded fails the step (reading a page past a truncated end would raise `SIGBUS`).
+    /// Before a request's steps, a server's batch step, and a stream's step after a pause
+    /// ([`MODEL_FILE_CHECK_PAUSE`]): a memory-mapped model file that was truncated or modified
+    /// since it was loaded fails the step (reading a page past a truncated end would raise
+    /// `SIGBUS`).
     fn check_model_file(&self) -> Result<(), Error> {
         self.model.check_file().map_err(|source| Error::Load {
             path: self.model_path().to_path_buf(),

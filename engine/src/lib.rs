@@ -33,5 +33,5 @@ pub use engine::{
     BadDraftLimits, DraftLimits, Drafter, DriverKind, Engine, EngineBuilder, Error,
     GenerateOptions, Generation, GenerationStats, ModelDrafter, NgramDrafter, Piece, SampleHook,
     SparsitySettings, Speculation, StopReason, TokenStream, BUDGET_CONTEXT, DEFAULT_DRAFT_P_MIN,
-    DEFAULT_SPARSE_DOWN_TYPE, DEFAULT_SPARSITY, DEFAULT_SPARSITY_MODE,
+    DEFAULT_SPARSE_DOWN_TYPE, DEFAULT_SPARSITY, DEFAULT_SPARSITY_MODE, MODEL_FILE_CHECK_PAUSE,
 };

@@ -12,7 +12,6 @@ use conductor::runtime::cache::MemoryBudget;
 use conductor::runtime::convert::{convert as convert_model, ConvertOptions};
 use conductor::runtime::plan::ExecutionPlan;
 use conductor::runtime::sparse::SparsityMode;
-use conductor::runtime::store::{DEFAULT_BUNDLE_NEURONS, DEFAULT_DOWN_TYPE};
 use conductor::{Engine, SparsitySettings};
 use conductor_server::local::{self, Local};
 use conductor_server::ServeOptions;
@@ -385,11 +384,10 @@ fn convert(py: Python<'_>, model: PathBuf, output: PathBuf, overwrite: bool) -> 
         let source = fetch::resolve_model(Some(&model), &mut |_| {})
             .map_err(|e| load_error(conductor::Error::Fetch(e)))?;
         let options = ConvertOptions {
-            bundle_neurons: DEFAULT_BUNDLE_NEURONS,
             // Chosen for the model, as `conductor convert` does by default.
             down_layout: None,
-            down_type: DEFAULT_DOWN_TYPE,
             overwrite,
+            ..ConvertOptions::default()
         };
         convert_model(&source, &output, &options, &mut |_, _| {})
             .map(|_| ())

@@ -32,6 +32,11 @@ pub struct ConvertArgs {
     /// Type of the re-quantized down columns: q8_0 (default), q4_1, q4_0, f16, f32.
     #[arg(long = "down-type", value_parser = super::parse_down_type, default_value_t = DEFAULT_DOWN_TYPE)]
     down_type: GgmlType,
+    /// Keep block-columns bundles in the source's row layout instead of interleaving their
+    /// Q4_K and Q6_K parts 8 rows by 8 (the layout decode's kernels read fastest; the same
+    /// bytes and the same results, in another order).
+    #[arg(long = "no-interleave")]
+    no_interleave: bool,
     /// Replace the output file if it exists.
     #[arg(long = "force")]
     force: bool,
@@ -82,6 +87,7 @@ pub fn run(args: ConvertArgs) -> Result<()> {
             DownLayoutArg::BlockColumns => Some(DownLayout::BlockColumns),
         },
         down_type: args.down_type,
+        interleave: !args.no_interleave,
         overwrite: args.force,
     };
     let summary = convert(&source, &args.output, &options, &mut progress)
@@ -95,7 +101,7 @@ pub fn run(args: ConvertArgs) -> Result<()> {
     down_types.sort();
     down_types.dedup();
     eprintln!(
-        "convert: wrote {} in {:.1} s: resident {:.1} MiB, bundles {:.1} MiB ({} per layer of {} neurons, {} bytes each with padding; down as {} of {}), source crc32 {:08x}",
+        "convert: wrote {} in {:.1} s: resident {:.1} MiB, bundles {:.1} MiB ({} per layer of {} neurons, {} bytes each with padding; down as {} of {}{}), source crc32 {:08x}",
         args.output.display(),
         started.elapsed().as_secs_f64(),
         mib(summary.resident_bytes),
@@ -105,6 +111,11 @@ pub fn run(args: ConvertArgs) -> Result<()> {
         l.stride,
         l.down_layout.name(),
         down_types.join(" and "),
+        if l.interleaved {
+            "; Q4_K and Q6_K parts interleaved 8 rows by 8"
+        } else {
+            ""
+        },
         summary.source_crc32
     );
     Ok(())

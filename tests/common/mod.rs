@@ -128,10 +128,11 @@ impl ScratchDir {
     /// (one source per directory: the name tells stores apart by their options only).
     pub fn store(&self, source: &Path, options: &ConvertOptions) -> PathBuf {
         let path = self.join(&format!(
-            "store-{}-{:?}-{}.gguf",
+            "store-{}-{:?}-{}{}.gguf",
             options.down_layout.map_or("chosen", |l| l.name()),
             options.down_type,
-            options.bundle_neurons
+            options.bundle_neurons,
+            if options.interleave { "" } else { "-rows" }
         ));
         if !path.exists() {
             convert(source, &path, options, &mut |_, _| {}).unwrap();

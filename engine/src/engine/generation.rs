@@ -149,6 +149,7 @@ impl Engine {
             session,
             generation,
             speculation: None,
+            last_step: Instant::now(),
         })
     }
 
@@ -256,7 +257,18 @@ pub struct TokenStream<'a> {
     generation: Generation<'a>,
     /// Speculative decoding's drafter.
     speculation: Option<&'a mut Speculation>,
+    /// When the stream's last step (or its prompt) ended: the model file is checked again
+    /// only after a pause ([`MODEL_FILE_CHECK_PAUSE`]).
+    last_step: Instant,
 }
+
+/// A token stream checks its model file before a step only when at least this long has passed
+/// since its last step ended. The check (`Engine::check_model_file`, an `fstat`) turns a mapped
+/// file truncated while the engine waited into an error instead of `SIGBUS`: a request starts
+/// with it, a server's batch step makes it once for all its sequences, and a stream whose
+/// reader paused makes it. Steps that follow each other at once skip it: a truncation then
+/// lands in a running step, which no check between steps can catch.
+pub const MODEL_FILE_CHECK_PAUSE: Duration = Duration::from_millis(1);
 
 /// One generation's state (sampler, hook, text decoder, counts) apart from the engine and the
 /// session: [`TokenStream`] steps one with one-token steps; a server steps many in one
@@ -301,12 +313,16 @@ impl<'a> TokenStream<'a> {
 
     fn advance(&mut self) -> Result<Option<Piece>, Error> {
         if self.generation.pending().is_some() {
-            self.engine.check_model_file()?;
-            self.engine.step_generation(
+            if self.last_step.elapsed() >= MODEL_FILE_CHECK_PAUSE {
+                self.engine.check_model_file()?;
+            }
+            let stepped = self.engine.step_generation(
                 self.session,
                 &mut self.generation,
                 self.speculation.as_deref_mut(),
-            )?;
+            );
+            self.last_step = Instant::now();
+            stepped?;
         }
         Ok(self.generation.piece(&self.engine.tokenizer))
     }

@@ -6,12 +6,14 @@ use crate::gguf::{Array, GgufWriter, Value};
 use crate::model::ModelError;
 use crate::model::{Model, WeightSource};
 use crate::plan::FfnActivation;
+use crate::quant::interleave::{interleavable, interleave_in_place};
 use crate::quant::{transpose_requantize_cols, GgmlType};
 use crate::store::{
     bundle_tensor_name, BundleLayout, DownLayout, PageCrcs, StoreError, CRC_TENSOR,
     DEFAULT_BUNDLE_NEURONS, DEFAULT_DOWN_TYPE, KEY_BUNDLE_NEURONS, KEY_BUNDLE_STRIDE,
-    KEY_DOWN_LAYOUT, KEY_DOWN_TYPES, KEY_FFN_TYPES, KEY_SOURCE_CHECKSUM, KEY_SOURCE_NAME,
-    KEY_VERSION, PAGE_CRC_TENSOR, STORE_ALIGN, STORE_VERSION,
+    KEY_DOWN_LAYOUT, KEY_DOWN_TYPES, KEY_FFN_TYPES, KEY_INTERLEAVED, KEY_SOURCE_CHECKSUM,
+    KEY_SOURCE_NAME, KEY_VERSION, PAGE_CRC_TENSOR, STORE_ALIGN, STORE_VERSION,
+    STORE_VERSION_INTERLEAVED,
 };
 use std::path::Path;
 
@@ -40,6 +42,9 @@ pub struct ConvertOptions {
     /// Type of the re-quantized down columns (neuron columns only; block-columns keep the
     /// source's type).
     pub down_type: GgmlType,
+    /// Interleave the Q4_K and Q6_K parts of block-columns bundles 8 rows by 8
+    /// ([`BundleLayout::interleaved`]; neuron-column stores, read row by row, never are).
+    pub interleave: bool,
     /// Replace an existing output file.
     pub overwrite: bool,
 }
@@ -50,6 +55,7 @@ impl Default for ConvertOptions {
             bundle_neurons: DEFAULT_BUNDLE_NEURONS,
             down_layout: Some(DownLayout::NeuronColumns),
             down_type: DEFAULT_DOWN_TYPE,
+            interleave: true,
             overwrite: false,
         }
     }
@@ -75,6 +81,12 @@ impl ConvertOptions {
 
     pub fn overwriting(mut self) -> ConvertOptions {
         self.overwrite = true;
+        self
+    }
+
+    /// Bundles in the source's row layout, not interleaved.
+    pub fn rows_as_in_the_source(mut self) -> ConvertOptions {
+        self.interleave = false;
         self
     }
 }
@@ -179,11 +191,18 @@ pub fn convert(
             bundle_neurons,
         )
     };
-    let mut layout = layout_with(down_types[0])?;
+    // Format 5 only where some part has an interleaved form.
+    let interleaved = options.interleave
+        && keeps_down
+        && [first.gate.ty, first.up.ty]
+            .iter()
+            .chain(&down_types)
+            .any(|&ty| interleavable(ty));
+    let mut layout = layout_with(down_types[0])?.with_interleaved(interleaved);
     for &ty in &down_types {
         let other = layout_with(ty)?;
         if other.stride > layout.stride {
-            layout = other;
+            layout = other.with_interleaved(interleaved);
         }
     }
     let types = [layout.gate_ty, layout.up_ty, layout.down_ty];
@@ -215,7 +234,14 @@ pub fn convert(
             w.add_metadata(k.clone(), v.clone())?;
         }
     }
-    w.add_metadata(KEY_VERSION, Value::U32(STORE_VERSION))?;
+    let version = match interleaved {
+        true => STORE_VERSION_INTERLEAVED,
+        false => STORE_VERSION,
+    };
+    w.add_metadata(KEY_VERSION, Value::U32(version))?;
+    if interleaved {
+        w.add_metadata(KEY_INTERLEAVED, Value::Bool(true))?;
+    }
     w.add_metadata(KEY_BUNDLE_NEURONS, Value::U32(bundle_neurons))?;
     w.add_metadata(KEY_BUNDLE_STRIDE, Value::U64(layout.stride))?;
     w.add_metadata(KEY_SOURCE_CHECKSUM, Value::U32(source_crc32))?;
@@ -419,7 +445,31 @@ fn fill_bundle(
         at += src.len();
     }
     debug_assert_eq!(at, layout.payload_bytes(neurons.len() as u32));
+    interleave_parts(layout, b, &mut out[..at])
+        .map_err(|e| StoreError::Layout(format!("cannot interleave layer {li} bundle {b}: {e}")))?;
     Ok(at)
+}
+
+/// Rearranges each part of bundle `b` (its bytes `payload`, in the row layout) that `layout`
+/// stores interleaved into groups of 8 rows.
+fn interleave_parts(
+    layout: &BundleLayout,
+    b: u32,
+    payload: &mut [u8],
+) -> Result<(), crate::quant::QuantError> {
+    let parts = layout.split(b, payload);
+    let spans: Vec<_> = [parts.gate, parts.up, parts.down]
+        .iter()
+        .map(|p| (p.ty, p.rows, p.cols, p.layout, p.data.len()))
+        .collect();
+    let mut at = 0;
+    for (ty, rows, cols, part_layout, len) in spans {
+        if let crate::quant::Layout::X8 { .. } = part_layout {
+            interleave_in_place(ty, &mut payload[at..at + len], rows, cols)?;
+        }
+        at += len;
+    }
+    Ok(())
 }
 
 fn quant_error(

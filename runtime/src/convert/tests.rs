@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::gguf::GgufFile;
-use crate::quant::row_bytes;
+use crate::quant::{row_bytes, Layout, MatRef};
 use crate::store::{DownLayout, StoreInfo};
 use crate::synthetic::{synthetic_model, SyntheticSpec};
 use std::path::PathBuf;
@@ -77,18 +77,33 @@ fn check_convert(tag: &str, spec: &SyntheticSpec, options: &ConvertOptions) {
             let (i, m) = (n.start as usize, n.len());
             let payload = layout.payload_bytes(m as u32);
             let r = layout.split(b, bundle);
-            assert_eq!(r.gate.data, &gate[i * gr..(i + m) * gr], "gate {l}/{b}");
-            assert_eq!(r.up.data, &up[i * ur..(i + m) * ur], "up {l}/{b}");
+            // Interleaved where the options, the type and whole groups of rows allow it.
+            for part in [&r.gate, &r.up, &r.down] {
+                let x8 = options.interleave
+                    && layout.down_layout == DownLayout::BlockColumns
+                    && crate::quant::interleave::interleavable(part.ty)
+                    && part.rows % 8 == 0;
+                assert_eq!(
+                    matches!(part.layout, Layout::X8 { .. }),
+                    x8,
+                    "{:?} part of {l}/{b}",
+                    part.ty
+                );
+            }
+            let (gate_rows, up_rows) = (in_rows(&r.gate), in_rows(&r.up));
+            assert_eq!(gate_rows, &gate[i * gr..(i + m) * gr], "gate {l}/{b}");
+            assert_eq!(up_rows, &up[i * ur..(i + m) * ur], "up {l}/{b}");
             match layout.down_layout {
                 DownLayout::BlockColumns => {
                     // Row e of the bundle's down part: columns i..i+m of the source's row e.
                     let row = row_bytes(down_ty, ff).unwrap();
                     let (bs, ts) = (down_ty.block_size(), down_ty.type_size());
                     let part = row_bytes(down_ty, m).unwrap();
+                    let down_rows = in_rows(&r.down);
                     for e in 0..embd {
                         let from = e * row + i / bs * ts;
                         assert_eq!(
-                            r.down.data[e * part..][..part],
+                            down_rows[e * part..][..part],
                             down[from..from + part],
                             "down row {e} of {l}/{b}"
                         );
@@ -129,6 +144,16 @@ fn check_convert(tag: &str, spec: &SyntheticSpec, options: &ConvertOptions) {
     );
 }
 
+/// A part's bytes in the row layout (taken back out of its groups when interleaved).
+fn in_rows(part: &MatRef<'_>) -> Vec<u8> {
+    match part.layout {
+        Layout::Rows => part.data.to_vec(),
+        Layout::X8 { .. } => (0..part.rows)
+            .flat_map(|r| crate::quant::interleave::row_bytes_of(*part, r).unwrap())
+            .collect(),
+    }
+}
+
 /// The 4 bytes of f32 number `k` of `bytes`.
 fn f32_at(bytes: &[u8], k: usize) -> &[u8] {
     &bytes[4 * k..4 * k + 4]
@@ -160,6 +185,8 @@ fn convert_keeps_a_q4_k_m_files_mixed_down_types_as_block_columns() {
         ..SyntheticSpec::default()
     };
     check_convert("mixed", &spec, &ConvertOptions::block_columns(256));
+    let rows = ConvertOptions::block_columns(256).rows_as_in_the_source();
+    check_convert("mixed-rows", &spec, &rows);
     let dir = Scratch::new("mixed-types");
     let src = dir.0.join("tiny.gguf");
     std::fs::write(&src, synthetic_model(&spec).unwrap().to_bytes().unwrap()).unwrap();

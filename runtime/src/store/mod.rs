@@ -36,6 +36,7 @@
 mod tests;
 
 use crate::gguf::{GgufError, GgufFile};
+use crate::quant::interleave::{interleavable, GROUP_ROWS};
 use crate::quant::{row_bytes, GgmlType, Layout, MatRef};
 
 /// Bundles of this many neurons by default: reads of a few hundred KiB, which this machine's
@@ -45,12 +46,18 @@ pub const DEFAULT_BUNDLE_NEURONS: u32 = 256;
 /// (docs/benchmarks-journal.md, "neuron columns").
 pub const DEFAULT_DOWN_TYPE: GgmlType = GgmlType::Q8_0;
 
-/// Format version of the bundle layout this build writes. Version 1 (block-columns only, no
-/// `down_layout` key), version 2 (no page checksums) and version 3 (one down type for every
-/// layer, no `down_types` key) are still read.
+/// Format version of the bundle layout this build writes for bundles in the source's row layout.
+/// Version 1 (block-columns only, no `down_layout` key), version 2 (no page checksums) and
+/// version 3 (one down type for every layer, no `down_types` key) are still read.
 pub const STORE_VERSION: u32 = 4;
+/// Format version of a store whose Q4_K and Q6_K parts are interleaved 8 rows by 8
+/// ([`KEY_INTERLEAVED`]): a build that reads only version 4 refuses it rather than compute with
+/// rows it would misread.
+pub const STORE_VERSION_INTERLEAVED: u32 = 5;
 /// The oldest format version this build reads.
 pub const STORE_VERSION_MIN: u32 = 1;
+/// The newest format version this build reads.
+pub const STORE_VERSION_MAX: u32 = STORE_VERSION_INTERLEAVED;
 /// Alignment of the data section and of every bundle.
 pub const STORE_ALIGN: u64 = 4096;
 
@@ -65,6 +72,9 @@ pub const KEY_DOWN_LAYOUT: &str = "conductor.store.down_layout";
 /// Q4_K and Q6_K): each layer's down type. The down type of `ffn_types` is then the widest,
 /// which sets the stride; a narrower layer's bundles end in more padding.
 pub const KEY_DOWN_TYPES: &str = "conductor.store.down_types";
+/// Format 5: every bundle part of a type with an interleaved layout (Q4_K, Q6_K) whose rows
+/// come in whole groups of 8 is stored as [`Layout::X8`] groups ([`BundleLayout::interleaved`]).
+pub const KEY_INTERLEAVED: &str = "conductor.store.interleaved";
 pub const CRC_TENSOR: &str = "conductor.bundle_crc";
 pub const PAGE_CRC_TENSOR: &str = "conductor.page_crc";
 /// Bytes one entry of the page table covers.
@@ -102,7 +112,7 @@ pub enum StoreError {
     Gguf(#[from] GgufError),
     #[error("{path} is already a neuron store (converted from {source_name})")]
     AlreadyStore { path: String, source_name: String },
-    #[error("neuron store format version {found}; this build reads versions {STORE_VERSION_MIN} to {STORE_VERSION}: convert the model again with this build")]
+    #[error("neuron store format version {found}; this build reads versions {STORE_VERSION_MIN} to {STORE_VERSION_MAX}: convert the model again with this build")]
     Version { found: u32 },
     #[error("neuron store metadata `{key}`: {why}")]
     BadMetadata { key: &'static str, why: String },
@@ -171,6 +181,12 @@ pub struct BundleLayout {
     /// for neuron columns).
     pub down_ty: GgmlType,
     pub down_layout: DownLayout,
+    /// Parts of an interleavable type (Q4_K, Q6_K) whose rows fill whole groups of 8 are
+    /// stored interleaved ([`Layout::X8`]): decode's K-quant kernels read that layout fastest,
+    /// and a few tokens (a draft's verification) share each unpacked group. Same bytes, other
+    /// order: sizes and strides do not change, and every product gives the bits of the row
+    /// layout.
+    pub interleaved: bool,
 }
 
 impl BundleLayout {
@@ -210,6 +226,7 @@ impl BundleLayout {
             up_ty,
             down_ty,
             down_layout,
+            interleaved: false,
         };
         layout.stride = (layout.payload_bytes(neurons) as u64).div_ceil(STORE_ALIGN) * STORE_ALIGN;
         Ok(layout)
@@ -234,8 +251,39 @@ impl BundleLayout {
         }
         Ok(BundleLayout {
             stride: self.stride,
+            interleaved: self.interleaved,
             ..own
         })
+    }
+
+    /// This layout with its interleavable parts interleaved (or not).
+    pub fn with_interleaved(self, interleaved: bool) -> BundleLayout {
+        BundleLayout {
+            interleaved,
+            ..self
+        }
+    }
+
+    /// How a part of type `ty` with `rows` rows is stored: interleaved where the layout says
+    /// so, the type has an interleaved form and the rows fill whole groups.
+    pub fn part_layout(&self, ty: GgmlType, rows: usize) -> Layout {
+        if self.interleaved && interleavable(ty) && rows.is_multiple_of(GROUP_ROWS) {
+            Layout::X8 { skip: 0 }
+        } else {
+            Layout::Rows
+        }
+    }
+
+    /// The bytes (from the part's start) that hold row `r` of a part of type `ty`, `rows` rows
+    /// of `row` bytes: the row itself, or its whole group of 8 when interleaved.
+    fn row_span(&self, ty: GgmlType, rows: usize, row: usize, r: usize) -> std::ops::Range<usize> {
+        match self.part_layout(ty, rows) {
+            Layout::Rows => r * row..(r + 1) * row,
+            Layout::X8 { .. } => {
+                let g = r / GROUP_ROWS * GROUP_ROWS;
+                g * row..(g + GROUP_ROWS) * row
+            }
+        }
     }
 
     fn gate_row(&self) -> usize {
@@ -303,16 +351,16 @@ impl BundleLayout {
             mark(g..g + u);
         } else {
             for &j in active {
-                let j = j as usize;
-                mark(g + j * ur..g + (j + 1) * ur);
+                let span = self.row_span(self.up_ty, m, ur, j as usize);
+                mark(g + span.start..g + span.end);
             }
         }
         match self.down_layout {
             DownLayout::NeuronColumns => {
                 let dr = row_bytes(self.down_ty, self.n_embd as usize).unwrap_or(0);
                 for &j in active {
-                    let j = j as usize;
-                    mark(g + u + j * dr..g + u + (j + 1) * dr);
+                    let span = self.row_span(self.down_ty, m, dr, j as usize);
+                    mark(g + u + span.start..g + u + span.end);
                 }
             }
             DownLayout::BlockColumns if !active.is_empty() => {
@@ -327,10 +375,10 @@ impl BundleLayout {
     /// with predictors reads of the predicted neurons when it reads rows one by one (the whole
     /// down part for block-columns).
     pub fn mark_neuron_pages(&self, b: u32, neurons: &[u32], bits: &mut [u64], first: usize) {
-        let gr = self.gate_row();
+        let (gr, m) = (self.gate_row(), self.neurons_of(b).len());
         for &j in neurons {
-            let j = j as usize;
-            let (a, z) = (j * gr, (j + 1) * gr);
+            let span = self.row_span(self.gate_ty, m, gr, j as usize);
+            let (a, z) = (span.start, span.end);
             for p in a / STORE_ALIGN as usize..=(z - 1) / STORE_ALIGN as usize {
                 let i = first + p;
                 bits[i / 64] |= 1 << (i % 64);
@@ -373,21 +421,21 @@ impl BundleLayout {
                 data: &bytes[..g],
                 rows: m,
                 cols: self.n_embd as usize,
-                layout: Layout::Rows,
+                layout: self.part_layout(self.gate_ty, m),
             },
             up: MatRef {
                 ty: self.up_ty,
                 data: &bytes[g..g + u],
                 rows: m,
                 cols: self.n_embd as usize,
-                layout: Layout::Rows,
+                layout: self.part_layout(self.up_ty, m),
             },
             down: MatRef {
                 ty: self.down_ty,
                 data: &bytes[g + u..g + u + d],
                 rows: down_rows,
                 cols: down_cols,
-                layout: Layout::Rows,
+                layout: self.part_layout(self.down_ty, down_rows),
             },
             down_layout: self.down_layout,
         }
@@ -552,7 +600,7 @@ impl StoreInfo {
         let Some(version) = file.get_u32(KEY_VERSION)? else {
             return Ok(None);
         };
-        if !(STORE_VERSION_MIN..=STORE_VERSION).contains(&version) {
+        if !(STORE_VERSION_MIN..=STORE_VERSION_MAX).contains(&version) {
             return Err(StoreError::Version { found: version });
         }
         let need_u32 = |key: &'static str| -> Result<u32, StoreError> {
@@ -608,7 +656,28 @@ impl StoreInfo {
                 })
             }
         };
-        let layout = BundleLayout::new(n_embd, n_ff, tys, down_layout, neurons)?;
+        // Version 5 says whether its parts are interleaved; older versions never are.
+        let interleaved = match (
+            version >= STORE_VERSION_INTERLEAVED,
+            file.get_bool(KEY_INTERLEAVED)?,
+        ) {
+            (true, Some(on)) => on,
+            (true, None) => {
+                return Err(StoreError::BadMetadata {
+                    key: KEY_INTERLEAVED,
+                    why: "missing (a format-5 store says whether its parts are interleaved)".into(),
+                })
+            }
+            (false, Some(_)) => {
+                return Err(StoreError::BadMetadata {
+                    key: KEY_INTERLEAVED,
+                    why: format!("a format-{version} store has no interleaved parts"),
+                })
+            }
+            (false, None) => false,
+        };
+        let layout = BundleLayout::new(n_embd, n_ff, tys, down_layout, neurons)?
+            .with_interleaved(interleaved);
         let down_types = match file.get_array(KEY_DOWN_TYPES)? {
             None => vec![layout.down_ty; n_layer as usize],
             Some(crate::gguf::Array::U32(v)) if version >= 4 && v.len() == n_layer as usize => {

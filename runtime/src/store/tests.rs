@@ -188,6 +188,8 @@ struct Meta {
     bundle_tensor: bool,
     /// `conductor.store.down_types` (format 4), when written.
     down_types: Option<Vec<u32>>,
+    /// `conductor.store.interleaved` (format 5), when written.
+    interleaved: Option<bool>,
 }
 
 impl Meta {
@@ -202,6 +204,7 @@ impl Meta {
             crc_dims: vec![3],
             bundle_tensor: true,
             down_types: None,
+            interleaved: None,
         }
     }
 
@@ -230,6 +233,9 @@ impl Meta {
         if let Some(t) = &self.down_types {
             w.add_metadata(KEY_DOWN_TYPES, Value::Array(Array::U32(t.clone())))
                 .unwrap();
+        }
+        if let Some(on) = self.interleaved {
+            w.add_metadata(KEY_INTERLEAVED, Value::Bool(on)).unwrap();
         }
         if self.bundle_tensor {
             w.add_tensor(
@@ -305,11 +311,80 @@ fn consistent_metadata_reads_back() {
         info.unwrap().unwrap().layout.down_layout,
         DownLayout::BlockColumns
     );
+    // Format 5 says whether its parts are interleaved.
+    for on in [false, true] {
+        let v5 = Meta {
+            version: Some(STORE_VERSION_INTERLEAVED),
+            interleaved: Some(on),
+            ..Meta::valid()
+        };
+        assert_eq!(v5.info().unwrap().unwrap().layout.interleaved, on);
+    }
+    assert!(!Meta::valid().info().unwrap().unwrap().layout.interleaved);
+}
+
+#[test]
+fn an_interleaved_key_out_of_its_format_is_refused() {
+    let v5_without = Meta {
+        version: Some(STORE_VERSION_INTERLEAVED),
+        ..Meta::valid()
+    };
+    bad_metadata(v5_without.info(), KEY_INTERLEAVED, "missing");
+    let v4_with = Meta {
+        interleaved: Some(true),
+        ..Meta::valid()
+    };
+    bad_metadata(v4_with.info(), KEY_INTERLEAVED, "format-4");
+}
+
+/// Interleaved parts: Q4_K and Q6_K parts of whole groups of 8 rows are `Layout::X8`, the
+/// others rows; a row's pages are those of its whole group of 8.
+#[test]
+fn interleaved_bundles_lay_out_whole_groups_and_mark_their_pages() {
+    let (q4k, q6k) = (GgmlType::Q4_K, GgmlType::Q6_K);
+    // 256 values a row: 144 bytes of Q4_K, 210 of Q6_K; bundles of 256 neurons.
+    let rows = BundleLayout::new(256, 512, [q4k, q4k, q6k], DownLayout::BlockColumns, 256).unwrap();
+    let x8 = rows.with_interleaved(true);
+    assert_eq!((rows.stride, rows.n_bundles), (x8.stride, x8.n_bundles));
+    let bytes = vec![0u8; x8.stride as usize];
+    let parts = x8.split(1, &bytes);
+    for p in [parts.gate, parts.up, parts.down] {
+        assert!(matches!(p.layout, Layout::X8 { skip: 0 }), "{:?}", p.ty);
+        crate::quant::interleave::row_bytes_of(p, p.rows - 1).unwrap();
+    }
+    let parts = rows.split(1, &bytes);
+    for p in [parts.gate, parts.up, parts.down] {
+        assert!(matches!(p.layout, Layout::Rows), "{:?}", p.ty);
+    }
+    // Q8_0 has no interleaved form; 12 rows are not whole groups.
+    assert_eq!(x8.part_layout(GgmlType::Q8_0, 256), Layout::Rows);
+    assert_eq!(x8.part_layout(q4k, 12), Layout::Rows);
+    // Q4_K rows of 144 bytes: gate bytes 0..36864, up 36864..73728, then the Q6_K down part
+    // (256 rows of 210 bytes) 73728..127488, pages 18..=31: read whole for any active neuron.
+    let pages = |layout: &BundleLayout, neuron: u32| {
+        let mut bits = vec![0u64; 4];
+        layout.mark_neuron_pages(0, &[neuron], &mut bits, 0);
+        (0..32)
+            .filter(|p| bits[p / 64] >> (p % 64) & 1 == 1)
+            .collect::<Vec<usize>>()
+    };
+    let with_down = |mut p: Vec<usize>| {
+        p.extend(18..=31);
+        p
+    };
+    // Row 9 (gate 1296..1440, up 38160..38304) and its group 1 (gate 1152..2304, up
+    // 38016..39168) lie in the same pages.
+    assert_eq!(pages(&rows, 9), with_down(vec![0, 9]));
+    assert_eq!(pages(&x8, 9), with_down(vec![0, 9]));
+    // Row 27 (gate 3888..4032, up 40752..40896) does not cross a page; its group 3 (gate
+    // 3456..4608, up 40320..41472) does.
+    assert_eq!(pages(&rows, 27), with_down(vec![0, 9]));
+    assert_eq!(pages(&x8, 27), with_down(vec![0, 1, 9, 10]));
 }
 
 #[test]
 fn inconsistent_metadata_is_refused() {
-    for version in [0, STORE_VERSION + 1] {
+    for version in [0, STORE_VERSION_MAX + 1] {
         let m = Meta {
             version: Some(version),
             ..Meta::valid()
