@@ -59,7 +59,12 @@ pub fn model_seeds() -> Vec<Seed> {
     let qwen3 = model_bytes(&small("qwen3"));
     let gemma3 = model_bytes(&small("gemma3"));
     let pi = powerinfer_test_files(&small("llama"), &PowerInferTestSpec::default()).unwrap();
-    let store = store_of(&llama);
+    let store = store_of(&llama, ConvertOptions::neuron_columns(32));
+    // Format 5: block columns of Q4_K interleaved 8 rows by 8.
+    let interleaved = store_of(
+        &model_bytes(&small_q4_k()),
+        ConvertOptions::block_columns(256),
+    );
     vec![
         ("gguf_from_bytes", "llama.gguf", llama.clone()),
         (
@@ -71,6 +76,11 @@ pub fn model_seeds() -> Vec<Seed> {
         ("model_from_gguf", "qwen3.gguf", qwen3.clone()),
         ("model_from_gguf", "gemma3.gguf", gemma3.clone()),
         ("model_from_gguf", "llama.store.gguf", store.clone()),
+        (
+            "model_from_gguf",
+            "llama-q4k.store.gguf",
+            interleaved.clone(),
+        ),
         (
             "tokenizer_from_gguf",
             "llama.gguf",
@@ -89,11 +99,22 @@ pub fn model_seeds() -> Vec<Seed> {
         ("powerinfer", "model.gguf", pi.model),
         ("powerinfer", "predictor.gguf", pi.predictor),
         ("store", "llama.store.gguf", store),
+        ("store", "llama-q4k.store.gguf", interleaved),
     ]
 }
 
-/// `conductor convert` of `model` (32-neuron bundles), through a scratch directory.
-fn store_of(model: &[u8]) -> Vec<u8> {
+/// [`small`] llama with Q4_K weights: the least width of whole 256-value blocks.
+fn small_q4_k() -> SyntheticSpec {
+    let mut s = small("llama");
+    s.n_embd = 256;
+    s.n_ff = 256;
+    s.head_dim = Some(128);
+    s.weight_type = GgmlType::Q4_K;
+    s
+}
+
+/// `conductor convert` of `model` with `options`, through a scratch directory.
+fn store_of(model: &[u8], options: ConvertOptions) -> Vec<u8> {
     let dir = std::env::temp_dir().join(format!(
         "conductor-fuzz-seeds-{}-{:?}",
         std::process::id(),
@@ -102,10 +123,6 @@ fn store_of(model: &[u8]) -> Vec<u8> {
     std::fs::create_dir_all(&dir).unwrap();
     let (src, dst) = (dir.join("model.gguf"), dir.join("store.gguf"));
     std::fs::write(&src, model).unwrap();
-    let options = ConvertOptions {
-        bundle_neurons: 32,
-        ..ConvertOptions::default()
-    };
     convert(&src, &dst, &options, &mut |_, _| {}).unwrap();
     let bytes = std::fs::read(&dst).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
