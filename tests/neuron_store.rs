@@ -745,3 +745,91 @@ fn a_store_truncated_while_running_fails_the_request_and_the_engine_recovers() {
     let mut d = inline(&copy, cache(3, 0, CachePolicy::Lru, 1));
     truncate_while_running(&mut d, &copy, &store_path);
 }
+
+/// A Q4_K_M store's layers with Q4_K down columns have bundles shorter than the stride its
+/// Q6_K layers set. Under a budget that holds about half its bundles, each hot slot is as
+/// long as its own unit's read, so the cache holds more units than slots of the stride
+/// would, within the cache's bytes; decoding through it, inline and on actors, gives the bits
+/// of the store in memory.
+#[test]
+fn a_mixed_store_under_a_budget_packs_its_hot_slots_and_keeps_the_bits() {
+    use conductor::runtime::cache::{split_sizes, MemoryBudget, StoreSizes, SLOT_ALIGN};
+    use conductor::{DriverKind, Engine};
+    const CTX: usize = 32;
+    let dir = ScratchDir::new("store-mixed-budget");
+    let spec = SyntheticSpec {
+        n_layer: 8,
+        n_embd: 256,
+        n_ff: 1024,
+        n_head: 4,
+        n_head_kv: 2,
+        mix: TypeMix::Q4KM,
+        seed: 11,
+        ..SyntheticSpec::default()
+    };
+    let source = dir.file("source.gguf", || {
+        synthetic_model(&spec).unwrap().to_bytes().unwrap()
+    });
+    let store = dir.store(&source, &ConvertOptions::block_columns(256));
+    let resident = Model::open(&store, WeightSource::RESIDENT).unwrap();
+    let sizes = StoreSizes::of_store(&resident).unwrap();
+    let stride = sizes.bundle_stride;
+    assert!(
+        sizes.layer_bundle_bytes.contains(&stride)
+            && sizes.layer_bundle_bytes.iter().any(|&b| b < stride),
+        "a Q4_K_M mix has layers of both lengths: {:?} against {stride}",
+        sizes.layer_bundle_bytes
+    );
+    let greedy = |engine: &mut Engine| {
+        let mut s = engine.session(Some(CTX)).unwrap();
+        let mut logits = engine.eval_last(&mut s, &[1, 5, 9, 2, 7]).unwrap().to_vec();
+        let mut rows = Vec::new();
+        for _ in 0..4 {
+            rows.push(logits.iter().map(|x| x.to_bits()).collect::<Vec<u32>>());
+            let next = logits
+                .iter()
+                .enumerate()
+                .fold(
+                    (0, f32::MIN),
+                    |best, (i, &x)| if x > best.1 { (i, x) } else { best },
+                )
+                .0 as u32;
+            logits = engine.eval_last(&mut s, &[next]).unwrap().to_vec();
+        }
+        rows
+    };
+    let builder = |driver, threads| {
+        Engine::builder()
+            .model(&store)
+            .threads(threads)
+            .driver(driver)
+            .context(CTX)
+            .on_progress(|_| {})
+    };
+    let reference = greedy(&mut builder(DriverKind::Inline, 1).build().unwrap());
+    // The fixed segment, then room for about half the bundles.
+    let whole = split_sizes(&sizes, u64::MAX / 4, CTX as u32, 64, &CachePlan::default()).unwrap();
+    let fixed = whole.resident_weights + whole.kv_cache + whole.scratch + whole.runtime_overhead;
+    let bundles = u64::from(sizes.n_layer * sizes.bundles_per_layer);
+    let budget = fixed + bundles / 2 * stride;
+    for (driver, threads) in [(DriverKind::Inline, 1), (DriverKind::Actors, 2)] {
+        let mut engine = builder(driver, threads)
+            .memory(MemoryBudget::Bytes(budget))
+            .build()
+            .unwrap();
+        let split = engine.budget().expect("a budget").clone();
+        let plan = &split.plan;
+        let of_the_stride = (split.cache / (stride + SLOT_ALIGN as u64)) as u32;
+        assert!(
+            plan.slots > of_the_stride && plan.hot_slots < whole.plan.hot_slots,
+            "{driver:?}: {} slots ({} hot) in {} bytes, {of_the_stride} of the stride",
+            plan.slots,
+            plan.hot_slots,
+            split.cache
+        );
+        assert!(
+            greedy(&mut engine) == reference,
+            "{driver:?}: decoding under the budget changed the bits"
+        );
+    }
+}

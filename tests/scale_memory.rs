@@ -246,7 +246,9 @@ fn a_cache_of_tens_of_thousands_of_slots() {
             bundle: None,
         })
         .collect();
-    let (arena, bytes) = peak_during(|| SlotArena::new(slots, &map, &extents).unwrap());
+    // Half of them hot (each its own unit's length), half cold.
+    let hot: Vec<u32> = (0..slots / 2).collect();
+    let (arena, bytes) = peak_during(|| SlotArena::new(slots, &hot, &map, &extents).unwrap());
     let per_slot = 4096 + 128;
     eprintln!("an arena of {slots} slots: {bytes} bytes");
     assert!(

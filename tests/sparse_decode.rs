@@ -989,8 +989,9 @@ fn multi_sequence_steps_under_a_budget_give_each_sequence_its_solo_bits() {
                 let b = engine.budget().expect("a budget");
                 assert_eq!((b.sessions, b.n_ctx), (N_SEQ as u32, CTX as u32));
                 // Fewer slots than the FFN's 96 bundles (gate-first loading needs a layer's 32
-                // and more, and takes shorter prefill steps to have them).
-                let most = if pages { 80 } else { 12 };
+                // and more, and takes shorter prefill steps to have them; hot slots, as long
+                // as their units without a slot's page of slack, fit a few more).
+                let most = if pages { 90 } else { 12 };
                 assert!(b.plan.slots <= most, "{mode:?}: {} slots", b.plan.slots);
                 configs.push((
                     format!("{mode:?} under a budget, pages {pages}, {driver:?} x{threads}"),

@@ -78,6 +78,8 @@ pub fn planned_store_sizes_with(
             .unwrap_or(0)
             .div_ceil(4096)
             * 4096,
+        // A planned store's layers share one down type: every bundle is the stride long.
+        layer_bundle_bytes: Vec::new(),
     };
     Ok((model, sizes))
 }

@@ -1,5 +1,5 @@
-//! The neuron cache's memory: fixed-size, 4096-byte-aligned slots allocated once, and the table
-//! of which cluster each slot holds.
+//! The neuron cache's memory: 4096-byte-aligned slots allocated once (a hot slot as long as its
+//! own unit, a cold one as the longest unit), and the table of which cluster each slot holds.
 //!
 //! Which slot holds what is decided by the scheduler's [`super::CacheDirectory`]; the driver
 //! mirrors its decisions here (`assign`) before the slot is filled, and a group reads a slot
@@ -16,8 +16,8 @@ pub const SLOT_ALIGN: usize = 4096;
 
 const NONE: u32 = u32::MAX;
 
-/// Every slot's bytes in one zeroed allocation aligned to [`SLOT_ALIGN`]: exactly
-/// `n_slots × slot_bytes`, so the cache's resident memory is what the budget gave it. (Slots
+/// Every slot's bytes in one zeroed allocation aligned to [`SLOT_ALIGN`]: exactly the slots'
+/// lengths summed, so the cache's resident memory is what the budget gave it. (Slots
 /// allocated one by one carried a page of alignment slack each, which writes around it
 /// committed: 1.5× the budget with 8 KiB slots.) A large allocation is mapped fresh, so its
 /// pages are committed only as slots are first filled.
@@ -116,34 +116,51 @@ pub struct SlotArena {
 }
 
 impl SlotArena {
-    /// `n_slots` slots for the units of `map`, whose reads `extents` describe. Slots the
-    /// machine cannot hold (the size overflows, or the allocator refuses) are an error.
-    pub fn new(n_slots: u32, map: &UnitMap, extents: &[Extent]) -> Result<SlotArena, String> {
-        let longest = extents.iter().map(|e| e.len).max().unwrap_or(0);
-        let slot_bytes = longest.div_ceil(SLOT_ALIGN) * SLOT_ALIGN;
-        let memory = (n_slots as usize)
-            .checked_mul(slot_bytes)
+    /// `n_slots` slots for the units of `map`, whose reads `extents` describe: slot `i` of the
+    /// first `hot.len()` is the hot slot of unit `hot[i]` alone (the directory's
+    /// [`super::hot_segment`]) and is as long as that unit's read; the others hold any unit,
+    /// as long as the longest. Slots the machine cannot hold (the size overflows, or the
+    /// allocator refuses) are an error.
+    pub fn new(
+        n_slots: u32,
+        hot: &[u32],
+        map: &UnitMap,
+        extents: &[Extent],
+    ) -> Result<SlotArena, String> {
+        let aligned = |len: usize| len.div_ceil(SLOT_ALIGN) * SLOT_ALIGN;
+        let longest = aligned(extents.iter().map(|e| e.len).max().unwrap_or(0));
+        let len_of = |i: usize| {
+            hot.get(i)
+                .and_then(|&u| extents.get(u as usize))
+                .map_or(longest, |e| aligned(e.len))
+        };
+        // Summed without listing the slots first: a plan may ask for billions of them.
+        let n_hot = hot.len().min(n_slots as usize);
+        let total = (0..n_hot).try_fold(0usize, |sum, i| sum.checked_add(len_of(i)));
+        let cold = (n_slots as usize - n_hot).checked_mul(longest);
+        let memory = total
+            .zip(cold)
+            .and_then(|(hot, cold)| hot.checked_add(cold))
             .and_then(SlotMemory::new)
             .ok_or_else(|| {
                 format!(
-                    "cannot reserve {n_slots} cache slots of {slot_bytes} bytes (plan field \
+                    "cannot reserve {n_slots} cache slots of up to {longest} bytes (plan field \
                      `cache.slots`: fewer slots, or a smaller budget)"
                 )
             })?;
+        let mut at = 0;
+        let slots = (0..n_slots as usize)
+            .map(|i| {
+                let len = len_of(i);
+                // SAFETY: the regions at, at + len, … are disjoint and end at the allocation's
+                // size (the lengths' sum above).
+                let ptr = unsafe { std::ptr::NonNull::new_unchecked(memory.ptr.as_ptr().add(at)) };
+                at += len;
+                RwLock::new(SlotBuf { ptr, len })
+            })
+            .collect();
         Ok(SlotArena {
-            slots: (0..n_slots as usize)
-                .map(|i| {
-                    RwLock::new(SlotBuf {
-                        // SAFETY: slot i's region, i·slot_bytes.., lies within the allocation.
-                        ptr: unsafe {
-                            std::ptr::NonNull::new_unchecked(
-                                memory.ptr.as_ptr().add(i * slot_bytes),
-                            )
-                        },
-                        len: slot_bytes,
-                    })
-                })
-                .collect(),
+            slots,
             map: map.clone(),
             table: (0..map.n_units()).map(|_| AtomicU32::new(NONE)).collect(),
             data: extents.iter().map(|e| e.data.clone()).collect(),
@@ -251,29 +268,78 @@ impl SlotArena {
 mod tests {
     use super::*;
 
-    /// Slots whose memory overflows or that no machine holds are an error naming the plan
-    /// field, not an abort.
-    #[test]
-    fn slots_the_machine_cannot_hold_are_an_error() {
-        let map = UnitMap {
+    /// One layer of one FFN cluster.
+    fn one_unit() -> UnitMap {
+        UnitMap {
             n_layer: 1,
             ffn_clusters: 1,
             output_clusters: 0,
             attn_units: 0,
-        };
-        let extent = |len| Extent {
+        }
+    }
+
+    /// A unit read of `len` bytes at the file's start.
+    fn extent(len: usize) -> Extent {
+        Extent {
             offset: 0,
             len,
             data: 0..len,
             what: String::new(),
             bundle: None,
-        };
+        }
+    }
+
+    /// Slots whose memory overflows or that no machine holds are an error naming the plan
+    /// field, not an abort.
+    #[test]
+    fn slots_the_machine_cannot_hold_are_an_error() {
+        let map = one_unit();
         // 2^32 slots of 2^40 bytes overflow; 2^20 slots of 2^40 bytes (2^60) no machine holds.
         for (slots, len) in [(u32::MAX, 1 << 40), (1 << 20, 1 << 40)] {
-            let e = SlotArena::new(slots, &map, &[extent(len)]).err().unwrap();
+            let e = SlotArena::new(slots, &[], &map, &[extent(len)])
+                .err()
+                .unwrap();
             assert!(e.contains("cache.slots"), "{e}");
         }
-        let arena = SlotArena::new(2, &map, &[extent(5000)]).unwrap();
+        let arena = SlotArena::new(2, &[], &map, &[extent(5000)]).unwrap();
         assert_eq!(arena.slots.len(), 2);
+    }
+
+    /// Hot slots are as long as their own unit's read, cold ones as the longest unit's, all
+    /// aligned, back to back in one allocation of their sum.
+    #[test]
+    fn hot_slots_are_as_long_as_their_units() {
+        let map = UnitMap {
+            n_layer: 2,
+            output_clusters: 1,
+            ..one_unit()
+        };
+        let extents = [extent(3 * 4096), extent(5 * 4096), extent(4096 + 1)];
+        // Units 2 and 0 hot, then two cold slots.
+        let arena = SlotArena::new(4, &[2, 0], &map, &extents).unwrap();
+        let lens: Vec<usize> = (0..4).map(|s| arena.read(s).bytes().len()).collect();
+        assert_eq!(lens, [2 * 4096, 3 * 4096, 5 * 4096, 5 * 4096]);
+        assert_eq!(arena._memory.layout.size(), lens.iter().sum::<usize>());
+        let starts: Vec<usize> = (0..4)
+            .map(|s| arena.read(s).bytes().as_ptr() as usize)
+            .collect();
+        for s in 0..4 {
+            assert_eq!(starts[s] % SLOT_ALIGN, 0);
+            if s > 0 {
+                assert_eq!(
+                    starts[s] - starts[s - 1],
+                    lens[s - 1],
+                    "slot {s} follows slot {}",
+                    s - 1
+                );
+            }
+        }
+        // Filling every slot whole touches nothing of another's (each is its own region).
+        for s in 0..4 {
+            arena.write(s).bytes_mut().fill(s as u8 + 1);
+        }
+        for s in 0..4 {
+            assert!(arena.read(s).bytes().iter().all(|&b| b == s as u8 + 1));
+        }
     }
 }

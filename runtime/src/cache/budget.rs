@@ -1,6 +1,6 @@
 //! Splitting a memory budget: the fixed segment first, the neuron cache gets the rest.
 
-use super::SLOT_ALIGN;
+use super::{hot_segment, UnitMap, SLOT_ALIGN};
 use crate::model::Model;
 use crate::plan::{CachePlan, CachePolicy};
 
@@ -158,6 +158,11 @@ pub struct StoreSizes {
     pub attention_bytes: u64,
     /// The longest read of one attention matrix (a unit when attention streams).
     pub attention_unit_bytes: u64,
+    /// The read of one bundle of each layer (whole pages, at most `bundle_stride`): shorter
+    /// than the stride in the layers of a store whose down types differ (a Q4_K_M file's
+    /// Q4_K layers beside its Q6_K ones). A hot slot is as long as its own unit's read.
+    /// Empty: every layer's is the stride.
+    pub layer_bundle_bytes: Vec<u64>,
 }
 
 impl StoreSizes {
@@ -181,6 +186,14 @@ impl StoreSizes {
             .map(|t| (t.bytes.len() as u64, super::reader::read_len(&t.bytes)));
         let attention_bytes = matrices.clone().map(|(bytes, _)| bytes).sum();
         let attention_unit_bytes = matrices.map(|(_, read)| read).max().unwrap_or(0);
+        let layer_bundle_bytes = (0..c.n_layer)
+            .map(|l| {
+                let layout = store.layout_of(l);
+                let payload = layout.payload_bytes(layout.neurons_of(0).len() as u32) as u64;
+                (payload.div_ceil(crate::store::STORE_ALIGN) * crate::store::STORE_ALIGN)
+                    .min(layout.stride)
+            })
+            .collect();
         Ok(StoreSizes {
             resident_weights,
             n_layer: c.n_layer,
@@ -194,7 +207,27 @@ impl StoreSizes {
             output_row_bytes: model.output().row_bytes() as u64,
             attention_bytes,
             attention_unit_bytes,
+            layer_bundle_bytes,
         })
+    }
+
+    /// Bytes of a slot that holds unit `unit` of `map` and no other (a hot slot): the unit's
+    /// aligned read, for an output cluster of `output_rows` rows with a page of slack (its
+    /// rows need not start on a page). At least what the arena gives it
+    /// ([`super::SlotArena::new`]).
+    fn hot_slot_bytes(&self, map: &UnitMap, unit: u32, output_rows: u32) -> u64 {
+        let page = SLOT_ALIGN as u64;
+        let (layer, cluster) = map.layer_cluster(unit);
+        if layer >= map.n_layer {
+            let rows = output_rows.min(self.n_vocab.saturating_sub(cluster * output_rows));
+            (u64::from(rows) * self.output_row_bytes).div_ceil(page) * page + page
+        } else if cluster >= map.ffn_clusters {
+            self.attention_unit_bytes.div_ceil(page) * page
+        } else {
+            self.layer_bundle_bytes
+                .get(layer as usize)
+                .map_or(self.bundle_stride, |&b| b.min(self.bundle_stride))
+        }
     }
 }
 
@@ -314,10 +347,20 @@ pub fn split_sizes_for(
         max_loads + 2
     };
     let cold = cold.min(slots.saturating_sub(1)).max(1);
-    let hot_slots = if slots >= n_units {
-        n_units
-    } else {
-        slots - cold
+    let (slots, hot_slots) = match shape.policy {
+        CachePolicy::Segmented => {
+            let map = UnitMap {
+                n_layer: s.n_layer,
+                ffn_clusters: s.bundles_per_layer,
+                output_clusters: s.n_vocab.div_ceil(output_rows),
+                attn_units,
+            };
+            pack_hot_slots(cache, slot, cold, shape, &map, |u| {
+                s.hot_slot_bytes(&map, u, output_rows)
+            })
+        }
+        CachePolicy::Lru if slots >= n_units => (slots, n_units),
+        CachePolicy::Lru => (slots, slots - cold),
     };
     Ok(BudgetSplit {
         budget,
@@ -339,6 +382,45 @@ pub fn split_sizes_for(
         ffn_bytes,
         output_rows,
     })
+}
+
+/// The segmented cache's `(slots, hot_slots)` in `cache` bytes: hot slots each as long as its
+/// own unit (`unit_bytes`), taken in the [`hot_segment`]'s order while they fit beside `cold`
+/// slots of `slot` bytes (any unit's). Every unit gets a hot slot when all of them fit; the
+/// cold slots never outnumber the units left cold. Slots sized to their units hold more of
+/// the model than slots of the longest unit's size where units differ (a Q4_K_M store's
+/// bundles with Q4_K down columns are 13% shorter than those with Q6_K).
+fn pack_hot_slots(
+    cache: u64,
+    slot: u64,
+    cold: u32,
+    shape: &CachePlan,
+    map: &UnitMap,
+    unit_bytes: impl Fn(u32) -> u64,
+) -> (u32, u32) {
+    let n_units = map.n_units();
+    let every_unit = CachePlan {
+        slots: n_units,
+        hot_slots: n_units,
+        policy: CachePolicy::Segmented,
+        hot_units: shape.hot_units.clone(),
+        ..CachePlan::default()
+    };
+    let order = hot_segment(&every_unit, map);
+    if order.iter().map(|&u| unit_bytes(u)).sum::<u64>() <= cache {
+        return (n_units, n_units);
+    }
+    let mut room = cache.saturating_sub(u64::from(cold) * slot);
+    let mut hot = 0u32;
+    for &u in &order {
+        let Some(left) = room.checked_sub(unit_bytes(u)) else {
+            break;
+        };
+        room = left;
+        hot += 1;
+    }
+    let cold = cold.min(n_units - hot).max(1);
+    (hot + cold, hot)
 }
 
 /// Fits `plan` to `budget` bytes for a store of `sizes` run with `n_ctx` tokens of context:

@@ -235,6 +235,7 @@ fn small_store(resident: u64, attention: u64, attention_unit: u64) -> StoreSizes
         output_row_bytes: 288,
         attention_bytes: attention,
         attention_unit_bytes: attention_unit,
+        layer_bundle_bytes: Vec::new(),
     }
 }
 
@@ -267,6 +268,85 @@ fn a_deeper_pipeline_keeps_more_cold_slots() {
     // Too small: the error names what is needed.
     let err = split_sizes(&sizes, 12 << 20, 128, 64, &CachePlan::default()).unwrap_err();
     assert!(err.to_string().contains("give at least"), "{err}");
+}
+
+/// Bytes the slots of `split` take in an arena for a store of `sizes`: each hot slot its own
+/// unit's read (an output cluster's with a page of slack), each cold slot the longest unit's
+/// and a page.
+fn slot_bytes_taken(sizes: &StoreSizes, split: &BudgetSplit) -> u64 {
+    let p = &split.plan;
+    let map = UnitMap {
+        n_layer: sizes.n_layer,
+        ffn_clusters: sizes.bundles_per_layer,
+        output_clusters: sizes.n_vocab.div_ceil(split.output_rows),
+        attn_units: if p.stream_attention { ATTN_UNITS } else { 0 },
+    };
+    let page = SLOT_ALIGN as u64;
+    let bundle = |l: u32| {
+        sizes
+            .layer_bundle_bytes
+            .get(l as usize)
+            .copied()
+            .unwrap_or(sizes.bundle_stride)
+    };
+    let hot: u64 = hot_segment(p, &map)
+        .iter()
+        .map(|&unit| match map.layer_cluster(unit) {
+            (l, c) if l == sizes.n_layer => {
+                let rows = split.output_rows.min(sizes.n_vocab - c * split.output_rows);
+                (u64::from(rows) * sizes.output_row_bytes).div_ceil(page) * page + page
+            }
+            (_, c) if c >= sizes.bundles_per_layer => sizes.attention_unit_bytes,
+            (l, _) => bundle(l),
+        })
+        .sum();
+    let longest = if p.stream_attention {
+        sizes.bundle_stride.max(sizes.attention_unit_bytes)
+    } else {
+        sizes.bundle_stride
+    };
+    hot + u64::from(p.slots - p.hot_slots) * (longest + page)
+}
+
+/// Where layers' bundles differ in length (a Q4_K_M store's Q4_K and Q6_K down columns), each
+/// hot slot is as long as its own unit: the same budget holds more hot units than slots of
+/// the longest unit would, never more bytes than the cache was given, with as many cold
+/// slots.
+#[test]
+fn hot_slots_sized_to_their_units_hold_more_of_a_mixed_store() {
+    let uniform = small_store(10 << 20, 0, 0);
+    let mixed = StoreSizes {
+        layer_bundle_bytes: vec![64 << 10, 40 << 10, 64 << 10, 40 << 10],
+        ..uniform.clone()
+    };
+    // About 17 slots of the longest unit beside the fixed segment (as above).
+    let budget = runtime_overhead(&uniform, 0) + (13 << 20);
+    let split = |s: &StoreSizes| split_sizes(s, budget, 128, 64, &CachePlan::default()).unwrap();
+    let (u, m) = (split(&uniform), split(&mixed));
+    assert_eq!(u.cache, m.cache);
+    let cold = |p: &CachePlan| p.slots - p.hot_slots;
+    assert_eq!(cold(&u.plan), cold(&m.plan));
+    assert!(
+        m.plan.hot_slots > u.plan.hot_slots,
+        "{} against {} hot slots",
+        m.plan.hot_slots,
+        u.plan.hot_slots
+    );
+    // What the slots take fits the cache, and one more hot unit would not have.
+    assert!(slot_bytes_taken(&mixed, &m) <= m.cache);
+    let one_more = BudgetSplit {
+        plan: CachePlan {
+            slots: m.plan.slots + 1,
+            hot_slots: m.plan.hot_slots + 1,
+            ..m.plan.clone()
+        },
+        ..m.clone()
+    };
+    assert!(slot_bytes_taken(&mixed, &one_more) > m.cache);
+    let n_units = 4 * 8 + 1000u32.div_ceil(m.output_rows);
+    // A budget that holds every unit in a slot of its own size makes all of them hot.
+    let all = split_sizes(&mixed, budget + (4 << 20), 128, 64, &CachePlan::default()).unwrap();
+    assert_eq!((all.plan.slots, all.plan.hot_slots), (n_units, n_units));
 }
 
 #[test]
@@ -354,8 +434,7 @@ fn attention_streams_only_when_the_budget_cannot_hold_it() {
     assert!(plan.cache.as_ref().unwrap().stream_attention);
     assert_eq!(split.resident_weights, 4 << 20);
     assert!(split.plan.slots >= 2);
-    let slot = (80 << 10) + SLOT_ALIGN as u64;
-    assert!(u64::from(split.plan.slots) * slot <= split.cache);
+    assert!(slot_bytes_taken(&sizes, &split) <= split.cache);
     // Below even that: the error gives the least budget, the one with attention streamed.
     let err = fit(runtime_overhead(&sizes, 0) - (1 << 20)).unwrap_err();
     let BudgetError::TooSmall { weights, .. } = err else {
@@ -454,7 +533,10 @@ fn the_budget_holds_every_sessions_kv_cache() {
     assert_eq!(four.scratch, one.scratch + 3 * 4 * u64::from(sizes.n_vocab));
     let extra = four.kv_cache + four.scratch - one.kv_cache - one.scratch;
     assert_eq!(four.cache, one.cache - extra);
-    assert_eq!(four.plan.slots, 20);
+    // 20 slots of the longest unit's size, and a hot slot more: hot slots are their unit's
+    // read long, without the page of slack a slot for any unit keeps.
+    assert_eq!(four.plan.slots, 21);
+    assert!(slot_bytes_taken(&sizes, &four) <= four.cache);
     assert!(four.plan.slots < one.plan.slots, "{}", one.plan.slots);
     // 1 MiB of KV per session of 1024 tokens here: 64 sessions do not fit.
     let err = split_sizes_for(&sizes, budget, 1024, 64, 64, &CachePlan::default()).unwrap_err();

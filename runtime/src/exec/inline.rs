@@ -406,7 +406,7 @@ pub fn open_cache(
         .path()
         .ok_or_else(|| io("the neuron cache needs the store's file path".into()))?;
     let extents = unit_extents(model, map, plan.decode.output_rows);
-    let arena = SlotArena::new(c.slots, map, &extents)
+    let arena = SlotArena::new(c.slots, &crate::cache::hot_segment(c, map), map, &extents)
         .map_err(io)?
         .with_resident_step_units(crate::cache::resident_step_units(c, map));
     let file = BundleFile::open_with(path, model, map, extents, &plan.storage)

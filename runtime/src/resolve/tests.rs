@@ -20,6 +20,7 @@ fn sizes() -> StoreSizes {
         output_row_bytes: 360,
         attention_bytes: 12 * MIB,
         attention_unit_bytes: 256 * 1024,
+        layer_bundle_bytes: Vec::new(),
     }
 }
 
