@@ -39,6 +39,9 @@ pub(crate) struct Machine {
     pub storage: StorageModel,
     /// Bytes one load reads (a bundle's stride); 0 when the model is not a neuron store.
     pub bundle_bytes: u64,
+    /// Bytes a bundle of each layer reads where they differ (`Workload::layer_bundle_bytes`);
+    /// a layer not listed (or the output projection) reads `bundle_bytes`.
+    pub layer_bundle_bytes: Vec<u64>,
     /// Reads per bundle: 1 bundled, 3 when gate, up and down lie apart (`Workload::bundled`).
     pub reads_per_bundle: u64,
     /// Bytes one load of each streamed attention matrix reads (q, k, v, output; 4 KiB
@@ -50,6 +53,15 @@ pub(crate) struct Machine {
     /// Reads of one run are each their own, in flight together (io_uring); otherwise a run
     /// is one read.
     pub in_flight_together: bool,
+}
+
+impl Machine {
+    /// Bytes a whole bundle of `layer` reads.
+    pub fn bundle_bytes_of(&self, layer: u32) -> u64 {
+        self.layer_bundle_bytes
+            .get(layer as usize)
+            .map_or(self.bundle_bytes, |&b| b.min(self.bundle_bytes))
+    }
 }
 
 /// A unit of a read run, as the storage model sees it: when it was issued, what it reads and

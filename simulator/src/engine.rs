@@ -415,10 +415,11 @@ impl<'a> Engine<'a> {
         // whole bundles only.
         let (bytes, parts) = match (first.pages, kind) {
             (_, UnitKind::Attention(m_bytes)) => (m_bytes, 1),
-            (Some(pages), _) => ((pages * 4096).min(m.bundle_bytes), 1),
-            (None, UnitKind::Bundle) => {
-                (m.bundle_bytes * run.len() as u64, m.reads_per_bundle.max(1))
-            }
+            (Some(pages), _) => ((pages * 4096).min(m.bundle_bytes_of(first.layer)), 1),
+            (None, UnitKind::Bundle) => (
+                run.iter().map(|l| m.bundle_bytes_of(l.layer)).sum(),
+                m.reads_per_bundle.max(1),
+            ),
         };
         let m = &mut self.backend.machine;
         let mut read = m.storage.submit(first.at, bytes / parts, Access::Random);

@@ -134,6 +134,7 @@ fn build(
             profile.messaging.wakeup_ns.round() as u64,
         ),
         bundle_bytes: workload.model.shape.ffn_bundle_stride,
+        layer_bundle_bytes: workload.layer_bundle_bytes.clone(),
         gate_layout: ffn
             .reads
             .reads_pages()

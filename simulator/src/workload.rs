@@ -42,6 +42,10 @@ pub struct Workload {
     /// matrices, as an ordinary GGUF does (`false`: a what-if for exploration; each bundle
     /// costs three reads of a third of its bytes, as the PowerInfer-2 ablation's baseline).
     pub bundled: bool,
+    /// The read of one bundle of each layer (whole pages) where a store's layers differ (a
+    /// Q4_K_M store's Q4_K down columns beside its Q6_K ones: `StoreSizes::layer_bundle_bytes`);
+    /// empty: every bundle reads the shape's stride.
+    pub layer_bundle_bytes: Vec<u64>,
     /// Start with the neuron cache as a long run leaves it (hot segment full, cold slots
     /// holding the next-hottest units) instead of empty: steady-state decode without
     /// simulating the hundreds of tokens a large cache takes to fill.
@@ -98,6 +102,7 @@ impl Workload {
             activity: None,
             decode_start: DecodeStart::Fresh,
             bundled: true,
+            layer_bundle_bytes: Vec::new(),
             warm_cache: false,
             ffn: None,
             draft: None,

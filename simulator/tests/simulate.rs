@@ -357,6 +357,34 @@ fn a_group_listed_twice_is_refused_naming_the_field() {
     assert!(err.to_string().contains("decode_on[1].group"), "{err}");
 }
 
+/// A store whose layers' bundles differ in length (a Q4_K_M mix) reads each bundle's own
+/// length: with every unit read once (the cache holds them all), the bytes are the layers'
+/// lengths summed, not the stride times the units.
+#[test]
+fn bundles_shorter_than_the_stride_read_their_own_length() {
+    let w = store_workload("smollm2-135m", 8, 6);
+    let all = cache_plan(180, 180);
+    let stride = w.model.shape.ffn_bundle_stride;
+    let n_layer = w.model.shape.n_layer as usize;
+    let uniform = run(&pc(), &all, &w);
+    assert_eq!(uniform.bytes_read, 180 * stride);
+    // Odd layers' bundles a quarter shorter (whole pages); 6 bundles a layer.
+    let short = (stride * 3 / 4).div_ceil(4096) * 4096;
+    let mixed_w = Workload {
+        layer_bundle_bytes: (0..n_layer)
+            .map(|l| if l % 2 == 1 { short } else { stride })
+            .collect(),
+        ..w.clone()
+    };
+    let mixed = run(&pc(), &all, &mixed_w);
+    let odd = n_layer as u64 / 2;
+    assert_eq!(
+        mixed.bytes_read,
+        6 * (odd * short + (n_layer as u64 - odd) * stride)
+    );
+    assert_eq!(mixed.cache_misses, uniform.cache_misses);
+}
+
 #[test]
 fn a_neuron_store_under_a_cache_reads_what_it_misses_and_waits_for_it() {
     let w = store_workload("smollm2-135m", 8, 6);

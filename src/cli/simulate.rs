@@ -9,7 +9,7 @@ use super::{parse_list, NumList};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use conductor::fetch;
-use conductor::runtime::cache::MemoryBudget;
+use conductor::runtime::cache::{MemoryBudget, StoreSizes};
 use conductor::runtime::model::{Model, WeightSource};
 use conductor::runtime::plan::{
     ExecutionPlan, HardwareProfile, ModelDescription, ModelIdentity, PlanOverrides, Topology,
@@ -128,9 +128,13 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         }),
         _ => None,
     };
+    let mut layer_bundle_bytes = Vec::new();
     if let (Some(memory), Some(path)) = (args.memory, &args.model) {
         let store = Model::open(path, WeightSource::RESIDENT)
             .with_context(|| format!("cannot load {}", path.display()))?;
+        if let Ok(sizes) = StoreSizes::of_store(&store) {
+            layer_bundle_bytes = sizes.layer_bundle_bytes;
+        }
         let n_ctx = args.n_prompt.max(args.n_gen).max(1);
         // A draft's steps return logits for each drafted token: the engine holds them out of
         // the budget, and so does the prediction.
@@ -175,6 +179,7 @@ pub fn run(args: SimulateArgs) -> Result<()> {
             threads: t,
             activity: activity.clone(),
             draft,
+            layer_bundle_bytes: layer_bundle_bytes.clone(),
             ..Workload::new(model.clone(), args.n_prompt, args.n_gen)
         };
         let options = if args.trace_out.is_some() {

@@ -321,6 +321,10 @@ fn score(
     let workload = Workload {
         threads: request.threads,
         activity: request.activity.clone(),
+        layer_bundle_bytes: request
+            .store
+            .as_ref()
+            .map_or_else(Vec::new, |s| s.layer_bundle_bytes.clone()),
         ..Workload::new(request.model.clone(), 0, n_gen)
     };
     let report = simulate(&request.profile, &plan, &workload, &SimOptions::lean())?;
