@@ -148,7 +148,7 @@ fn read_parts(
             let it = &items[i];
             let pages = it.pages.clone().unwrap_or(0..0);
             let start = pages.start as usize * page;
-            if start >= at + rest.len() && start >= at {
+            if start >= at + rest.len() {
                 // Past a slot as long as its unit (a hot slot): the pages after the unit's
                 // read are the stride's padding, nothing to read (as `load_part` says).
                 results[i] = Ok(0);
